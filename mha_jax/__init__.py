@@ -1,0 +1,24 @@
+"""mha_jax: multi-head attention in JAX, from pure functions up.
+
+    import mha_jax
+    params = mha_jax.init_mha_params(key, d_model=64, num_heads=8)
+    y = mha_jax.multi_head_attention(params, x, is_causal=True)
+"""
+
+from mha_jax.attention import attend
+from mha_jax.attention import masked_softmax
+from mha_jax.attention import scaled_dot_product_attention
+from mha_jax.masks import causal_mask
+from mha_jax.masks import combine_masks
+from mha_jax.masks import padding_mask
+from mha_jax.multi_head import merge_heads
+from mha_jax.multi_head import multi_head_attention
+from mha_jax.multi_head import project
+from mha_jax.multi_head import project_out
+from mha_jax.multi_head import project_qkv
+from mha_jax.multi_head import split_heads
+from mha_jax.params import init_mha_params
+from mha_jax.params import mha_dims
+from mha_jax.params import MHADims
+
+__version__ = "0.1.0"

@@ -1,0 +1,254 @@
+"""Stage 3 of the seed: scaled dot-product attention, one head, and all heads.
+
+Shape letters: B batch, Tq query length, Tk key/value length, H query heads,
+K key/value heads (K divides H), G = H // K query heads sharing one kv head,
+Dh per-head query/key width, Dv per-head value width.
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(Dh) + bias + M) V
+
+Policies that hold on every path:
+  * The boolean mask is applied BEFORE the softmax, as -inf on forbidden keys,
+    so they get exactly zero weight (after the softmax would leak mass).
+  * A query row with no allowed key gets weights 0 and output 0, with finite
+    gradients (instead of NaN or the mean of V that some libraries return).
+  * Logits and softmax are float32 even for bfloat16/float16 inputs; the
+    weights are cast to the value dtype for the weighted sum, which
+    accumulates in float32. The weights returned are the ones used.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from mha_jax import masks as masks_lib
+
+
+def masked_softmax(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
+  """float32 softmax over the last axis; masked keys and empty rows give 0."""
+  logits = logits.astype(jnp.float32)
+  if mask is not None:
+    # -inf rather than a large negative number: exp(-inf) is exactly 0.
+    logits = jnp.where(mask, logits, -jnp.inf)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  # An empty row has max -inf; shift by 0 so that exp gives 0, not NaN.
+  row_max = jax.lax.stop_gradient(
+      jnp.where(jnp.isfinite(row_max), row_max, 0.0))
+  e = jnp.exp(logits - row_max)
+  total = jnp.sum(e, axis=-1, keepdims=True)
+  return e / jnp.where(total > 0, total, 1.0)
+
+
+def _check_single_head(q, k, v):
+  for name, arr in (("q", q), ("k", k), ("v", v)):
+    if jnp.ndim(arr) != 2:
+      raise ValueError(f"scaled_dot_product_attention: `{name}` must have rank "
+                       f"2 ([T, Dh]); got shape {jnp.shape(arr)}. Use "
+                       "multi_head_attention or attend for batches and heads")
+    if not jnp.issubdtype(jnp.result_type(arr), jnp.floating):
+      raise TypeError(f"scaled_dot_product_attention: `{name}` must be "
+                      f"floating, got {jnp.result_type(arr)}")
+  if q.shape[1] != k.shape[1]:
+    raise ValueError(f"scaled_dot_product_attention: q and k widths differ: "
+                     f"q {q.shape}, k {k.shape}")
+  if k.shape[0] != v.shape[0]:
+    raise ValueError(f"scaled_dot_product_attention: k and v lengths differ: "
+                     f"k {k.shape}, v {v.shape}")
+
+
+def _check_broadcast(name, arr, target, *, boolean, fn):
+  """Check that `arr` broadcasts to `target` and has the right dtype."""
+  if arr is None:
+    return
+  dtype = jnp.result_type(arr)
+  if boolean and dtype != jnp.bool_:
+    hint = (" For an additive float mask (0 / -inf) pass it as `bias=`."
+            if jnp.issubdtype(dtype, jnp.floating) else "")
+    raise TypeError(f"{fn}: `{name}` must be boolean (True = may attend), got "
+                    f"{dtype}.{hint}")
+  if not boolean and not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"{fn}: `{name}` must be floating, got {dtype}")
+  shape = tuple(jnp.shape(arr))
+  ok = len(shape) <= len(target) and all(
+      s in (1, t) for s, t in zip(shape[::-1], target[::-1]))
+  if not ok:
+    raise ValueError(f"{fn}: `{name}` of shape {shape} does not broadcast to "
+                     f"{list(target)}")
+
+
+def _single_head(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
+  """One head: q [Tq,Dh], k [Tk,Dh], v [Tk,Dv] -> out [Tq,Dv], w [Tq,Tk]."""
+  scale = q.shape[-1] ** -0.5
+  logits = jnp.einsum("qd,kd->qk", q, k,
+                      preferred_element_type=jnp.float32) * scale  # [Tq, Tk]
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
+  if is_causal:
+    mask = masks_lib.combine_masks(
+        mask, masks_lib.causal_mask(q.shape[0], k.shape[0]))
+  weights = masked_softmax(logits, mask)  # [Tq, Tk]
+  if keep is not None:
+    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+  weights = weights.astype(v.dtype)
+  out = jnp.einsum("qk,kd->qd", weights, v,
+                   preferred_element_type=jnp.float32).astype(v.dtype)
+  return out, weights
+
+
+def scaled_dot_product_attention(q, k, v, *, mask=None, bias=None):
+  """Attention for ONE head: q `[Tq, Dh]`, k `[Tk, Dh]`, v `[Tk, Dv]`.
+
+  `mask`: bool broadcastable to `[Tq, Tk]`, True = may attend.
+  `bias`: float broadcastable to `[Tq, Tk]`, added to the scaled scores.
+  Returns `(out [Tq, Dv], weights [Tq, Tk])`.
+  """
+  _check_single_head(q, k, v)
+  target = (q.shape[0], k.shape[0])
+  fn = "scaled_dot_product_attention"
+  _check_broadcast("mask", mask, target, boolean=True, fn=fn)
+  _check_broadcast("bias", bias, target, boolean=False, fn=fn)
+  return _single_head(q, k, v, mask, bias, None, is_causal=False,
+                      dropout_rate=0.0)
+
+
+# ----------------------------------------------------------------------------
+# All heads at once: q [B,Tq,H,Dh], k [B,Tk,K,Dh], v [B,Tk,K,Dv].
+
+
+def _to_4d(x):
+  """Left-pad an array broadcastable to [B, H, Tq, Tk] to rank 4."""
+  return None if x is None else jnp.reshape(x, (1,) * (4 - x.ndim) + x.shape)
+
+
+def _attend_vmap(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
+  """Reference path: `_single_head` mapped with jax.vmap over G, K, then B."""
+  b, tq, h, dh = q.shape
+  kh = k.shape[2]
+  g = h // kh
+  q = q.reshape(b, tq, kh, g, dh)  # [B, Tq, K, G, Dh]
+
+  def split_heads_axis(x):
+    """[b?, h?, ...] -> ([b?, K?, G?, ...], in_axes for B, K, G)."""
+    if x is None:
+      return None, None, None, None
+    bx, hx = x.shape[:2]
+    if hx == h:
+      x = x.reshape(bx, kh, g, *x.shape[2:])
+      ax_k, ax_g = 0, 0
+    else:  # shared by all heads: drop the head axis, map nothing over it
+      x = x[:, 0]
+      ax_k = ax_g = None
+    if bx == b:
+      ax_b = 0
+    else:  # shared by the whole batch
+      x, ax_b = x[0], None
+    return x, ax_b, ax_k, ax_g
+
+  mask, mb, mk, mg = split_heads_axis(_to_4d(mask))
+  bias, bb, bk, bg = split_heads_axis(_to_4d(bias))
+  keep, kb, kk, kg = split_heads_axis(keep)
+
+  head = functools.partial(_single_head, is_causal=is_causal,
+                           dropout_rate=dropout_rate)
+  # Over the G query heads that share one kv head: q is [Tq, G, Dh].
+  over_g = jax.vmap(head, in_axes=(1, None, None, mg, bg, kg),
+                    out_axes=(1, 0))
+  # Over the K kv heads: q [Tq, K, G, Dh], k/v [Tk, K, D*].
+  over_k = jax.vmap(over_g, in_axes=(1, 1, 1, mk, bk, kk), out_axes=(1, 0))
+  over_b = jax.vmap(over_k, in_axes=(0, 0, 0, mb, bb, kb), out_axes=(0, 0))
+  out, weights = over_b(q, k, v, mask, bias, keep)
+  # out [B, Tq, K, G, Dv] -> [B, Tq, H, Dv]; weights [B, K, G, Tq, Tk].
+  return (out.reshape(b, tq, h, v.shape[-1]),
+          weights.reshape(b, h, tq, k.shape[1]))
+
+
+def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
+  """Fused path: batched einsums; GQA by grouping q, never repeating k/v."""
+  b, tq, h, dh = q.shape
+  tk, kh = k.shape[1], k.shape[2]
+  g = h // kh
+  qg = q.reshape(b, tq, kh, g, dh)  # [B, Tq, K, G, Dh]
+  logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k,
+                      preferred_element_type=jnp.float32) * dh ** -0.5
+
+  def to_5d(x):  # [b?, h?, tq?, tk?] -> [b?, K?, G?, tq?, tk?]
+    if x is None:
+      return None
+    if x.shape[1] == h:
+      return x.reshape(x.shape[0], kh, g, *x.shape[2:])
+    return x[:, :, None]
+
+  if bias is not None:
+    logits = logits + to_5d(_to_4d(bias)).astype(jnp.float32)
+  mask = to_5d(_to_4d(mask))
+  if is_causal:
+    mask = masks_lib.combine_masks(mask, masks_lib.causal_mask(tq, tk))
+  weights = masked_softmax(logits, mask)  # [B, K, G, Tq, Tk]
+  if keep is not None:
+    weights = jnp.where(to_5d(keep), weights / (1.0 - dropout_rate), 0.0)
+  weights = weights.astype(v.dtype)
+  out = jnp.einsum("bkgqs,bskd->bqkgd", weights, v,
+                   preferred_element_type=jnp.float32).astype(v.dtype)
+  return (out.reshape(b, tq, h, v.shape[-1]),
+          weights.reshape(b, h, tq, tk))
+
+
+IMPLEMENTATIONS = {"vmap": _attend_vmap, "einsum": _attend_einsum}
+
+
+def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend"):
+  """Validate head-split inputs; raise naming the argument. Returns nothing."""
+  for name, arr in (("q", q), ("k", k), ("v", v)):
+    if jnp.ndim(arr) != 4:
+      raise ValueError(f"{fn}: `{name}` must have rank 4 ([B, T, heads, "
+                       f"dim]), got shape {jnp.shape(arr)}")
+    if not jnp.issubdtype(jnp.result_type(arr), jnp.floating):
+      raise TypeError(f"{fn}: `{name}` must be floating, got "
+                      f"{jnp.result_type(arr)}")
+  b, tq, h, dh = q.shape
+  if k.shape[0] != b or v.shape[0] != b:
+    raise ValueError(f"{fn}: batch sizes differ: q {q.shape}, k {k.shape}, "
+                     f"v {v.shape}")
+  if k.shape[:3] != v.shape[:3]:
+    raise ValueError(f"{fn}: k {k.shape} and v {v.shape} must agree in batch, "
+                     "length and kv heads")
+  if k.shape[3] != dh:
+    raise ValueError(f"{fn}: q and k head widths differ: q {q.shape}, "
+                     f"k {k.shape}")
+  if h % k.shape[2]:
+    raise ValueError(f"{fn}: kv heads K={k.shape[2]} must divide query heads "
+                     f"H={h}")
+  target = (b, h, tq, k.shape[1])
+  _check_broadcast("mask", mask, target, boolean=True, fn=fn)
+  _check_broadcast("bias", bias, target, boolean=False, fn=fn)
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"{fn}: unknown `implementation`={implementation!r}; "
+                     f"expected one of {sorted(IMPLEMENTATIONS)}")
+
+
+def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
+           implementation="vmap", dropout_rate=0.0, dropout_rng=None):
+  """Stage 3 for all heads: q `[B,Tq,H,Dh]`, k `[B,Tk,K,Dh]`, v `[B,Tk,K,Dv]`.
+
+  Query head i reads kv head `i // (H // K)`. `mask` (bool) and `bias`
+  (float) broadcast to `[B, H, Tq, Tk]`. `is_causal` adds the rule of
+  `causal_mask(Tq, Tk)` without the caller building it. Dropout (rate > 0
+  needs `dropout_rng`) zeroes weights after the softmax and rescales the rest;
+  the same keep pattern is used by every implementation.
+  Returns `(out [B, Tq, H, Dv], weights [B, H, Tq, Tk])`.
+  """
+  check_attend_inputs(q, k, v, mask, bias, implementation)
+  if not 0.0 <= dropout_rate < 1.0:
+    raise ValueError(f"attend: `dropout_rate` must be in [0, 1), got "
+                     f"{dropout_rate}")
+  keep = None
+  if dropout_rate > 0.0:
+    if dropout_rng is None:
+      raise ValueError("attend: `dropout_rate` > 0 needs `dropout_rng`")
+    shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])  # [B,H,Tq,Tk]
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, shape)
+  return IMPLEMENTATIONS[implementation](
+      q, k, v, mask, bias, keep, is_causal=is_causal,
+      dropout_rate=dropout_rate)
