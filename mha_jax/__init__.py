@@ -20,5 +20,6 @@ from mha_jax.multi_head import split_heads
 from mha_jax.params import init_mha_params
 from mha_jax.params import mha_dims
 from mha_jax.params import MHADims
+from mha_jax.rotary import apply_rotary
 
 __version__ = "0.1.0"
