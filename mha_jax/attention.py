@@ -109,8 +109,10 @@ def scaled_dot_product_attention(q, k, v, *, mask=None, bias=None):
   fn = "scaled_dot_product_attention"
   _check_broadcast("mask", mask, target, boolean=True, fn=fn)
   _check_broadcast("bias", bias, target, boolean=False, fn=fn)
-  return _single_head(q, k, v, mask, bias, None, is_causal=False,
-                      dropout_rate=0.0)
+  as_2d = lambda x: None if x is None else jnp.reshape(
+      x, (1,) * (2 - jnp.ndim(x)) + jnp.shape(x))
+  return _single_head(q, k, v, as_2d(mask), as_2d(bias), None,
+                      is_causal=False, dropout_rate=0.0)
 
 
 # ----------------------------------------------------------------------------
@@ -184,7 +186,8 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
     logits = logits + to_5d(_to_4d(bias)).astype(jnp.float32)
   mask = to_5d(_to_4d(mask))
   if is_causal:
-    mask = masks_lib.combine_masks(mask, masks_lib.causal_mask(tq, tk))
+    causal = masks_lib.causal_mask(tq, tk)[None, None, None]  # [1,1,1,Tq,Tk]
+    mask = masks_lib.combine_masks(mask, causal)
   weights = masked_softmax(logits, mask)  # [B, K, G, Tq, Tk]
   if keep is not None:
     weights = jnp.where(to_5d(keep), weights / (1.0 - dropout_rate), 0.0)

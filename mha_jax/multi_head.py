@@ -27,7 +27,7 @@ def project(x: jax.Array, w: jax.Array, b: jax.Array | None = None):
   d, heads, dim = w.shape
   y = x @ w.reshape(d, heads * dim)  # [B, T, heads*dim]
   if b is not None:
-    y = y + b.reshape(heads * dim)
+    y = y + b.reshape((1,) * (y.ndim - 1) + (heads * dim,))
   return y
 
 
@@ -47,7 +47,7 @@ def project_out(concat: jax.Array, w_o: jax.Array,
   h, dv, d = w_o.shape
   y = concat @ w_o.reshape(h * dv, d)  # [B, T, D]
   if b_o is not None:
-    y = y + b_o
+    y = y + b_o.reshape((1,) * (y.ndim - 1) + (d,))
   return y
 
 

@@ -1,0 +1,133 @@
+"""Scale out on JAX's own SPMD machinery: a ("data", "model") device mesh.
+
+Shape letters: B batch, T length, D d_model, H query heads, K kv heads,
+Dh per-head width, F MLP hidden width.
+
+Choices (see README, "Multi-device and multi-host runs"):
+  * Explicit `NamedSharding`s chosen by rules on parameter NAMES, not Flax
+    sharding metadata: the same rules then cover the pure core's params dict,
+    an NNX model's state and the optimizer state that mirrors it (optax's
+    mu/nu leaves carry the parameter names in their paths).
+  * Heads are the tensor-parallel axis. `w_q [D,H,Dh]`, `w_k`, `w_v` are split
+    along their head axis and `w_o [H,Dv,D]` along its head axis, so every
+    device computes whole heads; the contraction over H in the output
+    projection leaves partial sums that ONE all-reduce combines.
+  * GQA with fewer kv heads than the model axis (K % model != 0): `w_k`, `w_v`
+    are replicated, so each device computes all K kv heads (cheap: K < H) and
+    its own query heads read the kv head they need. Query heads must divide
+    evenly (H % model == 0), else a clear error.
+  * MLP: the up-projection is split along F and the down-projection along F
+    (the Megatron pairing: one all-reduce per MLP). Everything else
+    (embeddings, norms, biases of the output) is replicated.
+  * Batches are split along "data".
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import AxisType
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA, MODEL = "data", "model"
+
+
+def make_mesh(data: int = -1, model: int = 1, devices=None) -> Mesh:
+  """A `("data", "model")` mesh; `data=-1` takes all devices left over."""
+  devices = jax.devices() if devices is None else list(devices)
+  n = len(devices)
+  if not isinstance(model, int) or model < 1:
+    raise ValueError(f"make_mesh: `model` must be a positive int, got {model!r}")
+  if data == -1:
+    if n % model:
+      raise ValueError(f"make_mesh: `model`={model} does not divide the "
+                       f"{n} available devices")
+    data = n // model
+  if not isinstance(data, int) or data < 1 or data * model != n:
+    raise ValueError(f"make_mesh: mesh data x model = {data} x {model} must "
+                     f"use exactly the {n} available devices")
+  grid = np.asarray(devices, dtype=object).reshape(data, model)
+  # Auto axes: GSPMD propagates shardings through unannotated code, so the
+  # library's functions run unchanged.
+  return Mesh(grid, (DATA, MODEL), axis_types=(AxisType.Auto,) * 2)
+
+
+def _key_name(entry) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(entry, attr):
+      return str(getattr(entry, attr))
+  return str(entry)
+
+
+def param_spec(path: tuple[str, ...], shape: tuple[int, ...],
+               model_size: int) -> P:
+  """PartitionSpec of one parameter (or optimizer-state leaf) from its path."""
+  name = path[-1] if path else ""
+  ndim = len(shape)
+
+  def split(axis):
+    if shape[axis] % model_size:
+      return P()  # does not divide: replicate (documented for kv heads)
+    return P(*[MODEL if i == axis else None for i in range(ndim)])
+
+  if name in ("w_q", "w_k", "w_v") and ndim == 3:
+    spec = split(1)
+    if name == "w_q" and model_size > 1 and spec == P():
+      raise ValueError(f"sharding: {'/'.join(path)} has H={shape[1]} query "
+                       f"heads, not divisible by the model axis "
+                       f"({model_size}); choose mesh.model dividing num_heads")
+    return spec
+  if name in ("b_q", "b_k", "b_v") and ndim == 2:
+    return split(0)
+  if name == "w_o" and ndim == 3:
+    return split(0)
+  if "mlp" in path and name == "kernel" and ndim == 2:
+    # Up-projection [D, F] split on F; down-projection [F, D] split on F.
+    up = any(p in ("up", "fc1", "linear1", "w_in", "wi") for p in path)
+    return split(1) if up else split(0)
+  if "mlp" in path and name == "bias" and ndim == 1:
+    up = any(p in ("up", "fc1", "linear1", "w_in", "wi") for p in path)
+    return split(0) if up else P()
+  return P()
+
+
+def tree_shardings(tree, mesh: Mesh):
+  """NamedShardings for every array leaf of `tree` (params or opt state)."""
+  model_size = mesh.shape[MODEL]
+
+  def one(path, leaf):
+    shape = tuple(getattr(leaf, "shape", ()))
+    names = tuple(_key_name(e) for e in path)
+    return NamedSharding(mesh, param_spec(names, shape, model_size))
+
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Split the leading (batch) axis over "data", replicate over "model"."""
+  return NamedSharding(mesh, P(DATA, *([None] * (ndim - 1))))
+
+
+def shard_batch(batch, mesh: Mesh):
+  """device_put every array of a batch with its batch axis over "data"."""
+  return jax.tree.map(
+      lambda x: jax.device_put(x, batch_sharding(mesh, np.ndim(x))), batch)
+
+
+def shard_tree(tree, mesh: Mesh):
+  """device_put params / optimizer state with `tree_shardings`."""
+  return jax.device_put(tree, tree_shardings(tree, mesh))
+
+
+def bytes_per_device(tree) -> dict[str, int]:
+  """Total bytes of a sharded tree and the bytes held on each device."""
+  per = {}
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    total += leaf.nbytes
+    for shard in leaf.addressable_shards:
+      key = str(shard.device)
+      per[key] = per.get(key, 0) + shard.data.nbytes
+  return {"total": total, "per_device": per}

@@ -1,0 +1,48 @@
+"""Runs tests/multidevice in a subprocess with 8 simulated CPU devices.
+
+XLA fixes the device count when JAX starts, so these checks cannot share a
+process with the rest of the suite (which must see one device).
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from mha_jax import sharding
+
+HERE = pathlib.Path(__file__).parent
+
+
+@pytest.mark.multidevice
+def test_multidevice_suite_on_8_simulated_cpu_devices():
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      " --xla_force_host_platform_device_count=8").strip()
+  env["MHA_JAX_MULTIDEVICE"] = "1"
+  env["JAX_PLATFORMS"] = "cpu"
+  proc = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+       "-p", "no:xdist", str(HERE / "multidevice")],
+      env=env, cwd=HERE.parent, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+def test_make_mesh_rejects_sizes_that_do_not_use_the_devices():
+  with pytest.raises(ValueError, match="model"):
+    sharding.make_mesh(data=-1, model=3, devices=[object()] * 8)
+  with pytest.raises(ValueError, match="exactly"):
+    sharding.make_mesh(data=3, model=2, devices=[object()] * 8)
+
+
+def test_param_spec_rules():
+  spec = sharding.param_spec
+  assert spec(("w_q",), (16, 8, 4), 4) == sharding.P(None, "model", None)
+  assert spec(("w_o",), (8, 4, 16), 4) == sharding.P("model", None, None)
+  # GQA with fewer kv heads than the model axis: replicated, by choice.
+  assert spec(("w_k",), (16, 2, 4), 4) == sharding.P()
+  assert spec(("b_o",), (16,), 4) == sharding.P()
+  with pytest.raises(ValueError, match="num_heads"):
+    spec(("w_q",), (16, 6, 4), 4)
