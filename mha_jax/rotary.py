@@ -30,7 +30,9 @@ def apply_rotary(x: jax.Array, positions: jax.Array, *,
                      f"T={x.shape[1]}, got {positions.shape}")
   half = dh // 2
   freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / dh)  # [Dh/2]
-  angle = positions.astype(jnp.float32)[..., None] * freq  # [B, T, Dh/2]
+  # Explicit broadcast: the test suite raises on implicit rank promotion.
+  angle = (positions.astype(jnp.float32)[..., None]
+           * freq[None, None, :])  # [B, T, Dh/2]
   cos = jnp.cos(angle)[:, :, None, :]  # [B, T, 1, Dh/2]
   sin = jnp.sin(angle)[:, :, None, :]
   x1 = x[..., :half].astype(jnp.float32)
