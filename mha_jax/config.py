@@ -1,0 +1,114 @@
+"""From a ConfigDict (`configs/default.py`) to a checked config and a model.
+
+`validate_config` runs before anything is built or traced and raises a
+ValueError that names the offending field (`config.model.num_heads`), what
+was expected and what came. absl already rejects unknown keys and wrong
+types in command-line overrides; this catches values that are each fine but
+inconsistent together (d_model not divisible by num_heads, ...).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from mha_jax import attention
+from mha_jax import tasks
+from mha_jax import transformer
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _need(cond, field, msg):
+  if not cond:
+    raise ValueError(f"config.{field}: {msg}")
+
+
+def _positive(group, cfg, *names):
+  for name in names:
+    val = cfg[name]
+    _need(isinstance(val, int) and val >= 1, f"{group}.{name}",
+          f"must be a positive int, got {val!r}")
+
+
+def validate_config(config) -> None:
+  """Raise ValueError naming the field if `config` is inconsistent."""
+  for group in ("model", "task", "train", "mesh"):
+    _need(group in config, group, "missing group (start from "
+          "configs/default.py get_config())")
+  m, t, tr, ms = config.model, config.task, config.train, config.mesh
+  _positive("model", m, "d_model", "num_layers", "num_heads")
+  _need(m.positions in transformer.POSITIONS, "model.positions",
+        f"expected one of {transformer.POSITIONS}, got {m.positions!r}")
+  _need(m.implementation in attention.IMPLEMENTATIONS,
+        "model.implementation", f"expected one of "
+        f"{sorted(attention.IMPLEMENTATIONS)}, got {m.implementation!r}")
+  for name in ("num_kv_heads", "head_dim", "mlp_dim", "max_len"):
+    _need(isinstance(m[name], int) and m[name] >= 0, f"model.{name}",
+          f"must be an int >= 0 (0 = default), got {m[name]!r}")
+  if m.head_dim == 0:
+    _need(m.d_model % m.num_heads == 0, "model.d_model",
+          f"d_model={m.d_model} is not divisible by "
+          f"model.num_heads={m.num_heads} (or set model.head_dim)")
+  head_dim = m.head_dim or m.d_model // m.num_heads
+  if m.num_kv_heads:
+    _need(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
+          f"num_kv_heads={m.num_kv_heads} must divide "
+          f"model.num_heads={m.num_heads}")
+  if m.positions == "rotary":
+    _need(head_dim % 2 == 0, "model.head_dim", f"rotary positions need an "
+          f"even head width, got {head_dim}")
+  _need(0.0 <= m.dropout_rate < 1.0, "model.dropout_rate",
+        f"must be in [0, 1), got {m.dropout_rate}")
+  for name in ("dtype", "param_dtype"):
+    _need(m[name] in DTYPES, f"model.{name}",
+          f"expected one of {DTYPES}, got {m[name]!r}")
+
+  task = tasks.get_task(t.name)
+  _positive("task", t, "batch_size", "seq_len")
+  task.check(t)
+  if m.max_len:
+    _need(m.max_len >= t.seq_len, "model.max_len",
+          f"max_len={m.max_len} is shorter than task.seq_len={t.seq_len}")
+
+  _positive("train", tr, "num_steps", "log_every", "eval_every",
+            "eval_batches", "checkpoint_every", "max_checkpoints")
+  _need(tr.learning_rate > 0, "train.learning_rate",
+        f"must be > 0, got {tr.learning_rate}")
+  _need(0 <= tr.warmup_steps <= tr.num_steps, "train.warmup_steps",
+        f"must be in [0, num_steps={tr.num_steps}], got {tr.warmup_steps}")
+  _need(0.0 <= tr.end_lr_fraction <= 1.0, "train.end_lr_fraction",
+        f"must be in [0, 1], got {tr.end_lr_fraction}")
+  _need(tr.grad_clip >= 0, "train.grad_clip",
+        f"must be >= 0 (0 disables), got {tr.grad_clip}")
+  _need(ms.data == -1 or (isinstance(ms.data, int) and ms.data >= 1),
+        "mesh.data", f"must be -1 (all devices) or >= 1, got {ms.data!r}")
+  _positive("mesh", ms, "model")
+
+
+def model_kwargs(config) -> dict:
+  """Constructor arguments of the model that `config` describes."""
+  m, t = config.model, config.task
+  task = tasks.get_task(t.name)
+  io = task.io(t)
+  kwargs = dict(
+      vocab_size=io["vocab_size"], output_dim=io["output_dim"],
+      d_model=m.d_model, num_layers=m.num_layers, num_heads=m.num_heads,
+      num_kv_heads=m.num_kv_heads or None, head_dim=m.head_dim or None,
+      mlp_dim=m.mlp_dim or None, attention_only=m.attention_only,
+      positions=m.positions, max_len=m.max_len or t.seq_len,
+      use_bias=m.use_bias, dropout_rate=m.dropout_rate,
+      implementation=m.implementation,
+      dtype=jnp.dtype(m.dtype), param_dtype=jnp.dtype(m.param_dtype))
+  if task.model == "decoder":
+    kwargs.update(input_dim=io["input_dim"], final_ln=m.final_ln)
+  return kwargs
+
+
+def build_model(config, rngs: nnx.Rngs):
+  """A `DecoderLM` or `EncoderDecoder`, as the task requires."""
+  validate_config(config)
+  kind = tasks.get_task(config.task.name).model
+  cls = (transformer.EncoderDecoder if kind == "encoder_decoder"
+         else transformer.DecoderLM)
+  return cls(rngs=rngs, **model_kwargs(config))

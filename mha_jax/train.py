@@ -1,0 +1,255 @@
+"""One training loop for every experiment: pure steps, jit at the call site.
+
+Shape letters: B batch, T length, V classes (vocabulary), O output features.
+
+`TrainState` is a pytree (step, params, optimizer state, dropout key) with
+the model's `nnx.GraphDef` and the optax transformation as static fields,
+so `train_step(state, batch)` and `eval_step` are pure functions: they
+`nnx.merge` the model inside, and the caller applies
+`jax.jit(train_step, donate_argnums=0)`.
+
+Determinism: the batch of step s is drawn from `fold_in(data_key, s)` and
+the dropout key of step s is `fold_in(state.rng, s)`, so the whole run is
+a function of (config, seed). A run resumed from a checkpoint therefore
+replays exactly the steps it missed and ends with bit-identical parameters
+(on CPU) to a run that was never stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from absl import logging
+from flax import nnx
+from flax import struct
+
+from mha_jax import checkpoint
+from mha_jax import config as config_lib
+from mha_jax import tasks
+from mha_jax import transformer
+
+# Separate PRNG streams derived from the one seed.
+_INIT, _DATA, _EVAL, _DROPOUT = range(4)
+
+
+class TrainState(struct.PyTreeNode):
+  """Everything a step changes, plus the static pieces to rebuild the model."""
+  step: jax.Array  # int32 scalar, optimizer steps taken
+  params: nnx.State  # the model's nnx.Param state
+  opt_state: optax.OptState
+  rng: jax.Array  # uint32[2] base key for dropout
+  graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+  tx: optax.GradientTransformation = struct.field(pytree_node=False)
+  loss: str = struct.field(pytree_node=False, default="xent")
+
+  def model(self):
+    """The nnx model with the current parameters."""
+    return nnx.merge(self.graphdef, self.params)
+
+
+def seed_key(seed: int, stream: int) -> jax.Array:
+  return jax.random.fold_in(jax.random.PRNGKey(seed), stream)
+
+
+def make_optimizer(train_cfg) -> optax.GradientTransformation:
+  """AdamW with linear warmup, cosine decay and global-norm clipping."""
+  tr = train_cfg
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=tr.learning_rate,
+      warmup_steps=tr.warmup_steps, decay_steps=tr.num_steps,
+      end_value=tr.learning_rate * tr.end_lr_fraction)
+  # Decay matrices only: shrinking LayerNorm scales and biases has no
+  # regularising meaning.
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  adamw = optax.adamw(schedule, b1=tr.b1, b2=tr.b2,
+                      weight_decay=tr.weight_decay, mask=decay_mask)
+  if tr.grad_clip > 0:
+    return optax.chain(optax.clip_by_global_norm(tr.grad_clip), adamw)
+  return adamw
+
+
+def apply_model(model, batch, **kwargs):
+  """Call a DecoderLM or EncoderDecoder on a task batch."""
+  if isinstance(model, transformer.EncoderDecoder):
+    return model(batch["inputs"], batch["decoder_inputs"], **kwargs)
+  return model(batch["inputs"], **kwargs)
+
+
+def compute_loss(model, batch, loss: str, **kwargs):
+  """Masked mean loss and metrics; `kwargs` go to the model call.
+
+  "xent": cross-entropy of logits `[B, T, V]` against int targets `[B, T]`;
+  "mse": squared error of `[B, T, O]` against float targets, averaged
+  over O. Both average over positions where `loss_mask` is 1.
+  Returns `(loss, {"loss", "accuracy" (xent only)})`.
+  """
+  out = apply_model(model, batch, **kwargs)
+  mask = batch["loss_mask"]
+  denom = jnp.maximum(jnp.sum(mask), 1.0)
+  metrics = {}
+  if loss == "xent":
+    logits = out.astype(jnp.float32)
+    per_pos = optax.softmax_cross_entropy_with_integer_labels(
+        logits, batch["targets"])  # [B, T]
+    hit = jnp.argmax(logits, axis=-1) == batch["targets"]
+    metrics["accuracy"] = jnp.sum(hit * mask) / denom
+  elif loss == "mse":
+    err = out.astype(jnp.float32) - batch["targets"]
+    per_pos = jnp.mean(jnp.square(err), axis=-1)  # [B, T]
+  else:
+    raise ValueError(f"compute_loss: unknown `loss`={loss!r}")
+  value = jnp.sum(per_pos * mask) / denom
+  metrics["loss"] = value
+  return value, metrics
+
+
+def create_train_state(config) -> TrainState:
+  """Fresh model and optimizer state for `config` (validated first)."""
+  key = seed_key(config.train.seed, _INIT)
+  model = config_lib.build_model(config, nnx.Rngs(params=key))
+  graphdef, params = nnx.split(model)
+  tx = make_optimizer(config.train)
+  return TrainState(
+      step=jnp.zeros((), jnp.int32), params=params,
+      opt_state=tx.init(params), rng=seed_key(config.train.seed, _DROPOUT),
+      graphdef=graphdef, tx=tx,
+      loss=tasks.get_task(config.task.name).loss)
+
+
+def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
+  """One AdamW step on `batch`; returns the new state and metrics."""
+  dropout_rng = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params):
+    model = nnx.merge(state.graphdef, params)
+    return compute_loss(model, batch, state.loss, deterministic=False,
+                        dropout_rng=dropout_rng)
+
+  (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      state.params)
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics["grad_norm"] = optax.global_norm(grads)
+  new_state = state.replace(step=state.step + 1, params=params,
+                            opt_state=opt_state)
+  return new_state, metrics
+
+
+def eval_step(state: TrainState, batch) -> dict:
+  """Metrics on `batch` without dropout and without changing the state."""
+  _, metrics = compute_loss(state.model(), batch, state.loss)
+  return metrics
+
+
+def batch_fn(config):
+  """A jitted `step_key -> batch` for the config's task."""
+  task_cfg = ml_collections.FrozenConfigDict(config.task)
+  make = tasks.get_task(config.task.name).make_batch
+  return jax.jit(functools.partial(make, cfg=task_cfg))
+
+
+def _fmt_time(seconds: float) -> str:
+  seconds = int(seconds)
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _append_metrics(path: pathlib.Path, step: int, split: str, metrics):
+  row = {"step": step, "split": split}
+  row.update({k: float(v) for k, v in jax.device_get(metrics).items()})
+  with path.open("a") as f:
+    f.write(json.dumps(row) + "\n")
+  return row
+
+
+def evaluate(state, config, eval_step_fn=None, make=None):
+  """Mean metrics over `train.eval_batches` fixed held-out batches."""
+  eval_step_fn = eval_step_fn or jax.jit(eval_step)
+  make = make or batch_fn(config)
+  rows = [eval_step_fn(state, make(jax.random.fold_in(
+      seed_key(config.train.seed, _EVAL), i)))
+          for i in range(config.train.eval_batches)]
+  return jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *rows)
+
+
+def train_and_evaluate(config, workdir, *, stop_at: int | None = None):
+  """Train per `config`, writing metrics and checkpoints into `workdir`.
+
+  Restarting with the same `workdir` resumes from the latest checkpoint.
+  `stop_at` ends the run before that step WITHOUT a final checkpoint, as a
+  kill would (tests use it to check that resuming loses nothing).
+  Returns the final `TrainState`.
+  """
+  config_lib.validate_config(config)
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+  tr = config.train
+  state = create_train_state(config)
+  manager = checkpoint.make_manager(workdir, tr.checkpoint_every,
+                                    tr.max_checkpoints)
+  state = checkpoint.restore_latest(manager, state)
+  start = int(state.step)
+  metrics_path = workdir / "metrics.jsonl"
+  checkpoint.truncate_metrics(metrics_path, start)
+  if start:
+    logging.info("Resumed from the checkpoint at step %d", start)
+
+  step_fn = jax.jit(train_step, donate_argnums=0)
+  eval_fn = jax.jit(eval_step)
+  make = batch_fn(config)
+  data_key = seed_key(tr.seed, _DATA)
+  t_last, s_last = time.time(), start
+  for step in range(start, tr.num_steps):
+    if stop_at is not None and step >= stop_at:
+      break
+    state, metrics = step_fn(state, make(jax.random.fold_in(data_key, step)))
+    done = step + 1
+    if done % tr.log_every == 0 or done == tr.num_steps:
+      row = _append_metrics(metrics_path, done, "train", metrics)
+      now = time.time()
+      rate = (done - s_last) / max(now - t_last, 1e-9)
+      logging.info("step %d/%d | loss %.4f | %.1f steps/s | ETA %s", done,
+                   tr.num_steps, row["loss"], rate,
+                   _fmt_time((tr.num_steps - done) / rate))
+      t_last, s_last = now, done
+    if done % tr.eval_every == 0 or done == tr.num_steps:
+      row = _append_metrics(metrics_path, done, "eval",
+                            evaluate(state, config, eval_fn, make))
+      logging.info("eval step %d | loss %.4f", done, row["loss"])
+    checkpoint.save(manager, state, force=done == tr.num_steps)
+  checkpoint.close(manager)
+  return state
+
+
+def load_config(workdir) -> ml_collections.ConfigDict:
+  """The config a run in `workdir` was started with."""
+  text = (pathlib.Path(workdir) / "config.json").read_text()
+  return ml_collections.ConfigDict(json.loads(text))
+
+
+def load_state(workdir, step: int | None = None):
+  """`(TrainState, config)` of a run, from checkpoint `step` (None: latest)."""
+  config = load_config(workdir)
+  tr = config.train
+  state = create_train_state(config)
+  manager = checkpoint.make_manager(workdir, tr.checkpoint_every,
+                                    tr.max_checkpoints)
+  step = manager.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"load_state: no checkpoint in {workdir}")
+  state = checkpoint.restore(manager, state, step)
+  checkpoint.close(manager)
+  return state, config
+
+
+def load_model(workdir, step: int | None = None):
+  """`(model, config)`: the trained nnx model of a run, for analysis/decoding."""
+  state, config = load_state(workdir, step)
+  return state.model(), config
