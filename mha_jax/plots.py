@@ -1,0 +1,158 @@
+"""Figures for the experiments: attention grids, per-head bars, loss curves.
+
+Shape letters: L layers, H heads, Tq query length, Tk key length.
+
+Every function returns a matplotlib Figure built with the Agg backend (no
+display needed) and, given `path`, also writes it as a PNG. Inputs are plain
+arrays (NumPy or JAX); nothing here touches a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+
+def save(fig, path: str | None, *, dpi: int = 80):
+  """Write `fig` as PNG to `path` (creating the folder); return the figure."""
+  if path is not None:
+    folder = os.path.dirname(path)
+    if folder:
+      os.makedirs(folder, exist_ok=True)
+    fig.savefig(path, dpi=dpi, format="png", bbox_inches="tight")
+  return fig
+
+
+def attention_grid(weights: Sequence[np.ndarray] | np.ndarray, *,
+                   q_labels: Sequence[str] | None = None,
+                   k_labels: Sequence[str] | None = None,
+                   head_titles: Sequence[Sequence[str]] | None = None,
+                   title: str = "", path: str | None = None,
+                   cell: float = 2.2):
+  """Layer x head grid of heatmaps for ONE example.
+
+  Args:
+    weights: per layer `[H, Tq, Tk]` (a list, or an array `[L, H, Tq, Tk]`);
+      layers may have different head counts.
+    q_labels, k_labels: tick labels (tokens) for queries (rows) and keys.
+    head_titles: optional `[L][H]` strings shown above each panel (for
+      example the head's induction score).
+    title: figure title. path: write a PNG there when given.
+    cell: inches per panel.
+
+  Returns:
+    The figure; `fig.axes` holds exactly one axes per (layer, head).
+  """
+  layers = [np.asarray(w, np.float32) for w in weights]
+  for i, w in enumerate(layers):
+    if w.ndim != 3:
+      raise ValueError(f"attention_grid: layer {i} weights must be [H, Tq, "
+                       f"Tk], got shape {w.shape}")
+  n_rows, n_cols = len(layers), max(w.shape[0] for w in layers)
+  fig = plt.figure(figsize=(cell * n_cols, cell * n_rows + 0.4))
+  for li, w in enumerate(layers):
+    tq, tk = w.shape[1:]
+    for hi in range(w.shape[0]):
+      ax = fig.add_subplot(n_rows, n_cols, li * n_cols + hi + 1)
+      ax.imshow(w[hi], cmap="viridis", vmin=0.0, vmax=1.0,
+                interpolation="nearest", aspect="auto")
+      name = (head_titles[li][hi] if head_titles is not None
+              else f"L{li + 1} H{hi + 1}")
+      ax.set_title(name, fontsize=8)
+      _ticks(ax.set_yticks, ax.set_yticklabels, q_labels, tq, hi == 0)
+      _ticks(ax.set_xticks, ax.set_xticklabels, k_labels, tk, li == n_rows - 1)
+  if title:
+    fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  return save(fig, path)
+
+
+def _ticks(set_ticks, set_labels, labels, n, show):
+  """Label every position when labels fit, otherwise hide the ticks."""
+  if labels is None or not show or n > 40:
+    set_ticks([])
+    return
+  if len(labels) != n:
+    raise ValueError(f"attention_grid: {len(labels)} tick labels for {n} "
+                     "positions")
+  set_ticks(range(n))
+  set_labels([str(x) for x in labels], fontsize=5)
+
+
+def metric_bars(metrics: Mapping[str, np.ndarray], *, title: str = "",
+                path: str | None = None, errors: Mapping | None = None):
+  """One panel per metric; a bar per head, grouped by layer.
+
+  `metrics[name]` is `[L, H]` (or `[H]` for one layer); `errors` may give
+  matching spreads (for example std over seeds) drawn as error bars.
+  """
+  names = list(metrics)
+  fig, axes = plt.subplots(1, len(names), squeeze=False,
+                           figsize=(3.2 * len(names), 2.8))
+  for ax, name in zip(axes[0], names):
+    vals = np.atleast_2d(np.asarray(metrics[name], np.float32))  # [L, H]
+    err = None if errors is None or name not in errors else np.atleast_2d(
+        np.asarray(errors[name], np.float32))
+    n_layers, n_heads = vals.shape
+    width = 0.8 / n_layers
+    for li in range(n_layers):
+      x = np.arange(n_heads) + (li - (n_layers - 1) / 2) * width
+      ax.bar(x, vals[li], width, label=f"layer {li + 1}",
+             yerr=None if err is None else err[li], capsize=2)
+    ax.set_xticks(range(n_heads))
+    ax.set_xticklabels([f"H{h + 1}" for h in range(n_heads)], fontsize=7)
+    ax.set_title(name, fontsize=9)
+    if n_layers > 1:
+      ax.legend(fontsize=6)
+  if title:
+    fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  return save(fig, path)
+
+
+def loss_curves(curves: Mapping[str, tuple[Sequence, Sequence]], *,
+                title: str = "", ylabel: str = "loss", logy: bool = False,
+                path: str | None = None):
+  """Loss against step, one line per label: `curves[label] = (steps, losses)`.
+
+  Several seeds of one setting can share a label prefix; each gets its own
+  line so the spread is visible.
+  """
+  fig, ax = plt.subplots(figsize=(5.0, 3.2))
+  for label, (steps, losses) in curves.items():
+    ax.plot(np.asarray(steps), np.asarray(losses), label=label, linewidth=1.2)
+  return _finish(fig, ax, "step", ylabel, title, False, logy, path)
+
+
+def line_plot(x: Sequence, series: Mapping[str, tuple[Sequence, Sequence]], *,
+              xlabel: str, ylabel: str, title: str = "", logx: bool = False,
+              logy: bool = False, path: str | None = None):
+  """Mean with a spread band per series: `series[label] = (mean, spread)`."""
+  fig, ax = plt.subplots(figsize=(5.0, 3.2))
+  x = np.asarray(x, np.float32)
+  for label, (mean, spread) in series.items():
+    mean, spread = np.asarray(mean), np.asarray(spread)
+    ax.plot(x, mean, marker="o", label=label, linewidth=1.2)
+    ax.fill_between(x, mean - spread, mean + spread, alpha=0.2)
+  return _finish(fig, ax, xlabel, ylabel, title, logx, logy, path)
+
+
+def _finish(fig, ax, xlabel, ylabel, title, logx, logy, path):
+  """Labels, scales, legend and title of a one-panel figure; then save."""
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  if logx:
+    ax.set_xscale("log", base=2)
+  if logy:
+    ax.set_yscale("log")
+  if title:
+    ax.set_title(title, fontsize=10)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  return save(fig, path)
