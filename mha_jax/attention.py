@@ -23,7 +23,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from mha_jax import flash
 from mha_jax import masks as masks_lib
+from mha_jax import xla_attention
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
@@ -198,7 +200,13 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
           weights.reshape(b, h, tq, tk))
 
 
-IMPLEMENTATIONS = {"vmap": _attend_vmap, "einsum": _attend_einsum}
+IMPLEMENTATIONS = {"vmap": _attend_vmap, "einsum": _attend_einsum,
+                   # Paths that never form the weights (attend returns None):
+                   "flash": flash.attend_flash,  # blockwise, O(T) memory
+                   "xla": xla_attention.attend_xla,
+                   "cudnn": xla_attention.attend_cudnn}
+# Implementations whose `attend` returns weights=None.
+WEIGHTLESS = frozenset({"flash", "xla", "cudnn"})
 
 
 def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend"):

@@ -122,6 +122,11 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
     out `[B, Tq, D]`, or `(out, weights)` when `return_weights`.
   """
   dims = _check_inputs(params, x_q, x_kv, head_mask)
+  if return_weights and implementation in attention.WEIGHTLESS:
+    raise ValueError(f"multi_head_attention: implementation="
+                     f"{implementation!r} never forms the attention weights, "
+                     "so return_weights=True is not possible; use 'vmap' or "
+                     "'einsum' to inspect weights")
   unbatched = jnp.ndim(x_q) == 2
   if unbatched:
     x_q = x_q[None]
@@ -140,5 +145,6 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
   y = project_out(merge_heads(out), params["w_o"], params.get("b_o"))
   del dims
   if unbatched:
-    y, weights = y[0], weights[0]
+    y = y[0]
+    weights = None if weights is None else weights[0]
   return (y, weights) if return_weights else y
