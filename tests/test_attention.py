@@ -1,0 +1,234 @@
+"""Stage 3: scaled dot-product attention for one head and for all heads.
+
+Known answers (the seed's worked example), hypothesis properties, the
+fully-masked-row policy and the float32-softmax dtype policy, on every
+implementation in `attention.IMPLEMENTATIONS`.
+"""
+
+import chex
+import hypothesis
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha_jax import attention
+from mha_jax import worked_example as wx
+
+IMPLS = ("vmap", "einsum")
+SETTINGS = hypothesis.settings(max_examples=20, deadline=None)
+
+# FORMULAS.md, query "cat" (row 1): scores, weights, output for each head.
+CAT_SCORES = [[0.0, 0.707, 0.707], [0.0, 1.414, -0.707]]
+CAT_WEIGHTS = [[0.198, 0.401, 0.401], [0.178, 0.734, 0.088]]
+CAT_OUTPUT = [[1.000, 1.203], [0.822, 0.266]]
+THREE_DECIMALS = dict(rtol=0, atol=5e-4)
+
+
+class WorkedExampleTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_cat_row_of_each_head(self):
+    sdpa = self.variant(attention.scaled_dot_product_attention)
+    for h in range(2):
+      out, w = sdpa(wx.Q[h], wx.K[h], wx.V[h])
+      np.testing.assert_allclose(w[1], CAT_WEIGHTS[h], **THREE_DECIMALS)
+      np.testing.assert_allclose(out[1], CAT_OUTPUT[h], **THREE_DECIMALS)
+      # The softmax fixes scores up to a constant; "The" scores 0 in both
+      # heads, so log(w_j / w_The) recovers the scaled scores themselves.
+      scores = jnp.log(w[1] / w[1, 0])
+      np.testing.assert_allclose(scores, CAT_SCORES[h], **THREE_DECIMALS)
+
+
+# ---------------------------------------------------------------------------
+# Random all-head inputs for the properties.
+
+
+# (B, Tq, Tk, K, G, Dh, Dv): multi-head, grouped-query, multi-query, a single
+# query against a longer cache, and Tq > Tk. Few shapes, so that the jitted
+# functions below compile once per shape and hypothesis spends its examples
+# on values, masks and options rather than on recompiling.
+SHAPES = [(2, 4, 4, 3, 1, 2, 3), (1, 3, 5, 2, 2, 4, 2), (2, 1, 6, 1, 4, 2, 2),
+          (1, 5, 3, 2, 3, 1, 1)]
+
+_attend = jax.jit(attention.attend,
+                  static_argnames=("implementation", "is_causal"))
+
+
+@st.composite
+def attend_inputs(draw, *, masked=False):
+  """q [B,Tq,H,Dh], k [B,Tk,K,Dh], v [B,Tk,K,Dv] (+ a mask with no empty row)."""
+  b, tq, tk, kh, g, dh, dv = draw(st.sampled_from(SHAPES))
+  rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+  q = rng.normal(size=(b, tq, kh * g, dh)).astype(np.float32)
+  k = rng.normal(size=(b, tk, kh, dh)).astype(np.float32)
+  v = rng.normal(size=(b, tk, kh, dv)).astype(np.float32)
+  if not masked:
+    return q, k, v
+  mask = rng.random((b, kh * g, tq, tk)) < 0.6
+  mask[..., rng.integers(tk)] = True  # every row keeps at least one key
+  return q, k, v, mask
+
+
+@SETTINGS
+@hypothesis.given(attend_inputs(), st.sampled_from(IMPLS))
+def test_unmasked_weight_rows_sum_to_one(inputs, impl):
+  _, w = _attend(*inputs, implementation=impl)
+  np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-6)
+  assert bool(jnp.all(w > 0))
+
+
+@SETTINGS
+@hypothesis.given(attend_inputs(masked=True), st.sampled_from(IMPLS))
+def test_masked_keys_are_ignored(inputs, impl):
+  q, k, v, mask = inputs
+  out, w = _attend(q, k, v, mask=mask, implementation=impl)
+  assert bool(jnp.all(jnp.where(mask, True, w == 0.0)))  # exactly zero
+  np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-6)
+  # Keys masked for EVERY query of every head can be replaced by anything.
+  dead = ~mask.any(axis=(1, 2))  # [B, Tk]
+  junk = 1e3 * np.ones_like(k)
+  k2 = np.where(dead[:, :, None, None], junk, k)
+  v2 = np.where(dead[:, :, None, None], -junk[..., :1], v)
+  out2, _ = _attend(q, k2, v2, mask=mask, implementation=impl)
+  np.testing.assert_array_equal(out, out2)
+
+
+def _softmax_then_mask(logits, mask):
+  """The seed's warning made concrete: mask AFTER the softmax (wrong)."""
+  return jax.nn.softmax(logits, axis=-1) * mask
+
+
+@jax.jit
+def _both_softmaxes(q, k, mask):
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q,
+                      jnp.repeat(k, q.shape[2] // k.shape[2], axis=2))
+  return (attention.masked_softmax(logits, mask),
+          _softmax_then_mask(logits, mask))
+
+
+@SETTINGS
+@hypothesis.given(attend_inputs(masked=True))
+def test_mask_after_softmax_leaks_probability(inputs):
+  q, k, _, mask = inputs
+  hypothesis.assume(not mask.all())
+  right, wrong = _both_softmaxes(q, k, mask)
+  # Masking after the softmax leaves the forbidden keys' mass unassigned:
+  # rows with a masked key no longer sum to 1 and the allowed keys are
+  # under-weighted; masking before renormalises over the allowed keys.
+  has_masked = ~mask.all(-1)
+  leaked = 1.0 - wrong.sum(-1)
+  assert bool(jnp.all(jnp.where(has_masked, leaked > 0, True)))
+  np.testing.assert_allclose(right.sum(-1), 1.0, rtol=1e-6)
+  assert not np.allclose(right, wrong)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fully_masked_row_gives_zero_output_weights_and_finite_grads(impl):
+  rng = np.random.default_rng(0)
+  q = rng.normal(size=(2, 3, 4, 2)).astype(np.float32)
+  k = rng.normal(size=(2, 5, 2, 2)).astype(np.float32)
+  v = rng.normal(size=(2, 5, 2, 3)).astype(np.float32)
+  mask = np.ones((2, 4, 3, 5), bool)
+  mask[0, 1, 2] = False  # batch 0, head 1, query 2 sees nothing
+  mask[1, :, 0] = False  # batch 1, query 0 sees nothing in any head
+
+  def loss(q, k, v):
+    out, w = attention.attend(q, k, v, mask=mask, implementation=impl)
+    return jnp.sum(out ** 2) + jnp.sum(w ** 2), (out, w)
+
+  grads, (out, w) = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(
+      q, k, v)
+  np.testing.assert_array_equal(w[0, 1, 2], 0.0)
+  np.testing.assert_array_equal(out[0, 2, 1], 0.0)
+  np.testing.assert_array_equal(w[1, :, 0], 0.0)
+  np.testing.assert_array_equal(out[1, 0], 0.0)
+  for g in grads:
+    assert bool(jnp.all(jnp.isfinite(g)))
+  # An empty query row receives no gradient at all.
+  np.testing.assert_array_equal(grads[0][1, 0], 0.0)
+  # Rows that are not empty are untouched by the policy.
+  np.testing.assert_allclose(w[0, 0].sum(-1), 1.0, rtol=1e-6)
+
+
+def test_single_head_fully_masked_row():
+  q = k = v = jnp.ones((2, 2))
+  mask = jnp.array([[True, True], [False, False]])
+  out, w = attention.scaled_dot_product_attention(q, k, v, mask=mask)
+  np.testing.assert_array_equal(out[1], 0.0)
+  np.testing.assert_array_equal(w[1], 0.0)
+  np.testing.assert_allclose(w[0], [0.5, 0.5])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_low_precision_inputs_keep_softmax_in_float32(impl, dtype):
+  # Logits 1e4/sqrt(2) and (1e4 - 1)/sqrt(2): at that magnitude bf16 and f16
+  # cannot tell them apart (spacing 32 and 4), float32 can. A softmax in the
+  # input dtype would give [0.5, 0.5] or [1, 0]; float32 gives the true split.
+  q = jnp.array([100.0, 1.0], dtype).reshape(1, 1, 1, 2)
+  k = jnp.array([[100.0, 0.0], [100.0, -1.0]], dtype).reshape(1, 2, 1, 2)
+  v = jnp.array([[1.0], [0.0]], dtype).reshape(1, 2, 1, 1)
+  out, w = attention.attend(q, k, v, implementation=impl)
+  gap = 1.0 / np.sqrt(2.0)
+  expected = np.array([1.0, np.exp(-gap)]) / (1.0 + np.exp(-gap))
+  assert w.dtype == dtype and out.dtype == dtype
+  assert bool(jnp.all(jnp.isfinite(w))) and bool(jnp.all(jnp.isfinite(out)))
+  tol = 2.0 ** -7  # one rounding of the result to bf16/f16
+  np.testing.assert_allclose(np.asarray(w, np.float32).ravel(), expected,
+                             atol=tol)
+  np.testing.assert_allclose(float(out.ravel()[0]), expected[0], atol=tol)
+  # The scores are 1e4-sized, the softmax of them stays finite with masks too.
+  _, w_masked = attention.attend(q, k, v, mask=jnp.array([False, True]),
+                                 implementation=impl)
+  np.testing.assert_array_equal(np.asarray(w_masked, np.float32).ravel(),
+                                [0.0, 1.0])
+
+
+# ---------------------------------------------------------------------------
+# The two implementations agree on everything attend accepts.
+
+
+@st.composite
+def attend_options(draw):
+  q, k, v, mask = draw(attend_inputs(masked=True))
+  b, tq, h, _ = q.shape
+  tk = k.shape[1]
+  rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+  mask_shape = draw(st.sampled_from(
+      [None, (b, h, tq, tk), (b, 1, 1, tk), (1, h, tq, tk), (tq, tk)]))
+  use_mask = None if mask_shape is None else mask[tuple(
+      slice(0, 1) if s == 1 else slice(None) for s in
+      (1,) * (4 - len(mask_shape)) + mask_shape)].reshape(mask_shape)
+  bias_shape = draw(st.sampled_from([None, (b, h, tq, tk), (1, 1, tq, tk)]))
+  bias = (None if bias_shape is None else
+          rng.normal(size=bias_shape).astype(np.float32))
+  return q, k, v, use_mask, bias, draw(st.booleans())
+
+
+@SETTINGS
+@hypothesis.given(attend_options())
+def test_vmap_and_einsum_agree(case):
+  q, k, v, mask, bias, is_causal = case
+  results = [_attend(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+                     implementation=impl) for impl in IMPLS]
+  (out_a, w_a), (out_b, w_b) = results
+  np.testing.assert_allclose(out_a, out_b, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(w_a, w_b, rtol=1e-5, atol=1e-7)
+
+
+def test_dropout_keep_pattern_is_shared_by_implementations():
+  rng = np.random.default_rng(1)
+  q = rng.normal(size=(2, 3, 4, 2)).astype(np.float32)
+  k = rng.normal(size=(2, 5, 2, 2)).astype(np.float32)
+  v = rng.normal(size=(2, 5, 2, 2)).astype(np.float32)
+  key = jax.random.key(0)
+  (out_a, w_a), (out_b, w_b) = [
+      jax.jit(attention.attend,
+              static_argnames=("implementation", "dropout_rate"))(
+          q, k, v, dropout_rate=0.5, dropout_rng=key, implementation=impl)
+      for impl in IMPLS]
+  np.testing.assert_allclose(w_a, w_b, rtol=1e-6)
+  np.testing.assert_allclose(out_a, out_b, rtol=1e-5, atol=1e-6)
+  assert bool(jnp.any(w_a == 0.0))  # something was dropped
