@@ -51,6 +51,11 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     if jnp.asarray(m).dtype != jnp.bool_:
       raise TypeError(f"combine_masks: mask {i} must be boolean, got "
                       f"{jnp.asarray(m).dtype}")
+  # Left-pad ranks explicitly (padding [B,1,1,Tk] with causal [Tq,Tk] is the
+  # common case) so that this works under jax_numpy_rank_promotion="raise".
+  rank = max(jnp.ndim(m) for m in present)
+  present = [jnp.reshape(m, (1,) * (rank - jnp.ndim(m)) + jnp.shape(m))
+             for m in present]
   out = present[0]
   for m in present[1:]:
     out = jnp.logical_and(out, m)
