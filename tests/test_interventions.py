@@ -1,0 +1,86 @@
+"""Head ablation, gradient importance and pruning on a tiny decoder."""
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from mha_jax import interventions
+from mha_jax import train
+from mha_jax import transformer
+
+L, H, T, V = 2, 2, 6, 11
+
+
+def tiny_model(seed=0):
+  return transformer.DecoderLM(
+      vocab_size=V, d_model=8, num_layers=L, num_heads=H, max_len=T,
+      attention_only=True, rngs=nnx.Rngs(params=jax.random.PRNGKey(seed)))
+
+
+def tiny_batch(b=3, seed=1):
+  toks = jax.random.randint(jax.random.PRNGKey(seed), (b, T + 1), 0, V)
+  return {"inputs": toks[:, :-1], "targets": toks[:, 1:],
+          "loss_mask": jnp.ones((b, T), jnp.float32)}
+
+
+class InterventionTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.model, self.batch = tiny_model(), tiny_batch()
+
+  def test_gradient_matches_finite_differences(self):
+    grad = interventions.gradient_importance(self.model, self.batch, "xent")
+    f = interventions.loss_fn(self.model, self.batch, "xent")
+    eps = 1e-2
+    ones = jnp.ones((L, H))
+    for l in range(L):
+      for h in range(H):
+        fd = (f(ones.at[l, h].add(eps)) - f(ones.at[l, h].add(-eps))) / (2 * eps)
+        np.testing.assert_allclose(grad[l, h], fd, rtol=2e-2, atol=1e-4)
+
+  def test_zero_ablation_equals_zeroing_the_heads_output_weights(self):
+    # Independent route: zero the rows of W^O that read head h.
+    got = interventions.zero_ablation(self.model, self.batch, "xent")
+    clean = float(train.compute_loss(self.model, self.batch, "xent")[0])
+    for l in range(L):
+      for h in range(H):
+        m = nnx.clone(self.model)
+        attn = m.stack.blocks[l].attn
+        attn.w_o[...] = attn.w_o[...].at[h].set(0.0)
+        loss = float(train.compute_loss(m, self.batch, "xent")[0])
+        np.testing.assert_allclose(got[l, h], loss - clean, rtol=1e-4,
+                                   atol=1e-6)
+    self.assertGreater(np.max(np.abs(got)), 1e-4)
+
+  def test_mean_ablation_is_identity_on_one_position(self):
+    # With B = T = 1 the mean over the batch and positions is the value
+    # itself, so replacing a head by its mean changes nothing.
+    batch = jax.tree.map(lambda x: x[:1, :1], tiny_batch())
+    got = interventions.mean_ablation(self.model, batch, "xent")
+    np.testing.assert_allclose(got, 0.0, atol=1e-5)
+    # On a real batch it is a different intervention from zero ablation.
+    mean = interventions.mean_ablation(self.model, self.batch, "xent")
+    zero = interventions.zero_ablation(self.model, self.batch, "xent")
+    self.assertGreater(np.max(np.abs(mean - zero)), 1e-5)
+
+  def test_prune_curve_ends(self):
+    f = interventions.loss_fn(self.model, self.batch, "xent")
+    order = [3, 0, 2, 1]
+    losses = interventions.prune_curve(self.model, self.batch, "xent", order)
+    self.assertLen(losses, L * H + 1)
+    np.testing.assert_allclose(losses[0], f(jnp.ones((L, H))), rtol=1e-6)
+    np.testing.assert_allclose(losses[-1], f(jnp.zeros((L, H))), rtol=1e-6)
+    np.testing.assert_allclose(
+        losses[1], f(jnp.ones((L, H)).at[1, 1].set(0.0)), rtol=1e-6)
+
+  def test_rank_correlation(self):
+    a = np.array([0.1, 0.5, 0.3, 0.9])
+    self.assertAlmostEqual(interventions.rank_correlation(a, 2 * a), 1.0)
+    self.assertAlmostEqual(interventions.rank_correlation(a, -a), -1.0)
+
+
+if __name__ == "__main__":
+  absltest.main()
