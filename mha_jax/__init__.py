@@ -13,6 +13,14 @@ from mha_jax.converters import from_nnx_mha
 from mha_jax.flops import analytic_mha_flops
 from mha_jax.flops import jaxpr_matmul_flops
 from mha_jax.flops import xla_flops
+from mha_jax.kv_cache import cached_attention
+from mha_jax.kv_cache import CacheStatus
+from mha_jax.kv_cache import decode_step
+from mha_jax.kv_cache import init_cache
+from mha_jax.kv_cache import init_cache_for
+from mha_jax.kv_cache import KVCache
+from mha_jax.kv_cache import prefill
+from mha_jax.kv_cache import raise_if_overflow
 from mha_jax.masks import causal_mask
 from mha_jax.masks import combine_masks
 from mha_jax.masks import padding_mask

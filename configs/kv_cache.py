@@ -1,0 +1,43 @@
+r"""KV-cache cost measurements: decode time, FLOPs, cache bytes, intensity.
+
+  python -m experiments.kv_cache --workdir=runs/kv_cache
+
+A few minutes on 2 CPU cores. Expect the cached decode step to be orders of
+magnitude cheaper than recomputing the prefix at long contexts, its time to
+grow about linearly with the context (the cache buffer it reads), and the
+cache of multi-query attention to be exactly 1/H of multi-head attention's.
+Quick smoke run: `--config.bench.contexts=64,128 --config.bench.repeats=2`.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """Sizes of the pure decoder stack and of each measurement."""
+  c = ml_collections.ConfigDict()
+
+  c.model = m = ml_collections.ConfigDict()
+  m.d_model = 256  # D, residual width
+  m.num_layers = 2  # L, attention + MLP blocks
+  m.num_heads = 8  # H, query heads; Dh = D // H
+  m.num_kv_heads = 8  # K of the timed stack (K = H: multi-head)
+  m.mlp_dim = 1024  # MLP hidden width
+  m.implementation = "einsum"  # core attend path used by every measurement
+
+  c.bench = b = ml_collections.ConfigDict()
+  b.contexts = (64, 128, 256, 512, 1024, 2048, 4096)  # n, tokens in context
+  b.nocache_max_context = 4096  # skip recomputation above this n
+  b.batch = 1  # B of the timing runs
+  b.warmup = 2  # untimed calls after compiling
+  b.repeats = 7  # timed calls; the median is reported
+  b.nocache_repeats = 3  # timed full forwards (they are slow)
+  b.target_context = 2048  # where the speed-up target is checked
+  b.target_speedup = 50.0  # cached step at least this much faster
+  b.target_slope = 1.2  # cached step time slope in log-log, at most
+
+  c.heads = h = ml_collections.ConfigDict()
+  h.kv_heads = (8, 4, 2, 1)  # K compared: MHA, GQA (two group sizes), MQA
+  h.max_len = 2048  # S, cache slots per sequence for the byte counts
+  h.context = 2048  # context of the intensity measurement
+  h.batches = (1, 16)  # B values of the intensity measurement
+  return c
