@@ -36,7 +36,7 @@ def sinusoidal_positions(length: int, d_model: int) -> jax.Array:
   """Fixed sin/cos position table `[T, D]` (Vaswani et al.)."""
   pos = jnp.arange(length, dtype=jnp.float32)[:, None]  # [T, 1]
   i = jnp.arange(0, d_model, 2, dtype=jnp.float32)  # [ceil(D/2)]
-  angle = pos * jnp.exp(-math.log(10000.0) * i / d_model)  # [T, ceil(D/2)]
+  angle = pos * jnp.exp(-math.log(10000.0) * i / d_model)[None, :]  # [T, D/2]
   table = jnp.zeros((length, d_model), jnp.float32)
   table = table.at[:, 0::2].set(jnp.sin(angle))
   return table.at[:, 1::2].set(jnp.cos(angle[:, :d_model // 2]))
