@@ -15,10 +15,13 @@ from hypothesis import strategies as st
 import jax
 from jax.experimental import checkify
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
+from experiments import kv_cache as kv_experiment
 from mha_jax import attention
+from mha_jax import flops
 from mha_jax import kv_cache
 from mha_jax import multi_head
 from mha_jax import params as params_lib
@@ -272,3 +275,23 @@ def test_bad_inputs_name_the_argument():
     kv_cache.decode_step(params, x, cache)
   with pytest.raises(ValueError, match="max_len"):
     kv_cache.init_cache(2, 0, 1, 4)
+
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 1])
+def test_decode_step_matmul_flops_match_the_formula(num_kv_heads):
+  """The experiment's analytic count equals the matmuls in the jaxpr."""
+  cfg = ml_collections.ConfigDict({"model": {
+      "d_model": D, "num_layers": 2, "num_heads": H, "mlp_dim": 24}})
+  layers = kv_experiment.make_stack(cfg, num_kv_heads)
+  caches = kv_experiment.filled_caches(layers, 3, 10, 7)
+  counted = flops.jaxpr_matmul_flops(
+      kv_experiment.stack_step, layers, jnp.ones((3, D)), caches,
+      implementation="einsum")
+  assert counted == kv_experiment.analytic_flops(
+      cfg, num_kv_heads, 3, 7, cached=True, slots=10)
+  counted = flops.jaxpr_matmul_flops(
+      kv_experiment.stack_recompute, layers, jnp.ones((3, 7, D)),
+      implementation="einsum")
+  assert counted == kv_experiment.analytic_flops(cfg, num_kv_heads, 3, 7,
+                                                 cached=False)
