@@ -232,13 +232,15 @@ def main(argv):
       "config": cfg.to_dict(),
       "machine": {"backend": jax.default_backend(),
                   "devices": [str(d) for d in jax.devices()],
-                  "cpu_count": os.cpu_count(), "jax": jax.__version__},
+                  "cpu_count": os.cpu_count(), "jax": jax.__version__,
+                  "loadavg": [os.getloadavg()[0]]},
       "timing": [bench_context(cfg, layers, n) for n in cfg.bench.contexts],
       "cache_bytes": cache_bytes(cfg),
       "intensity": intensity(cfg),
       "exactness_max_rel_err": exactness(cfg),
       "behaviour": behaviour,
   }
+  results["machine"]["loadavg"].append(os.getloadavg()[0])
   results["summary"] = kv_cache_report.summarise(cfg, results)
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=1)

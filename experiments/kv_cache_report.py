@@ -250,6 +250,7 @@ def answer(cfg, results):
           f"change ({lo['analytic_flops']:.3g} vs {hi['analytic_flops']:.3g}). "
           f"Measured step time here: {1e3 * lo['step_s']:.2f} ms vs "
           f"{1e3 * hi['step_s']:.2f} ms.")
+  parts.append(_caveats(cfg, results))
   ex = results["exactness_max_rel_err"]
   parts.append(
       f"Behaviour of the computation. Caching changes no output: the largest "
@@ -259,3 +260,39 @@ def answer(cfg, results):
       + (" (not measured in this run)." if results["behaviour"] is None
          else "."))
   return "\n\n".join(parts)
+
+
+def _caveats(cfg, results):
+  """Where the measured times depart from the FLOP and byte counts."""
+  rows = results["timing"]
+  jumps = [(b["cached_s"] / a["cached_s"], a, b) for a, b in zip(rows, rows[1:])]
+  ratio, a, b = max(jumps, key=lambda j: j[0])
+  upper = results["summary"]["cached_slope_upper_half"]
+  verdict = (f"above the target {cfg.bench.target_slope:g}"
+             if upper > cfg.bench.target_slope else "within the target")
+  text = [
+      f"Caveats. Over the longest contexts (n >= median) the cached slope is "
+      f"{upper:.2f}, {verdict}: the biggest step was from n={a['n']} to n={b['n']}, "
+      f"{1e3 * a['cached_s']:.2f} -> {1e3 * b['cached_s']:.2f} ms "
+      f"({ratio:.1f}x) while XLA's FLOPs grew "
+      f"{b['cached_xla_flops'] / a['cached_xla_flops']:.2f}x and its bytes "
+      f"accessed {b['cached_xla_bytes'] / a['cached_xla_bytes']:.2f}x. A "
+      f"decode step is bound by memory traffic, so its CPU time depends on "
+      f"where the cache fits in the memory hierarchy, not only on counts."]
+  it = results["intensity"]
+  big = max(r["batch"] for r in it)
+  sel = {r["num_kv_heads"]: r for r in it if r["batch"] == big}
+  lo, hi = sel.get(cfg.model.num_heads), sel.get(1)
+  if lo and hi:
+    text.append(
+        f" At batch {big}, K=1 ran {lo['step_s'] / hi['step_s']:.1f}x faster "
+        f"than K={cfg.model.num_heads} while XLA's bytes accessed fell "
+        f"{lo['xla_bytes_accessed'] / hi['xla_bytes_accessed']:.1f}x; the "
+        f"rest of the gap is not explained by these counts.")
+  load = results["machine"].get("loadavg")
+  if load:
+    text.append(f" The machine was shared: 1-minute load average "
+                f"{load[0]:.1f} at the start and {load[1]:.1f} at the end of "
+                f"the run on {results['machine']['cpu_count']} cores, so "
+                f"times are indicative.")
+  return "".join(text)
