@@ -58,7 +58,7 @@ _attend = jax.jit(attention.attend,
 
 @st.composite
 def attend_inputs(draw, *, masked=False):
-  """q [B,Tq,H,Dh], k [B,Tk,K,Dh], v [B,Tk,K,Dv] (+ a mask with no empty row)."""
+  """q [B,Tq,H,Dh], k [B,Tk,K,Dh], v [B,Tk,K,Dv] (+ mask, no empty row)."""
   b, tq, tk, kh, g, dh, dv = draw(st.sampled_from(SHAPES))
   rng = np.random.default_rng(draw(st.integers(0, 2**31)))
   q = rng.normal(size=(b, tq, kh * g, dh)).astype(np.float32)

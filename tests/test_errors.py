@@ -1,4 +1,4 @@
-"""Bad input gets a clear error naming the argument, the expectation and what came.
+"""Bad input gets a clear error: the argument, what was expected, what came.
 
 Each case checks the message, and that the same error comes under jax.jit
 (raised while checking shapes, before anything reaches XLA).
