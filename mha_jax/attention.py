@@ -205,8 +205,38 @@ IMPLEMENTATIONS = {"vmap": _attend_vmap, "einsum": _attend_einsum,
                    "flash": flash.attend_flash,  # blockwise, O(T) memory
                    "xla": xla_attention.attend_xla,
                    "cudnn": xla_attention.attend_cudnn}
-# Implementations whose `attend` returns weights=None.
-WEIGHTLESS = frozenset({"flash", "xla", "cudnn"})
+
+
+def choose_implementation(q, k, *, dropout=False, backend=None):
+  """What "auto" runs: the fastest path that keeps the reference semantics.
+
+  Measured with `python -m experiments.benchmark` on CPU, the blockwise path
+  is the fastest at every shape tried (it also never forms [Tq, Tk]).
+  Dropout needs the weights, so it goes to "einsum". On GPU/TPU (not
+  measured here) XLA's fused attention is used while the float32 scores
+  fit in 1 GiB, and the blockwise path beyond.
+  """
+  if dropout:
+    return "einsum"
+  backend = backend or jax.default_backend()
+  if backend == "cpu":
+    return "flash"
+  scores = 4 * q.shape[0] * q.shape[2] * q.shape[1] * k.shape[1]
+  return "xla" if scores <= 2 ** 30 else "flash"
+
+
+def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
+  impl = choose_implementation(q, k, dropout=keep is not None)
+  if impl == "xla" and (v.shape[-1] != q.shape[-1]
+                        or not q.dtype == k.dtype == v.dtype):
+    impl = "flash"  # what jax.nn.dot_product_attention cannot take
+  return IMPLEMENTATIONS[impl](q, k, v, mask, bias, keep, is_causal=is_causal,
+                              dropout_rate=dropout_rate)
+
+
+IMPLEMENTATIONS["auto"] = _attend_auto
+# Implementations whose `attend` returns weights=None ("auto" may pick one).
+WEIGHTLESS = frozenset({"flash", "xla", "cudnn", "auto"})
 
 
 def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend"):

@@ -236,3 +236,23 @@ def test_xla_and_cudnn_refusals_name_the_problem():
   if jax.default_backend() != "gpu":
     with pytest.raises(ValueError, match="CUDA GPU"):
       attention.attend(q, q, q, implementation="cudnn")
+
+
+def test_auto_picks_a_correct_path():
+  q, k, v, mask, bias = _inputs(7, 2, 9, 12, 4, 2, 8, "full", "keys")
+  assert attention.choose_implementation(q, k) == "flash"  # CPU, measured
+  assert attention.choose_implementation(q, k, dropout=True) == "einsum"
+  assert attention.choose_implementation(q, k, backend="gpu") == "xla"
+  long_q = jax.ShapeDtypeStruct((1, 32768, 8, 64), jnp.float32)
+  assert attention.choose_implementation(long_q, long_q,
+                                         backend="gpu") == "flash"
+  run = jax.jit(lambda q, k, v: attention.attend(
+      q, k, v, mask=mask, bias=bias, is_causal=True,
+      implementation="auto")[0])
+  np.testing.assert_allclose(run(q, k, v),
+                             _reference(q, k, v, mask, bias, True), atol=1e-5)
+  # Dropout falls back to einsum: the same keep pattern, the same numbers.
+  drop = lambda impl: attention.attend(
+      q, k, v, implementation=impl, dropout_rate=0.3,
+      dropout_rng=jax.random.PRNGKey(3))[0]
+  np.testing.assert_allclose(drop("auto"), drop("einsum"), atol=1e-6)

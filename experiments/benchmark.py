@@ -1,0 +1,341 @@
+r"""Side-by-side attention benchmark: mha_jax's paths against the libraries.
+
+    python -m experiments.benchmark                       # ~5 min on 2 cores
+    python -m experiments.benchmark --sets=long --long_n=32768 \
+        --long_fwd_n=65536 --repeats=1 --warmup=0 --paths=flash  # targets
+
+Writes `table.md` and `results.json` into `--workdir` (runs/benchmark).
+
+Every case (shape set x path) runs in its own subprocess, so that its peak
+resident memory (`ru_maxrss`: the whole process, runtime included) is its
+own. Within it the forward and forward+backward programs are compiled ahead
+of time, run `--warmup` times untimed, then `--repeats` times, each call
+ended by `block_until_ready`; the figure is the median. GFLOP/s use the
+dense closed form of FORMULAS.md (8BnD^2 + 4Bn^2D forward, x3 for
+forward+backward) for every path, causal or not, so they compare speed, not
+work. "% mm" divides by a plain matmul's GFLOP/s measured in the same run.
+XLA's `memory_analysis` temp bytes (the compiled program's scratch) are
+recorded too. Ratios are to the fastest anchor (flax.linen, flax.nnx,
+jax.nn, torch) of the same shape set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+_WORKDIR = flags.DEFINE_string("workdir", "runs/benchmark", "Output folder.")
+_SETS = flags.DEFINE_list("sets", ["standard", "bf16", "long"],
+                          "Shape sets: standard, bf16, long.")
+_LONG_N = flags.DEFINE_list("long_n", ["4096"],
+                            "Long-context lengths (B=1, D=512, h=8), causal "
+                            "and not, forward and forward+backward.")
+_LONG_FWD_N = flags.DEFINE_list("long_fwd_n", [],
+                                "Long-context lengths run forward only "
+                                "(causal).")
+_PATHS = flags.DEFINE_list("paths", [], "Restrict to these paths (default: "
+                           "all).")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per figure.")
+_WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed calls after compiling.")
+_MAX_SCORE_GIB = flags.DEFINE_float(
+    "max_score_gib", 1.0, "Skip paths that materialise the [B,H,n,n] float32 "
+    "scores when these alone would exceed this many GiB.")
+_WORKER = flags.DEFINE_string("worker", "", "Internal: run one case (JSON).")
+
+OURS = ["default", "vmap", "einsum", "flash", "xla", "auto"]
+ANCHORS = ["flax.linen", "flax.nnx", "jax.nn", "torch"]
+_GIB = 2 ** 30
+
+
+def shape_sets(long_n, long_fwd_n):
+  """name -> list of shapes (dicts); modes list what to time."""
+  both = ["fwd", "fwdbwd"]
+  sets = {
+      "standard": [dict(B=8, n=512, D=256, h=8, dtype="float32",
+                        causal=False, modes=both)],
+      "bf16": [dict(B=8, n=512, D=256, h=8, dtype="bfloat16", causal=False,
+                    modes=both)],
+      "long": [dict(B=1, n=int(n), D=512, h=8, dtype="float32", causal=c,
+                    modes=both) for n in long_n for c in (True, False)]
+              + [dict(B=1, n=int(n), D=512, h=8, dtype="float32", causal=True,
+                      modes=["fwd"]) for n in long_fwd_n],
+  }
+  return sets
+
+
+def _build(path, shape):
+  """(fn(state, x) -> y, state, x) for one path on one shape."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import mha_jax  # pylint: disable=g-import-not-at-top
+  from mha_jax import multi_head  # pylint: disable=g-import-not-at-top
+  b, n, d, h = shape["B"], shape["n"], shape["D"], shape["h"]
+  dtype, causal = jnp.dtype(shape["dtype"]), shape["causal"]
+  x = jax.random.normal(jax.random.PRNGKey(1), (b, n, d), jnp.float32)
+  x = x.astype(dtype)
+  if path in OURS or path == "jax.nn":
+    params = mha_jax.init_mha_params(jax.random.PRNGKey(0), d, h,
+                                     dtype=dtype)
+    if path == "jax.nn":  # the same projections around jax.nn's kernel
+      def fn(p, x):
+        q, k, v = multi_head.project_qkv(p, x)
+        o = jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+        return multi_head.project_out(multi_head.merge_heads(o), p["w_o"])
+      return fn, params, x
+    kw = {} if path == "default" else {"implementation": path}
+    return (lambda p, x: mha_jax.multi_head_attention(p, x, is_causal=causal,
+                                                      **kw)), params, x
+  if path == "flax.linen":
+    import flax.linen as nn  # pylint: disable=g-import-not-at-top
+    m = nn.MultiHeadDotProductAttention(num_heads=h, qkv_features=d,
+                                        use_bias=False, dtype=dtype,
+                                        param_dtype=dtype)
+    mask = nn.make_causal_mask(jnp.ones((b, n))) if causal else None
+    variables = m.init(jax.random.PRNGKey(0), x[:, :8])
+    return (lambda v, x: m.apply(v, x, mask=mask)), variables, x
+  if path == "flax.nnx":
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+    m = nnx.MultiHeadAttention(num_heads=h, in_features=d, qkv_features=d,
+                               use_bias=False, decode=False, dtype=dtype,
+                               param_dtype=dtype, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(m)
+    return (lambda s, x: nnx.merge(graphdef, s)(x, is_causal=causal)), state, x
+  raise ValueError(f"unknown path {path!r}")
+
+
+def _peak_rss():
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes
+
+
+def _time(compiled, args, warmup, repeats):
+  import jax  # pylint: disable=g-import-not-at-top
+  for _ in range(warmup):
+    jax.block_until_ready(compiled(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def run_case(case):
+  """Worker body: compile, time and measure one (path, shape)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  shape = case["shape"]
+  fn, state, x = _build(case["path"], shape)
+  programs = {
+      "fwd": fn,
+      "fwdbwd": jax.grad(lambda s, x: jnp.sum(fn(s, x).astype(jnp.float32)),
+                         argnums=(0, 1)),
+  }
+  result = {"rss_start": _peak_rss()}
+  for mode in shape["modes"]:
+    compiled = jax.jit(programs[mode]).lower(state, x).compile()
+    mem = compiled.memory_analysis()
+    result[f"{mode}_xla_temp"] = getattr(mem, "temp_size_in_bytes", None)
+    result[f"{mode}_s"] = _time(compiled, (state, x), case["warmup"],
+                                case["repeats"])
+    result[f"{mode}_rss"] = _peak_rss()  # peak so far, this mode included
+  return result
+
+
+def _torch_case(shape):
+  """torch.nn.MultiheadAttention on CPU, if torch is importable."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return {"skipped": "torch is not importable here (not a dependency)"}
+  b, n, d, h = shape["B"], shape["n"], shape["D"], shape["h"]
+  dtype = getattr(torch, shape["dtype"])
+  m = torch.nn.MultiheadAttention(d, h, bias=False, batch_first=True,
+                                  dtype=dtype)
+  x = torch.randn(b, n, d, dtype=dtype, requires_grad=True)
+  mask = (torch.nn.Transformer.generate_square_subsequent_mask(n)
+          if shape["causal"] else None)
+  fwd = lambda: m(x, x, x, attn_mask=mask, need_weights=False,
+                  is_causal=shape["causal"])[0]
+  out = {}
+  for mode, call in (("fwd", lambda: fwd().detach()),
+                     ("fwdbwd", lambda: fwd().float().sum().backward())):
+    if mode not in shape["modes"]:
+      continue
+    times = []
+    for i in range(_WARMUP.value + _REPEATS.value):
+      start = time.perf_counter()
+      call()
+      if i >= _WARMUP.value:
+        times.append(time.perf_counter() - start)
+    out[f"{mode}_s"] = times
+    out[f"{mode}_rss"] = _peak_rss()
+  return out
+
+
+def _materialises_scores(path):
+  return path not in ("flash", "torch")
+
+
+def _spawn(case, timeout_s=3600):
+  """Run one case in a fresh interpreter; returns its result dict."""
+  cmd = [sys.executable, "-m", "experiments.benchmark",
+         f"--worker={json.dumps(case)}"]
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+  except subprocess.TimeoutExpired:
+    return {"skipped": f"timed out after {timeout_s} s"}
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  if proc.returncode or not lines:
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+    return {"skipped": f"failed (rc={proc.returncode}): {' '.join(tail)}"}
+  return json.loads(lines[-1][len("RESULT "):])
+
+
+def matmul_gflops(dtype_name, n=2048, repeats=5):
+  """GFLOP/s of one jitted n x n x n matmul (the same-run yardstick)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n)).astype(dtype_name)
+  mm = jax.jit(lambda a: a @ a).lower(a).compile()
+  return 2 * n ** 3 / statistics.median(_time(mm, (a,), 1, repeats)) / 1e9
+
+
+def _flops(shape, mode):
+  from mha_jax import flops  # pylint: disable=g-import-not-at-top
+  fwd = flops.analytic_mha_flops(shape["B"], shape["n"], shape["D"])
+  return fwd if mode == "fwd" else 3 * fwd  # backward ~ twice the forward
+
+
+def measure(set_name, shape, paths, mm_gflops):
+  """One row per path for one shape, ratios to the fastest anchor."""
+  rows = []
+  for path in paths:
+    row = {"set": set_name, "path": path, **shape,
+           "kind": "anchor" if path in ANCHORS else "ours"}
+    score_gib = 4 * shape["B"] * shape["h"] * shape["n"] ** 2 / _GIB
+    if _materialises_scores(path) and score_gib > _MAX_SCORE_GIB.value:
+      row["skipped"] = (f"would materialise [B,H,n,n] float32 scores of "
+                        f"{score_gib:.1f} GiB > --max_score_gib="
+                        f"{_MAX_SCORE_GIB.value}")
+    elif path == "torch":
+      row.update(_torch_case(shape))
+    else:
+      row.update(_spawn({"path": path, "shape": shape,
+                         "warmup": _WARMUP.value,
+                         "repeats": _REPEATS.value}))
+    for mode in shape["modes"]:
+      if f"{mode}_s" in row:
+        ms = 1e3 * statistics.median(row[f"{mode}_s"])
+        gflops = _flops(shape, mode) / ms / 1e6
+        row.update({f"{mode}_ms": ms, f"{mode}_gflops": gflops,
+                    f"{mode}_pct_mm": 100 * gflops / mm_gflops})
+    print(f"[{set_name}] n={shape['n']} causal={shape['causal']} {path}: "
+          + (row.get("skipped") or " ".join(
+              f"{m}={row.get(m + '_ms', float('nan')):.1f}ms"
+              for m in shape["modes"])), flush=True)
+    rows.append(row)
+  for mode in shape["modes"]:
+    timed = [r for r in rows if r["kind"] == "anchor" and f"{mode}_ms" in r]
+    if not timed:
+      continue
+    best = min(timed, key=lambda r: r[f"{mode}_ms"])
+    for r in rows:
+      r[f"{mode}_anchor"] = best["path"]
+      if f"{mode}_ms" in r:
+        r[f"{mode}_x_anchor"] = r[f"{mode}_ms"] / best[f"{mode}_ms"]
+        r[f"{mode}_rss_x_anchor"] = r[f"{mode}_rss"] / best[f"{mode}_rss"]
+  return rows
+
+
+def _fmt(x, spec=".1f"):
+  return "-" if x is None else format(x, spec)
+
+
+def markdown(rows, mm):
+  """One table per shape; a row per path; skipped paths say why."""
+  out = [f"Plain matmul (2048^3, same run): {mm['float32']:.1f} GFLOP/s "
+         f"float32, {mm['bfloat16']:.1f} GFLOP/s bfloat16.", ""]
+  keys = []
+  for r in rows:
+    key = (r["set"], r["n"], r["causal"], r["dtype"], tuple(r["modes"]))
+    if key not in keys:
+      keys.append(key)
+  for key in keys:
+    group = [r for r in rows if (r["set"], r["n"], r["causal"], r["dtype"],
+                                 tuple(r["modes"])) == key]
+    s = group[0]
+    out.append(f"### {s['set']}: B={s['B']} n={s['n']} D={s['D']} h={s['h']}"
+               f" {s['dtype']} causal={s['causal']}")
+    out.append("")
+    head = "| path |"
+    for m in s["modes"]:
+      head += f" {m} ms | {m} GFLOP/s | {m} % mm | {m} x anchor |"
+    head += " peak RSS MiB | RSS x anchor | XLA temp MiB |"
+    out += [head, "|" + "---|" * (head.count("|") - 1)]
+    last = s["modes"][-1]
+    for r in group:
+      line = f"| {r['path']} |"
+      if r.get("skipped"):
+        out.append(line + f" skipped: {r['skipped']} |")
+        continue
+      for m in s["modes"]:
+        line += (f" {_fmt(r.get(m + '_ms'))} | {_fmt(r.get(m + '_gflops'))} |"
+                 f" {_fmt(r.get(m + '_pct_mm'), '.0f')} |"
+                 f" {_fmt(r.get(m + '_x_anchor'), '.2f')} |")
+      rss = r.get(f"{last}_rss")
+      temp = r.get(f"{last}_xla_temp")
+      line += (f" {_fmt(rss and rss / 2**20, '.0f')} |"
+               f" {_fmt(r.get(last + '_rss_x_anchor'), '.2f')} |"
+               f" {_fmt(temp and temp / 2**20, '.0f')} |")
+      out.append(line)
+    out.append("")
+  return "\n".join(out)
+
+
+def main(argv):
+  del argv
+  if _WORKER.value:
+    print("RESULT " + json.dumps(run_case(json.loads(_WORKER.value))))
+    return
+  os.environ.setdefault("PYTHONPATH", os.getcwd())
+  workdir = pathlib.Path(_WORKDIR.value)
+  workdir.mkdir(parents=True, exist_ok=True)
+  import jax  # pylint: disable=g-import-not-at-top
+  start = time.time()
+  load_start = os.getloadavg()
+  mm = {d: matmul_gflops(d) for d in ("float32", "bfloat16")}
+  sets = shape_sets(_LONG_N.value, _LONG_FWD_N.value)
+  paths = _PATHS.value or OURS + ANCHORS
+  rows = []
+  for name in _SETS.value:
+    for shape in sets[name]:
+      rows += measure(name, shape, paths, mm[shape["dtype"]])
+  meta = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__,
+          "backend": jax.default_backend(), "cpus": os.cpu_count(),
+          "matmul_gflops": mm, "load_avg_start": load_start,
+          "load_avg_end": os.getloadavg(), "argv": sys.argv[1:],
+          "seconds": time.time() - start}
+  (workdir / "results.json").write_text(json.dumps(
+      {"meta": meta, "rows": rows}, indent=1))
+  table = markdown(rows, mm)
+  (workdir / "table.md").write_text(
+      f"Command: python -m experiments.benchmark {' '.join(sys.argv[1:])}\n"
+      f"({meta['date']}, jax {meta['jax']}, {meta['backend']}, "
+      f"{meta['cpus']} CPUs, load average {load_start[0]:.1f} at start, "
+      f"{meta['load_avg_end'][0]:.1f} at end)\n\n" + table)
+  print(table)
+  print(f"Done in {meta['seconds']:.0f} s: {workdir / 'table.md'}")
+
+
+if __name__ == "__main__":
+  app.run(main)
