@@ -1,0 +1,193 @@
+r"""The seed's cost claims, measured: time, FLOPs and memory vs h and vs n.
+
+    python -m experiments.cost_scaling                  # ~3 min on 2 cores
+    python -m experiments.cost_scaling --n=256,512,1024,2048,4096,8192
+
+Writes report.md (each claim next to its measured number), results.json and
+PNG plots into `--workdir` (runs/cost_scaling).
+
+Claims (FORMULAS.md): time O(n D^2 + n^2 D), independent of the head count
+h at fixed D; memory O(h n^2 + n D), dominated by the attention weights.
+Measured for one full self-attention layer (`multi_head_attention`):
+  * time: median wall-clock of `--repeats` jitted forward calls;
+  * FLOPs: XLA's cost analysis of the reference ("einsum") forward program
+    (the blockwise path's loops are counted once by XLA, so its count is not
+    comparable and is not used), next to the closed form 8nD^2 + 4n^2D;
+  * memory: XLA's `memory_analysis().temp_size_in_bytes` of the compiled
+    forward+backward program (the scratch a training step needs beyond its
+    inputs and outputs); deterministic, unlike process RSS.
+Slopes are least-squares fits of log(y) on log(x) over the `--fit_points`
+largest n.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+
+from mha_jax import flops as flops_lib
+from mha_jax import multi_head
+from mha_jax import params as params_lib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_WORKDIR = flags.DEFINE_string("workdir", "runs/cost_scaling", "Output folder.")
+_HEADS = flags.DEFINE_list("heads", ["1", "2", "4", "8", "16", "32", "64"],
+                           "Head counts at fixed D (head sweep).")
+_HEAD_N = flags.DEFINE_integer("head_n", 1024, "Sequence length, head sweep.")
+_N = flags.DEFINE_list("n", ["256", "512", "1024", "2048", "4096"],
+                       "Sequence lengths (length sweep, h=8).")
+_D = flags.DEFINE_integer("d_model", 512, "d_model D for both sweeps.")
+_BATCH = flags.DEFINE_integer("batch", 1, "Batch size B.")
+_PATHS = flags.DEFINE_list("paths", ["einsum", "flash"],
+                           "Implementations to measure.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per point.")
+_FIT_POINTS = flags.DEFINE_integer("fit_points", 3,
+                                   "Largest-n points used for the slopes.")
+
+
+def measure_point(path, batch, n, d_model, heads, repeats):
+  """Time, XLA FLOPs and fwd+bwd scratch bytes of one layer at one size."""
+  params = params_lib.init_mha_params(jax.random.PRNGKey(0), d_model, heads)
+  x = jax.random.normal(jax.random.PRNGKey(1), (batch, n, d_model))
+  fwd = lambda p, x: multi_head.multi_head_attention(p, x,
+                                                     implementation=path)
+  train = jax.grad(lambda p, x: jnp.sum(fwd(p, x)), argnums=(0, 1))
+  compiled = jax.jit(fwd).lower(params, x).compile()
+  jax.block_until_ready(compiled(params, x))  # warm-up
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(params, x))
+    times.append(time.perf_counter() - start)
+  mem = jax.jit(train).lower(params, x).compile().memory_analysis()
+  point = {"path": path, "B": batch, "n": n, "D": d_model, "h": heads,
+           "time_ms": 1e3 * statistics.median(times),
+           "train_temp_bytes": int(mem.temp_size_in_bytes),
+           "analytic_flops": flops_lib.analytic_mha_flops(batch, n, d_model)}
+  if path != "flash":
+    point["xla_flops"] = flops_lib.xla_flops(fwd, params, x)
+  print(f"{path} n={n} h={heads}: {point['time_ms']:.1f} ms, "
+        f"{point['train_temp_bytes'] / 2**20:.1f} MiB", flush=True)
+  return point
+
+
+def loglog_slope(xs, ys):
+  """Least-squares slope of log(y) against log(x)."""
+  return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+def _series(points, path, key, along):
+  pts = sorted((p for p in points if p["path"] == path and key in p),
+               key=lambda p: p[along])
+  return [p[along] for p in pts], [p[key] for p in pts]
+
+
+def _plot(points, along, key, ylabel, title, filename, workdir, loglog):
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  for path in sorted({p["path"] for p in points}):
+    xs, ys = _series(points, path, key, along)
+    if xs:
+      ax.plot(xs, ys, marker="o", label=path)
+  ax.set_xscale("log", base=2)
+  if loglog:
+    ax.set_yscale("log")
+  ax.set_xlabel(along)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(workdir / filename, dpi=120)
+  plt.close(fig)
+
+
+def report(heads_pts, n_pts, fit_points):
+  """report.md lines: each claim beside the measured figure."""
+  lines = ["# Cost claims, measured", ""]
+  lines.append(f"## Against the head count (n={heads_pts[0]['n']}, "
+               f"D={heads_pts[0]['D']}, B={heads_pts[0]['B']})")
+  lines += ["", "| path | h | time ms | XLA GFLOP | closed-form GFLOP | "
+            "fwd+bwd scratch MiB |", "|---|---|---|---|---|---|"]
+  for p in heads_pts:
+    lines.append(f"| {p['path']} | {p['h']} | {p['time_ms']:.1f} | "
+                 + (f"{p['xla_flops'] / 1e9:.3f}" if "xla_flops" in p else "-")
+                 + f" | {p['analytic_flops'] / 1e9:.3f} | "
+                 f"{p['train_temp_bytes'] / 2**20:.1f} |")
+  lines.append("")
+  for path in sorted({p["path"] for p in heads_pts}):
+    hs, ts = _series(heads_pts, path, "time_ms", "h")
+    _, ms = _series(heads_pts, path, "train_temp_bytes", "h")
+    lines.append(f"- {path}: time max/min over h = {max(ts) / min(ts):.2f}"
+                 f" (claim: flat, 1.00); scratch memory slope vs h = "
+                 f"{loglog_slope(hs, ms):.2f} (claim O(h n^2): 1 where the "
+                 "weights dominate)")
+    fh, fl = _series(heads_pts, path, "xla_flops", "h")
+    if fl:
+      lines.append(f"- {path}: XLA FLOPs max/min over h = "
+                   f"{max(fl) / min(fl):.3f} (claim: independent of h)")
+  lines += ["", f"## Against the length (h={n_pts[0]['h']}, "
+            f"D={n_pts[0]['D']}, B={n_pts[0]['B']})", "",
+            "| path | n | time ms | XLA GFLOP | fwd+bwd scratch MiB |",
+            "|---|---|---|---|---|"]
+  for p in n_pts:
+    lines.append(f"| {p['path']} | {p['n']} | {p['time_ms']:.1f} | "
+                 + (f"{p['xla_flops'] / 1e9:.3f}" if "xla_flops" in p else "-")
+                 + f" | {p['train_temp_bytes'] / 2**20:.1f} |")
+  lines += ["", f"Log-log slopes over the {fit_points} largest n:", ""]
+  slopes = {}
+  for path in sorted({p["path"] for p in n_pts}):
+    ns, ts = _series(n_pts, path, "time_ms", "n")
+    _, ms = _series(n_pts, path, "train_temp_bytes", "n")
+    st, sm = (loglog_slope(ns[-fit_points:], ts[-fit_points:]),
+              loglog_slope(ns[-fit_points:], ms[-fit_points:]))
+    slopes[path] = {"time": st, "memory": sm}
+    want_mem = "1 (blockwise)" if path == "flash" else "2 (weights)"
+    lines.append(f"- {path}: time slope {st:.2f} (claim: about 2 at large n);"
+                 f" memory slope {sm:.2f} (claim: {want_mem})")
+  ns, fl = _series(n_pts, "einsum", "xla_flops", "n")
+  if fl:
+    lines.append(f"- XLA FLOPs slope (einsum): "
+                 f"{loglog_slope(ns[-fit_points:], fl[-fit_points:]):.2f}")
+  return lines, slopes
+
+
+def main(argv):
+  del argv
+  workdir = pathlib.Path(_WORKDIR.value)
+  workdir.mkdir(parents=True, exist_ok=True)
+  start = time.time()
+  d, b = _D.value, _BATCH.value
+  heads_pts = [measure_point(path, b, _HEAD_N.value, d, int(h), _REPEATS.value)
+               for path in _PATHS.value for h in _HEADS.value]
+  n_pts = [measure_point(path, b, int(n), d, 8, _REPEATS.value)
+           for path in _PATHS.value for n in _N.value]
+  lines, slopes = report(heads_pts, n_pts, _FIT_POINTS.value)
+  lines = [lines[0], "", "Command: python -m experiments.cost_scaling "
+           f"(took {time.time() - start:.0f} s, jax {jax.__version__}, "
+           f"{jax.default_backend()})"] + lines[1:]
+  (workdir / "report.md").write_text("\n".join(lines) + "\n")
+  (workdir / "results.json").write_text(json.dumps(
+      {"heads": heads_pts, "length": n_pts, "slopes": slopes}, indent=1))
+  _plot(heads_pts, "h", "time_ms", "forward ms", "time vs heads",
+        "time_vs_heads.png", workdir, loglog=False)
+  _plot(heads_pts, "h", "train_temp_bytes", "fwd+bwd scratch bytes",
+        "memory vs heads", "memory_vs_heads.png", workdir, loglog=True)
+  _plot(n_pts, "n", "time_ms", "forward ms", "time vs n", "time_vs_n.png",
+        workdir, loglog=True)
+  _plot(n_pts, "n", "train_temp_bytes", "fwd+bwd scratch bytes",
+        "memory vs n", "memory_vs_n.png", workdir, loglog=True)
+  print("\n".join(lines))
+
+
+if __name__ == "__main__":
+  app.run(main)
