@@ -20,5 +20,9 @@ test: install
 run: install
 	$(BIN)/python -m experiments.toy_example
 
+benchmark: install
+	$(BIN)/python -m experiments.benchmark
+	$(BIN)/python -m experiments.cost_scaling
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
