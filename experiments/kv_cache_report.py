@@ -117,11 +117,12 @@ def write(cfg, results, workdir):
   s, m, b = results["summary"], cfg.model, cfg.bench
   mach = results["machine"]
   timing = _table(
-      ["n", "cached ms", "recompute ms", "speed-up", "cached FLOPs XLA",
+      ["n", "cached ms (min)", "recompute ms (min)", "speed-up", "cached FLOPs XLA",
        "cached matmul FLOPs (jaxpr)", "cached analytic", "recompute FLOPs XLA",
        "recompute analytic"],
-      [[r["n"], f"{1e3 * r['cached_s']:.3f}",
-        f"{1e3 * r['nocache_s']:.1f}" if "nocache_s" in r else "-",
+      [[r["n"], f"{1e3 * r['cached_s']:.3f} ({1e3 * r['cached_min_s']:.3f})",
+        f"{1e3 * r['nocache_s']:.1f} ({1e3 * r['nocache_min_s']:.1f})"
+        if "nocache_s" in r else "-",
         f"{r['nocache_s'] / r['cached_s']:.0f}x" if "nocache_s" in r else "-",
         f"{r['cached_xla_flops']:.3g}", f"{r['cached_matmul_flops']:.4g}",
         f"{r['cached_analytic_flops']:.4g}",
@@ -139,13 +140,14 @@ def write(cfg, results, workdir):
   it = results["intensity"]
   inten = _table(
       ["K", "B", "analytic FLOPs", "weights MiB", "cache read MiB",
-       "FLOPs/byte (analytic)", "FLOPs/byte (XLA)", "step ms"],
+       "FLOPs/byte (analytic)", "FLOPs/byte (XLA)", "step ms (min)"],
       [[r["num_kv_heads"], r["batch"], f"{r['analytic_flops']:.3g}",
         f"{r['weight_bytes'] / 2**20:.2f}",
         f"{r['cache_bytes_read'] / 2**20:.2f}",
         f"{r['analytic_intensity']:.2f}",
         f"{r['xla_flops'] / max(r['xla_bytes_accessed'], 1):.2f}",
-        f"{1e3 * r['step_s']:.2f}"] for r in it])
+        f"{1e3 * r['step_s']:.2f} ({1e3 * r['step_min_s']:.2f})"]
+       for r in it])
   targets = "\n".join(f"- {name}: **{'met' if ok else 'NOT met'}**"
                       for name, ok in s["targets"].items())
   exact = ", ".join(f"K={k}: {v:.1e}"
@@ -157,8 +159,9 @@ Machine: {mach['backend']} backend, {mach['cpu_count']} CPU cores visible,
 jax {mach['jax']}. Stack: L={m.num_layers} pre-norm blocks, D={m.d_model},
 H={m.num_heads}, Dh={m.d_model // m.num_heads}, F={m.mlp_dim}, K={m.num_kv_heads}
 for timing, float32, batch {b.batch}, implementation `{m.implementation}`.
-Times are medians of {b.repeats} (cached) / {b.nocache_repeats} (recompute)
-calls after warm-up, each ended by `block_until_ready`.
+Times are medians (minimum in brackets) of {b.repeats} (cached) /
+{b.nocache_repeats} (recompute) calls after warm-up, each ended by
+`block_until_ready`. Speed-ups and slopes use the medians.
 
 ## Targets
 {targets}
