@@ -223,6 +223,29 @@ def _token_target_score(weights, tokens, targets_fn, fn):
   return _mean_over_rows(mass, valid_rows(w) & jnp.any(target, axis=-1))
 
 
+def alignment_scores(weights: jax.Array, target: jax.Array,
+                     valid: jax.Array | None = None):
+  """How well each head's rows point at a known key, `(accuracy, mass)`.
+
+  `target [B, Tq]` is the index of the right key for every query (for
+  example the aligned source token in cross-attention) and `valid [B, Tq]`
+  marks the queries that count. `accuracy [H]` is the share of rows whose
+  argmax is the target, `mass [H]` the mean weight on it.
+  """
+  w = _check_weights(weights, "alignment_scores")
+  b, _, tq, tk = w.shape
+  if jnp.shape(target) != (b, tq):
+    raise ValueError(f"alignment_scores: `target` must be [B, Tq]=[{b}, "
+                     f"{tq}], got {jnp.shape(target)}")
+  valid = jnp.ones((b, tq), bool) if valid is None else jnp.asarray(valid)
+  counts = valid_rows(w) & valid[:, None, :].astype(bool)  # [B, H, Tq]
+  hit = jnp.argmax(w, axis=-1) == target[:, None, :]
+  onehot = jax.nn.one_hot(target, tk, dtype=w.dtype)[:, None]  # [B,1,Tq,Tk]
+  mass = jnp.sum(w * onehot, axis=-1)
+  return (_mean_over_rows(hit.astype(jnp.float32), counts),
+          _mean_over_rows(mass, counts))
+
+
 def js_divergence(weights: jax.Array) -> jax.Array:
   """Mean Jensen-Shannon divergence between every pair of heads, `[H, H]`.
 

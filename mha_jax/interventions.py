@@ -14,7 +14,9 @@ can disagree:
   * gradient importance: d loss / d gate at gate = 1. A first-order Taylor
     estimate predicts the zero-ablation change as -gradient; where the loss
     is far from linear in the gate (saturated softmax, redundant heads), the
-    estimate and the real ablation differ.
+    estimate and the real ablation differ. At a trained optimum the batch
+    gradient is ~0 for every head (see `per_example_gradient_importance`,
+    which averages |gradient| per example instead).
 
 `mask_arg` selects which gates: "head_mask" (decoder self-attention) or
 "cross_head_mask" / "encoder_head_mask" of an `EncoderDecoder`.
@@ -80,9 +82,34 @@ def gradient_importance(model, batch, loss, mask_arg="head_mask"):
   return np.asarray(jax.jit(jax.grad(f))(jnp.ones(gate_shape(model, mask_arg))))
 
 
-def zero_ablation(model, batch, loss, mask_arg="head_mask"):
-  """Loss increase when each head alone is gated to 0, `[L, H]`."""
-  f = loss_fn(model, batch, loss, mask_arg)
+def per_example_gradient_importance(model, batch, loss,
+                                    mask_arg="head_mask"):
+  """Mean over examples of |d loss(example) / d gate|, `[L, H]`.
+
+  The batch gradient of a trained model is ~0 for every head: scaling a
+  head's gate is the same as scaling its rows of W^O, which training has
+  already brought to a stationary point. Taking the absolute value per
+  example (before averaging) keeps the heads whose gate matters for each
+  input but pulls different ways across inputs (Michel et al., 2019).
+  """
+  graphdef, state = nnx.split(model)
+
+  def f(gates, example):
+    m = nnx.merge(graphdef, state)
+    one = jax.tree.map(lambda x: x[None], example)  # a batch of one
+    return train.compute_loss(m, one, loss, **{mask_arg: gates})[0]
+
+  per_example = jax.jit(jax.vmap(jax.grad(f), in_axes=(None, 0)))(
+      jnp.ones(gate_shape(model, mask_arg)), batch)  # [B, L, H]
+  return np.asarray(jnp.mean(jnp.abs(per_example), axis=0))
+
+
+def zero_ablation(model, batch, loss, mask_arg="head_mask", f=None):
+  """Loss increase when each head alone is gated to 0, `[L, H]`.
+
+  `f`: a `loss_fn` of the same model and batch to reuse (saves a compile).
+  """
+  f = f or loss_fn(model, batch, loss, mask_arg)
   n_layers, n_heads = gate_shape(model, mask_arg)
   ones = jnp.ones((n_layers, n_heads))
   clean = float(f(ones))
@@ -142,13 +169,16 @@ def head_importance(model, batch, loss, mask_arg="head_mask"):
   """All three scores, `[L, H]` each, plus the clean loss."""
   ones = jnp.ones(gate_shape(model, mask_arg))
   grad = gradient_importance(model, batch, loss, mask_arg)
+  f = loss_fn(model, batch, loss, mask_arg)
   return {
-      "clean_loss": float(loss_fn(model, batch, loss, mask_arg)(ones)),
-      "zero_ablation": zero_ablation(model, batch, loss, mask_arg),
+      "clean_loss": float(f(ones)),
+      "zero_ablation": zero_ablation(model, batch, loss, mask_arg, f=f),
       "mean_ablation": mean_ablation(model, batch, loss, mask_arg),
       "gradient": grad,
       # Taylor: loss(gate=0) - loss(gate=1) ~ -d loss/d gate.
       "taylor_estimate": -grad,
+      "gradient_abs": per_example_gradient_importance(model, batch, loss,
+                                                      mask_arg),
   }
 
 

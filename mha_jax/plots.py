@@ -156,3 +156,23 @@ def _finish(fig, ax, xlabel, ylabel, title, logx, logy, path):
   ax.legend(fontsize=7)
   fig.tight_layout()
   return save(fig, path)
+
+
+def setting_bars(labels: Sequence[str], means: Sequence[float],
+                 spreads: Sequence[float] | None = None, *, ylabel: str,
+                 title: str = "", logy: bool = False,
+                 path: str | None = None):
+  """One bar per setting (for example per head count), with error bars."""
+  fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(labels) + 1.5), 3.2))
+  ax.bar(range(len(labels)), np.asarray(means, np.float32),
+         yerr=None if spreads is None else np.asarray(spreads, np.float32),
+         capsize=3, color="tab:blue")
+  ax.set_xticks(range(len(labels)))
+  ax.set_xticklabels(labels, fontsize=8)
+  ax.set_ylabel(ylabel)
+  if logy:
+    ax.set_yscale("log")
+  if title:
+    ax.set_title(title, fontsize=10)
+  fig.tight_layout()
+  return save(fig, path)

@@ -127,6 +127,21 @@ class MetricTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r"\[B, H, Tq, Tk\]"):
       analysis.entropy(w[0])
 
+  def test_alignment_of_anti_diagonal(self):
+    # Reversal of a length-5 source padded to 6: query t should read 4 - t.
+    src_len, s = 5, 6
+    anti = np.zeros((s, s), np.float32)
+    for t in range(src_len):
+      anti[t, src_len - 1 - t] = 1.0
+    anti[src_len:, 0] = 1.0  # padded queries: anything
+    w = _batch(anti, np.full((s, s), 1 / s))
+    target = jnp.asarray([[max(src_len - 1 - t, 0) for t in range(s)]])
+    valid = jnp.arange(s)[None] < src_len
+    acc, mass = analysis.alignment_scores(w, target, valid)
+    # Uniform rows put their argmax on key 0: right only for t = 4.
+    np.testing.assert_allclose(acc, [1.0, 1 / src_len], rtol=1e-6)
+    np.testing.assert_allclose(mass, [1.0, 1 / s], rtol=1e-6)
+
   @chex.variants(with_jit=True, without_jit=True)
   def test_js_self_zero_and_disjoint_one_bit(self):
     a = shifted_pattern(T, 0)  # attend to self

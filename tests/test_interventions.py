@@ -41,6 +41,15 @@ class InterventionTest(absltest.TestCase):
         fd = (f(ones.at[l, h].add(eps)) - f(ones.at[l, h].add(-eps))) / (2 * eps)
         np.testing.assert_allclose(grad[l, h], fd, rtol=2e-2, atol=1e-4)
 
+  def test_per_example_gradient_matches_a_loop(self):
+    got = interventions.per_example_gradient_importance(
+        self.model, self.batch, "xent")
+    grads = [interventions.gradient_importance(
+        self.model, jax.tree.map(lambda x, i=i: x[i:i + 1], self.batch),
+        "xent") for i in range(self.batch["inputs"].shape[0])]
+    np.testing.assert_allclose(got, np.mean(np.abs(grads), axis=0),
+                               rtol=1e-4, atol=1e-7)
+
   def test_zero_ablation_equals_zeroing_the_heads_output_weights(self):
     # Independent route: zero the rows of W^O that read head h.
     got = interventions.zero_ablation(self.model, self.batch, "xent")

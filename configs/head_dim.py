@@ -1,0 +1,37 @@
+r"""Experiment 3: is there a head-width sweet spot?
+
+  python -m experiments.head_dim --workdir=runs/head_dim
+
+A few minutes on 2 CPU cores. Part A: the two-offset retrieval task with one
+attention-only layer at fixed d_model = 32 and learned absolute positions,
+h swept from 1 to 32 (d_k = 32 down to 1): one head cannot hold two
+positions, and a 1-wide head cannot pick "the key one back" from absolute
+positions (its score q_t * k_s is a product of two scalars, so its argmax
+over s is always an extreme of k), so quality should peak in between.
+Part B: fit W_q, W_k of width d_k so that softmax(X W_q W_k^T X^T / sqrt d_k)
+matches a random n x n attention matrix; the error should vanish near
+d_k = n - 1 (a softmax ignores one constant per row).
+"""
+
+import ml_collections
+
+from configs import two_offsets
+
+
+def get_config():
+  c = two_offsets.get_config()
+  c.model.d_model = 32
+  c.model.positions = "learned"  # absolute positions: d_k = 1 is allowed
+  c.task.name = "two_offset_continuous"
+  c.train.num_steps = 400
+
+  c.experiment = e = ml_collections.ConfigDict()
+  e.heads = (1, 2, 4, 8, 16, 32)  # d_k = 32 / h
+  e.seeds = (0, 1, 2)
+  e.analysis_examples = 256
+  e.fit_n = 8  # part B: n x n target attention
+  e.fit_d_model = 8  # rows of X are n random vectors in R^fit_d_model
+  e.fit_steps = 3000  # Adam steps per fit
+  e.fit_lr = 0.05
+  e.fit_temperature = 2.0  # target = softmax(temperature * N(0, 1) logits)
+  return c

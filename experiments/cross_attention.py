@@ -1,0 +1,159 @@
+r"""Experiment 4: does cross-attention find the alignment of a reversal?
+
+  python -m experiments.cross_attention --workdir=runs/cross_attention
+
+Trains the encoder-decoder of `configs/cross_attention.py` on sequence
+reversal for several seeds, then scores every cross-attention head by how
+often its argmax lands on the aligned source token (len - 1 - t) and by how
+much the loss rises when it is removed. Writes report.md, results.json and
+PNG figures into --workdir.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import numpy as np
+
+from configs import cross_attention as cross_attention_config
+from experiments import common
+from mha_jax import analysis
+from mha_jax import interventions
+from mha_jax import plots
+from mha_jax import tasks
+
+
+def aligned_source(src):
+  """`(target [B, T], valid [B, T])`: decoder step t reads len - 1 - t."""
+  src = np.asarray(src)
+  lengths = (src != tasks.PAD).sum(-1, keepdims=True)  # [B, 1]
+  t = np.arange(src.shape[1])[None, :]
+  return np.clip(lengths - 1 - t, 0, None), t < lengths
+
+
+def run(config, workdir):
+  e = config.experiment
+  workdir = pathlib.Path(workdir)
+  batch = common.analysis_batch(config, e.analysis_examples)
+  target, valid = aligned_source(batch["inputs"])
+  scores = jax.jit(jax.vmap(analysis.alignment_scores,
+                            in_axes=(0, None, None)))
+  runs = []
+  for seed in e.seeds:
+    c = common.variant(config, **{"train.seed": seed})
+    state = common.train_run(c, workdir / f"seed{seed}")
+    model = state.model()
+    cross = common.weights_of(model, batch)["cross"]  # [L, B, H, T, S]
+    acc, mass = (np.asarray(x) for x in scores(cross, target, valid))
+    runs.append({
+        "seed": seed, **common.eval_loss(model, batch, state.loss),
+        "alignment_accuracy": acc, "alignment_mass": mass,  # [L, H]
+        "importance": interventions.head_importance(
+            model, batch, state.loss, mask_arg="cross_head_mask"),
+        "cross_example": cross[:, 0]})
+
+  r0 = runs[0]
+  n = int(valid[0].sum())
+  src = [str(x) for x in np.asarray(batch["inputs"][0])[:n]]
+  dec = [str(x) for x in np.asarray(batch["decoder_inputs"][0])[:n]]
+  acc0 = r0["alignment_accuracy"]
+  titles = [[f"L{l + 1}H{h + 1} align {acc0[l, h]:.2f}"
+             for h in range(acc0.shape[1])] for l in range(acc0.shape[0])]
+  plots.attention_grid(r0["cross_example"][:, :, :n, :n], q_labels=dec,
+                       k_labels=src, head_titles=titles, cell=2.4,
+                       title=f"Cross-attention, seed {e.seeds[0]}: rows = "
+                       "decoder inputs, columns = source tokens",
+                       path=str(workdir / "cross_attention.png"))
+  plots.metric_bars({"alignment accuracy": acc0,
+                     "zero-ablation Δloss": r0["importance"]["zero_ablation"],
+                     "-gradient (Taylor)":
+                         r0["importance"]["taylor_estimate"]},
+                    title=f"Cross-attention heads, seed {e.seeds[0]}",
+                    path=str(workdir / "cross_heads.png"))
+  report = _report(config, runs)
+  results = {"runs": [{k: v for k, v in r.items() if k != "cross_example"}
+                      for r in runs]}
+  common.write_outputs(workdir, results, report)
+  return results
+
+
+def _report(config, runs):
+  e = config.experiment
+  best = [r["alignment_accuracy"].max() for r in runs]
+  n_good = [int((r["alignment_accuracy"] > 0.9).sum()) for r in runs]
+  rows = [[r["seed"], f"{r['loss']:.3f}", f"{r['accuracy']:.3f}",
+           " / ".join(f"{a:.2f}" for a in r["alignment_accuracy"][-1]),
+           " / ".join(f"{a:.2f}" for a in r["alignment_accuracy"][0]),
+           f"{r['alignment_accuracy'].max():.2f}", n]
+          for r, n in zip(runs, n_good)]
+  r0 = runs[0]
+  imp = r0["importance"]
+  head_rows = []
+  for l in range(r0["alignment_accuracy"].shape[0]):
+    for h in range(r0["alignment_accuracy"].shape[1]):
+      head_rows.append([f"L{l + 1} H{h + 1}",
+                        f"{r0['alignment_accuracy'][l, h]:.2f}",
+                        f"{r0['alignment_mass'][l, h]:.2f}",
+                        f"{imp['zero_ablation'][l, h]:+.3f}",
+                        f"{imp['mean_ablation'][l, h]:+.3f}",
+                        f"{imp['taylor_estimate'][l, h]:+.3f}"])
+  # Is the best-aligned head also the one whose removal costs most?
+  top_match = sum(int(np.argmax(r["alignment_accuracy"]) ==
+                      np.argmax(r["importance"]["zero_ablation"]))
+                  for r in runs)
+  acc = common.mean_std([r["accuracy"] for r in runs])
+  best_ms = common.mean_std(best)
+  lines = [
+      "# Experiment 4: cross-attention alignment on sequence reversal",
+      "",
+      "Command: `python -m experiments.cross_attention "
+      "--workdir=runs/cross_attention` (config "
+      "`configs/cross_attention.py`). Encoder-decoder, "
+      f"{config.model.num_layers} layers, {config.model.num_heads} heads, "
+      f"d_model {config.model.d_model}; sources of "
+      f"{config.task.min_len}-{config.task.seq_len} tokens from "
+      f"{config.task.vocab_size - 3} symbols; {config.train.num_steps} "
+      f"steps of batch {config.task.batch_size}; seeds {list(e.seeds)}; "
+      f"scores on {e.analysis_examples} held-out sources. Alignment "
+      "accuracy: share of decoder steps t (inside the source length) whose "
+      "cross-attention argmax is source position len - 1 - t.",
+      "",
+      common.md_table(["seed", "loss", "token accuracy",
+                       "last-layer heads' alignment",
+                       "first-layer heads' alignment", "best head",
+                       "heads > 0.9"], rows),
+      "",
+      f"Token accuracy {common.fmt(*acc)}; best head's alignment accuracy "
+      f"{common.fmt(*best_ms)} (mean ± std over seeds).",
+      "",
+      f"## Every cross-attention head (seed {e.seeds[0]})",
+      "",
+      common.md_table(["head", "alignment accuracy", "weight on aligned "
+                       "token", "zero abl. Δloss", "mean abl. Δloss",
+                       "-grad (Taylor)"], head_rows),
+      "",
+      "![cross_attention.png](cross_attention.png)",
+      "![cross_heads.png](cross_heads.png)",
+      "",
+      "## What this shows, next to the source's claim",
+      "",
+      "The source names cross-attention as the way a decoder reads the "
+      "encoder output. Here that reading is measurable: "
+      + (f"in every seed at least one head puts its argmax on the aligned "
+         f"source token for > 90% of steps (best {common.fmt(*best_ms)}), "
+         "which is the anti-diagonal in the heatmap; the other heads "
+         "differ (see the table)."
+         if min(n_good) >= 1 else
+         f"the best head's alignment accuracy is {common.fmt(*best_ms)}; "
+         "not every seed has a head above 0.9, so the anti-diagonal is "
+         "shared across heads or only partly learned in this budget."),
+      "",
+      f"The best-aligned head is also the head whose removal costs the most "
+      f"loss in {top_match} of {len(runs)} seeds.",
+  ]
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  common.app_main(run, cross_attention_config.get_config, "cross_attention")
