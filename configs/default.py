@@ -5,8 +5,8 @@ r"""Default: a 2-layer attention-only decoder on the induction task.
 
 Trains in about a minute on 2 CPU cores. The eval loss on the repeated
 half starts near ln(V - 3) = ln 13 = 2.56 (guessing among the symbols) and
-falls below 1.0 by step 1500 once induction heads form (seed 0: 0.92). Every experiment config imports this one and
-overrides a few fields.
+falls below 1.0 by step 1500 once induction heads form (seed 0: 0.92).
+Every experiment config imports this one and overrides a few fields.
 """
 
 import ml_collections

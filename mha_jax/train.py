@@ -61,6 +61,18 @@ def seed_key(seed: int, stream: int) -> jax.Array:
 def make_optimizer(train_cfg) -> optax.GradientTransformation:
   """AdamW with linear warmup, cosine decay and global-norm clipping."""
   tr = train_cfg
+  return _optimizer(tr.learning_rate, tr.warmup_steps, tr.num_steps,
+                    tr.end_lr_fraction, tr.weight_decay, tr.b1, tr.b2,
+                    tr.grad_clip)
+
+
+# Memoised so that equal settings give the SAME transformation object: it is
+# a static field of TrainState, and jit reuses a compiled step only when the
+# static fields compare equal (several seeds in one process compile once).
+@functools.lru_cache(maxsize=64)
+def _optimizer(learning_rate, warmup_steps, num_steps, end_lr_fraction,
+               weight_decay, b1, b2, grad_clip):
+  tr = ml_collections.ConfigDict(locals())
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=tr.learning_rate,
       warmup_steps=tr.warmup_steps, decay_steps=tr.num_steps,
@@ -136,7 +148,7 @@ def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
       state.params)
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics["grad_norm"] = optax.global_norm(grads)
+  metrics["grad_norm"] = optax.tree.norm(grads)
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state)
   return new_state, metrics
@@ -150,14 +162,28 @@ def eval_step(state: TrainState, batch) -> dict:
 
 def batch_fn(config):
   """A jitted `step_key -> batch` for the config's task."""
-  task_cfg = ml_collections.FrozenConfigDict(config.task)
-  make = tasks.get_task(config.task.name).make_batch
+  return _batch_fn(ml_collections.FrozenConfigDict(config.task))
+
+
+@functools.lru_cache(maxsize=64)
+def _batch_fn(task_cfg):
+  make = tasks.get_task(task_cfg.name).make_batch
   return jax.jit(functools.partial(make, cfg=task_cfg))
+
+
+# Jitted once per process; the caches key on the state's static fields.
+train_step_jit = jax.jit(train_step, donate_argnums=0)
+eval_step_jit = jax.jit(eval_step)
 
 
 def _fmt_time(seconds: float) -> str:
   seconds = int(seconds)
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _fmt_metrics(row) -> str:
+  return " | ".join(f"{k} {v:.4f}" for k, v in row.items()
+                    if k not in ("step", "split"))
 
 
 def _append_metrics(path: pathlib.Path, step: int, split: str, metrics):
@@ -170,7 +196,7 @@ def _append_metrics(path: pathlib.Path, step: int, split: str, metrics):
 
 def evaluate(state, config, eval_step_fn=None, make=None):
   """Mean metrics over `train.eval_batches` fixed held-out batches."""
-  eval_step_fn = eval_step_fn or jax.jit(eval_step)
+  eval_step_fn = eval_step_fn or eval_step_jit
   make = make or batch_fn(config)
   rows = [eval_step_fn(state, make(jax.random.fold_in(
       seed_key(config.train.seed, _EVAL), i)))
@@ -201,9 +227,7 @@ def train_and_evaluate(config, workdir, *, stop_at: int | None = None):
   if start:
     logging.info("Resumed from the checkpoint at step %d", start)
 
-  step_fn = jax.jit(train_step, donate_argnums=0)
-  eval_fn = jax.jit(eval_step)
-  make = batch_fn(config)
+  step_fn, eval_fn, make = train_step_jit, eval_step_jit, batch_fn(config)
   data_key = seed_key(tr.seed, _DATA)
   t_last, s_last = time.time(), start
   for step in range(start, tr.num_steps):
@@ -215,14 +239,14 @@ def train_and_evaluate(config, workdir, *, stop_at: int | None = None):
       row = _append_metrics(metrics_path, done, "train", metrics)
       now = time.time()
       rate = (done - s_last) / max(now - t_last, 1e-9)
-      logging.info("step %d/%d | loss %.4f | %.1f steps/s | ETA %s", done,
-                   tr.num_steps, row["loss"], rate,
+      logging.info("step %d/%d | %s | %.1f steps/s | ETA %s", done,
+                   tr.num_steps, _fmt_metrics(row), rate,
                    _fmt_time((tr.num_steps - done) / rate))
       t_last, s_last = now, done
     if done % tr.eval_every == 0 or done == tr.num_steps:
       row = _append_metrics(metrics_path, done, "eval",
                             evaluate(state, config, eval_fn, make))
-      logging.info("eval step %d | loss %.4f", done, row["loss"])
+      logging.info("eval step %d | %s", done, _fmt_metrics(row))
     checkpoint.save(manager, state, force=done == tr.num_steps)
   checkpoint.close(manager)
   return state

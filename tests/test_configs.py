@@ -1,0 +1,107 @@
+"""Configs: every shipped one builds, overrides reach the model, bad fail."""
+
+import importlib
+import pathlib
+
+import pytest
+from absl import app
+from absl import flags
+from flax import nnx
+from ml_collections import config_flags
+
+from configs import default
+from mha_jax import config as config_lib
+
+CONFIGS = sorted(p for p in pathlib.Path("configs").glob("*.py")
+                 if p.name != "__init__.py")
+
+
+def _abstract_model(config):
+  """The model's parameter shapes, without allocating or computing them."""
+  return nnx.eval_shape(lambda: config_lib.build_model(config,
+                                                      nnx.Rngs(params=0)))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_training_config_validates_and_builds(path):
+  module = importlib.import_module(f"configs.{path.stem}")
+  config = module.get_config()
+  text = path.read_text()
+  assert "python -m experiments." in text.split('"""')[1]  # opens with command
+  if not all(g in config for g in ("model", "task", "train", "mesh")):
+    pytest.skip("not a training config")
+  config_lib.validate_config(config)
+  model = _abstract_model(config)
+  assert len(model.stack.blocks if hasattr(model, "stack")
+             else model.decoder.blocks) == config.model.num_layers
+
+
+def _parse(*overrides, path="configs/default.py"):
+  argv = ["prog", f"--config={path}", *overrides]
+  fv = flags.FlagValues()
+  # The override flags are discovered from the argv seen at definition.
+  holder = config_flags.DEFINE_config_file(
+      "config", None, "", flag_values=fv, lock_config=True, sys_argv=argv)
+  fv(argv)
+  return holder.value
+
+
+def test_command_line_overrides_reach_the_model():
+  config = _parse("--config.model.num_heads=8", "--config.model.num_kv_heads=2",
+                  "--config.model.d_model=32", "--config.task.seq_len=20")
+  attn = _abstract_model(config).stack.blocks[0].attn
+  assert attn.w_q.shape == (32, 8, 4)  # [D, H, Dh]
+  assert attn.w_k.shape == (32, 2, 4)  # [D, K, Dh]
+  assert _abstract_model(config).stack.max_len == 20
+
+
+def test_unknown_key_and_wrong_type_fail():
+  with pytest.raises(AttributeError, match="num_head"):  # a typo is refused
+    _parse("--config.model.num_head=8")
+  with pytest.raises(flags.IllegalFlagValueError, match="four"):
+    _parse("--config.model.num_heads=four")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("model.num_heads", 3, "config.model.d_model: d_model=64 is not divisible"),
+    ("model.num_kv_heads", 3, "config.model.num_kv_heads"),
+    ("model.positions", "alibi", "config.model.positions"),
+    ("model.implementation", "cuda", "config.model.implementation"),
+    ("model.dtype", "int8", "config.model.dtype"),
+    ("model.dropout_rate", 1.5, "config.model.dropout_rate"),
+    ("model.max_len", 8, "config.model.max_len"),
+    ("task.name", "sort", "config.task.name"),
+    ("task.max_segment", 30, "config.task.max_segment"),
+    ("train.warmup_steps", 10**6, "config.train.warmup_steps"),
+    ("train.learning_rate", 0.0, "config.train.learning_rate"),
+    ("mesh.model", 0, "config.mesh.model"),
+])
+def test_inconsistent_values_name_the_field(field, value, message):
+  config = default.get_config()
+  group, name = field.split(".")
+  config[group][name] = value
+  with pytest.raises(ValueError, match=message):
+    config_lib.validate_config(config)
+
+
+def test_rotary_needs_even_head_width():
+  config = default.get_config()
+  config.model.update(positions="rotary", d_model=12, num_heads=4)
+  with pytest.raises(ValueError, match="config.model.head_dim"):
+    config_lib.validate_config(config)
+
+
+def test_entry_point_rejects_bad_config_before_training(tmp_path):
+  from experiments import train as entry  # pylint: disable=import-outside-toplevel
+  bad = tmp_path / "bad.py"
+  bad.write_text("from configs import default\n\n\ndef get_config():\n"
+                 "  c = default.get_config()\n  c.model.num_heads = 3\n"
+                 "  return c\n")
+  workdir = tmp_path / "run"
+  flags.FLAGS(["prog", f"--config={bad}", f"--workdir={workdir}"])
+  try:
+    with pytest.raises(app.UsageError, match="config.model.d_model"):
+      entry.main(["prog"])
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert not workdir.exists()  # failed before writing anything
