@@ -17,8 +17,18 @@ install: $(STAMP)
 test: install
 	$(BIN)/python -m pytest -q -n 2
 
+# Experiment 1 (induction heads) end to end: about 2-3 minutes on 2 idle cores.
 run: install
-	$(BIN)/python -m experiments.toy_example
+	$(BIN)/python -m experiments.induction --workdir=runs/induction
+	@echo "Report: runs/induction/report.md (figures beside it)"
+
+# All five head experiments, each writing runs/<name>/report.md.
+EXPERIMENTS := induction two_offsets head_dim cross_attention pruning
+experiments: install
+	for e in $(EXPERIMENTS); do \
+	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \
+	done
+	@echo "Reports: runs/{$$(echo $(EXPERIMENTS) | tr ' ' ',')}/report.md"
 
 benchmark: install
 	$(BIN)/python -m experiments.benchmark
