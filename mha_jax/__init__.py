@@ -24,6 +24,7 @@ from mha_jax.kv_cache import raise_if_overflow
 from mha_jax.masks import causal_mask
 from mha_jax.masks import combine_masks
 from mha_jax.masks import padding_mask
+from mha_jax.modules import MultiHeadAttention
 from mha_jax.multi_head import merge_heads
 from mha_jax.multi_head import multi_head_attention
 from mha_jax.multi_head import project
@@ -34,5 +35,9 @@ from mha_jax.params import init_mha_params
 from mha_jax.params import mha_dims
 from mha_jax.params import MHADims
 from mha_jax.rotary import apply_rotary
+from mha_jax.transformer import DecoderLM
+from mha_jax.transformer import Encoder
+from mha_jax.transformer import EncoderDecoder
+from mha_jax.transformer import TransformerBlock
 
 __version__ = "0.1.0"
