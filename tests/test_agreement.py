@@ -111,40 +111,43 @@ def test_jax_nn_causal_cross_lengths_and_padding_via_explicit_mask(
 # Whole layers: flax.linen and flax.nnx through the converters.
 
 
+_mha = jax.jit(mha_jax.multi_head_attention,
+               static_argnames=("implementation", "is_causal"))
+
+
 @pytest.mark.parametrize("use_bias", [False, True])
-@pytest.mark.parametrize("impl", IMPLS)
-def test_flax_linen_multi_head_dot_product_attention(use_bias, impl):
+def test_flax_linen_multi_head_dot_product_attention(use_bias):
   b, tq, tk, d, h = 2, 4, 6, 12, 3
   layer = nn.MultiHeadDotProductAttention(
       num_heads=h, use_bias=use_bias,
       bias_init=nn.initializers.normal(0.1))  # non-zero biases
   x_q, x_kv = _normal((b, tq, d), 0), _normal((b, tk, d), 1)
-  variables = layer.init(jax.random.key(0), x_q, x_kv)
+  variables = jax.jit(layer.init)(jax.random.key(0), x_q, x_kv)
   mask = mha_jax.padding_mask(jnp.array([6, 3]), tk)  # [B, 1, 1, Tk]
-  theirs = layer.apply(variables, x_q, x_kv, mask=mask)
+  theirs = jax.jit(layer.apply)(variables, x_q, x_kv, mask=mask)
   params = mha_jax.from_linen_mha(variables)
   assert ("b_q" in params) == use_bias
-  ours = mha_jax.multi_head_attention(params, x_q, x_kv, mask=mask,
-                                      implementation=impl)
-  _assert_rel_close(ours, theirs)
+  for impl in IMPLS:
+    _assert_rel_close(_mha(params, x_q, x_kv, mask=mask, implementation=impl),
+                      theirs)
 
 
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
-@pytest.mark.parametrize("impl", IMPLS)
-def test_flax_nnx_multi_head_attention(num_kv_heads, impl):
+def test_flax_nnx_multi_head_attention(num_kv_heads):
   b, t, d, h = 2, 5, 16, 4
   layer = nnx.MultiHeadAttention(
       num_heads=h, in_features=d, num_kv_heads=num_kv_heads, decode=False,
       bias_init=nnx.initializers.normal(0.1), rngs=nnx.Rngs(0))
   x = _normal((b, t, d), 2)
   causal = mha_jax.causal_mask(t)[None, None]  # [1, 1, T, T]
-  theirs = layer(x, mask=jnp.broadcast_to(causal, (b, h, t, t)))
+  theirs = nnx.jit(lambda m, x, mask: m(x, mask=mask))(
+      layer, x, jnp.broadcast_to(causal, (b, h, t, t)))
   for source in (layer, nnx.state(layer)):
     params = mha_jax.from_nnx_mha(source)
     assert params["w_k"].shape[1] == num_kv_heads
-    ours = mha_jax.multi_head_attention(params, x, is_causal=True,
-                                        implementation=impl)
-    _assert_rel_close(ours, theirs)
+    for impl in IMPLS:
+      _assert_rel_close(_mha(params, x, is_causal=True, implementation=impl),
+                        theirs)
 
 
 def test_converters_refuse_what_mha_jax_does_not_model():

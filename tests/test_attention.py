@@ -5,10 +5,13 @@ fully-masked-row policy and the float32-softmax dtype policy, on every
 implementation in `attention.IMPLEMENTATIONS`.
 """
 
+import functools
+
 import chex
 import hypothesis
 from hypothesis import strategies as st
 import jax
+from jax.extend import core as jex_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -232,3 +235,23 @@ def test_dropout_keep_pattern_is_shared_by_implementations():
   np.testing.assert_allclose(w_a, w_b, rtol=1e-6)
   np.testing.assert_allclose(out_a, out_b, rtol=1e-5, atol=1e-6)
   assert bool(jnp.any(w_a == 0.0))  # something was dropped
+
+
+def test_einsum_path_never_materialises_repeated_keys_or_values():
+  # GQA with H = 4 query heads on K = 2 kv heads: no intermediate may hold
+  # B * Tk * H * Dh elements, the size of K or V repeated to every head.
+  b, tq, tk, h, kh, dh = 1, 7, 5, 4, 2, 3
+  q, k, v = (jnp.ones((b, tq, h, dh)), jnp.ones((b, tk, kh, dh)),
+             jnp.ones((b, tk, kh, dh)))
+  jaxpr = jax.make_jaxpr(functools.partial(
+      attention.attend, implementation="einsum"))(q, k, v).jaxpr
+
+  def sizes(jaxpr):  # every intermediate, inside nested jaxprs too
+    for eqn in jaxpr.eqns:
+      yield from (int(np.prod(var.aval.shape)) for var in eqn.outvars)
+      for sub in jex_core.jaxprs_in_params(eqn.params):
+        yield from sizes(sub)
+
+  found = set(sizes(jaxpr))
+  assert b * tq * h * dh in found  # the walk does see head-sized arrays
+  assert b * tk * h * dh not in found

@@ -108,15 +108,17 @@ def test_init_mha_params_rejects(kwargs, match):
 
 
 def test_init_mha_params_shapes():
-  p = mha_jax.init_mha_params(jax.random.key(0), 12, 6, num_kv_heads=2,
-                              use_bias=True)
+  # eval_shape: shapes without running (or compiling) the initialiser.
+  p = jax.eval_shape(lambda key: mha_jax.init_mha_params(
+      key, 12, 6, num_kv_heads=2, use_bias=True), jax.random.key(0))
   shapes = {k: v.shape for k, v in p.items()}
   assert shapes == {"w_q": (12, 6, 2), "w_k": (12, 2, 2), "w_v": (12, 2, 2),
                     "w_o": (6, 2, 12), "b_q": (6, 2), "b_k": (2, 2),
                     "b_v": (2, 2), "b_o": (12,)}
   # head_dim overrides D // H when D is not divisible by H.
-  assert mha_jax.init_mha_params(jax.random.key(0), 10, 3,
-                                 head_dim=4)["w_q"].shape == (10, 3, 4)
+  p = jax.eval_shape(lambda key: mha_jax.init_mha_params(
+      key, 10, 3, head_dim=4), jax.random.key(0))
+  assert p["w_q"].shape == (10, 3, 4)
 
 
 def test_single_head_and_attend_reject_bad_ranks_and_dtypes():
