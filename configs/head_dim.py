@@ -21,7 +21,6 @@ from configs import two_offsets
 def get_config():
   c = two_offsets.get_config()
   c.model.d_model = 32
-  c.model.positions = "learned"  # absolute positions: d_k = 1 is allowed
   c.task.name = "two_offset_continuous"
   c.train.num_steps = 400
 

@@ -20,16 +20,17 @@ def get_config():
   c.model.num_layers = 1  # one attention layer: no composition possible
   c.model.d_model = 64  # fixed while h varies; d_k = 64 / h
   c.model.num_heads = 4  # overridden by the sweep
-  # Rotary: "one back" and "three back" are relative offsets; rotary keeps
-  # them expressible for every head width down to d_k = 2.
-  c.model.positions = "rotary"
+  # Learned absolute positions: with rotary (and no position in the
+  # residual stream) no setting had learned the offsets by 400 steps
+  # (NMSE ~0.78 for h = 1, 2, 4); with learned ones h = 2 is solved by 300.
+  c.model.positions = "learned"
   c.task.name = "two_offset_continuous"
   c.task.batch_size = 32
   c.task.seq_len = 16
   c.task.feature_dim = 8  # F; the target has 2F = 16 features
   c.task.vocab_size = 8  # token version: 8 symbols, 64 classes
   c.train.num_steps = 400
-  c.train.learning_rate = 3e-3
+  c.train.learning_rate = 1e-2  # 3e-3 also works, about twice as slowly
   c.train.warmup_steps = 50
   c.train.eval_every = 100
   c.train.log_every = 100

@@ -161,10 +161,12 @@ def _report(config, cont, tok, target_var):
       f"{config.task.feature_dim})",
       "",
       f"Normalised MSE = MSE / variance of the targets ({target_var:.3f}); "
-      "0 is perfect, 1 is predicting the mean. A softmax that splits its "
-      "weight a / (1 - a) between the two positions can at best recover "
-      "each half with NMSE 0.5 (predicting u_{t-1} from a blend of it "
-      "with an independent u_{t-3}).",
+      "0 is perfect, 1 is predicting the mean. One softmax with weight a on "
+      "t-1 and 1 - a on t-3 hands every value dimension the same blend "
+      "a u_{t-1} + (1 - a) u_{t-3}; the best linear read-out of the two "
+      "halves from it explains a^2 / (a^2 + (1-a)^2) and (1-a)^2 / (a^2 + "
+      "(1-a)^2) of their variance, which sum to 1, so NMSE >= 0.5 for EVERY "
+      "split a, including a = 1 (fetch one position, guess the other).",
       "",
       common.md_table(["setting", "NMSE", "best head weight on t-1",
                        "best head weight on t-3",
@@ -186,7 +188,12 @@ def _report(config, cont, tok, target_var):
       "The source argues that one softmax cannot deliver two different "
       "positions' values in separate subspaces, and several heads can.",
       "",
-      f"* Continuous: h = 1 reaches NMSE {common.fmt(*_stat(h1, 'nmse'))}; "
+      f"* Continuous: h = 1 reaches NMSE {common.fmt(*_stat(h1, 'nmse'))} "
+      "(the 0.5 bound above; its head puts "
+      f"{common.fmt(*common.mean_std([r['offset1'].max() for r in h1]), digits=2)}"
+      " of its weight on t-1 and "
+      f"{common.fmt(*common.mean_std([r['offset3'].max() for r in h1]), digits=2)}"
+      " on t-3); "
       f"the single head {config.experiment.wide_factor}x wider reaches "
       f"{common.fmt(*_stat(cont[wide], 'nmse'))}, so width does not buy "
       f"a second position. The best multi-head setting ({best_multi}) "

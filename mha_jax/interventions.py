@@ -133,16 +133,27 @@ class _MeanAblated(nnx.Module):
 
   def __init__(self, inner):
     self.inner = inner
+    # What callers read off an attention module.
+    self.dims = inner.dims
+    self.implementation = inner.implementation
     self.select = nnx.Variable(jnp.zeros((inner.dims.num_heads,)))
 
-  def __call__(self, *args, head_mask=None, **kwargs):
-    h = self.inner.dims.num_heads
+  def __call__(self, *args, head_mask=None, return_weights=False, **kwargs):
+    h = self.dims.num_heads
     gate = jnp.ones((h,)) if head_mask is None else jnp.asarray(head_mask)
-    y, w = self.inner(*args, head_mask=gate, **kwargs)
-    y_sel, _ = self.inner(*args, head_mask=gate * self.select[...], **kwargs)
-    y_none, _ = self.inner(*args, head_mask=jnp.zeros((h,)), **kwargs)
+
+    def call(g):
+      return self.inner(*args, head_mask=g, return_weights=return_weights,
+                        **kwargs)
+
+    y_sel, y_none = call(gate * self.select[...]), call(jnp.zeros((h,)))
+    out = call(gate)
+    y, w = out if return_weights else (out, None)
+    if return_weights:
+      y_sel, y_none = y_sel[0], y_none[0]
     c = y_sel - y_none  # [B, T, D]
-    return y - c + jnp.mean(c, axis=(0, 1), keepdims=True), w
+    y = y - c + jnp.mean(c, axis=(0, 1), keepdims=True)
+    return (y, w) if return_weights else y
 
 
 def mean_ablation(model, batch, loss, mask_arg="head_mask"):
