@@ -10,9 +10,11 @@ with rotary it calls the stage functions with `apply_rotary` between stage 2
 and stage 3 (the only place rotation can go: it acts on q and k per head).
 
 The seam for decoding with a cache: `core_params()` returns the plain params
-dict and `rotary` says whether q/k are rotated, so a cached path can run
-`project_qkv`, `apply_rotary`, write k/v into its cache and finish with
-`attend_and_project` below, all pure functions of the same params.
+dict and `rotary_base` says whether (and how) q/k are rotated, so a cached
+path (`mha_jax.kv_cache.cached_attention(params, x, cache,
+rotary_base=...)`) runs the same layer as pure functions of the same params;
+`attend_and_project` below is the shared tail for callers that change
+q/k/v between the stages.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class MultiHeadAttention(nnx.Module):
     dropout_rate: attention-weight dropout, applied only when a call passes
       `deterministic=False` and a `dropout_rng`.
     rotary: rotate q and k by their positions (RoPE) before the scores.
+    rotary_base: the RoPE frequency base.
     implementation: the core's `attend` path ("vmap" or "einsum").
     dtype: compute dtype (params and inputs are cast to it; the core keeps
       the softmax in float32). None: the param dtype.
@@ -74,7 +77,8 @@ class MultiHeadAttention(nnx.Module):
   def __init__(self, d_model: int, num_heads: int, *,
                num_kv_heads: int | None = None, head_dim: int | None = None,
                use_bias: bool = False, dropout_rate: float = 0.0,
-               rotary: bool = False, implementation: str = "vmap",
+               rotary: bool = False, rotary_base: float = 10000.0,
+               implementation: str = "vmap",
                dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
     if implementation not in attention.IMPLEMENTATIONS:
       raise ValueError(f"MultiHeadAttention: unknown `implementation`="
@@ -94,8 +98,14 @@ class MultiHeadAttention(nnx.Module):
                        f"`head_dim`, got {self.dims.head_dim}")
     self.dropout_rate = dropout_rate
     self.rotary = rotary
+    self._base = rotary_base
     self.implementation = implementation
     self.dtype = dtype
+
+  @property
+  def rotary_base(self) -> float | None:
+    """RoPE base for pure cached paths; None when q/k are not rotated."""
+    return self._base if self.rotary else None
 
   def core_params(self) -> dict[str, jax.Array]:
     """The plain params dict (`init_mha_params` layout), in compute dtype."""
@@ -143,8 +153,8 @@ class MultiHeadAttention(nnx.Module):
       positions = jnp.arange(q.shape[1])
     if kv_positions is None:
       kv_positions = positions if x_kv is None else jnp.arange(k.shape[1])
-    q = rotary_lib.apply_rotary(q, positions)
-    k = rotary_lib.apply_rotary(k, kv_positions)
+    q = rotary_lib.apply_rotary(q, positions, base=self._base)
+    k = rotary_lib.apply_rotary(k, kv_positions, base=self._base)
     attention.check_attend_inputs(q, k, v, mask, None, self.implementation,
                                   fn="MultiHeadAttention")
     y, weights = attend_and_project(

@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mha_jax import attention
+from mha_jax import generate as generate_lib
 from mha_jax import modules
 
 POSITIONS = ("learned", "sinusoidal", "rotary", "none")
@@ -47,8 +49,17 @@ def _layer_rng(rng, layer):
   return None if rng is None else jax.random.fold_in(rng, layer)
 
 
+def _attend(attn, *args, **kwargs):
+  """`(y, weights)` of an attention call; weights None on the paths that
+  never form them ("flash", "xla", ...), which cannot return any."""
+  if attn.implementation in attention.WEIGHTLESS:
+    return attn(*args, **kwargs), None
+  return attn(*args, return_weights=True, **kwargs)
+
+
 def _stack(ws):
-  return jnp.stack(ws) if ws else None
+  # Weightless implementations ("flash", "xla", ...) return None per layer.
+  return jnp.stack(ws) if ws and ws[0] is not None else None
 
 
 class TransformerBlock(nnx.Module):
@@ -89,24 +100,32 @@ class TransformerBlock(nnx.Module):
     """`x [B,T,D]` -> `(y [B,T,D], self_weights, cross_weights or None)`."""
     rng = (lambda i: None if dropout_rng is None
            else jax.random.fold_in(dropout_rng, i))
-    y, w_self = self.attn(
-        self.ln_attn(x), mask=mask, is_causal=is_causal, positions=positions,
-        head_mask=head_mask, deterministic=deterministic,
-        dropout_rng=rng(0), return_weights=True)
+    y, w_self = _attend(
+        self.attn, self.ln_attn(x), mask=mask, is_causal=is_causal,
+        positions=positions, head_mask=head_mask,
+        deterministic=deterministic, dropout_rng=rng(0))
     x = x + y
     w_cross = None
     if self.cross_attention:
       if context is None:
         raise ValueError("TransformerBlock: a cross-attention block needs "
                          "`context` [B, S, D]")
-      y, w_cross = self.cross(
-          self.ln_cross(x), context, mask=context_mask,
+      y, w_cross = _attend(
+          self.cross, self.ln_cross(x), context, mask=context_mask,
           head_mask=cross_head_mask, deterministic=deterministic,
-          dropout_rng=rng(1), return_weights=True)
+          dropout_rng=rng(1))
       x = x + y
-    if not self.attention_only:
-      x = x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.ln_mlp(x))))
-    return x, w_self, w_cross
+    return self.feed_forward(x), w_self, w_cross
+
+  def feed_forward(self, x):
+    """The MLP sublayer with its residual; identity when attention-only.
+
+    Shared with the cached decoding path (`mha_jax.generate`), which runs
+    the attention sublayer through `kv_cache.cached_attention` instead.
+    """
+    if self.attention_only:
+      return x
+    return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.ln_mlp(x))))
 
 
 class _Stack(nnx.Module):
@@ -236,6 +255,18 @@ class DecoderLM(nnx.Module):
       x = self.final_ln(x)
     logits = self.readout(x)
     return (logits, {"self": w_self}) if return_weights else logits
+
+  def generate(self, prompt, max_new_tokens: int, *, prompt_lengths=None,
+               temperature: float = 0.0, rng=None, **kwargs):
+    """Continue right-padded prompts `[B, P]` with a KV cache per layer.
+
+    Greedy at `temperature` 0, else sampled with `rng`; `prompt_lengths [B]`
+    for prompts of unequal length. Returns new tokens `[B, N]`; see
+    `mha_jax.generate.generate` for the other options.
+    """
+    return generate_lib.generate(
+        self, prompt, max_new_tokens, prompt_lengths=prompt_lengths,
+        temperature=temperature, rng=rng, **kwargs)
 
 
 class Encoder(nnx.Module):

@@ -1,0 +1,215 @@
+"""Autoregressive generation from a `DecoderLM` with one KV cache per layer.
+
+Shape letters: B batch, P padded prompt length, T new tokens in one call,
+N generated tokens, S cache slots (max_len), V vocabulary, D d_model.
+
+The model owns the parameters; this module only reads them. Each block's
+attention sublayer runs as `kv_cache.cached_attention` on the module's
+`core_params()` (no attention math here), and everything else (embedding,
+LayerNorms, MLP via `TransformerBlock.feed_forward`, readout) is the
+model's own submodules, so cached logits are the model's logits.
+
+Positions are per sequence: a token written to slot `length[b] + t` has
+position `length[b] + t`, for learned and sinusoidal tables as for rotary,
+so a ragged batch (right-padded prompts of unequal length) decodes exactly
+as each prompt would alone.
+
+`decode_loop` is pure and un-jitted (prefill, then a `lax.scan` of one-token
+steps, so it traces once for any prompt values or lengths); `generate` jits
+it once per (model structure, shapes, N) and raises `OverflowError` when a
+sequence would run past the cache.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mha_jax import kv_cache
+
+_TABLE_POSITIONS = ("learned", "sinusoidal")  # schemes with a finite table
+
+
+def _check_token_lm(model, fn):
+  stack = getattr(model, "stack", None)
+  if stack is None or not hasattr(model, "readout"):
+    raise TypeError(f"{fn}: `model` must be a DecoderLM, got "
+                    f"{type(model).__name__}")
+  if stack.input_dim > 0:
+    raise ValueError(f"{fn}: `model` reads continuous features "
+                     f"(input_dim={stack.input_dim}); generation needs a "
+                     "token model")
+  vocab = stack.embed.num_embeddings
+  if model.readout.out_features != vocab:
+    raise ValueError(f"{fn}: `model` predicts {model.readout.out_features} "
+                     f"classes but embeds {vocab} tokens; its outputs cannot "
+                     "be fed back as inputs")
+
+
+def init_caches(model, batch: int, max_len: int | None = None):
+  """One empty `KVCache` per block, `max_len` slots (default: the model's)."""
+  stack = model.stack
+  max_len = stack.max_len if max_len is None else max_len
+  if stack.positions in _TABLE_POSITIONS and max_len > stack.max_len:
+    raise ValueError(f"init_caches: `max_len`={max_len} exceeds the model's "
+                     f"{stack.positions} position table ({stack.max_len} "
+                     "positions)")
+  caches = []
+  for block in stack.blocks:
+    params = block.attn.core_params()
+    caches.append(kv_cache.init_cache_for(params, batch, max_len,
+                                          params["w_k"].dtype))
+  return caches
+
+
+def cached_forward(model, tokens, caches, *, lengths=None):
+  """Logits of new `tokens [B, T]` given the caches of everything before.
+
+  `lengths [B]` (None: all T) counts the real tokens of each row; the rest
+  is right padding, never written to the caches (its logits are junk).
+  Returns `(logits [B, T, V], new_caches, CacheStatus)`.
+  """
+  stack = model.stack
+  b, t = tokens.shape
+  pos = caches[0].length[:, None] + jnp.arange(t)[None, :]  # [B, T] true
+  # Only padding rows, or rows the cache reports as overflow (their output is
+  # NaN there), can point past the table; clamp just their lookup.
+  x = stack.embed_inputs(tokens, jnp.minimum(pos, stack.max_len - 1))
+  new_caches, overflow = [], jnp.zeros((b,), bool)
+  for block, cache in zip(stack.blocks, caches, strict=True):
+    attn = block.attn
+    h = block.ln_attn(x)  # [B, T, D]
+    if attn.dtype is not None:
+      h = h.astype(attn.dtype)
+    a, cache, status = kv_cache.cached_attention(
+        attn.core_params(), h, cache, lengths=lengths,
+        rotary_base=attn.rotary_base, implementation=attn.implementation)
+    x = block.feed_forward(x + a)
+    new_caches.append(cache)
+    overflow = overflow | status.overflow
+  if model.final_ln is not None:
+    x = model.final_ln(x)
+  return model.readout(x), new_caches, kv_cache.CacheStatus(overflow)
+
+
+def prefill(model, prompt, caches, *, lengths=None):
+  """Run right-padded prompts `[B, P]`; returns the logits at each row's last
+  real token `[B, V]`, the caches and the status."""
+  b, p = prompt.shape
+  lengths = (jnp.full((b,), p, jnp.int32) if lengths is None
+             else jnp.asarray(lengths, jnp.int32))
+  logits, caches, status = cached_forward(model, prompt, caches,
+                                          lengths=lengths)
+  last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)
+  return last[:, 0], caches, status  # [B, V]
+
+
+def decode_step(model, token, caches):
+  """One token per sequence `[B]` -> next-token logits `[B, V]`, caches,
+  status."""
+  logits, caches, status = cached_forward(model, token[:, None], caches)
+  return logits[:, 0], caches, status
+
+
+def sample_next(logits, temperature, rng):
+  """Next tokens `[B]` from logits `[B, V]`: argmax at temperature 0, else a
+  draw from softmax(logits / temperature). `temperature` may be traced, so
+  greedy and sampled decoding share one compiled program."""
+  greedy = jnp.argmax(logits, axis=-1)
+  if rng is None:
+    return greedy
+  scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)
+  drawn = jax.random.categorical(rng, scaled, axis=-1)
+  return jnp.where(temperature > 0, drawn, greedy)
+
+
+def decode_loop(model, prompt, max_new_tokens: int, *, lengths=None,
+                temperature=0.0, rng=None, max_len: int | None = None):
+  """Prefill, then `max_new_tokens - 1` cached steps under `lax.scan`.
+
+  Returns `(tokens [B, N], logits [B, N, V], CacheStatus)`: token n of row b
+  was chosen from `logits[b, n]`; step n draws with `fold_in(rng, n)`. The
+  status accumulates overflow over every call (the caller must check it).
+  """
+  b = prompt.shape[0]
+  caches = init_caches(model, b, max_len)
+  key = lambda n: None if rng is None else jax.random.fold_in(rng, n)
+  last, caches, status = prefill(model, prompt, caches, lengths=lengths)
+  first = sample_next(last, temperature, key(0))
+
+  def step(carry, n):
+    token, caches, overflow = carry
+    logits, caches, st = decode_step(model, token, caches)
+    nxt = sample_next(logits, temperature, key(n))
+    return (nxt, caches, overflow | st.overflow), (nxt, logits)
+
+  (_, _, overflow), (tokens, logits) = jax.lax.scan(
+      step, (first, caches, status.overflow), jnp.arange(1, max_new_tokens))
+  tokens = jnp.concatenate([first[:, None], tokens.T], axis=1)  # [B, N]
+  logits = jnp.concatenate([last[:, None], logits.swapaxes(0, 1)], axis=1)
+  return tokens, logits, kv_cache.CacheStatus(overflow)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens",
+                                             "max_len", "sample"))
+def _decode_jit(graphdef, state, prompt, lengths, temperature, rng, *,
+                max_new_tokens, max_len, sample):
+  return decode_loop(nnx.merge(graphdef, state), prompt, max_new_tokens,
+                     lengths=lengths, temperature=temperature,
+                     rng=rng if sample else None, max_len=max_len)
+
+
+def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
+             temperature: float = 0.0, rng=None, max_len: int | None = None,
+             return_logits: bool = False):
+  """Continue right-padded prompts `[B, P]` by `max_new_tokens` tokens.
+
+  Args:
+    model: a token `DecoderLM`.
+    prompt: int tokens `[B, P]`; row b's first `prompt_lengths[b]` are real.
+    max_new_tokens: N >= 1 tokens to generate per row.
+    prompt_lengths: `[B]` ints in [1, P]; None means every row is full.
+    temperature: 0 picks the argmax; > 0 samples and needs `rng`.
+    rng: a PRNG key for sampling (the same key gives the same tokens).
+    max_len: cache slots, default the model's `max_len`; row b needs
+      `prompt_lengths[b] + N - 1` of them.
+    return_logits: also return the logits `[B, N, V]` each token came from.
+
+  Returns:
+    `tokens [B, N]` (and the logits). Raises `OverflowError` if a row would
+    run past `max_len`: no position is ever wrapped or clamped.
+  """
+  fn = "generate"
+  _check_token_lm(model, fn)
+  prompt = jnp.asarray(prompt)
+  if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer):
+    raise ValueError(f"{fn}: `prompt` must be int tokens [B, P], got "
+                     f"{prompt.dtype} {prompt.shape}")
+  b, p = prompt.shape
+  if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    raise ValueError(f"{fn}: `max_new_tokens` must be an int >= 1, got "
+                     f"{max_new_tokens!r}")
+  lengths = (jnp.full((b,), p, jnp.int32) if prompt_lengths is None
+             else jnp.asarray(prompt_lengths, jnp.int32))
+  if lengths.shape != (b,) or bool(jnp.any((lengths < 1) | (lengths > p))):
+    raise ValueError(f"{fn}: `prompt_lengths` must be [{b}] ints in [1, "
+                     f"P={p}], got {prompt_lengths!r}")
+  if temperature < 0 or (temperature > 0 and rng is None):
+    raise ValueError(f"{fn}: `temperature` must be 0 (greedy) or > 0 with "
+                     f"an `rng` key, got {temperature!r} and rng={rng!r}")
+  max_len = model.stack.max_len if max_len is None else max_len
+  need = int(jnp.max(lengths)) + max_new_tokens - 1
+  if need > max_len:
+    raise OverflowError(f"{fn}: a prompt of {int(jnp.max(lengths))} tokens "
+                        f"plus {max_new_tokens} new ones needs {need} cache "
+                        f"slots, but `max_len`={max_len}")
+  graphdef, state = nnx.split(model)
+  tokens, logits, status = _decode_jit(
+      graphdef, state, prompt, lengths, jnp.float32(temperature),
+      jax.random.PRNGKey(0) if rng is None else rng,
+      max_new_tokens=max_new_tokens, max_len=max_len, sample=rng is not None)
+  kv_cache.raise_if_overflow(status)  # never expected after the check above
+  return (tokens, logits) if return_logits else tokens
