@@ -107,10 +107,12 @@ def prefill(model, prompt, caches, *, lengths=None):
   return last[:, 0], caches, status  # [B, V]
 
 
-def decode_step(model, token, caches):
+def decode_step(model, token, caches, *, active=None):
   """One token per sequence `[B]` -> next-token logits `[B, V]`, caches,
-  status."""
-  logits, caches, status = cached_forward(model, token[:, None], caches)
+  status. Rows where `active [B]` is False write nothing and stay put."""
+  lengths = None if active is None else jnp.asarray(active, jnp.int32)
+  logits, caches, status = cached_forward(model, token[:, None], caches,
+                                          lengths=lengths)
   return logits[:, 0], caches, status
 
 
@@ -127,9 +129,13 @@ def sample_next(logits, temperature, rng):
 
 
 def decode_loop(model, prompt, max_new_tokens: int, *, lengths=None,
-                temperature=0.0, rng=None, max_len: int | None = None):
+                new_tokens=None, temperature=0.0, rng=None,
+                max_len: int | None = None):
   """Prefill, then `max_new_tokens - 1` cached steps under `lax.scan`.
 
+  `new_tokens [B]` (None: all N) gives each row its own budget: a row
+  stops writing to its cache once it has that many tokens, and its later
+  tokens are `PAD_ID` 0, so ragged budgets share one compiled loop.
   Returns `(tokens [B, N], logits [B, N, V], CacheStatus)`: token n of row b
   was chosen from `logits[b, n]`; step n draws with `fold_in(rng, n)`. The
   status accumulates overflow over every call (the caller must check it).
@@ -137,13 +143,17 @@ def decode_loop(model, prompt, max_new_tokens: int, *, lengths=None,
   b = prompt.shape[0]
   caches = init_caches(model, b, max_len)
   key = lambda n: None if rng is None else jax.random.fold_in(rng, n)
+  budget = (jnp.full((b,), max_new_tokens, jnp.int32) if new_tokens is None
+            else jnp.asarray(new_tokens, jnp.int32))
   last, caches, status = prefill(model, prompt, caches, lengths=lengths)
   first = sample_next(last, temperature, key(0))
 
   def step(carry, n):
     token, caches, overflow = carry
-    logits, caches, st = decode_step(model, token, caches)
-    nxt = sample_next(logits, temperature, key(n))
+    # Token n-1 is fed (written) only if token n is still within budget.
+    active = n < budget  # [B]
+    logits, caches, st = decode_step(model, token, caches, active=active)
+    nxt = jnp.where(active, sample_next(logits, temperature, key(n)), 0)
     return (nxt, caches, overflow | st.overflow), (nxt, logits)
 
   (_, _, overflow), (tokens, logits) = jax.lax.scan(
@@ -155,16 +165,17 @@ def decode_loop(model, prompt, max_new_tokens: int, *, lengths=None,
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens",
                                              "max_len", "sample"))
-def _decode_jit(graphdef, state, prompt, lengths, temperature, rng, *,
-                max_new_tokens, max_len, sample):
+def _decode_jit(graphdef, state, prompt, lengths, new_tokens, temperature,
+                rng, *, max_new_tokens, max_len, sample):
   return decode_loop(nnx.merge(graphdef, state), prompt, max_new_tokens,
-                     lengths=lengths, temperature=temperature,
-                     rng=rng if sample else None, max_len=max_len)
+                     lengths=lengths, new_tokens=new_tokens,
+                     temperature=temperature, rng=rng if sample else None,
+                     max_len=max_len)
 
 
 def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
-             temperature: float = 0.0, rng=None, max_len: int | None = None,
-             return_logits: bool = False):
+             new_tokens=None, temperature: float = 0.0, rng=None,
+             max_len: int | None = None, return_logits: bool = False):
   """Continue right-padded prompts `[B, P]` by `max_new_tokens` tokens.
 
   Args:
@@ -172,10 +183,12 @@ def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
     prompt: int tokens `[B, P]`; row b's first `prompt_lengths[b]` are real.
     max_new_tokens: N >= 1 tokens to generate per row.
     prompt_lengths: `[B]` ints in [1, P]; None means every row is full.
+    new_tokens: `[B]` ints in [1, N], each row's own budget (later tokens
+      are 0); None means N for every row.
     temperature: 0 picks the argmax; > 0 samples and needs `rng`.
     rng: a PRNG key for sampling (the same key gives the same tokens).
     max_len: cache slots, default the model's `max_len`; row b needs
-      `prompt_lengths[b] + N - 1` of them.
+      `prompt_lengths[b] + new_tokens[b] - 1` of them.
     return_logits: also return the logits `[B, N, V]` each token came from.
 
   Returns:
@@ -197,18 +210,26 @@ def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
   if lengths.shape != (b,) or bool(jnp.any((lengths < 1) | (lengths > p))):
     raise ValueError(f"{fn}: `prompt_lengths` must be [{b}] ints in [1, "
                      f"P={p}], got {prompt_lengths!r}")
+  budget = (jnp.full((b,), max_new_tokens, jnp.int32) if new_tokens is None
+            else jnp.asarray(new_tokens, jnp.int32))
+  if budget.shape != (b,) or bool(jnp.any((budget < 1)
+                                          | (budget > max_new_tokens))):
+    raise ValueError(f"{fn}: `new_tokens` must be [{b}] ints in [1, "
+                     f"max_new_tokens={max_new_tokens}], got {new_tokens!r}")
   if temperature < 0 or (temperature > 0 and rng is None):
     raise ValueError(f"{fn}: `temperature` must be 0 (greedy) or > 0 with "
                      f"an `rng` key, got {temperature!r} and rng={rng!r}")
   max_len = model.stack.max_len if max_len is None else max_len
-  need = int(jnp.max(lengths)) + max_new_tokens - 1
-  if need > max_len:
-    raise OverflowError(f"{fn}: a prompt of {int(jnp.max(lengths))} tokens "
-                        f"plus {max_new_tokens} new ones needs {need} cache "
-                        f"slots, but `max_len`={max_len}")
+  need = lengths + budget - 1  # [B] cache slots each row fills
+  worst = int(jnp.argmax(need))
+  if int(need[worst]) > max_len:
+    raise OverflowError(f"{fn}: row {worst}'s prompt of {int(lengths[worst])}"
+                        f" tokens plus {int(budget[worst])} new ones needs "
+                        f"{int(need[worst])} cache slots, but `max_len`="
+                        f"{max_len}")
   graphdef, state = nnx.split(model)
   tokens, logits, status = _decode_jit(
-      graphdef, state, prompt, lengths, jnp.float32(temperature),
+      graphdef, state, prompt, lengths, budget, jnp.float32(temperature),
       jax.random.PRNGKey(0) if rng is None else rng,
       max_new_tokens=max_new_tokens, max_len=max_len, sample=rng is not None)
   kv_cache.raise_if_overflow(status)  # never expected after the check above

@@ -126,6 +126,11 @@ def test_greedy_equals_naive_full_forward_loop():
   for b, length in enumerate(LENS):
     assert list(np.asarray(tokens[b])) == naive_greedy(
         model, prompt[b, :length], n), b
+  # Per-row budgets: the same tokens up to each budget, then padding.
+  budget = np.array([n, 2, 1])
+  short = model.generate(prompt, n, prompt_lengths=LENS, new_tokens=budget)
+  keep = np.arange(n)[None, :] < budget[:, None]
+  np.testing.assert_array_equal(short, np.where(keep, tokens, 0))
 
 
 def test_sampling_reproducible_given_key():
@@ -193,12 +198,15 @@ def test_overflow_is_reported_per_sequence_under_jit():
   model = make_model(2, "rotary")
   _, prompt = make_tokens()
   lens = jnp.array([3, 5, 1], jnp.int32)
-  run = jax.jit(lambda p, l: generate.decode_loop(model, p, 4, lengths=l,
-                                                  max_len=7))
-  _, logits, status = run(prompt, lens)
+  run = jax.jit(lambda p, l, n: generate.decode_loop(
+      model, p, 4, lengths=l, new_tokens=n, max_len=7))
+  _, logits, status = run(prompt, lens, jnp.array([4, 4, 4]))
   # Row 1 needs 5 + 4 - 1 = 8 slots > 7; the others fit.
   np.testing.assert_array_equal(status.overflow, [False, True, False])
   assert np.isnan(logits[1, -1]).all() and np.isfinite(logits[0]).all()
+  # With a budget of 3 new tokens row 1 needs exactly the 7 slots there are.
+  _, logits, status = run(prompt, lens, jnp.array([4, 3, 4]))
+  assert not status.overflow.any() and np.isfinite(logits[:, :3]).all()
 
 
 def test_generate_raises_on_overflow_and_bad_inputs():
@@ -216,6 +224,8 @@ def test_generate_raises_on_overflow_and_bad_inputs():
     model.generate(prompt.astype(jnp.float32), 2)
   with pytest.raises(ValueError, match="max_new_tokens"):
     model.generate(prompt, 0)
+  with pytest.raises(ValueError, match="new_tokens"):
+    model.generate(prompt, 2, new_tokens=[1, 3, 1])
   features = transformer.DecoderLM(
       vocab_size=0, input_dim=3, output_dim=2, d_model=D, num_layers=1,
       num_heads=H, max_len=MAX_LEN, rngs=nnx.Rngs(0))
