@@ -10,11 +10,15 @@ import chex
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
+from configs import default as default_config
+from experiments import generate as generate_experiment
 from mha_jax import attention
 from mha_jax import generate
+from mha_jax import tasks
 from mha_jax import transformer
 
 V, D, H, MAX_LEN = 16, 16, 4, 12
@@ -231,3 +235,27 @@ def test_generate_raises_on_overflow_and_bad_inputs():
       num_heads=H, max_len=MAX_LEN, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="token model"):
     generate.generate(features, prompt, 2)
+
+
+
+@pytest.mark.parametrize("task", ["copy", "induction"])
+def test_task_prompts_split_each_example_at_its_scored_span(task):
+  """experiments.generate's prompts + expected continuations rebuild the
+  task's sequences, and the continuation is exactly the scored targets."""
+  config = default_config.get_config()
+  config.task.name = task
+  ex = generate_experiment.task_prompts(config, 32, seed=5)
+  task_cfg = ml_collections.ConfigDict(config.task.to_dict())
+  task_cfg.batch_size = 32
+  batch = tasks.get_task(task).make_batch(jax.random.PRNGKey(5), task_cfg)
+  inputs, targets = np.asarray(batch["inputs"]), np.asarray(batch["targets"])
+  mask = np.asarray(batch["loss_mask"]) > 0
+  for b in range(32):
+    n, c = ex["lengths"][b], ex["counts"][b]
+    np.testing.assert_array_equal(ex["prompt"][b, :n], inputs[b, :n])
+    assert (ex["prompt"][b, n:] == tasks.PAD).all()
+    np.testing.assert_array_equal(ex["expected"][b, :c], targets[b][mask[b]])
+    # The prompt stops right before the first scored target.
+    assert mask[b, n - 1] and not mask[b, :n - 1].any()
+  if task == "induction":  # ragged prompts and continuations
+    assert len(set(ex["lengths"])) > 1 and len(set(ex["counts"])) > 1
