@@ -1,6 +1,6 @@
 r"""Side-by-side attention benchmark: mha_jax's paths against the libraries.
 
-    python -m experiments.benchmark                       # ~5 min on 2 cores
+    python -m experiments.benchmark                 # ~5 min on 2 idle cores
     python -m experiments.benchmark --sets=long --long_n=32768 \
         --long_fwd_n=65536 --repeats=1 --warmup=0 --paths=flash  # targets
 
@@ -36,7 +36,7 @@ from absl import flags
 _WORKDIR = flags.DEFINE_string("workdir", "runs/benchmark", "Output folder.")
 _SETS = flags.DEFINE_list("sets", ["standard", "bf16", "long"],
                           "Shape sets: standard, bf16, long.")
-_LONG_N = flags.DEFINE_list("long_n", ["4096"],
+_LONG_N = flags.DEFINE_list("long_n", ["2048"],
                             "Long-context lengths (B=1, D=512, h=8), causal "
                             "and not, forward and forward+backward.")
 _LONG_FWD_N = flags.DEFINE_list("long_fwd_n", [],
@@ -44,7 +44,7 @@ _LONG_FWD_N = flags.DEFINE_list("long_fwd_n", [],
                                 "(causal).")
 _PATHS = flags.DEFINE_list("paths", [], "Restrict to these paths (default: "
                            "all).")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per figure.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per figure.")
 _WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed calls after compiling.")
 _MAX_SCORE_GIB = flags.DEFINE_float(
     "max_score_gib", 1.0, "Skip paths that materialise the [B,H,n,n] float32 "
