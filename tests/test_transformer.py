@@ -1,5 +1,7 @@
 """Tiny transformers: causality, padding, head masks, captured weights."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +19,19 @@ def _lm(**kw):
   return transformer.DecoderLM(rngs=nnx.Rngs(params=0), **kw)
 
 
+@functools.partial(jax.jit, static_argnums=0,
+                   static_argnames="return_weights")
+def _apply(graphdef, state, *args, return_weights=False, **kw):
+  return nnx.merge(graphdef, state)(*args, return_weights=return_weights,
+                                    **kw)
+
+
+def run(model, *args, **kw):
+  """`model(*args, **kw)` compiled (eager NNX calls are slow on CPU)."""
+  graphdef, state = nnx.split(model)
+  return _apply(graphdef, state, *args, **kw)
+
+
 def _tokens(seed, b=2, t=T, lo=1):
   return jax.random.randint(jax.random.key(seed), (b, t), lo, V)
 
@@ -26,7 +41,7 @@ def test_decoder_is_causal(positions):
   model = _lm(positions=positions, num_kv_heads=2)
   tok = _tokens(0)
   changed = tok.at[:, 4:].set((tok[:, 4:] + 1) % V)
-  a, b = model(tok), model(changed)
+  a, b = run(model, tok), run(model, changed)
   np.testing.assert_array_equal(a[:, :4], b[:, :4])
   assert not np.allclose(a[:, 4:], b[:, 4:])
 
@@ -35,8 +50,9 @@ def test_continuous_inputs_gradient_never_flows_backward_in_time():
   model = _lm(vocab_size=0, input_dim=3, output_dim=5, positions="rotary",
               attention_only=False)
   u = jax.random.normal(jax.random.key(1), (1, T, 3))
-  jac = jax.jacrev(lambda u: model(u)[0, 2].sum())(u)  # d out_2 / d u_t
-  assert model(u).shape == (1, T, 5)
+  graphdef, state = nnx.split(model)
+  out2 = lambda u: nnx.merge(graphdef, state)(u)[0, 2].sum()
+  jac = jax.jit(jax.jacrev(out2))(u)  # d out_2 / d u_t
   np.testing.assert_array_equal(jac[0, 3:], 0.0)
   assert np.abs(jac[0, :3]).sum() > 0
 
@@ -44,8 +60,8 @@ def test_continuous_inputs_gradient_never_flows_backward_in_time():
 def test_returned_weights_layout_and_unchanged_logits():
   model = _lm()
   tok = _tokens(2)
-  logits, w = model(tok, return_weights=True)
-  np.testing.assert_array_equal(logits, model(tok))
+  logits, w = run(model, tok, return_weights=True)
+  np.testing.assert_array_equal(logits, run(model, tok))
   assert w["self"].shape == (L, 2, H, T, T)
   np.testing.assert_allclose(jnp.sum(w["self"], -1), 1.0, rtol=1e-6)
   upper = np.triu(np.ones((T, T), bool), k=1)
@@ -56,9 +72,9 @@ def test_head_mask_zero_removes_attention():
   """All heads off, no MLP: logits = readout(final_ln(embedding + pos))."""
   model = _lm(attention_only=True)
   tok = _tokens(3)
-  ones = model(tok, head_mask=jnp.ones((L, H)))
-  np.testing.assert_array_equal(ones, model(tok))
-  off = model(tok, head_mask=jnp.zeros((L, H)))
+  ones = run(model, tok, head_mask=jnp.ones((L, H)))
+  np.testing.assert_array_equal(ones, run(model, tok))
+  off = run(model, tok, head_mask=jnp.zeros((L, H)))
   pos = jnp.arange(T)[None]
   x = model.stack.embed(tok) + model.stack.pos_embed(pos)
   np.testing.assert_allclose(off, model.readout(model.final_ln(x)),
@@ -107,8 +123,8 @@ def test_encoder_decoder_ignores_source_padding():
   src = _tokens(5, t=5, lo=3)
   tgt = _tokens(6, t=4, lo=3)
   padded = jnp.pad(src, ((0, 0), (0, 3)))  # PAD = 0 on the right
-  a, wa = model(src, tgt, return_weights=True)
-  b, wb = model(padded, tgt, return_weights=True)
+  a, _ = run(model, src, tgt, return_weights=True)
+  b, wb = run(model, padded, tgt, return_weights=True)
   np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
   assert wb["cross"].shape == (L, 2, H, 4, 8)
   assert wb["encoder"].shape == (L, 2, H, 8, 8)
@@ -121,7 +137,7 @@ def test_encoder_decoder_target_padding_and_causality():
   model = _encdec()
   src = _tokens(7, t=5, lo=3)
   tgt = _tokens(8, t=5, lo=3).at[:, 3:].set(0)  # last two decoder inputs PAD
-  logits, w = model(src, tgt, return_weights=True)
+  logits, w = run(model, src, tgt, return_weights=True)
   np.testing.assert_array_equal(w["self"][..., 3:], 0.0)  # padded keys
-  changed = model(src, tgt.at[:, 2].set(4))
+  changed = run(model, src, tgt.at[:, 2].set(4))
   np.testing.assert_array_equal(logits[:, :2], changed[:, :2])
