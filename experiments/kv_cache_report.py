@@ -262,7 +262,43 @@ def answer(cfg, results):
       f"changes what a trained model learns is section 4"
       + (" (not measured in this run)." if results["behaviour"] is None
          else "."))
+  trained = _behaviour_answer(results["behaviour"])
+  if trained:
+    parts.append(trained)
   return "\n\n".join(parts)
+
+
+def _behaviour_answer(behaviour):
+  """Trained MHA vs shared-K/V models, from the behaviour JSON's
+  "variants" (written by experiments.kv_behaviour); None without them."""
+  variants = (behaviour or {}).get("variants")
+  if not variants:
+    return None
+  full = max(variants, key=lambda v: v["num_kv_heads"])
+  loss = lambda v: f"{v['eval_loss']['mean']:.3f} ± {v['eval_loss']['std']:.3f}"
+  gen = lambda v: (f"{v['generation_token_accuracy']['mean']:.3f} ± "
+                   f"{v['generation_token_accuracy']['std']:.3f}")
+  text = [f"Behaviour of trained models. Trained alike ({full['seeds']} "
+          f"seeds each), {full['name']} (K={full['num_kv_heads']}) reached "
+          f"eval loss {loss(full)} and cached-generation token accuracy "
+          f"{gen(full)}."]
+  for v in variants:
+    if v is full:
+      continue
+    d = v["eval_loss"]["mean"] - full["eval_loss"]["mean"]
+    spread = 2 * max(v["eval_loss"]["std"], full["eval_loss"]["std"])
+    verdict = ("within" if abs(d) <= spread else "beyond")
+    text.append(
+        f" {v['name']} (K={v['num_kv_heads']}): loss {loss(v)}, token "
+        f"accuracy {gen(v)}; its mean loss is {d:+.3f} from "
+        f"{full['name']}'s, {verdict} twice the larger seed std "
+        f"({spread:.3f}), with a cache of "
+        f"{v['cache_bytes_per_token'] / full['cache_bytes_per_token']:.3f} "
+        f"of {full['name']}'s per token and "
+        f"{v['attention_params_per_layer']} instead of "
+        f"{full['attention_params_per_layer']} attention parameters per "
+        f"layer.")
+  return "".join(text)
 
 
 def _caveats(cfg, results):
