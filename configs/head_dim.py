@@ -5,9 +5,11 @@ r"""Experiment 3: is there a head-width sweet spot?
 A few minutes on 2 CPU cores. Part A: the two-offset retrieval task with one
 attention-only layer at fixed d_model = 32 and learned absolute positions,
 h swept from 1 to 32 (d_k = 32 down to 1): one head cannot hold two
-positions, and a 1-wide head cannot pick "the key one back" from absolute
-positions (its score q_t * k_s is a product of two scalars, so its argmax
-over s is always an extreme of k), so quality should peak in between.
+positions, and a 1-wide head has scores q_t * k_s, a product of two
+scalars: for each query its argmax is the visible key with the largest or
+the smallest k, so "one back" for every t needs k to alternate with growing
+amplitude and the margins (the sharpness) stay small. Quality should peak
+in between.
 Part B: fit W_q, W_k of width d_k so that softmax(X W_q W_k^T X^T / sqrt d_k)
 matches a random n x n attention matrix; the error should vanish near
 d_k = n - 1 (a softmax ignores one constant per row).

@@ -173,8 +173,10 @@ def _report(config, cont, nmse, labels, fit, kl):
       "",
       f"* Part A: NMSE is lowest at {best}; see the table for how it "
       "rises on each side: with one head the layer cannot fetch two "
-      "positions, and at the smallest d_k a head's scores have too few "
-      "dimensions to pick one offset out of absolute positions.",
+      "positions (NMSE at the 0.5 bound of experiment 2), and at the "
+      "smallest d_k a head's scores have too few dimensions to pick one "
+      "offset sharply out of absolute positions (compare the best head "
+      "weight on t-1 across rows).",
       f"* Part B: the fit error drops to within 10x of the full-width "
       f"fit at d_k = {knee} (n = {e.fit_n}); a head of width d_k produces "
       "score matrices of rank <= d_k, and since a softmax ignores a "

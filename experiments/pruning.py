@@ -70,6 +70,8 @@ def _report(config, stats, kept):
     ok = [int(h) for h, m in zip(kept, stats[k][0]) if m <= full + 0.1]
     return min(ok)
   budget = {k: fewest(k) for k in stats}
+  at2 = {k: float(stats[k][0][2]) for k in stats}
+  best2 = min(at2, key=at2.get)
   lines = [
       "# Experiment 5: head importance and pruning",
       "",
@@ -94,11 +96,24 @@ def _report(config, stats, kept):
       "",
       "## What this shows",
       "",
-      "Only a few heads carry the induction circuit: ranking by ablation "
-      "removes the others first at little cost, random order loses the "
-      "circuit earlier, and removing the most important heads first "
-      "breaks the model at once. Where the gradient proxy's curve departs "
-      "from the ablation curves, it misjudged which heads are idle.",
+      f"With {int(kept[2])} of {int(kept[0])} heads kept (two removed) the "
+      "held-out loss is: "
+      + ", ".join(f"{k.replace('_', ' ')} {at2[k]:.2f}" for k in at2)
+      + f". Ranking by {best2.replace('_', ' ')} degrades slowest. The "
+      "batch-gradient (Taylor) ranking is "
+      + ("WORSE than random order: it removes heads the model needs, "
+         "because at a trained optimum d loss / d gate is ~0 for every "
+         "head and its sign is noise (see experiment 1)."
+         if at2["taylor_estimate"] > at2["random"] else
+         "better than random order here.")
+      + " The per-example |gradient| ranking "
+      + ("tracks the ablation rankings."
+         if abs(at2["gradient_abs"] - at2["zero_ablation"]) < 0.1 else
+         "departs from the ablation rankings.")
+      + f" Even the best order keeps the loss within 0.1 nats only while "
+      f"removing {int(kept[0]) - min(budget.values())} head(s): in this "
+      "small model few heads are idle, so the circuit is spread over most "
+      "heads rather than concentrated in one or two.",
   ]
   return "\n".join(lines)
 
