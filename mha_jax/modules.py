@@ -144,7 +144,9 @@ class MultiHeadAttention(nnx.Module):
           implementation=self.implementation, return_weights=return_weights,
           head_mask=head_mask, dropout_rate=rate, dropout_rng=dropout_rng)
     # Rotary: the same stages, with q and k rotated after the head split.
-    multi_head._check_inputs(params, x_q, x_kv, head_mask)  # pylint: disable=protected-access
+    # The core's boundary checks, so bad inputs fail here with its messages.
+    check = multi_head._check_inputs  # pylint: disable=protected-access
+    check(params, x_q, x_kv, head_mask)
     if jnp.ndim(x_q) != 3:
       raise ValueError(f"MultiHeadAttention: rotary needs batched `x_q` "
                        f"[B, T, D], got {jnp.shape(x_q)}")

@@ -274,6 +274,6 @@ def load_state(workdir, step: int | None = None):
 
 
 def load_model(workdir, step: int | None = None):
-  """`(model, config)`: the trained nnx model of a run, for analysis/decoding."""
+  """`(model, config)`: a run's trained nnx model (analysis, decoding)."""
   state, config = load_state(workdir, step)
   return state.model(), config

@@ -12,7 +12,8 @@ from ml_collections import config_flags
 from configs import default
 from mha_jax import config as config_lib
 
-CONFIGS = sorted(p for p in pathlib.Path("configs").glob("*.py")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.py")
                  if p.name != "__init__.py")
 
 
@@ -36,7 +37,7 @@ def test_every_training_config_validates_and_builds(path):
              else model.decoder.blocks) == config.model.num_layers
 
 
-def _parse(*overrides, path="configs/default.py"):
+def _parse(*overrides, path=ROOT / "configs" / "default.py"):
   argv = ["prog", f"--config={path}", *overrides]
   fv = flags.FlagValues()
   # The override flags are discovered from the argv seen at definition.
@@ -92,7 +93,8 @@ def test_rotary_needs_even_head_width():
 
 
 def test_entry_point_rejects_bad_config_before_training(tmp_path):
-  from experiments import train as entry  # pylint: disable=import-outside-toplevel
+  # Imported here: it defines absl flags on the global FLAGS.
+  from experiments import train as entry  # pylint: disable=g-import-not-at-top
   bad = tmp_path / "bad.py"
   bad.write_text("from configs import default\n\n\ndef get_config():\n"
                  "  c = default.get_config()\n  c.model.num_heads = 3\n"

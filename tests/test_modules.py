@@ -82,7 +82,7 @@ class ModuleMatchesCoreTest(parameterized.TestCase):
 
 
 def _rope_complex(x, positions, base=10000.0):
-  """Independent RoPE: pairs (i, i + Dh/2) as complex numbers times e^{i p w}."""
+  """Independent RoPE: pairs (i, i + Dh/2) as complex numbers, times e^ipw."""
   half = x.shape[-1] // 2
   z = x[..., :half] + 1j * x[..., half:]
   w = base ** (-np.arange(half) * 2.0 / x.shape[-1])
