@@ -37,10 +37,10 @@ def task_prompts(config, num_examples: int, seed: int):
   if name not in SUPPORTED:
     raise ValueError(f"task_prompts: the run's task {name!r} has no "
                      f"continuation to check; expected one of {SUPPORTED}")
-  cfg = ml_collections.ConfigDict(config.task.to_dict())
-  cfg.batch_size = num_examples
-  batch = jax.device_get(tasks.get_task(name).make_batch(
-      jax.random.PRNGKey(seed), cfg))
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.task.batch_size = num_examples
+  # Jitted: the task's vmapped sampler is slow op by op.
+  batch = jax.device_get(train.batch_fn(c)(jax.random.PRNGKey(seed)))
   scored = batch["loss_mask"] > 0  # [B, T]
   first = scored.argmax(axis=1)  # the first scored target's position
   counts = scored.sum(axis=1)

@@ -247,7 +247,8 @@ def test_task_prompts_split_each_example_at_its_scored_span(task):
   ex = generate_experiment.task_prompts(config, 32, seed=5)
   task_cfg = ml_collections.ConfigDict(config.task.to_dict())
   task_cfg.batch_size = 32
-  batch = tasks.get_task(task).make_batch(jax.random.PRNGKey(5), task_cfg)
+  batch = jax.jit(lambda key: tasks.get_task(task).make_batch(key, task_cfg))(
+      jax.random.PRNGKey(5))
   inputs, targets = np.asarray(batch["inputs"]), np.asarray(batch["targets"])
   mask = np.asarray(batch["loss_mask"]) > 0
   for b in range(32):
