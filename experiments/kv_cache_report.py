@@ -275,7 +275,8 @@ def _behaviour_answer(behaviour):
   if not variants:
     return None
   full = max(variants, key=lambda v: v["num_kv_heads"])
-  loss = lambda v: f"{v['eval_loss']['mean']:.3f} ± {v['eval_loss']['std']:.3f}"
+  loss = lambda v: (f"{v['eval_loss']['mean']:.3f} ± "
+                    f"{v['eval_loss']['std']:.3f}")
   gen = lambda v: (f"{v['generation_token_accuracy']['mean']:.3f} ± "
                    f"{v['generation_token_accuracy']['std']:.3f}")
   text = [f"Behaviour of trained models. Trained alike ({full['seeds']} "

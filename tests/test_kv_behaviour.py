@@ -47,8 +47,9 @@ def test_summary_means_spreads_and_answer():
   rows = kv_behaviour.table_rows(config, [mha, mqa])
   assert rows[0]["eval loss"] == "0.300 ± 0.100 [0.200, 0.400]"
   assert rows[1]["first step loss < 1"] == "300 (1/2 seeds)"
-  text = kv_cache_report._behaviour_answer({"variants": [mha, mqa]})  # pylint: disable=protected-access
+  answer = kv_cache_report._behaviour_answer  # pylint: disable=protected-access
+  text = answer({"variants": [mha, mqa]})
   # MQA - MHA = +0.800, beyond 2 * max(std) = 0.200; cache 1/8 of MHA's.
   assert "+0.800 from MHA's, beyond twice the larger seed std (0.200)" in text
   assert "a cache of 0.125 of MHA's" in text
-  assert kv_cache_report._behaviour_answer(None) is None  # pylint: disable=protected-access
+  assert answer(None) is None
