@@ -103,6 +103,8 @@ def _report(config, runs):
                       np.argmax(r["importance"]["zero_ablation"]))
                   for r in runs)
   acc = common.mean_std([r["accuracy"] for r in runs])
+  last = common.mean_std([r["alignment_accuracy"][-1].mean() for r in runs])
+  first = common.mean_std([r["alignment_accuracy"][0].mean() for r in runs])
   best_ms = common.mean_std(best)
   lines = [
       "# Experiment 4: cross-attention alignment on sequence reversal",
@@ -139,15 +141,18 @@ def _report(config, runs):
       "## What this shows, next to the source's claim",
       "",
       "The source names cross-attention as the way a decoder reads the "
-      "encoder output. Here that reading is measurable: "
-      + (f"in every seed at least one head puts its argmax on the aligned "
-         f"source token for > 90% of steps (best {common.fmt(*best_ms)}), "
-         "which is the anti-diagonal in the heatmap; the other heads "
-         "differ (see the table)."
+      f"encoder output. The models solve reversal (token accuracy "
+      f"{common.fmt(*acc)}), and the reading is measurable: the "
+      f"last-layer cross-attention heads point at the aligned source "
+      f"token for {common.fmt(*last)} of the steps (mean over heads and "
+      f"seeds), the first-layer heads for {common.fmt(*first)}; the "
+      "anti-diagonal shows in the heatmap. "
+      + (f"In every seed one head exceeds 0.9 (best {common.fmt(*best_ms)})."
          if min(n_good) >= 1 else
-         f"the best head's alignment accuracy is {common.fmt(*best_ms)}; "
-         "not every seed has a head above 0.9, so the anti-diagonal is "
-         "shared across heads or only partly learned in this budget."),
+         f"No single head is sharp in every seed (best head "
+         f"{common.fmt(*best_ms)}; heads above 0.9 per seed: {n_good}): "
+         "the alignment is shared by several last-layer heads at once "
+         "rather than owned by one."),
       "",
       f"The best-aligned head is also the head whose removal costs the most "
       f"loss in {top_match} of {len(runs)} seeds.",
