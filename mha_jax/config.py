@@ -84,6 +84,11 @@ def validate_config(config) -> None:
   _need(ms.data == -1 or (isinstance(ms.data, int) and ms.data >= 1),
         "mesh.data", f"must be -1 (all devices) or >= 1, got {ms.data!r}")
   _positive("mesh", ms, "model")
+  # Heads are the model-parallel axis: each device holds whole query heads.
+  # (Too few kv heads are replicated instead; batch size vs the data axis
+  # needs the device count: `sharding.mesh_from_config` checks it.)
+  _need(m.num_heads % ms.model == 0, "mesh.model",
+        f"mesh.model={ms.model} must divide model.num_heads={m.num_heads}")
 
 
 def model_kwargs(config) -> dict:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import AxisType
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
@@ -61,9 +62,26 @@ def _key_name(entry) -> str:
   return str(entry)
 
 
+# Module names of the two halves of an MLP. `TransformerBlock` calls them
+# `mlp_in` / `mlp_out`; the others are common spellings elsewhere.
+_MLP_UP = ("mlp_in", "up", "up_proj", "fc1", "linear1", "w_in", "wi")
+_MLP_DOWN = ("mlp_out", "down", "down_proj", "fc2", "linear2", "w_out", "wo")
+# Trailing path entries that are not names: an NNX Variable's payload.
+_WRAPPERS = ("value", "raw_value")
+
+
 def param_spec(path: tuple[str, ...], shape: tuple[int, ...],
                model_size: int) -> P:
-  """PartitionSpec of one parameter (or optimizer-state leaf) from its path."""
+  """PartitionSpec of one parameter (or optimizer-state leaf) from its path.
+
+  `path` is the leaf's key path as strings, e.g. `("stack", "blocks", "0",
+  "attn", "w_q", "value")` in an `nnx.State` or `("mu", ..., "w_q",
+  "value")` in AdamW's state; the rules read the last real name and the
+  module names above it.
+  """
+  path = tuple(path)
+  while path and path[-1] in _WRAPPERS:
+    path = path[:-1]
   name = path[-1] if path else ""
   ndim = len(shape)
 
@@ -83,14 +101,15 @@ def param_spec(path: tuple[str, ...], shape: tuple[int, ...],
     return split(0)
   if name == "w_o" and ndim == 3:
     return split(0)
-  if "mlp" in path and name == "kernel" and ndim == 2:
-    # Up-projection [D, F] split on F; down-projection [F, D] split on F.
-    up = any(p in ("up", "fc1", "linear1", "w_in", "wi") for p in path)
-    return split(1) if up else split(0)
-  if "mlp" in path and name == "bias" and ndim == 1:
-    up = any(p in ("up", "fc1", "linear1", "w_in", "wi") for p in path)
-    return split(0) if up else P()
-  return P()
+  up = any(p in _MLP_UP for p in path[:-1])
+  down = any(p in _MLP_DOWN for p in path[:-1])
+  if up and name == "kernel" and ndim == 2:
+    return split(1)  # [D, F] on F: each device makes its own slice of F
+  if up and name == "bias" and ndim == 1:
+    return split(0)  # [F] follows the kernel's F
+  if down and name == "kernel" and ndim == 2:
+    return split(0)  # [F, D] on F: partial sums, one all-reduce
+  return P()  # embeddings, norms, readout, down bias, step counters
 
 
 def tree_shardings(tree, mesh: Mesh):
@@ -131,3 +150,36 @@ def bytes_per_device(tree) -> dict[str, int]:
       key = str(shard.device)
       per[key] = per.get(key, 0) + shard.data.nbytes
   return {"total": total, "per_device": per}
+
+
+def mesh_from_config(config, devices=None) -> Mesh:
+  """The mesh of `config.mesh`, checked against the model, batch and devices.
+
+  Raises ValueError naming the config field: the mesh must use exactly the
+  available devices (`mesh.data=-1` takes what `mesh.model` leaves), and
+  `task.batch_size` must split evenly over the data axis.
+  """
+  ms, heads, batch = config.mesh, config.model.num_heads, config.task.batch_size
+  devices = jax.devices() if devices is None else list(devices)
+  n = len(devices)
+  if n % ms.model:
+    raise ValueError(f"config.mesh.model: {ms.model} does not divide the {n} "
+                     "available devices")
+  data = n // ms.model if ms.data == -1 else ms.data
+  if data * ms.model != n:
+    raise ValueError(f"config.mesh.data: mesh.data x mesh.model = {data} x "
+                     f"{ms.model} must use exactly the {n} available devices "
+                     "(-1 takes all that mesh.model leaves)")
+  if heads % ms.model:
+    raise ValueError(f"config.mesh.model: {ms.model} must divide "
+                     f"model.num_heads={heads}")
+  if batch % data:
+    raise ValueError(f"config.task.batch_size: {batch} does not split over "
+                     f"the {data} devices of the mesh's data axis")
+  return make_mesh(data, ms.model, devices)
+
+
+def shard_model(model, mesh: Mesh):
+  """An NNX model whose parameters are placed by `tree_shardings`."""
+  graphdef, state = nnx.split(model)
+  return nnx.merge(graphdef, shard_tree(state, mesh))

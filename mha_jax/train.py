@@ -32,6 +32,7 @@ from flax import struct
 
 from mha_jax import checkpoint
 from mha_jax import config as config_lib
+from mha_jax import sharding
 from mha_jax import tasks
 from mha_jax import transformer
 
@@ -176,6 +177,47 @@ train_step_jit = jax.jit(train_step, donate_argnums=0)
 eval_step_jit = jax.jit(eval_step)
 
 
+def sharded_train_step(state: TrainState, batch, mesh):
+  """`train_step` on a state placed by `sharding.tree_shardings(state, mesh)`.
+
+  GSPMD propagates the layout from the placed inputs (params split on
+  heads, batch on "data"); the constraint pins the NEW state to the layout
+  of the old one, so step s + 1 sees the shardings step s saw and the
+  compiled program is reused, and nothing drifts to replicated.
+  """
+  new_state, metrics = train_step(state, batch)
+  new_state = jax.lax.with_sharding_constraint(
+      new_state, sharding.tree_shardings(new_state, mesh))
+  return new_state, metrics
+
+
+sharded_train_step_jit = jax.jit(sharded_train_step, static_argnames="mesh",
+                                 donate_argnums=0)
+
+
+@functools.lru_cache(maxsize=16)
+def _sharded_batch_fn(task_cfg, mesh):
+  make = tasks.get_task(task_cfg.name).make_batch
+  # Each device draws only its own rows of the global batch (and on many
+  # hosts each process only its devices' rows): no host-side split.
+  return jax.jit(functools.partial(make, cfg=task_cfg),
+                 out_shardings=sharding.batch_sharding(mesh, 1))
+
+
+def step_fns(config, mesh):
+  """`(train_step, eval_step, make_batch)` for `mesh`.
+
+  A one-device mesh gets the plain jitted steps (the program of an
+  unsharded run, unchanged); a larger one the sharded step and batches
+  born split along "data".
+  """
+  if mesh.size == 1:
+    return train_step_jit, eval_step_jit, batch_fn(config)
+  step = functools.partial(sharded_train_step_jit, mesh=mesh)
+  task_cfg = ml_collections.FrozenConfigDict(config.task)
+  return step, eval_step_jit, _sharded_batch_fn(task_cfg, mesh)
+
+
 def _fmt_time(seconds: float) -> str:
   seconds = int(seconds)
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
@@ -217,7 +259,13 @@ def train_and_evaluate(config, workdir, *, stop_at: int | None = None):
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
   tr = config.train
+  mesh = sharding.mesh_from_config(config)
   state = create_train_state(config)
+  logging.info("Mesh %s over %d devices", dict(mesh.shape), mesh.size)
+  if mesh.size > 1:
+    # Params and optimizer state by name rules; a checkpoint restores into
+    # these shardings whatever mesh it was saved from.
+    state = sharding.shard_tree(state, mesh)
   manager = checkpoint.make_manager(workdir, tr.checkpoint_every,
                                     tr.max_checkpoints)
   state = checkpoint.restore_latest(manager, state)
@@ -227,7 +275,7 @@ def train_and_evaluate(config, workdir, *, stop_at: int | None = None):
   if start:
     logging.info("Resumed from the checkpoint at step %d", start)
 
-  step_fn, eval_fn, make = train_step_jit, eval_step_jit, batch_fn(config)
+  step_fn, eval_fn, make = step_fns(config, mesh)
   data_key = seed_key(tr.seed, _DATA)
   t_last, s_last = time.time(), start
   for step in range(start, tr.num_steps):

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from configs import default
 from mha_jax import sharding
 
 HERE = pathlib.Path(__file__).parent
@@ -46,3 +47,41 @@ def test_param_spec_rules():
   assert spec(("b_o",), (16,), 4) == sharding.P()
   with pytest.raises(ValueError, match="num_heads"):
     spec(("w_q",), (16, 6, 4), 4)
+
+
+def test_rules_read_nnx_and_optimizer_paths():
+  """Real key paths: nnx.State leaves end in "value"; AdamW adds mu/nu."""
+  spec = sharding.param_spec
+  attn = ("stack", "blocks", "0", "attn")
+  assert spec(attn + ("w_q", "value"), (16, 8, 4), 4) == spec(
+      ("w_q",), (16, 8, 4), 4) == sharding.P(None, "model", None)
+  assert spec(("1", "0", "mu") + attn + ("w_o", "value"), (8, 4, 16),
+              4) == sharding.P("model", None, None)
+  block = ("stack", "blocks", "1")
+  # Megatron pairing: up-projection split on F (kernel and bias), down on F.
+  assert spec(block + ("mlp_in", "kernel", "value"), (16, 64),
+              4) == sharding.P(None, "model")
+  assert spec(block + ("mlp_in", "bias", "value"), (64,),
+              4) == sharding.P("model")
+  assert spec(block + ("mlp_out", "kernel", "value"), (64, 16),
+              4) == sharding.P("model", None)
+  assert spec(block + ("mlp_out", "bias", "value"), (16,), 4) == sharding.P()
+  for other in (("readout", "kernel"), ("stack", "embed", "embedding"),
+                block + ("ln_attn", "scale"), ("1", "0", "count")):
+    assert spec(other + ("value",), (16, 16), 4) == sharding.P(), other
+
+
+@pytest.mark.parametrize("field,mesh,model,task,match", [
+    ("mesh.model", dict(model=3), {}, {}, "does not divide the 8"),
+    ("mesh.data", dict(data=3, model=2), {}, {}, "exactly the 8"),
+    ("mesh.model", dict(model=8), dict(num_heads=4), {}, "num_heads=4"),
+    ("task.batch_size", dict(data=4, model=2), {}, dict(batch_size=6),
+     "data axis"),
+])
+def test_mesh_from_config_names_the_field(field, mesh, model, task, match):
+  c = default.get_config()
+  c.mesh.update(**mesh)
+  c.model.update(**model)
+  c.task.update(**task)
+  with pytest.raises(ValueError, match=f"config.{field}: .*{match}"):
+    sharding.mesh_from_config(c, devices=[object()] * 8)
