@@ -6,8 +6,17 @@ r"""Train any config: the one entry point of every experiment.
 Hyperparameters live only in the config; override them with
 `--config.<group>.<field>=value`. Rerunning with the same `--workdir`
 resumes from its latest checkpoint.
+
+Several devices: `--config.mesh.data=2 --config.mesh.model=4` (see README,
+"Multi-device and multi-host runs"). Several hosts: start the same command
+on every host with `--distributed`, which calls `jax.distributed.initialize`
+before JAX touches a device; the coordinator comes from
+JAX_COORDINATOR_ADDRESS (or the cluster: SLURM, Cloud TPU, ...), the
+process count and index from `--num_processes` / `--process_id` (or the
+cluster).
 """
 
+import jax
 from absl import app
 from absl import flags
 from absl import logging
@@ -22,12 +31,29 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for metrics.jsonl, config.json and "
     "checkpoints/; reused to resume.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Multi-host run: call jax.distributed.initialize() "
+    "first, on every host.")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "With --distributed: number of processes (hosts); "
+    "default: detected from the cluster.")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "With --distributed: this process's index in "
+    "[0, num_processes); default: detected from the cluster.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _DISTRIBUTED.value:
+    # Must run before anything asks JAX for devices: afterwards
+    # jax.devices() lists every host's devices and the mesh spans them all.
+    jax.distributed.initialize(num_processes=_NUM_PROCESSES.value,
+                               process_id=_PROCESS_ID.value)
+    logging.info("Process %d of %d, %d local / %d global devices",
+                 jax.process_index(), jax.process_count(),
+                 jax.local_device_count(), jax.device_count())
   config = _CONFIG.value
   # Fail on inconsistent values before building or compiling anything.
   try:

@@ -231,8 +231,9 @@ def _fmt_metrics(row) -> str:
 def _append_metrics(path: pathlib.Path, step: int, split: str, metrics):
   row = {"step": step, "split": split}
   row.update({k: float(v) for k, v in jax.device_get(metrics).items()})
-  with path.open("a") as f:
-    f.write(json.dumps(row) + "\n")
+  if jax.process_index() == 0:  # many hosts share one workdir: one writer
+    with path.open("a") as f:
+      f.write(json.dumps(row) + "\n")
   return row
 
 
@@ -257,7 +258,9 @@ def train_and_evaluate(config, workdir, *, stop_at: int | None = None):
   config_lib.validate_config(config)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+  if jax.process_index() == 0:
+    (workdir / "config.json").write_text(
+        config.to_json_best_effort(indent=2))
   tr = config.train
   mesh = sharding.mesh_from_config(config)
   state = create_train_state(config)
@@ -271,7 +274,8 @@ def train_and_evaluate(config, workdir, *, stop_at: int | None = None):
   state = checkpoint.restore_latest(manager, state)
   start = int(state.step)
   metrics_path = workdir / "metrics.jsonl"
-  checkpoint.truncate_metrics(metrics_path, start)
+  if jax.process_index() == 0:
+    checkpoint.truncate_metrics(metrics_path, start)
   if start:
     logging.info("Resumed from the checkpoint at step %d", start)
 
