@@ -68,6 +68,7 @@ def run_one(config, run_dir):
           "first_step_below": first_below(steps, losses, e.loss_threshold),
           "generation_token_accuracy": gen["token_accuracy"],
           "generation_sequence_accuracy": gen["sequence_accuracy"],
+          "teacher_forced_accuracy": gen["teacher_forced_accuracy"],
           "attention_params_per_layer": params,
           "cache_bytes_per_token": cache_bytes,
           "curve": {"steps": steps, "loss": losses}}
@@ -83,8 +84,8 @@ def summarise(config, per_seed):
            "seeds": len(rs),
            "attention_params_per_layer": rs[0]["attention_params_per_layer"],
            "cache_bytes_per_token": rs[0]["cache_bytes_per_token"]}
-    for key in ("eval_loss", "eval_accuracy", "generation_token_accuracy",
-                "generation_sequence_accuracy"):
+    for key in ("eval_loss", "eval_accuracy", "teacher_forced_accuracy",
+                "generation_token_accuracy", "generation_sequence_accuracy"):
       vals = [r[key] for r in rs]
       row[key] = {"mean": float(np.mean(vals)), "std": float(np.std(vals)),
                   "min": float(np.min(vals)), "max": float(np.max(vals))}
@@ -115,6 +116,8 @@ def table_rows(config, variants):
         "cache B/token": f"{v['cache_bytes_per_token']:.0f}",
         "eval loss": _spread(v["eval_loss"]),
         "eval accuracy": _spread(v["eval_accuracy"]),
+        "teacher-forced acc (same prompts)": _spread(
+            v["teacher_forced_accuracy"]),
         "cached generation: token acc": _spread(
             v["generation_token_accuracy"]),
         "whole continuation right": _spread(
@@ -140,7 +143,10 @@ def description(config):
       f"repeat. Cached generation: each model continues "
       f"{e.generate_examples} held-out prompts (cut before the first scored "
       f"token) greedily with its KV cache; token accuracy over the scored "
-      f"tokens, and the fraction of continuations entirely right.")
+      f"tokens, and the fraction of continuations entirely right. "
+      f"Teacher-forced: the same scored tokens predicted from the true "
+      f"sequence (not the model's own output), so the gap to cached "
+      f"generation is errors compounding in free-running decoding.")
 
 
 def _report(config, variants, rows):
