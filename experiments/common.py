@@ -56,7 +56,7 @@ def app_main(run, get_config, name: str):
 
 
 def variant(config, **overrides) -> ml_collections.ConfigDict:
-  """A copy of `config` with dotted overrides: `variant(c, **{"model.x": 1})`."""
+  """A copy of `config` with dotted overrides (`**{"model.x": 1}`)."""
   c = ml_collections.ConfigDict(config.to_dict())
   for path, value in overrides.items():
     group, field = path.split(".")

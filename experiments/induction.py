@@ -194,6 +194,7 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
   names = ["previous_token", "induction", "duplicate_token", "entropy",
            "mean_distance"]
   chance = np.log(config.task.vocab_size - 3)
+  f2 = lambda ms: common.fmt(*ms, digits=2)
   deep_ok = sd["max_induction_last_layer"][0] > thr
   ctrl_ok = sc["max_induction_last_layer"][0] > thr
   lines = [
@@ -267,7 +268,7 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
          "falls in a sharp drop (table above), not gradually."
          if deep_ok else
          "induction heads did NOT clearly form in this budget (best "
-         f"induction score {common.fmt(*sd['max_induction_last_layer'], digits=2)}"
+         f"induction score {f2(sd['max_induction_last_layer'])}"
          f" <= {thr})."),
       f"* {ctrl}-layer control: final loss "
       f"{common.fmt(*sc['final_loss'], digits=2)} vs "
@@ -279,12 +280,13 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
          " — the control ALSO reaches a high induction score here, which "
          "contradicts the expectation; see the per-run table."),
       "* Heads differ: mean Jensen-Shannon distance between the heads of "
-      f"the {deep}-layer model {common.fmt(*sd['js_mean_off_diagonal'], digits=2)}"
+      f"the {deep}-layer model {f2(sd['js_mean_off_diagonal'])}"
       " (0 = identical patterns, 1 = disjoint); the per-head table shows "
       "which head does what.",
       "* Ablation: in layer 1 the head whose removal costs the most loss is "
-      f"the best previous-token head in {summary['top_ablation_is_prev_head_L1']}"
-      f" of {len(seeds)} seeds; in the last layer it is the best induction "
+      "the best previous-token head in "
+      f"{summary['top_ablation_is_prev_head_L1']} of {len(seeds)} seeds; "
+      "in the last layer it is the best induction "
       f"head in {summary['top_ablation_is_induction_head_last']} of "
       f"{len(seeds)} (per-head table: which kind of head it is instead)."
       " The batch-gradient Taylor estimate ranks heads with Spearman "

@@ -77,6 +77,11 @@ def _stat(runs, key):
   return common.mean_std([r[key] for r in runs])
 
 
+def _best(runs, key):
+  """Mean ± std over seeds of the largest per-head value of `key`."""
+  return common.mean_std([r[key].max() for r in runs])
+
+
 def run(config, workdir):
   e = config.experiment
   workdir = pathlib.Path(workdir)
@@ -190,9 +195,9 @@ def _report(config, cont, tok, target_var):
       "",
       f"* Continuous: h = 1 reaches NMSE {common.fmt(*_stat(h1, 'nmse'))} "
       "(the 0.5 bound above; its head puts "
-      f"{common.fmt(*common.mean_std([r['offset1'].max() for r in h1]), digits=2)}"
+      f"{common.fmt(*_best(h1, 'offset1'), digits=2)}"
       " of its weight on t-1 and "
-      f"{common.fmt(*common.mean_std([r['offset3'].max() for r in h1]), digits=2)}"
+      f"{common.fmt(*_best(h1, 'offset3'), digits=2)}"
       " on t-3); "
       f"the single head {config.experiment.wide_factor}x wider reaches "
       f"{common.fmt(*_stat(cont[wide], 'nmse'))}, so width does not buy "

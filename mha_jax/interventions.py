@@ -40,7 +40,8 @@ def _attention_layers(model, mask_arg):
     stack = model.decoder if hasattr(model, "decoder") else model.stack
     return [b.attn for b in stack.blocks], "attn", stack.blocks
   if mask_arg == "cross_head_mask":
-    return [b.cross for b in model.decoder.blocks], "cross", model.decoder.blocks
+    blocks = model.decoder.blocks
+    return [b.cross for b in blocks], "cross", blocks
   if mask_arg == "encoder_head_mask":
     blocks = model.encoder.stack.blocks
     return [b.attn for b in blocks], "attn", blocks

@@ -1,4 +1,4 @@
-"""Head metrics on hand-built attention patterns with known scores, and plots."""
+"""Head metrics on hand-built patterns with known scores, and the plots."""
 
 import math
 import os

@@ -38,7 +38,8 @@ class InterventionTest(absltest.TestCase):
     ones = jnp.ones((L, H))
     for l in range(L):
       for h in range(H):
-        fd = (f(ones.at[l, h].add(eps)) - f(ones.at[l, h].add(-eps))) / (2 * eps)
+        up, down = ones.at[l, h].add(eps), ones.at[l, h].add(-eps)
+        fd = (f(up) - f(down)) / (2 * eps)
         np.testing.assert_allclose(grad[l, h], fd, rtol=2e-2, atol=1e-4)
 
   def test_per_example_gradient_matches_a_loop(self):
