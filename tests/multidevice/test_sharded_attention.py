@@ -32,10 +32,9 @@ def _loss(params, x, implementation):
 
 
 # Every kv layout with the default path; the slower-to-compile vmap path
-# with whole kv heads per device (8) and replicated kv heads (2).
+# with replicated kv heads (2 < 4 devices on "model").
 @pytest.mark.parametrize("num_kv_heads,implementation", [
-    (8, "einsum"), (4, "einsum"), (2, "einsum"), (1, "einsum"),
-    (8, "vmap"), (2, "vmap")])
+    (8, "einsum"), (4, "einsum"), (2, "einsum"), (1, "einsum"), (2, "vmap")])
 def test_sharded_forward_and_grad_equal_single_device(num_kv_heads,
                                                       implementation):
   params, x, mesh = _setup(num_kv_heads)
