@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test run experiments benchmark clean
+.PHONY: install test run experiments benchmark mesh_check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ experiments: install
 benchmark: install
 	$(BIN)/python -m experiments.benchmark
 	$(BIN)/python -m experiments.cost_scaling
+
+# One config on one device and on a 2x4 simulated mesh: about 2 minutes.
+mesh_check: install
+	$(BIN)/python -m experiments.mesh_check --workdir=runs/mesh_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

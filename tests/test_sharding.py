@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from configs import default
+from mha_jax import config as config_lib
 from mha_jax import sharding
 
 HERE = pathlib.Path(__file__).parent
@@ -85,3 +86,10 @@ def test_mesh_from_config_names_the_field(field, mesh, model, task, match):
   c.task.update(**task)
   with pytest.raises(ValueError, match=f"config.{field}: .*{match}"):
     sharding.mesh_from_config(c, devices=[object()] * 8)
+
+
+def test_validate_config_wants_heads_divisible_by_the_model_axis():
+  c = default.get_config()
+  c.mesh.model = 3  # num_heads = 4
+  with pytest.raises(ValueError, match="config.mesh.model: .*num_heads=4"):
+    config_lib.validate_config(c)
