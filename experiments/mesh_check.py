@@ -37,12 +37,17 @@ from mha_jax import train
 
 _DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
 
-_CONFIG = flags.DEFINE_string("config", "configs/copy.py",
-                              "Config file both runs train.")
-_WORKDIR = flags.DEFINE_string("workdir", "runs/mesh_check", "Output folder.")
-_STEPS = flags.DEFINE_integer("steps", 150, "Training steps of each run.")
-_DATA = flags.DEFINE_integer("data", 2, "Data axis of the mesh run.")
-_MODEL = flags.DEFINE_integer("model", 4, "Model (head) axis of the mesh run.")
+
+
+def _define_flags():
+  """Defined only when run as a program: importing this module (tests, other
+  entry points with their own --config) must not clash on flag names."""
+  flags.DEFINE_string("config", "configs/copy.py",
+                      "Config file both runs train.")
+  flags.DEFINE_string("workdir", "runs/mesh_check", "Output folder.")
+  flags.DEFINE_integer("steps", 150, "Training steps of each run.")
+  flags.DEFINE_integer("data", 2, "Data axis of the mesh run.")
+  flags.DEFINE_integer("model", 4, "Model (head) axis of the mesh run.")
 
 
 def _env(devices: int) -> dict:
@@ -56,10 +61,11 @@ def _env(devices: int) -> dict:
   return env
 
 
-def _train(run_dir: pathlib.Path, devices: int, overrides) -> dict:
+def _train(config_path, run_dir: pathlib.Path, devices: int,
+           overrides) -> dict:
   shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, not a resume
   cmd = [sys.executable, "-m", "experiments.train",
-         f"--config={_CONFIG.value}", f"--workdir={run_dir}", *overrides]
+         f"--config={config_path}", f"--workdir={run_dir}", *overrides]
   start = time.time()
   subprocess.run(cmd, env=_env(devices), check=True)
   shown = " ".join(cmd[1:])
@@ -97,19 +103,21 @@ def _bytes(state, mesh) -> dict:
   return out
 
 
-def run(workdir: pathlib.Path) -> dict:
-  data, model, steps = _DATA.value, _MODEL.value, _STEPS.value
+def run(workdir: pathlib.Path, config_path: str, steps: int, data: int,
+        model: int) -> dict:
+  """Both training runs, then the comparison; returns every number."""
   short = [f"--config.train.num_steps={steps}", "--config.train.log_every=1",
            f"--config.train.eval_every={max(steps // 3, 1)}",
            f"--config.train.checkpoint_every={steps}",
            f"--config.train.warmup_steps={min(20, steps // 2)}"]
   one = workdir / "one_device"
   meshed = workdir / f"mesh{data}x{model}"
-  runs = {"one_device": _train(one, 1, short + ["--config.mesh.data=1"]),
-          "mesh": _train(meshed, data * model, short + [
+  runs = {"one_device": _train(config_path, one, 1,
+                               short + ["--config.mesh.data=1"]),
+          "mesh": _train(config_path, meshed, data * model, short + [
               f"--config.mesh.data={data}", f"--config.mesh.model={model}"])}
 
-  results = {"config": _CONFIG.value, "steps": steps,
+  results = {"config": config_path, "steps": steps,
              "mesh": {"data": data, "model": model}, "runs": runs}
   for split in ("train", "eval"):
     s1, l1 = common.curve(one, split)
@@ -175,17 +183,19 @@ Reproduce: `python -m experiments.mesh_check --workdir=runs/mesh_check`.
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  need = _DATA.value * _MODEL.value
+  f = flags.FLAGS
+  need = f.data * f.model
   if jax.device_count() < need:
     # The analysis needs the devices too; they exist only if XLA_FLAGS is
     # set before JAX starts, so start again with it.
     os.execve(sys.executable, [sys.executable, "-m", "experiments.mesh_check",
                                *sys.argv[1:]], _env(need))
-  workdir = pathlib.Path(_WORKDIR.value)
-  results = run(workdir)
+  workdir = pathlib.Path(f.workdir)
+  results = run(workdir, f.config, f.steps, f.data, f.model)
   common.write_outputs(workdir, results, report(results))
   print(report(results))
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
