@@ -2,9 +2,10 @@
 
 import importlib
 import pathlib
+import subprocess
+import sys
 
 import pytest
-from absl import app
 from absl import flags
 from flax import nnx
 from ml_collections import config_flags
@@ -92,18 +93,24 @@ def test_rotary_needs_even_head_width():
     config_lib.validate_config(config)
 
 
-def test_entry_point_rejects_bad_config_before_training(tmp_path):
-  # Imported here: it defines absl flags on the global FLAGS.
-  from experiments import train as entry  # pylint: disable=g-import-not-at-top
-  bad = tmp_path / "bad.py"
-  bad.write_text("from configs import default\n\n\ndef get_config():\n"
-                 "  c = default.get_config()\n  c.model.num_heads = 3\n"
-                 "  return c\n")
+def _run_entry_point(*args, cwd):
+  """The real command line, in its own process (absl flags are global)."""
+  return subprocess.run(
+      [sys.executable, "-m", "experiments.train", *args], cwd=cwd,
+      capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.model.num_heads=3", "config.model.d_model"),
+    ("--config.model.no_such_field=1", "no_such_field"),
+    ("--config.model.num_heads=four", "num_heads"),
+])
+def test_entry_point_rejects_bad_config_before_training(tmp_path, override,
+                                                        message):
+  root = pathlib.Path(__file__).parents[1]
   workdir = tmp_path / "run"
-  flags.FLAGS(["prog", f"--config={bad}", f"--workdir={workdir}"])
-  try:
-    with pytest.raises(app.UsageError, match="config.model.d_model"):
-      entry.main(["prog"])
-  finally:
-    flags.FLAGS.unparse_flags()
+  proc = _run_entry_point("--config=configs/default.py",
+                          f"--workdir={workdir}", override, cwd=root)
+  assert proc.returncode != 0
+  assert message in proc.stderr, proc.stderr[-2000:]
   assert not workdir.exists()  # failed before writing anything
