@@ -75,8 +75,10 @@ def validate_config(config) -> None:
             "eval_batches", "checkpoint_every", "max_checkpoints")
   _need(tr.learning_rate > 0, "train.learning_rate",
         f"must be > 0, got {tr.learning_rate}")
-  _need(0 <= tr.warmup_steps <= tr.num_steps, "train.warmup_steps",
-        f"must be in [0, num_steps={tr.num_steps}], got {tr.warmup_steps}")
+  # Strictly below num_steps: the cosine phase needs at least one step
+  # (optax rejects a decay of zero steps).
+  _need(0 <= tr.warmup_steps < tr.num_steps, "train.warmup_steps",
+        f"must be in [0, num_steps={tr.num_steps}), got {tr.warmup_steps}")
   _need(0.0 <= tr.end_lr_fraction <= 1.0, "train.end_lr_fraction",
         f"must be in [0, 1], got {tr.end_lr_fraction}")
   _need(tr.grad_clip >= 0, "train.grad_clip",

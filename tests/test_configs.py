@@ -114,3 +114,10 @@ def test_entry_point_rejects_bad_config_before_training(tmp_path, override,
   assert proc.returncode != 0
   assert message in proc.stderr, proc.stderr[-2000:]
   assert not workdir.exists()  # failed before writing anything
+
+
+def test_warmup_must_leave_at_least_one_decay_step():
+  config = default.get_config()
+  config.train.warmup_steps = config.train.num_steps
+  with pytest.raises(ValueError, match="config.train.warmup_steps"):
+    config_lib.validate_config(config)
