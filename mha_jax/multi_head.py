@@ -110,8 +110,11 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
     bias: float broadcastable to `[B, H, Tq, Tk]`, added to scaled scores.
     is_causal: also apply `causal_mask(Tq, Tk)` (bottom-right aligned)
       without materialising it as an input.
-    implementation: "vmap" (reference: one head mapped with jax.vmap) or
-      "einsum" (fused); both give the same numbers.
+    implementation: "vmap" (reference: one head mapped with jax.vmap),
+      "einsum" (fused), "flash" (blockwise online softmax, O(T) memory),
+      "xla" / "cudnn" (jax.nn.dot_product_attention) or "auto" (the fastest
+      of these for the backend); all give the same numbers up to float
+      rounding. Only "vmap" and "einsum" can return weights.
     return_weights: also return the attention weights `[B, H, Tq, Tk]`.
     head_mask: `[H]` or `[B, H]` multiplier on each head's output before the
       concatenation (0 ablates a head; a gradient w.r.t. it is the head's
@@ -121,7 +124,7 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
   Returns:
     out `[B, Tq, D]`, or `(out, weights)` when `return_weights`.
   """
-  dims = _check_inputs(params, x_q, x_kv, head_mask)
+  _check_inputs(params, x_q, x_kv, head_mask)
   if return_weights and implementation in attention.WEIGHTLESS:
     raise ValueError(f"multi_head_attention: implementation="
                      f"{implementation!r} never forms the attention weights, "
@@ -143,7 +146,6 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
     hm = hm[None] if hm.ndim == 1 else hm  # [B?, H]
     out = out * hm[:, None, :, None]
   y = project_out(merge_heads(out), params["w_o"], params.get("b_o"))
-  del dims
   if unbatched:
     y = y[0]
     weights = None if weights is None else weights[0]
