@@ -25,6 +25,7 @@ from mha_jax.masks import causal_mask
 from mha_jax.masks import combine_masks
 from mha_jax.masks import padding_mask
 from mha_jax.modules import MultiHeadAttention
+from mha_jax.multi_head import attend_and_project
 from mha_jax.multi_head import merge_heads
 from mha_jax.multi_head import multi_head_attention
 from mha_jax.multi_head import project

@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 
-from mha_jax import attention
 from mha_jax import masks as masks_lib
 from mha_jax import multi_head
 from mha_jax import params as params_lib
@@ -153,10 +152,9 @@ def cached_attention(params, x, cache: KVCache, *, lengths=None,
   # position); padding queries see nothing (an empty row gives 0, not NaN).
   causal = (jnp.arange(s)[None, None, :] <= pos[:, :, None])  # [B, T, S]
   mask = masks_lib.combine_masks(causal, is_real[:, :, None])[:, None]
-  out, _ = attention.attend(  # [B, T, H, Dv]; mask is [B, 1, T, S]
-      q, new_cache.k, new_cache.v, mask=mask, implementation=implementation)
-  y = multi_head.project_out(multi_head.merge_heads(out), params["w_o"],
-                             params.get("b_o"))  # [B, T, D]
+  y, _ = multi_head.attend_and_project(  # [B, T, D]; mask is [B, 1, T, S]
+      params, q, new_cache.k, new_cache.v, mask=mask,
+      implementation=implementation)
   overflow = end > s
   # Poison the rows of an overflowed sequence so that ignoring the status
   # cannot go unnoticed downstream.
@@ -241,10 +239,9 @@ def full_causal_attention(params, x, *, rotary_base=None,
   pos = jnp.arange(x.shape[1])  # [T]: the same positions for every row
   q = rotary.apply_rotary(q, pos, base=rotary_base)
   k = rotary.apply_rotary(k, pos, base=rotary_base)
-  out, _ = attention.attend(q, k, v, is_causal=True,
-                            implementation=implementation)
-  return multi_head.project_out(multi_head.merge_heads(out), params["w_o"],
-                                params.get("b_o"))
+  y, _ = multi_head.attend_and_project(params, q, k, v, is_causal=True,
+                                       implementation=implementation)
+  return y
 
 
 def stack_forward(layers, x, *, rotary_base=None, implementation="einsum"):

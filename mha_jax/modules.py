@@ -13,8 +13,8 @@ The seam for decoding with a cache: `core_params()` returns the plain params
 dict and `rotary_base` says whether (and how) q/k are rotated, so a cached
 path (`mha_jax.kv_cache.cached_attention(params, x, cache,
 rotary_base=...)`) runs the same layer as pure functions of the same params;
-`attend_and_project` below is the shared tail for callers that change
-q/k/v between the stages.
+`multi_head.attend_and_project` is the core's shared tail (stages 3-5) for
+callers that change q/k/v between the stages.
 """
 
 from __future__ import annotations
@@ -29,28 +29,6 @@ from mha_jax import params as params_lib
 from mha_jax import rotary as rotary_lib
 
 _PARAM_NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
-
-
-def attend_and_project(params, q, k, v, *, mask=None, is_causal=False,
-                       head_mask=None, implementation="vmap",
-                       dropout_rate=0.0, dropout_rng=None):
-  """Stages 3-5 on head-split q `[B,Tq,H,Dh]`, k/v `[B,Tk,K,Dh]`.
-
-  The same steps as the tail of `multi_head_attention` (attend, head mask,
-  merge, output projection), for callers that change q/k/v in between
-  (rotary positions, a key/value cache). Returns `(y [B,Tq,D],
-  weights [B,H,Tq,Tk])`.
-  """
-  out, weights = attention.attend(  # [B, Tq, H, Dv]
-      q, k, v, mask=mask, is_causal=is_causal, implementation=implementation,
-      dropout_rate=dropout_rate, dropout_rng=dropout_rng)
-  if head_mask is not None:
-    hm = jnp.asarray(head_mask, out.dtype)
-    hm = hm[None] if hm.ndim == 1 else hm  # [B?, H]
-    out = out * hm[:, None, :, None]
-  y = multi_head.project_out(multi_head.merge_heads(out), params["w_o"],
-                             params.get("b_o"))
-  return y, weights
 
 
 class MultiHeadAttention(nnx.Module):
@@ -159,7 +137,7 @@ class MultiHeadAttention(nnx.Module):
     k = rotary_lib.apply_rotary(k, kv_positions, base=self._base)
     attention.check_attend_inputs(q, k, v, mask, None, self.implementation,
                                   fn="MultiHeadAttention")
-    y, weights = attend_and_project(
+    y, weights = multi_head.attend_and_project(
         params, q, k, v, mask=mask, is_causal=is_causal, head_mask=head_mask,
         implementation=self.implementation, dropout_rate=rate,
         dropout_rng=dropout_rng)

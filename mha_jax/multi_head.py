@@ -62,6 +62,28 @@ def project_qkv(params, x_q, x_kv=None):
   return q, k, v
 
 
+def attend_and_project(params, q, k, v, *, mask=None, bias=None,
+                       is_causal=False, head_mask=None, implementation="vmap",
+                       dropout_rate=0.0, dropout_rng=None):
+  """Stages 3-5 on head-split q `[B,Tq,H,Dh]`, k/v `[B,Tk,K,D*]`.
+
+  The tail of `multi_head_attention` (attend, optional head mask, merge,
+  output projection), public for callers that change q/k/v between the
+  stages (rotary positions, a key/value cache). Returns
+  `(y [B, Tq, D], weights [B, H, Tq, Tk] or None)`.
+  """
+  out, weights = attention.attend(  # [B, Tq, H, Dv]
+      q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+      implementation=implementation, dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng)
+  if head_mask is not None:
+    hm = jnp.asarray(head_mask, out.dtype)
+    hm = hm[None] if hm.ndim == 1 else hm  # [B?, H]
+    out = out * hm[:, None, :, None]
+  y = project_out(merge_heads(out), params["w_o"], params.get("b_o"))
+  return y, weights
+
+
 def _check_inputs(params, x_q, x_kv, head_mask):
   """Validate everything that shapes can tell before tracing."""
   fn = "multi_head_attention"
@@ -137,15 +159,10 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
   q, k, v = project_qkv(params, x_q, x_kv)  # stages 1-2
   attention.check_attend_inputs(q, k, v, mask, bias, implementation,
                                 fn="multi_head_attention")
-  out, weights = attention.attend(  # stage 3: [B, Tq, H, Dv]
-      q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-      implementation=implementation, dropout_rate=dropout_rate,
-      dropout_rng=dropout_rng)
-  if head_mask is not None:
-    hm = jnp.asarray(head_mask, out.dtype)
-    hm = hm[None] if hm.ndim == 1 else hm  # [B?, H]
-    out = out * hm[:, None, :, None]
-  y = project_out(merge_heads(out), params["w_o"], params.get("b_o"))
+  y, weights = attend_and_project(  # stages 3-5
+      params, q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+      head_mask=head_mask, implementation=implementation,
+      dropout_rate=dropout_rate, dropout_rng=dropout_rng)
   if unbatched:
     y = y[0]
     weights = None if weights is None else weights[0]
