@@ -8,8 +8,11 @@ Trains the 2-layer attention-only induction decoder of configs/induction.py
 with H = 8 query heads and K = 8 (MHA), 4 and 2 (GQA) or 1 (MQA) key/value
 heads, 3 seeds each, the same steps and data; then scores each model's
 free-running continuations (KV-cache generation) of held-out repeats.
-About 12 x 25 s of training on 2 CPU cores. Expect MHA to reach the lowest
-loss and sharing to cost little until K = 1 (see report.md for the result).
+About 12 x 25 s of training on 2 CPU cores. What it shows: at 800 steps the
+variants differ mostly in WHEN the induction phase change happens (K <= 2 had
+not reached loss 1 in any seed). With --config.train.num_steps=2400 all
+learn it: K = 4 matches MHA, K = 2 is slightly worse and MQA (K = 1) clearly
+worse (eval loss 0.184, 0.182, 0.212, 0.330; README, "Behaviour").
 """
 
 import ml_collections
