@@ -117,15 +117,10 @@ def _peak_rss():
 
 
 def _time(compiled, args, warmup, repeats):
-  import jax  # pylint: disable=g-import-not-at-top
-  for _ in range(warmup):
-    jax.block_until_ready(compiled(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - start)
-  return times
+  # Imported here: the parent process never imports JAX (see run_case).
+  from experiments import measure  # pylint: disable=g-import-not-at-top
+  return measure.wall_times(compiled, args, warmup=warmup,
+                            repeats=repeats)[0]
 
 
 def run_case(case):

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import matplotlib
 import numpy as np
 
+from experiments import measure
 from mha_jax import flops as flops_lib
 from mha_jax import multi_head
 from mha_jax import params as params_lib
@@ -64,12 +65,8 @@ def measure_point(path, batch, n, d_model, heads, repeats):
                                                      implementation=path)
   train = jax.grad(lambda p, x: jnp.sum(fwd(p, x)), argnums=(0, 1))
   compiled = jax.jit(fwd).lower(params, x).compile()
-  jax.block_until_ready(compiled(params, x))  # warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(params, x))
-    times.append(time.perf_counter() - start)
+  times, _ = measure.wall_times(compiled, (params, x), warmup=1,
+                                repeats=repeats)
   mem = jax.jit(train).lower(params, x).compile().memory_analysis()
   point = {"path": path, "B": batch, "n": n, "D": d_model, "h": heads,
            "time_ms": 1e3 * statistics.median(times),
@@ -80,11 +77,6 @@ def measure_point(path, batch, n, d_model, heads, repeats):
   print(f"{path} n={n} h={heads}: {point['time_ms']:.1f} ms, "
         f"{point['train_temp_bytes'] / 2**20:.1f} MiB", flush=True)
   return point
-
-
-def loglog_slope(xs, ys):
-  """Least-squares slope of log(y) against log(x)."""
-  return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
 def _series(points, path, key, along):
@@ -129,7 +121,7 @@ def report(heads_pts, n_pts, fit_points):
     _, ms = _series(heads_pts, path, "train_temp_bytes", "h")
     lines.append(f"- {path}: time max/min over h = {max(ts) / min(ts):.2f}"
                  f" (claim: flat, 1.00); scratch memory slope vs h = "
-                 f"{loglog_slope(hs, ms):.2f} (claim O(h n^2): 1 where the "
+                 f"{measure.loglog_slope(hs, ms):.2f} (claim O(h n^2): 1 where the "
                  "weights dominate)")
     fh, fl = _series(heads_pts, path, "xla_flops", "h")
     if fl:
@@ -148,8 +140,8 @@ def report(heads_pts, n_pts, fit_points):
   for path in sorted({p["path"] for p in n_pts}):
     ns, ts = _series(n_pts, path, "time_ms", "n")
     _, ms = _series(n_pts, path, "train_temp_bytes", "n")
-    st, sm = (loglog_slope(ns[-fit_points:], ts[-fit_points:]),
-              loglog_slope(ns[-fit_points:], ms[-fit_points:]))
+    st, sm = (measure.loglog_slope(ns[-fit_points:], ts[-fit_points:]),
+              measure.loglog_slope(ns[-fit_points:], ms[-fit_points:]))
     slopes[path] = {"time": st, "memory": sm}
     want_mem = "1 (blockwise)" if path == "flash" else "2 (weights)"
     lines.append(f"- {path}: time slope {st:.2f} (claim: about 2 at large n);"
@@ -157,7 +149,7 @@ def report(heads_pts, n_pts, fit_points):
   ns, fl = _series(n_pts, "einsum", "xla_flops", "n")
   if fl:
     lines.append(f"- XLA FLOPs slope (einsum): "
-                 f"{loglog_slope(ns[-fit_points:], fl[-fit_points:]):.2f}")
+                 f"{measure.loglog_slope(ns[-fit_points:], fl[-fit_points:]):.2f}")
   return lines, slopes
 
 

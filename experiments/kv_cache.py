@@ -18,7 +18,6 @@ report says that behaviour was not measured in this run.
 
 import json
 import os
-import time
 
 from absl import app
 from absl import flags
@@ -29,6 +28,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from experiments import kv_cache_report
+from experiments import measure
 from mha_jax import flops
 from mha_jax import kv_cache
 from mha_jax import params as params_lib
@@ -90,18 +90,11 @@ def analytic_flops(cfg, num_kv_heads, batch, n, *, cached, slots=None):
 def median_time(fn, args, *, warmup, repeats, feed_back=None):
   """Median and min wall seconds of `fn(*args)`, and the last output.
 
-  `feed_back(args, out)` gives the next call's args (the donated cache). The
-  minimum is kept next to the median because on a shared machine the noise
-  only ever adds time.
+  The minimum is kept next to the median because on a shared machine the
+  noise only ever adds time.
   """
-  times = []
-  for i in range(warmup + repeats):
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    if i >= warmup:
-      times.append(time.perf_counter() - t0)
-    if feed_back is not None:
-      args = feed_back(args, out)
+  times, out = measure.wall_times(fn, args, warmup=warmup, repeats=repeats,
+                                  feed_back=feed_back)
   return (float(np.median(times)), float(np.min(times))), out
 
 

@@ -13,16 +13,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from experiments import measure
 from mha_jax import plots
 
 COMMAND = "python -m experiments.kv_cache --workdir=runs/kv_cache"
-
-
-def slope(xs, ys):
-  """Least-squares slope of log y against log x."""
-  if len(xs) < 2:
-    return float("nan")
-  return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
 def summarise(cfg, results):
@@ -32,6 +26,7 @@ def summarise(cfg, results):
   n = [r["n"] for r in rows]
   upper = [r for r in rows if r["n"] >= np.median(n)]
   full = [r for r in rows if "nocache_s" in r]
+  slope = measure.loglog_slope
   s = {"cached_slope": slope(n, [r["cached_s"] for r in rows]),
        "cached_slope_upper_half": slope([r["n"] for r in upper],
                                         [r["cached_s"] for r in upper]),
