@@ -1,0 +1,285 @@
+"""Hook sites: read (capture) or replace (patch) any activation by name.
+
+Shape letters: B batch, Tq query length, Tk key length (cache slots when
+decoding with a cache), D d_model, H query heads, K key/value heads,
+Dh per-head query/key width, Dv per-head value width.
+
+The names and meanings follow TransformerLens (`hook_q`, `hook_pattern`,
+...), without the `hook_` prefix. In an attention layer:
+
+  q        [B, Tq, H, Dh]  queries, after rotary positions
+  k        [B, Tk, K, Dh]  keys of the tokens of this call, after rotary
+  v        [B, Tk, K, Dv]  values of the tokens of this call
+  scores   [B, H, Tq, Tk]  float32: scaled q.k, plus bias, -inf where
+                           masked; the softmax's input
+  pattern  [B, H, Tq, Tk]  float32: the softmax; before dropout
+  z        [B, Tq, H, Dv]  each head's output, before W^O
+  result   [B, Tq, H, D]   each head's own contribution to the residual
+                           stream, z_h @ W^O_h (formed only when asked for)
+
+and in a transformer block, all `[B, T, D]`: `resid_pre`, `attn_out`
+(after b_o), `cross_out` (blocks with cross-attention), `resid_mid` (before
+the MLP, blocks with one), `mlp_out`, `resid_post`. A model prefixes them
+with where they sit: `"blocks.1.attn.pattern"`, `"blocks.0.resid_post"`,
+and for an encoder-decoder `"encoder.blocks.0.attn.z"`,
+`"decoder.blocks.1.cross.pattern"`.
+
+With a KV cache, `k` and `v` are the new tokens' (what gets written), and
+`scores`/`pattern` run over all cache slots (`Tk = S`).
+
+A `Hooks` object lives for one call. At each site the model calls
+`hooks(site, x)`: a patch (an array, or a function of the clean array)
+replaces x, then a capture records the value that flows on. Both happen
+while JAX traces, so they work under `jax.jit`, `jax.grad` and `jax.vmap`;
+the site names are Python strings, hence static: the same set of names
+reuses a compiled program, a new set compiles once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+ATTENTION_SITES = ("q", "k", "v", "scores", "pattern", "z", "result")
+# Formed only by implementations that materialise the [Tq, Tk] weights.
+WEIGHT_SITES = ("scores", "pattern")
+
+# Per site kind: (axis of heads or None, axis of query positions).
+_AXES = {"q": (2, 1), "k": (2, 1), "v": (2, 1), "z": (2, 1),
+         "result": (2, 1), "scores": (1, 2), "pattern": (1, 2)}
+_BLOCK_AXES = (None, 1)  # resid_pre, attn_out, ...: [B, T, D]
+
+Patch = jax.Array | Callable[[jax.Array], jax.Array]
+
+
+def _leaf(site: str) -> str:
+  return site.rsplit(".", 1)[-1]
+
+
+def _compose(first: Patch, then: Patch) -> Patch:
+  """One patch that applies `first`, then `then` (an array wins outright)."""
+  if not callable(then):
+    return then
+  if not callable(first):
+    return lambda x: then(first)
+  return lambda x: then(first(x))
+
+
+class Hooks:
+  """What one call captures and patches, addressed by full site names.
+
+  Args:
+    capture: site names whose values to record in `captured`.
+    patch: site name -> array (replaces the activation; same shape and
+      dtype) or function (clean activation -> new activation).
+    valid: if given, every name must be one of these; otherwise a
+      ValueError lists them.
+
+  `scope("blocks.0")` returns a view that prefixes names and shares the
+  same patches and `captured` dict, so a block passes `hooks.scope("attn")`
+  to its attention layer, which calls `hooks("z", z)`.
+  """
+
+  def __init__(self, capture: Iterable[str] = (),
+               patch: Mapping[str, Patch] | None = None, *,
+               valid: Iterable[str] | None = None, prefix: str = "",
+               captured: dict[str, jax.Array] | None = None):
+    if isinstance(capture, str):
+      capture = (capture,)
+    self.capture = frozenset(capture)
+    self.patch = dict(patch or {})
+    self.prefix = prefix
+    self.captured = {} if captured is None else captured
+    if valid is not None:
+      check_names(self.capture | set(self.patch), valid)
+
+  def __bool__(self) -> bool:
+    return bool(self.capture or self.patch)
+
+  def scope(self, name: str) -> Hooks:
+    """A view for the sites under `name` (same patches, same `captured`)."""
+    return Hooks(self.capture, self.patch, prefix=f"{self.prefix}{name}.",
+                 captured=self.captured)
+
+  def extend(self, capture: Iterable[str] = (),
+             patch: Mapping[str, Patch] | None = None) -> Hooks:
+    """More captures and patches, named relative to this view.
+
+    A new patch at a site that already has one runs FIRST, the existing
+    one after it (so `head_mask` gates z before a user's own patch of z).
+    """
+    full = {f"{self.prefix}{n}" for n in capture}
+    patches = dict(self.patch)
+    for name, p in (patch or {}).items():
+      name = f"{self.prefix}{name}"
+      patches[name] = _compose(p, patches[name]) if name in patches else p
+    return Hooks(self.capture | full, patches, prefix=self.prefix,
+                 captured=self.captured)
+
+  def wants(self, site: str) -> bool:
+    """Whether `site` (relative to this view) is captured or patched."""
+    name = f"{self.prefix}{site}"
+    return name in self.capture or name in self.patch
+
+  def patches(self, site: str) -> bool:
+    return f"{self.prefix}{site}" in self.patch
+
+  def read(self, site: str) -> jax.Array:
+    """The captured value of `site` (relative to this view)."""
+    return self.captured[f"{self.prefix}{site}"]
+
+  def __call__(self, site: str, x: jax.Array) -> jax.Array:
+    """The value that flows on from `site`: patched, then captured."""
+    name = f"{self.prefix}{site}"
+    if name in self.patch:
+      p = self.patch[name]
+      new = p(x) if callable(p) else p
+      _check_value(name, new, x, "a function patch returned"
+                   if callable(p) else "the patch value is")
+      x = new
+    if name in self.capture:
+      self.captured[name] = x
+    return x
+
+
+NO_HOOKS = Hooks()
+
+
+def check_names(names: Iterable[str], valid: Iterable[str],
+                unavailable: Mapping[str, str] | None = None) -> None:
+  """Raise naming the first bad site name and listing the valid ones.
+
+  `unavailable` maps names that exist in general but not on this model or
+  call (e.g. `pattern` on a path that never forms weights) to the reason.
+  """
+  valid = tuple(valid)
+  valid_set = set(valid)
+  for name in sorted(names):
+    if not isinstance(name, str):
+      raise TypeError(f"hook site names must be strings, got {name!r}")
+    if unavailable and name in unavailable:
+      raise ValueError(f"hook site {name!r}: {unavailable[name]}")
+    if name not in valid_set:
+      raise ValueError(f"unknown hook site {name!r}; this model has: "
+                       f"{', '.join(valid)}")
+
+
+def _check_value(name, new, clean, what):
+  shape, dtype = jnp.shape(new), jnp.result_type(new)
+  if shape != clean.shape or dtype != clean.dtype:
+    raise ValueError(f"hook site {name!r}: {what} {dtype}{list(shape)}, but "
+                     f"the activation there is {clean.dtype}"
+                     f"{list(clean.shape)}")
+
+
+# ----------------------------------------------------------------------------
+# Patch helpers: the common interventions as one-liners. They are pytrees
+# (the arrays are leaves, the choice of heads and positions is static), so
+# a dict of them can be passed straight into a jitted function: new values
+# reuse the compiled program.
+
+
+def _axes(site: str) -> tuple[int | None, int]:
+  return _AXES.get(_leaf(site), _BLOCK_AXES)
+
+
+def _static_index(index, what):
+  if index is None:
+    return None
+  if isinstance(index, int):
+    return (index,)
+  try:
+    return tuple(int(i) for i in index)
+  except TypeError:
+    raise TypeError(f"`{what}` must be None, an int or a list of ints, got "
+                    f"{index!r}") from None
+
+
+def _selector(index, axis: int, ndim: int, size: int):
+  """Bool array, True at `index` along `axis`, broadcastable to rank ndim."""
+  sel = jnp.zeros((size,), bool).at[jnp.asarray(index)].set(True)
+  shape = [1] * ndim
+  shape[axis] = size
+  return sel.reshape(shape)
+
+
+@jax.tree_util.register_pytree_node_class
+class Replace:
+  """A patch: the chosen heads / query positions come from `value`, the
+  rest stays clean. Build it with `replace` (or `ablate`)."""
+
+  def __init__(self, value, heads=None, positions=None, axes=_BLOCK_AXES):
+    self.value = value
+    self.heads = _static_index(heads, "heads")
+    self.positions = _static_index(positions, "positions")
+    self.axes = axes
+
+  def __call__(self, clean: jax.Array) -> jax.Array:
+    head_axis, pos_axis = self.axes
+    sel = jnp.ones((1,) * clean.ndim, bool)
+    if self.heads is not None:
+      sel = sel & _selector(self.heads, head_axis, clean.ndim,
+                            clean.shape[head_axis])
+    if self.positions is not None:
+      sel = sel & _selector(self.positions, pos_axis, clean.ndim,
+                            clean.shape[pos_axis])
+    # A value of another shape is an error, not a silent broadcast (a
+    # leading batch of 1 may broadcast: one example patched into all).
+    new = jnp.broadcast_to(jnp.asarray(self.value, clean.dtype), clean.shape)
+    return jnp.where(sel, new, clean)
+
+  def tree_flatten(self):
+    return (self.value,), (self.heads, self.positions, self.axes)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(children[0], *aux)
+
+
+def replace(site: str, value: jax.Array, *, heads: Any = None,
+            positions: Any = None) -> dict[str, Replace]:
+  """A patch that takes the chosen heads / query positions from `value`.
+
+  `value` is an activation of the same site (e.g. captured from another
+  run). `heads` and `positions` are an int, a list of ints or None (all).
+  Returns `{site: patch}`, ready for `patch=` (merge several with `|`):
+
+      clean = model(tokens_a, capture=["blocks.1.attn.z"])[1]
+      model(tokens_b, patch=hooks.replace(
+          "blocks.1.attn.z", clean["blocks.1.attn.z"], heads=2, positions=5))
+  """
+  axes = _axes(site)
+  if heads is not None and axes[0] is None:
+    raise ValueError(f"site {site!r} has no head axis; drop `heads`")
+  return {site: Replace(value, heads, positions, axes)}
+
+
+def ablate(site: str, *, heads: Any = None, positions: Any = None
+           ) -> dict[str, Replace]:
+  """A patch that zeroes the chosen heads / positions of `site`."""
+  return replace(site, 0.0, heads=heads, positions=positions)
+
+
+@jax.tree_util.register_pytree_node_class
+class ScaleHeads:
+  """A patch of `z [B, T, H, Dv]` multiplying head h by `gates [H]` or
+  `[B, H]`: what `head_mask` does (0 removes a head; differentiable)."""
+
+  def __init__(self, gates):
+    self.gates = gates
+
+  def __call__(self, z: jax.Array) -> jax.Array:
+    g = jnp.asarray(self.gates, z.dtype)
+    g = g[None] if g.ndim == 1 else g  # [B?, H]
+    return z * g[:, None, :, None]
+
+  def tree_flatten(self):
+    return (self.gates,), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    del aux
+    return cls(children[0])
