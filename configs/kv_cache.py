@@ -2,6 +2,8 @@ r"""KV-cache cost measurements: decode time, FLOPs, cache bytes, intensity.
 
   python -m experiments.kv_cache --workdir=runs/kv_cache
 
+Measures the trained-model class `transformer.DecoderLM` (attention + MLP
+blocks, LayerNorm, rotary positions, readout), not a bare decoder stack.
 A few minutes on 2 CPU cores. Expect the cached decode step to be orders of
 magnitude cheaper than recomputing the prefix at long contexts, its time to
 grow about linearly with the context (the cache buffer it reads), and the
@@ -13,15 +15,21 @@ import ml_collections
 
 
 def get_config() -> ml_collections.ConfigDict:
-  """Sizes of the pure decoder stack and of each measurement."""
+  """Sizes of the measured `DecoderLM` and of each measurement."""
   c = ml_collections.ConfigDict()
 
+  # The trained-model class `transformer.DecoderLM`: token embedding, L
+  # pre-LayerNorm attention + MLP blocks, final LayerNorm, readout to V
+  # logits (not a bare stack of blocks), with its own KV cache.
   c.model = m = ml_collections.ConfigDict()
+  m.vocab_size = 256  # V, readout width (small: attention dominates)
   m.d_model = 256  # D, residual width
   m.num_layers = 2  # L, attention + MLP blocks
   m.num_heads = 8  # H, query heads; Dh = D // H
-  m.num_kv_heads = 8  # K of the timed stack (K = H: multi-head)
+  m.num_kv_heads = 8  # K of the timed model (K = H: multi-head)
   m.mlp_dim = 1024  # MLP hidden width
+  m.positions = "rotary"  # no position table, so caches of any size work
+  m.max_len = 8192  # longest full forward (recomputation runs n + 1 tokens)
   m.implementation = "einsum"  # core attend path used by every measurement
 
   c.bench = b = ml_collections.ConfigDict()

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mha_jax import generate
 from mha_jax import tasks
 from mha_jax import train
 
@@ -78,8 +79,8 @@ def evaluate_generation(model, config, *, num_examples=256, seed=12345,
   between the two accuracies measures that compounding.
   """
   ex = task_prompts(config, num_examples, seed)
-  tokens = np.asarray(model.generate(
-      jnp.asarray(ex["prompt"]), int(ex["counts"].max()),
+  tokens = np.asarray(generate.generate(
+      model, jnp.asarray(ex["prompt"]), int(ex["counts"].max()),
       prompt_lengths=jnp.asarray(ex["lengths"]),
       new_tokens=jnp.asarray(ex["counts"]), temperature=temperature,
       rng=rng))

@@ -26,7 +26,6 @@ import numpy as np
 from configs import kv_behaviour as kv_behaviour_config
 from experiments import common
 from experiments import generate as generate_experiment
-from mha_jax import generate as generate_lib
 
 COMMAND = "python -m experiments.kv_behaviour --workdir=runs/kv_behaviour"
 
@@ -48,9 +47,9 @@ def first_below(steps, losses, threshold):
 def model_costs(model):
   """Attention parameters per layer and KV-cache bytes per token (all
   layers, the cache dtype), read from the arrays themselves."""
-  attn = model.stack.blocks[0].attn
+  attn = model.blocks[0].attn
   params = sum(int(np.prod(a.shape)) for a in attn.core_params().values())
-  caches = generate_lib.init_caches(model, batch=1)
+  caches = model.init_cache(batch=1)
   per_token = sum(c.k.nbytes + c.v.nbytes for c in caches) / caches[0].max_len
   return params, per_token
 

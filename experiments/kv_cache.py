@@ -1,4 +1,4 @@
-r"""What a KV cache changes in decoding cost, measured on a pure decoder stack.
+r"""What a KV cache changes in decoding cost, measured on `DecoderLM`.
 
   python -m experiments.kv_cache --workdir=runs/kv_cache
   python -m experiments.kv_cache --workdir=runs/kv_cache \
@@ -7,8 +7,15 @@ r"""What a KV cache changes in decoding cost, measured on a pure decoder stack.
 Writes report.md, results.json and PNG plots to `--workdir`. Sizes live in
 configs/kv_cache.py (override with `--config.bench.contexts=64,128` etc.).
 
+The model is the library's trained-model class, `transformer.DecoderLM`
+(token embedding, L pre-LayerNorm attention + MLP blocks with rotary
+positions, final LayerNorm, readout to V logits), which owns its cache:
+every measurement calls it with `cache=` (one decode step) or without
+(recomputing the whole prefix).
+
 Shape letters: B batch, n tokens in context, S cache slots, D d_model,
-H query heads, K key/value heads, Dh head width, F MLP width, L layers.
+H query heads, K key/value heads, Dh head width, F MLP width, L layers,
+V vocabulary.
 
 `--behaviour_results` (optional) is a JSON file written by the training
 experiments: {"command": str, "description": str, "runs": [{"name": str,
@@ -16,12 +23,14 @@ experiments: {"command": str, "description": str, "runs": [{"name": str,
 report says that behaviour was not measured in this run.
 """
 
+import functools
 import json
 import os
 
 from absl import app
 from absl import flags
 from absl import logging
+from flax import nnx
 import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
@@ -31,7 +40,7 @@ from experiments import kv_cache_report
 from experiments import measure
 from mha_jax import flops
 from mha_jax import kv_cache
-from mha_jax import params as params_lib
+from mha_jax import transformer
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/kv_cache.py", "Path to the config file.",
@@ -43,48 +52,74 @@ _BEHAVIOUR = flags.DEFINE_string(
     "include side by side (see the module docstring for its format).")
 
 
-def make_stack(cfg, num_kv_heads, seed=0):
+def make_model(cfg, num_kv_heads, seed=0):
+  """The `DecoderLM` of `cfg.model` with `num_kv_heads` key/value heads."""
   m = cfg.model
-  return kv_cache.init_stack_params(
-      jax.random.PRNGKey(seed), m.num_layers, m.d_model, m.num_heads,
-      num_kv_heads=num_kv_heads, mlp_dim=m.mlp_dim)
+  config = transformer.ModelConfig(
+      vocab_size=m.vocab_size, d_model=m.d_model, num_layers=m.num_layers,
+      num_heads=m.num_heads, num_kv_heads=num_kv_heads, mlp_dim=m.mlp_dim,
+      max_len=m.max_len, positions=m.positions, attention_only=False,
+      implementation=m.implementation)
+  return transformer.DecoderLM(config, rngs=nnx.Rngs(seed))
 
 
-def filled_caches(layers, batch, slots, n, seed=0):
+def filled_caches(model, batch, slots, n, seed=0):
   """Caches whose first n slots hold random keys/values (cost ignores them)."""
   caches = []
-  for i, layer in enumerate(layers):
-    c = kv_cache.init_cache_for(layer["attn"], batch, slots)
+  for i, c in enumerate(model.init_cache(batch, slots)):
     kk, kv = jax.random.split(jax.random.PRNGKey(seed + i))
     caches.append(c._replace(
-        k=jax.random.normal(kk, c.k.shape), v=jax.random.normal(kv, c.v.shape),
+        k=jax.random.normal(kk, c.k.shape, c.k.dtype),
+        v=jax.random.normal(kv, c.v.shape, c.v.dtype),
         length=jnp.full((batch,), n, jnp.int32)))
-  return caches
+  return tuple(caches)
 
 
-def stack_step(layers, x, caches, *, implementation):
-  """One decode step of the stack: `x [B, D]` -> `[B, D]`, caches, status."""
-  y, caches, status = kv_cache.stack_cached(layers, x[:, None], caches,
-                                            implementation=implementation)
-  return y[:, 0], caches, status
+def decode_step(graphdef, state, token, caches):
+  """One cached decode step: `token [B]` -> logits `[B, V]`, caches, status.
+
+  Pure in `(state, token, caches)` once `graphdef` is bound (see
+  `split_model`), so it can be jitted, donated and traced for FLOPs.
+  """
+  model = nnx.merge(graphdef, state)
+  logits, caches = model(token[:, None], cache=caches)
+  return logits[:, 0], caches, kv_cache.status(caches)
 
 
-def stack_recompute(layers, x, *, implementation):
-  """No cache: rerun the stack over the whole prefix `x [B, n+1, D]`."""
-  return kv_cache.stack_forward(layers, x, implementation=implementation)[:, -1]
+def recompute(graphdef, state, tokens):
+  """No cache: rerun the model over the whole prefix `tokens [B, n+1]` and
+  return the last position's logits `[B, V]` (the readout still runs at
+  every position, as a cacheless decoder would)."""
+  return nnx.merge(graphdef, state)(tokens)[:, -1]
+
+
+def split_model(model):
+  """`(state, step, recompute)`: the model's state and the two pure
+  functions `step(state, token, caches)`, `recompute(state, tokens)`."""
+  graphdef, state = nnx.split(model)
+  return (state, functools.partial(decode_step, graphdef),
+          functools.partial(recompute, graphdef))
 
 
 def analytic_flops(cfg, num_kv_heads, batch, n, *, cached, slots=None):
-  """Matmul FLOPs (multiply-add = 2). Cached: one token over S slots."""
+  """Matmul FLOPs (multiply-add = 2). Cached: one token over S slots.
+
+  Per token and layer: the q, k, v, o projections and the two MLP matmuls;
+  plus the readout, 2 D V per token whose logits are computed (the new one
+  when cached, all n when recomputing). The embedding is a gather, and
+  LayerNorm and rotary are elementwise: no matmul FLOPs.
+  """
   m = cfg.model
-  d, h, k, f = m.d_model, m.num_heads, num_kv_heads, m.mlp_dim
+  d, h, k, f, v = m.d_model, m.num_heads, num_kv_heads, m.mlp_dim, m.vocab_size
   dh = d // h
   per_token = 2 * d * (h + 2 * k) * dh + 2 * h * dh * d + 4 * d * f
   if cached:  # the new token's projections + QK^T and AV over all S slots
     per_layer = per_token + 4 * slots * h * dh
+    readout = 2 * d * v
   else:  # every token's projections + the full n x n score matrix
     per_layer = n * per_token + 4 * n * n * h * dh
-  return batch * m.num_layers * per_layer
+    readout = n * 2 * d * v
+  return batch * (m.num_layers * per_layer + readout)
 
 
 def median_time(fn, args, *, warmup, repeats, feed_back=None):
@@ -98,39 +133,37 @@ def median_time(fn, args, *, warmup, repeats, feed_back=None):
   return (float(np.median(times)), float(np.min(times))), out
 
 
-def bench_context(cfg, layers, n):
+def bench_context(cfg, model, n):
   """Cached step and recomputation at context n: times and FLOPs."""
   b, m = cfg.bench, cfg.model
-  impl = m.implementation
   slots = n + b.warmup + b.repeats  # room for every timed step
-  caches = filled_caches(layers, b.batch, slots, n)
-  x = jax.random.normal(jax.random.PRNGKey(1), (b.batch, m.d_model))
-  cost = flops.xla_cost_analysis(
-      lambda l, x, c: stack_step(l, x, c, implementation=impl),
-      layers, x, caches)
+  state, step_fn, recompute_fn = split_model(model)
+  caches = filled_caches(model, b.batch, slots, n)
+  token = jax.random.randint(jax.random.PRNGKey(1), (b.batch,), 0,
+                             m.vocab_size)
+  cost = flops.xla_cost_analysis(step_fn, state, token, caches)
   row = {"n": n, "slots": slots,
          "cached_xla_flops": cost.get("flops", 0.0),
          "cached_xla_bytes": cost.get("bytes accessed", 0.0),
          "cached_matmul_flops": flops.jaxpr_matmul_flops(
-             stack_step, layers, x, caches, implementation=impl),
+             step_fn, state, token, caches),
          "cached_analytic_flops": analytic_flops(
              cfg, m.num_kv_heads, b.batch, n, cached=True, slots=slots)}
-  step = jax.jit(lambda l, x, c: stack_step(l, x, c, implementation=impl),
-                 donate_argnums=2)  # update the cache in place
+  step = jax.jit(step_fn, donate_argnums=2)  # update the cache in place
   (row["cached_s"], row["cached_min_s"]), (_, caches, status) = median_time(
-      step, (layers, x, caches), warmup=b.warmup, repeats=b.repeats,
+      step, (state, token, caches), warmup=b.warmup, repeats=b.repeats,
       feed_back=lambda a, out: (a[0], a[1], out[1]))
   kv_cache.raise_if_overflow(status)
   if n <= b.nocache_max_context:
-    xs = jax.random.normal(jax.random.PRNGKey(2), (b.batch, n + 1, m.d_model))
-    full = jax.jit(lambda l, x: stack_recompute(l, x, implementation=impl))
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (b.batch, n + 1), 0,
+                                m.vocab_size)
     row["nocache_xla_flops"] = flops.xla_cost_analysis(
-        lambda l, x: stack_recompute(l, x, implementation=impl),
-        layers, xs).get("flops", 0.0)
+        recompute_fn, state, tokens).get("flops", 0.0)
     row["nocache_analytic_flops"] = analytic_flops(
         cfg, m.num_kv_heads, b.batch, n + 1, cached=False)
-    (row["nocache_s"], row["nocache_min_s"]), _ = median_time(full, (layers, xs), warmup=1,
-                                      repeats=b.nocache_repeats)
+    (row["nocache_s"], row["nocache_min_s"]), _ = median_time(
+        jax.jit(recompute_fn), (state, tokens), warmup=1,
+        repeats=b.nocache_repeats)
   logging.info("n=%d %s", n, {k: v for k, v in row.items() if "_s" in k})
   return row
 
@@ -140,14 +173,14 @@ def cache_bytes(cfg):
   h, m = cfg.heads, cfg.model
   rows = []
   for k in h.kv_heads:
-    layers = make_stack(cfg, k)
-    caches = [kv_cache.init_cache_for(l["attn"], 1, h.max_len) for l in layers]
+    model = make_model(cfg, k)
+    caches = model.init_cache(1, h.max_len)
     kv = sum(c.k.nbytes + c.v.nbytes for c in caches)
-    dims = params_lib.mha_dims(layers[0]["attn"])
     rows.append({
         "num_kv_heads": k, "bytes_per_sequence": kv,
         "bytes_per_token": kv / h.max_len,
-        "formula_bytes_per_token": 2 * m.num_layers * k * dims.head_dim
+        "formula_bytes_per_token": 2 * m.num_layers * k
+                                   * model.config.head_width
                                    * caches[0].k.dtype.itemsize,
         "length_bytes_per_sequence": sum(c.length.nbytes for c in caches)})
   mha = rows[0]["bytes_per_sequence"]
@@ -158,26 +191,26 @@ def cache_bytes(cfg):
 
 def intensity(cfg):
   """FLOPs per byte moved (weights + cache read) of one decode step."""
-  h, b, m = cfg.heads, cfg.bench, cfg.model
-  impl = m.implementation
+  h, b = cfg.heads, cfg.bench
   rows = []
   for k in h.kv_heads:
-    layers = make_stack(cfg, k)
-    weight_bytes = sum(a.nbytes for a in jax.tree.leaves(layers))
+    model = make_model(cfg, k)
+    state, step_fn, _ = split_model(model)
+    # Every parameter, the embedding table included, although a step
+    # gathers only B of its rows (a small over-count: V D of the total).
+    weight_bytes = sum(a.nbytes for a in jax.tree.leaves(state))
     for batch in h.batches:
       slots = h.context + b.warmup + b.repeats
-      caches = filled_caches(layers, batch, slots, h.context)
+      caches = filled_caches(model, batch, slots, h.context)
       cache_read = sum(c.k.nbytes + c.v.nbytes for c in caches)
-      x = jnp.ones((batch, m.d_model))
+      token = jnp.ones((batch,), jnp.int32)
       fl = analytic_flops(cfg, k, batch, h.context, cached=True, slots=slots)
-      cost = flops.xla_cost_analysis(
-          lambda l, x, c: stack_step(l, x, c, implementation=impl),
-          layers, x, caches)
-      step = jax.jit(lambda l, x, c: stack_step(l, x, c, implementation=impl),
-                     donate_argnums=2)
-      (t, t_min), _ = median_time(step, (layers, x, caches), warmup=b.warmup,
-                         repeats=b.repeats,
-                         feed_back=lambda a, out: (a[0], a[1], out[1]))
+      cost = flops.xla_cost_analysis(step_fn, state, token, caches)
+      step = jax.jit(step_fn, donate_argnums=2)
+      (t, t_min), (_, _, status) = median_time(
+          step, (state, token, caches), warmup=b.warmup, repeats=b.repeats,
+          feed_back=lambda a, out: (a[0], a[1], out[1]))
+      kv_cache.raise_if_overflow(status)
       rows.append({
           "num_kv_heads": k, "batch": batch, "context": h.context,
           "analytic_flops": fl, "weight_bytes": weight_bytes,
@@ -191,27 +224,31 @@ def intensity(cfg):
 
 
 def exactness(cfg, steps=8):
-  """Largest relative error of prefill + decode vs the full forward."""
-  m = cfg.model
+  """Largest relative error of the logits of prefill + decode vs the full
+  forward, over a ragged batch of prompts (5, 9, 2)."""
   out = {}
   lens = jnp.array([5, 9, 2], jnp.int32)
+  rows = jnp.arange(3)
+  p = int(lens.max())
   for k in cfg.heads.kv_heads:
-    layers = make_stack(cfg, k, seed=3)
-    p = int(lens.max())
-    full = jax.random.normal(jax.random.PRNGKey(4), (3, p + steps, m.d_model))
-    ref = kv_cache.stack_forward(layers, full)
-    caches = [kv_cache.init_cache_for(l["attn"], 3, p + steps) for l in layers]
-    y, caches, _ = kv_cache.stack_cached(layers, full[:, :p], caches,
-                                         lengths=lens)
+    model = make_model(cfg, k, seed=3)
+    state, step_fn, _ = split_model(model)
+    step = jax.jit(step_fn)
+    full = jax.random.randint(jax.random.PRNGKey(4), (3, p + steps), 0,
+                              cfg.model.vocab_size)  # [B, P + steps]
+    ref = model(full)  # [B, P + steps, V]
+    # Row i's prompt is full[i, :lens[i]]; the rest of the first P tokens is
+    # padding that prefill must not write.
+    y, caches = model(full[:, :p], cache=model.init_cache(3, p + steps),
+                      lengths=lens)
     errs = [float(jnp.linalg.norm(y[i, :n] - ref[i, :n])
                   / jnp.linalg.norm(ref[i, :n])) for i, n in enumerate(lens)]
-    rows = jnp.arange(3)
     for s in range(steps):
-      y, caches, _ = stack_step(layers, full[rows, lens + s], caches,
-                                implementation=m.implementation)
-      r = ref[rows, lens + s]
+      y, caches, status = step(state, full[rows, lens + s], caches)
+      r = ref[rows, lens + s]  # [B, V]
       errs.append(float(jnp.max(jnp.linalg.norm(y - r, axis=-1)
                                 / jnp.linalg.norm(r, axis=-1))))
+    kv_cache.raise_if_overflow(status)
     out[str(k)] = max(errs)
   return out
 
@@ -225,14 +262,14 @@ def main(argv):
     with open(_BEHAVIOUR.value) as f:
       behaviour = json.load(f)
   os.makedirs(workdir, exist_ok=True)
-  layers = make_stack(cfg, cfg.model.num_kv_heads)
+  model = make_model(cfg, cfg.model.num_kv_heads)
   results = {
       "config": cfg.to_dict(),
       "machine": {"backend": jax.default_backend(),
                   "devices": [str(d) for d in jax.devices()],
                   "cpu_count": os.cpu_count(), "jax": jax.__version__,
                   "loadavg": [os.getloadavg()[0]]},
-      "timing": [bench_context(cfg, layers, n) for n in cfg.bench.contexts],
+      "timing": [bench_context(cfg, model, n) for n in cfg.bench.contexts],
       "cache_bytes": cache_bytes(cfg),
       "intensity": intensity(cfg),
       "exactness_max_rel_err": exactness(cfg),

@@ -151,9 +151,12 @@ def write(cfg, results, workdir):
 
 Command: `{COMMAND}` (sizes in configs/kv_cache.py).
 Machine: {mach['backend']} backend, {mach['cpu_count']} CPU cores visible,
-jax {mach['jax']}. Stack: L={m.num_layers} pre-norm blocks, D={m.d_model},
-H={m.num_heads}, Dh={m.d_model // m.num_heads}, F={m.mlp_dim}, K={m.num_kv_heads}
-for timing, float32, batch {b.batch}, implementation `{m.implementation}`.
+jax {mach['jax']}. Model: `DecoderLM` (token embedding, L={m.num_layers}
+pre-LayerNorm attention + MLP blocks, {m.positions} positions, final
+LayerNorm, readout to V={m.vocab_size} logits), D={m.d_model}, H={m.num_heads},
+Dh={m.d_model // m.num_heads}, F={m.mlp_dim}, K={m.num_kv_heads} for timing,
+float32, batch {b.batch}, implementation `{m.implementation}`. Recomputing
+runs the model over all n+1 tokens, logits at every position included.
 Times are medians (minimum in brackets) of {b.repeats} (cached) /
 {b.nocache_repeats} (recompute) calls after warm-up, each ended by
 `block_until_ready`. Speed-ups and slopes use the medians.
@@ -179,15 +182,16 @@ Plot: cache_bytes.png. Each cache also holds a [B] int32 length per layer.
 ## 3. Arithmetic intensity of one decode step (n = {cfg.heads.context})
 {inten}
 
-Bytes moved = all weights + the k/v cache read once (analytic); XLA's
+Bytes moved = all weights (the whole embedding table included, though a
+step gathers only B rows of it) + the k/v cache read once (analytic); XLA's
 "bytes accessed" counts every operand touch, including the cache write.
 
 ## 4. Behaviour
 {_behaviour_section(results['behaviour'])}
 
 ## 5. Exactness
-Largest relative error of prefill + 8 decode steps against the full causal
-forward, ragged prompts (5, 9, 2), float32: {exact}.
+Largest relative error of the logits of prefill + 8 decode steps against
+the full causal forward, ragged prompts (5, 9, 2), float32: {exact}.
 
 ## 6. The answer
 {answer(cfg, results)}
@@ -205,7 +209,7 @@ def answer(cfg, results):
   if at and "nocache_s" in at:
     parts.append(
         f"Cost per token. Without a cache, generating the token after "
-        f"n={at['n']} reruns the stack over n+1 tokens: "
+        f"n={at['n']} reruns the model over n+1 tokens: "
         f"{at['nocache_xla_flops']:.3g} FLOPs (XLA) and "
         f"{1e3 * at['nocache_s']:.1f} ms. With the cache, only the new token "
         f"is projected and it reads the cached keys and values: "
@@ -215,9 +219,10 @@ def answer(cfg, results):
   parts.append(
       f"Growth. Step time grows with slope {s['cached_slope']:.2f} in log-log "
       f"with the cache (the 4nd attention term over the cache; the "
-      f"projections and MLP are constant per token) and "
+      f"projections, MLP and readout are constant per token) and "
       f"{s['nocache_slope']:.2f} without it (the n^2 score matrix, diluted at "
-      f"short contexts by the n d^2 projections and MLP). Summed over a "
+      f"short contexts by the n d^2 projections and MLP and the n d V "
+      f"readout). Summed over a "
       f"generation of n tokens, total time grows about as n^(1 + slope): "
       f"n^{1 + s['cached_slope']:.2f} with the cache against "
       f"n^{1 + s['nocache_slope']:.2f} without.")

@@ -5,6 +5,7 @@
     y = mha_jax.multi_head_attention(params, x, is_causal=True)
 """
 
+from mha_jax import hooks
 from mha_jax.attention import attend
 from mha_jax.attention import masked_softmax
 from mha_jax.attention import scaled_dot_product_attention
@@ -13,22 +14,23 @@ from mha_jax.converters import from_nnx_mha
 from mha_jax.flops import analytic_mha_flops
 from mha_jax.flops import jaxpr_matmul_flops
 from mha_jax.flops import xla_flops
-from mha_jax.kv_cache import cached_attention
+from mha_jax.hooks import Hooks
 from mha_jax.kv_cache import CacheStatus
-from mha_jax.kv_cache import decode_step
 from mha_jax.kv_cache import init_cache
 from mha_jax.kv_cache import init_cache_for
 from mha_jax.kv_cache import KVCache
-from mha_jax.kv_cache import prefill
 from mha_jax.kv_cache import raise_if_overflow
 from mha_jax.masks import causal_mask
 from mha_jax.masks import combine_masks
 from mha_jax.masks import padding_mask
+from mha_jax.model_config import ModelConfig
 from mha_jax.modules import MultiHeadAttention
-from mha_jax.multi_head import attend_and_project
+from mha_jax.multi_head import attention_layer
+from mha_jax.multi_head import cached_attention
 from mha_jax.multi_head import merge_heads
 from mha_jax.multi_head import multi_head_attention
 from mha_jax.multi_head import project
+from mha_jax.multi_head import project_heads
 from mha_jax.multi_head import project_out
 from mha_jax.multi_head import project_qkv
 from mha_jax.multi_head import split_heads
@@ -40,5 +42,6 @@ from mha_jax.transformer import DecoderLM
 from mha_jax.transformer import Encoder
 from mha_jax.transformer import EncoderDecoder
 from mha_jax.transformer import TransformerBlock
+from mha_jax.transformer import with_implementation
 
 __version__ = "0.1.0"

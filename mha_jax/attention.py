@@ -13,7 +13,8 @@ Policies that hold on every path:
     gradients (instead of NaN or the mean of V that some libraries return).
   * Logits and softmax are float32 even for bfloat16/float16 inputs; the
     weights are cast to the value dtype for the weighted sum, which
-    accumulates in float32. The weights returned are the ones used.
+    accumulates in float32. The weights returned (the `pattern`) are the
+    float32 softmax the output was computed from (before dropout).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax import flash
+from mha_jax import hooks as hooks_lib
 from mha_jax import masks as masks_lib
 from mha_jax import xla_attention
 
@@ -99,8 +101,12 @@ def _check_broadcast(name, arr, target, *, boolean, fn):
                      f"{list(target)}")
 
 
-def _single_head(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
-  """One head: q [Tq,Dh], k [Tk,Dh], v [Tk,Dv] -> out [Tq,Dv], w [Tq,Tk]."""
+def _head_scores(q, k, mask, bias, *, is_causal):
+  """One head: q [Tq,Dh], k [Tk,Dh] -> float32 scores [Tq,Tk].
+
+  Scaled dot products plus `bias`, and -inf where `mask` (or the causal
+  rule) forbids a key: the softmax's input, as the `scores` hook sees it.
+  """
   scale = q.shape[-1] ** -0.5
   logits = jnp.einsum("qd,kd->qk", q, k,
                       preferred_element_type=jnp.float32) * scale  # [Tq, Tk]
@@ -109,13 +115,14 @@ def _single_head(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
   if is_causal:
     mask = masks_lib.combine_masks(
         mask, masks_lib.causal_mask(q.shape[0], k.shape[0]))
-  weights = masked_softmax(logits, mask)  # [Tq, Tk]
-  if keep is not None:
-    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-  weights = weights.astype(v.dtype)
-  out = jnp.einsum("qk,kd->qd", weights, v,
-                   preferred_element_type=jnp.float32).astype(v.dtype)
-  return out, weights
+  # -inf rather than a large negative number: exp(-inf) is exactly 0.
+  return logits if mask is None else jnp.where(mask, logits, -jnp.inf)
+
+
+def _head_mix(weights, v):
+  """One head: weights [Tq,Tk] @ v [Tk,Dv] -> [Tq,Dv], float32 accumulation."""
+  return jnp.einsum("qk,kd->qd", weights.astype(v.dtype), v,
+                    preferred_element_type=jnp.float32).astype(v.dtype)
 
 
 def scaled_dot_product_attention(q, k, v, *, mask=None, bias=None):
@@ -132,8 +139,9 @@ def scaled_dot_product_attention(q, k, v, *, mask=None, bias=None):
   _check_broadcast("bias", bias, target, boolean=False, fn=fn)
   as_2d = lambda x: None if x is None else jnp.reshape(
       x, (1,) * (2 - jnp.ndim(x)) + jnp.shape(x))
-  return _single_head(q, k, v, as_2d(mask), as_2d(bias), None,
-                      is_causal=False, dropout_rate=0.0)
+  weights = _softmax_rows(_head_scores(q, k, as_2d(mask), as_2d(bias),
+                                       is_causal=False))
+  return _head_mix(weights, v), weights
 
 
 # ----------------------------------------------------------------------------
@@ -145,10 +153,26 @@ def _to_4d(x):
   return None if x is None else jnp.reshape(x, (1,) * (4 - x.ndim) + x.shape)
 
 
-def _attend_vmap(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
-  """Reference path: `_single_head` mapped with jax.vmap over G, K, then B."""
+def _weights(scores, keep, dropout_rate, hooks):
+  """scores `[B,H,Tq,Tk]` -> the `pattern` `[B,H,Tq,Tk]` and the weights
+  the values are mixed with (the pattern after dropout).
+
+  The hook sites of stage 3 on the paths that form weights: `scores` may
+  be read or replaced before the softmax, `pattern` after it.
+  """
+  pattern = hooks("pattern", _softmax_rows(hooks("scores", scores)))
+  if keep is None:
+    return pattern, pattern
+  return pattern, jnp.where(keep, pattern / (1.0 - dropout_rate), 0.0)
+
+
+def _attend_vmap(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
+                 hooks):
+  """Reference path: the one-head functions mapped with jax.vmap over G,
+  K, then B (scores, then mixing the values); the softmax between them
+  is elementwise over rows, so it runs on all heads at once."""
   b, tq, h, dh = q.shape
-  kh = k.shape[2]
+  tk, kh = k.shape[1], k.shape[2]
   g = h // kh
   q = q.reshape(b, tq, kh, g, dh)  # [B, Tq, K, G, Dh]
 
@@ -171,23 +195,25 @@ def _attend_vmap(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
 
   mask, mb, mk, mg = split_heads_axis(_to_4d(mask))
   bias, bb, bk, bg = split_heads_axis(_to_4d(bias))
-  keep, kb, kk, kg = split_heads_axis(keep)
 
-  head = functools.partial(_single_head, is_causal=is_causal,
-                           dropout_rate=dropout_rate)
+  head = functools.partial(_head_scores, is_causal=is_causal)
   # Over the G query heads that share one kv head: q is [Tq, G, Dh].
-  over_g = jax.vmap(head, in_axes=(1, None, None, mg, bg, kg),
-                    out_axes=(1, 0))
-  # Over the K kv heads: q [Tq, K, G, Dh], k/v [Tk, K, D*].
-  over_k = jax.vmap(over_g, in_axes=(1, 1, 1, mk, bk, kk), out_axes=(1, 0))
-  over_b = jax.vmap(over_k, in_axes=(0, 0, 0, mb, bb, kb), out_axes=(0, 0))
-  out, weights = over_b(q, k, v, mask, bias, keep)
-  # out [B, Tq, K, G, Dv] -> [B, Tq, H, Dv]; weights [B, K, G, Tq, Tk].
-  return (out.reshape(b, tq, h, v.shape[-1]),
-          weights.reshape(b, h, tq, k.shape[1]))
+  over_g = jax.vmap(head, in_axes=(1, None, mg, bg))
+  # Over the K kv heads: q [Tq, K, G, Dh], k [Tk, K, Dh].
+  over_k = jax.vmap(over_g, in_axes=(1, 1, mk, bk))
+  over_b = jax.vmap(over_k, in_axes=(0, 0, mb, bb))
+  scores = over_b(q, k, mask, bias).reshape(b, h, tq, tk)  # from [B,K,G,..]
+  pattern, weights = _weights(scores, keep, dropout_rate, hooks)
+
+  mix_g = jax.vmap(_head_mix, in_axes=(0, None), out_axes=1)  # [Tq, G, Dv]
+  mix_k = jax.vmap(mix_g, in_axes=(0, 1), out_axes=1)  # [Tq, K, G, Dv]
+  mix_b = jax.vmap(mix_k, in_axes=(0, 0))  # [B, Tq, K, G, Dv]
+  out = mix_b(weights.reshape(b, kh, g, tq, tk), v)
+  return out.reshape(b, tq, h, v.shape[-1]), pattern
 
 
-def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
+def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
+                   hooks):
   """Fused path: batched einsums; GQA by grouping q, never repeating k/v."""
   b, tq, h, dh = q.shape
   tk, kh = k.shape[1], k.shape[2]
@@ -213,18 +239,18 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
   if is_causal:
     causal = masks_lib.causal_mask(tq, tk)[None, None, None]  # [1,1,1,Tq,Tk]
     mask = masks_lib.combine_masks(mask, causal)
-  weights = masked_softmax(logits, mask)  # [B, K, G, Tq, Tk]
-  if keep is not None:
-    weights = jnp.where(to_5d(keep), weights / (1.0 - dropout_rate), 0.0)
-  weights = weights.astype(v.dtype)
+  if mask is not None:
+    logits = jnp.where(mask, logits, -jnp.inf)
+  pattern, weights = _weights(logits.reshape(b, h, tq, tk), keep,
+                              dropout_rate, hooks)
+  weights = weights.reshape(b, kh, g, tq, tk).astype(v.dtype)
   # Weights on the left, output [B, K, G, Tq, Dv]: asking einsum for
   # "bqkgd" directly made XLA compute (W V)^T as V^T W^T, which took twice
   # the CPU time of the vmap path at B=1, n=2048, H=8.
   out = jnp.einsum("bkgqs,bksd->bkgqd", weights, v.transpose(0, 2, 1, 3),
                    preferred_element_type=jnp.float32).astype(v.dtype)
   out = out.transpose(0, 3, 1, 2, 4)  # [B, Tq, K, G, Dv]
-  return (out.reshape(b, tq, h, v.shape[-1]),
-          weights.reshape(b, h, tq, tk))
+  return out.reshape(b, tq, h, v.shape[-1]), pattern
 
 
 IMPLEMENTATIONS = {"vmap": _attend_vmap, "einsum": _attend_einsum,
@@ -257,13 +283,27 @@ def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
   if impl == "xla" and (v.shape[-1] != q.shape[-1]
                         or not q.dtype == k.dtype == v.dtype):
     impl = "flash"  # what jax.nn.dot_product_attention cannot take
-  return IMPLEMENTATIONS[impl](q, k, v, mask, bias, keep, is_causal=is_causal,
-                              dropout_rate=dropout_rate)
+  extra = {} if impl in WEIGHTLESS else {"hooks": hooks_lib.NO_HOOKS}
+  out, _ = IMPLEMENTATIONS[impl](q, k, v, mask, bias, keep,
+                                 is_causal=is_causal,
+                                 dropout_rate=dropout_rate, **extra)
+  return out, None
 
 
 IMPLEMENTATIONS["auto"] = _attend_auto
-# Implementations whose `attend` returns weights=None ("auto" may pick one).
+# Implementations whose `attend` returns weights=None ("auto" may pick one)
+# and that have no `scores` / `pattern` hook sites.
 WEIGHTLESS = frozenset({"flash", "xla", "cudnn", "auto"})
+
+
+def weightless_reason(implementation: str) -> str:
+  """Why `scores`/`pattern` do not exist on `implementation`, and the way
+  out; used by every error that refuses them."""
+  return (f"implementation={implementation!r} never forms the attention "
+          "weights (scores/pattern); use implementation='vmap' or 'einsum' "
+          "to read or patch them (for a model: "
+          "`transformer.with_implementation(model, 'einsum')`, same "
+          "weights)")
 
 
 def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend"):
@@ -297,17 +337,24 @@ def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend"):
 
 
 def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
-           implementation="vmap", dropout_rate=0.0, dropout_rng=None):
+           implementation="vmap", dropout_rate=0.0, dropout_rng=None,
+           hooks=hooks_lib.NO_HOOKS):
   """Stage 3 for all heads: q `[B,Tq,H,Dh]`, k `[B,Tk,K,Dh]`, v `[B,Tk,K,Dv]`.
 
   Query head i reads kv head `i // (H // K)`. `mask` (bool) and `bias`
   (float) broadcast to `[B, H, Tq, Tk]`. `is_causal` adds the rule of
   `causal_mask(Tq, Tk)` without the caller building it. Dropout (rate > 0
   needs `dropout_rng`) zeroes weights after the softmax and rescales the rest;
-  the same keep pattern is used by every implementation.
-  Returns `(out [B, Tq, H, Dv], weights [B, H, Tq, Tk])`.
+  the same keep pattern is used by every implementation. `hooks` (see
+  `mha_jax.hooks`) may read or replace the `scores` and `pattern` sites on
+  the paths that form them.
+  Returns `(out [B, Tq, H, Dv], pattern [B, H, Tq, Tk] float32)`; the
+  pattern is None on the paths in `WEIGHTLESS`.
   """
   check_attend_inputs(q, k, v, mask, bias, implementation)
+  if implementation in WEIGHTLESS and any(
+      hooks.wants(s) for s in hooks_lib.WEIGHT_SITES):
+    raise ValueError(f"attend: {weightless_reason(implementation)}")
   if not 0.0 <= dropout_rate < 1.0:
     raise ValueError(f"attend: `dropout_rate` must be in [0, 1), got "
                      f"{dropout_rate}")
@@ -317,6 +364,7 @@ def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
       raise ValueError("attend: `dropout_rate` > 0 needs `dropout_rng`")
     shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])  # [B,H,Tq,Tk]
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, shape)
+  extra = {} if implementation in WEIGHTLESS else {"hooks": hooks}
   return IMPLEMENTATIONS[implementation](
       q, k, v, mask, bias, keep, is_causal=is_causal,
-      dropout_rate=dropout_rate)
+      dropout_rate=dropout_rate, **extra)

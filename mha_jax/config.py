@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from mha_jax import attention
+from mha_jax import model_config as model_config_lib
 from mha_jax import tasks
 from mha_jax import transformer
 
@@ -37,39 +37,23 @@ def validate_config(config) -> None:
     _need(group in config, group, "missing group (start from "
           "configs/default.py get_config())")
   m, t, tr, ms = config.model, config.task, config.train, config.mesh
-  _positive("model", m, "d_model", "num_layers", "num_heads")
-  _need(m.positions in transformer.POSITIONS, "model.positions",
-        f"expected one of {transformer.POSITIONS}, got {m.positions!r}")
-  _need(m.implementation in attention.IMPLEMENTATIONS,
-        "model.implementation", f"expected one of "
-        f"{sorted(attention.IMPLEMENTATIONS)}, got {m.implementation!r}")
   for name in ("num_kv_heads", "head_dim", "mlp_dim", "max_len"):
     _need(isinstance(m[name], int) and m[name] >= 0, f"model.{name}",
           f"must be an int >= 0 (0 = default), got {m[name]!r}")
-  if m.head_dim == 0:
-    _need(m.d_model % m.num_heads == 0, "model.d_model",
-          f"d_model={m.d_model} is not divisible by "
-          f"model.num_heads={m.num_heads} (or set model.head_dim)")
-  head_dim = m.head_dim or m.d_model // m.num_heads
-  if m.num_kv_heads:
-    _need(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
-          f"num_kv_heads={m.num_kv_heads} must divide "
-          f"model.num_heads={m.num_heads}")
-  if m.positions == "rotary":
-    _need(head_dim % 2 == 0, "model.head_dim", f"rotary positions need an "
-          f"even head width, got {head_dim}")
-  _need(0.0 <= m.dropout_rate < 1.0, "model.dropout_rate",
-        f"must be in [0, 1), got {m.dropout_rate}")
-  for name in ("dtype", "param_dtype"):
-    _need(m[name] in DTYPES, f"model.{name}",
-          f"expected one of {DTYPES}, got {m[name]!r}")
-
+  _need(m.dtype in DTYPES, "model.dtype",
+        f"expected one of {DTYPES}, got {m.dtype!r}")
+  _need(m.param_dtype in DTYPES, "model.param_dtype",
+        f"expected one of {DTYPES}, got {m.param_dtype!r}")
   task = tasks.get_task(t.name)
   _positive("task", t, "batch_size", "seq_len")
   task.check(t)
   if m.max_len:
     _need(m.max_len >= t.seq_len, "model.max_len",
           f"max_len={m.max_len} is shorter than task.seq_len={t.seq_len}")
+  try:  # every model field, checked once where the model's config is built
+    model_config(config)
+  except model_config_lib.ModelConfigError as e:
+    raise ValueError(f"config.model.{e.field}: {e.message}") from None
 
   _positive("train", tr, "num_steps", "log_every", "eval_every",
             "eval_batches", "checkpoint_every", "max_checkpoints")
@@ -93,8 +77,9 @@ def validate_config(config) -> None:
         f"mesh.model={ms.model} must divide model.num_heads={m.num_heads}")
 
 
-def model_kwargs(config) -> dict:
-  """Constructor arguments of the model that `config` describes."""
+def model_config(config) -> model_config_lib.ModelConfig:
+  """The `ModelConfig` that `config` describes: the `model` group (0 means
+  "the default" for the optional sizes) plus the task's inputs/outputs."""
   m, t = config.model, config.task
   task = tasks.get_task(t.name)
   io = task.io(t)
@@ -109,7 +94,7 @@ def model_kwargs(config) -> dict:
       dtype=jnp.dtype(m.dtype), param_dtype=jnp.dtype(m.param_dtype))
   if task.model == "decoder":
     kwargs.update(input_dim=io["input_dim"], final_ln=m.final_ln)
-  return kwargs
+  return model_config_lib.ModelConfig(**kwargs)
 
 
 def build_model(config, rngs: nnx.Rngs):
@@ -118,4 +103,4 @@ def build_model(config, rngs: nnx.Rngs):
   kind = tasks.get_task(config.task.name).model
   cls = (transformer.EncoderDecoder if kind == "encoder_decoder"
          else transformer.DecoderLM)
-  return cls(rngs=rngs, **model_kwargs(config))
+  return cls(model_config(config), rngs=rngs)

@@ -1,13 +1,11 @@
-"""Autoregressive generation from a `DecoderLM` with one KV cache per layer.
+"""Autoregressive generation from a `DecoderLM` that owns its KV cache.
 
 Shape letters: B batch, P padded prompt length, T new tokens in one call,
 N generated tokens, S cache slots (max_len), V vocabulary, D d_model.
 
-The model owns the parameters; this module only reads them. Each block's
-attention sublayer runs as `kv_cache.cached_attention` on the module's
-`core_params()` (no attention math here), and everything else (embedding,
-LayerNorms, MLP via `TransformerBlock.feed_forward`, readout) is the
-model's own submodules, so cached logits are the model's logits.
+This module is only the decoding loop: the model computes every logit,
+through the same forward as training (`model(tokens, cache=cache)` returns
+the logits and the new cache), so cached logits are the model's logits.
 
 Positions are per sequence: a token written to slot `length[b] + t` has
 position `length[b] + t`, for learned and sinusoidal tables as for rotary,
@@ -29,91 +27,41 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mha_jax import kv_cache
-
-_TABLE_POSITIONS = ("learned", "sinusoidal")  # schemes with a finite table
+from mha_jax import transformer
 
 
 def _check_token_lm(model, fn):
-  stack = getattr(model, "stack", None)
-  if stack is None or not hasattr(model, "readout"):
+  if not isinstance(model, transformer.DecoderLM):
     raise TypeError(f"{fn}: `model` must be a DecoderLM, got "
                     f"{type(model).__name__}")
-  if stack.input_dim > 0:
+  c = model.config
+  if c.input_dim > 0:
     raise ValueError(f"{fn}: `model` reads continuous features "
-                     f"(input_dim={stack.input_dim}); generation needs a "
+                     f"(input_dim={c.input_dim}); generation needs a "
                      "token model")
-  vocab = stack.embed.num_embeddings
-  if model.readout.out_features != vocab:
-    raise ValueError(f"{fn}: `model` predicts {model.readout.out_features} "
-                     f"classes but embeds {vocab} tokens; its outputs cannot "
-                     "be fed back as inputs")
+  if c.out_features != c.vocab_size:
+    raise ValueError(f"{fn}: `model` predicts {c.out_features} classes but "
+                     f"embeds {c.vocab_size} tokens; its outputs cannot be "
+                     "fed back as inputs")
 
 
-def init_caches(model, batch: int, max_len: int | None = None):
-  """One empty `KVCache` per block, `max_len` slots (default: the model's)."""
-  stack = model.stack
-  max_len = stack.max_len if max_len is None else max_len
-  if stack.positions in _TABLE_POSITIONS and max_len > stack.max_len:
-    raise ValueError(f"init_caches: `max_len`={max_len} exceeds the model's "
-                     f"{stack.positions} position table ({stack.max_len} "
-                     "positions)")
-  caches = []
-  for block in stack.blocks:
-    params = block.attn.core_params()
-    caches.append(kv_cache.init_cache_for(params, batch, max_len,
-                                          params["w_k"].dtype))
-  return caches
-
-
-def cached_forward(model, tokens, caches, *, lengths=None):
-  """Logits of new `tokens [B, T]` given the caches of everything before.
-
-  `lengths [B]` (None: all T) counts the real tokens of each row; the rest
-  is right padding, never written to the caches (its logits are junk).
-  Returns `(logits [B, T, V], new_caches, CacheStatus)`.
-  """
-  stack = model.stack
-  b, t = tokens.shape
-  pos = caches[0].length[:, None] + jnp.arange(t)[None, :]  # [B, T] true
-  # Only padding rows, or rows the cache reports as overflow (their output is
-  # NaN there), can point past the table; clamp just their lookup.
-  x = stack.embed_inputs(tokens, jnp.minimum(pos, stack.max_len - 1))
-  new_caches, overflow = [], jnp.zeros((b,), bool)
-  for block, cache in zip(stack.blocks, caches, strict=True):
-    attn = block.attn
-    h = block.ln_attn(x)  # [B, T, D]
-    if attn.dtype is not None:
-      h = h.astype(attn.dtype)
-    a, cache, status = kv_cache.cached_attention(
-        attn.core_params(), h, cache, lengths=lengths,
-        rotary_base=attn.rotary_base, implementation=attn.implementation)
-    x = block.feed_forward(x + a)
-    new_caches.append(cache)
-    overflow = overflow | status.overflow
-  if model.final_ln is not None:
-    x = model.final_ln(x)
-  return model.readout(x), new_caches, kv_cache.CacheStatus(overflow)
-
-
-def prefill(model, prompt, caches, *, lengths=None):
+def prefill(model, prompt, cache, *, lengths=None):
   """Run right-padded prompts `[B, P]`; returns the logits at each row's last
-  real token `[B, V]`, the caches and the status."""
+  real token `[B, V]`, the new cache and its status."""
   b, p = prompt.shape
   lengths = (jnp.full((b,), p, jnp.int32) if lengths is None
              else jnp.asarray(lengths, jnp.int32))
-  logits, caches, status = cached_forward(model, prompt, caches,
-                                          lengths=lengths)
+  logits, cache = model(prompt, cache=cache, lengths=lengths)
   last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)
-  return last[:, 0], caches, status  # [B, V]
+  return last[:, 0], cache, kv_cache.status(cache)  # [B, V]
 
 
-def decode_step(model, token, caches, *, active=None):
-  """One token per sequence `[B]` -> next-token logits `[B, V]`, caches,
+def decode_step(model, token, cache, *, active=None):
+  """One token per sequence `[B]` -> next-token logits `[B, V]`, cache,
   status. Rows where `active [B]` is False write nothing and stay put."""
   lengths = None if active is None else jnp.asarray(active, jnp.int32)
-  logits, caches, status = cached_forward(model, token[:, None], caches,
-                                          lengths=lengths)
-  return logits[:, 0], caches, status
+  logits, cache = model(token[:, None], cache=cache, lengths=lengths)
+  return logits[:, 0], cache, kv_cache.status(cache)
 
 
 def sample_next(logits, temperature, rng):
@@ -138,29 +86,31 @@ def decode_loop(model, prompt, max_new_tokens: int, *, lengths=None,
   tokens are `PAD_ID` 0, so ragged budgets share one compiled loop.
   Returns `(tokens [B, N], logits [B, N, V], CacheStatus)`: token n of row b
   was chosen from `logits[b, n]`; step n draws with `fold_in(rng, n)`. The
-  status accumulates overflow over every call (the caller must check it).
+  status covers every call (the caller must check it).
   """
   b = prompt.shape[0]
-  caches = init_caches(model, b, max_len)
+  caches = model.init_cache(b, max_len)
   key = lambda n: None if rng is None else jax.random.fold_in(rng, n)
   budget = (jnp.full((b,), max_new_tokens, jnp.int32) if new_tokens is None
             else jnp.asarray(new_tokens, jnp.int32))
-  last, caches, status = prefill(model, prompt, caches, lengths=lengths)
+  last, caches, _ = prefill(model, prompt, caches, lengths=lengths)
   first = sample_next(last, temperature, key(0))
 
   def step(carry, n):
-    token, caches, overflow = carry
+    token, caches = carry
     # Token n-1 is fed (written) only if token n is still within budget.
     active = n < budget  # [B]
-    logits, caches, st = decode_step(model, token, caches, active=active)
+    logits, caches, _ = decode_step(model, token, caches, active=active)
     nxt = jnp.where(active, sample_next(logits, temperature, key(n)), 0)
-    return (nxt, caches, overflow | st.overflow), (nxt, logits)
+    return (nxt, caches), (nxt, logits)
 
-  (_, _, overflow), (tokens, logits) = jax.lax.scan(
-      step, (first, caches, status.overflow), jnp.arange(1, max_new_tokens))
+  (_, caches), (tokens, logits) = jax.lax.scan(
+      step, (first, caches), jnp.arange(1, max_new_tokens))
   tokens = jnp.concatenate([first[:, None], tokens.T], axis=1)  # [B, N]
   logits = jnp.concatenate([last[:, None], logits.swapaxes(0, 1)], axis=1)
-  return tokens, logits, kv_cache.CacheStatus(overflow)
+  # Overflow is sticky (a row's length stays past max_len), so the final
+  # caches tell whether any call overflowed.
+  return tokens, logits, kv_cache.status(caches)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens",
@@ -219,7 +169,7 @@ def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
   if temperature < 0 or (temperature > 0 and rng is None):
     raise ValueError(f"{fn}: `temperature` must be 0 (greedy) or > 0 with "
                      f"an `rng` key, got {temperature!r} and rng={rng!r}")
-  max_len = model.stack.max_len if max_len is None else max_len
+  max_len = model.config.max_len if max_len is None else max_len
   need = lengths + budget - 1  # [B] cache slots each row fills
   worst = int(jnp.argmax(need))
   if int(need[worst]) > max_len:

@@ -3,12 +3,12 @@
 Shape letters: L layers, H heads per layer, B batch, T length, D d_model.
 
 Every model in `mha_jax.transformer` takes a per-head gate `head_mask [L, H]`
-at call time (head h of layer l is multiplied by it before W^O). Three ways
-to score a head against the task loss, reported side by side because they
-can disagree:
+at call time (a patch of each layer's `z` hook site: head h of layer l is
+multiplied by it before W^O). Three ways to score a head against the task
+loss, reported side by side because they can disagree:
 
   * zero ablation: the loss with the gate at 0, minus the clean loss;
-  * mean ablation: the head's contribution replaced by its mean over the
+  * mean ablation: the head's output `z` replaced by its mean over the
     batch and positions (keeps the "average" signal a later layer may rely
     on, so it removes only the input-dependent part);
   * gradient importance: d loss / d gate at gate = 1. A first-order Taylor
@@ -32,27 +32,32 @@ import numpy as np
 from flax import nnx
 
 from mha_jax import train
+from mha_jax import transformer
+
+# The `z` hook site of layer l that each gate argument addresses.
+_Z_SITES = {
+    (transformer.DecoderLM, "head_mask"): "blocks.{}.attn.z",
+    (transformer.EncoderDecoder, "head_mask"): "decoder.blocks.{}.attn.z",
+    (transformer.EncoderDecoder, "cross_head_mask"):
+        "decoder.blocks.{}.cross.z",
+    (transformer.EncoderDecoder, "encoder_head_mask"):
+        "encoder.blocks.{}.attn.z",
+}
 
 
-def _attention_layers(model, mask_arg):
-  """The `MultiHeadAttention` modules gated by `mask_arg`, one per layer."""
-  if mask_arg == "head_mask":
-    stack = model.decoder if hasattr(model, "decoder") else model.stack
-    return [b.attn for b in stack.blocks], "attn", stack.blocks
-  if mask_arg == "cross_head_mask":
-    blocks = model.decoder.blocks
-    return [b.cross for b in blocks], "cross", blocks
-  if mask_arg == "encoder_head_mask":
-    blocks = model.encoder.stack.blocks
-    return [b.attn for b in blocks], "attn", blocks
-  raise ValueError(f"`mask_arg` must be head_mask, cross_head_mask or "
-                   f"encoder_head_mask, got {mask_arg!r}")
+def z_sites(model, mask_arg="head_mask") -> list[str]:
+  """The `z` hook site of every layer that `mask_arg` gates."""
+  key = (type(model), mask_arg)
+  if key not in _Z_SITES:
+    valid = sorted(a for t, a in _Z_SITES if t is type(model))
+    raise ValueError(f"`mask_arg` for a {type(model).__name__} must be one "
+                     f"of {valid}, got {mask_arg!r}")
+  return [_Z_SITES[key].format(l) for l in range(model.config.num_layers)]
 
 
 def gate_shape(model, mask_arg="head_mask"):
   """`(L, H)` of the gates `mask_arg` addresses."""
-  layers, _, _ = _attention_layers(model, mask_arg)
-  return len(layers), layers[0].dims.num_heads
+  return len(z_sites(model, mask_arg)), model.config.num_heads
 
 
 def loss_fn(model, batch, loss, mask_arg="head_mask"):
@@ -121,59 +126,37 @@ def zero_ablation(model, batch, loss, mask_arg="head_mask", f=None):
   return out
 
 
-class _MeanAblated(nnx.Module):
-  """Wraps one attention module; replaces selected heads by their mean.
-
-  The contribution c of the heads where `select [H]` is 1,
-  c = y(gates of those heads only) - y(no gates) `[B, T, D]`, is computed
-  on the actual input, and the output becomes y - c + mean_{B,T}(c): layers
-  below are unchanged, so this is the mean those heads produce on this
-  batch. `select` is an array (not a Python int) so that one compiled loss
-  serves every choice of heads.
-  """
-
-  def __init__(self, inner):
-    self.inner = inner
-    # What callers read off an attention module.
-    self.dims = inner.dims
-    self.implementation = inner.implementation
-    self.select = nnx.Variable(jnp.zeros((inner.dims.num_heads,)))
-
-  def __call__(self, *args, head_mask=None, return_weights=False, **kwargs):
-    h = self.dims.num_heads
-    gate = jnp.ones((h,)) if head_mask is None else jnp.asarray(head_mask)
-
-    def call(g):
-      return self.inner(*args, head_mask=g, return_weights=return_weights,
-                        **kwargs)
-
-    y_sel, y_none = call(gate * self.select[...]), call(jnp.zeros((h,)))
-    out = call(gate)
-    y, w = out if return_weights else (out, None)
-    if return_weights:
-      y_sel, y_none = y_sel[0], y_none[0]
-    c = y_sel - y_none  # [B, T, D]
-    y = y - c + jnp.mean(c, axis=(0, 1), keepdims=True)
-    return (y, w) if return_weights else y
-
-
 def mean_ablation(model, batch, loss, mask_arg="head_mask"):
-  """Loss increase when each head is replaced by its mean output, `[L, H]`."""
+  """Loss increase when each head's `z` is replaced by its mean over the
+  batch and positions, `[L, H]`.
+
+  The mean is taken in the same forward pass, over what the head computes
+  on this batch (layers below are unchanged). One compiled loss serves
+  every head: which head to replace is an array, not a Python int.
+  """
   n_layers, n_heads = gate_shape(model, mask_arg)
-  ablated = nnx.clone(model)
-  _, attr, blocks = _attention_layers(ablated, mask_arg)
-  wrappers = [_MeanAblated(getattr(b, attr)) for b in blocks]
-  for block, wrapper in zip(blocks, wrappers):
-    setattr(block, attr, wrapper)
-  f = loss_fn(ablated, batch, loss, mask_arg)  # compiled once, state varies
-  ones = jnp.ones((n_layers, n_heads))
-  clean = float(f(ones, nnx.state(ablated)))
+  sites = z_sites(model, mask_arg)
+  graphdef, state = nnx.split(model)
+
+  def f(select):  # select [L, H]: 1 where the head is mean-ablated
+    def to_mean(l):
+      def fn(z):  # [B, T, H, Dv]
+        mean = jnp.mean(z, axis=(0, 1), keepdims=True)
+        sel = select[l].astype(z.dtype)[None, None, :, None]
+        return z * (1 - sel) + mean * sel
+      return fn
+
+    m = nnx.merge(graphdef, state)
+    patch = {site: to_mean(l) for l, site in enumerate(sites)}
+    return train.compute_loss(m, batch, loss, patch=patch)[0]
+
+  f = jax.jit(f)
+  zeros = jnp.zeros((n_layers, n_heads))
+  clean = float(f(zeros))
   out = np.zeros((n_layers, n_heads))
   for l in range(n_layers):
     for h in range(n_heads):
-      wrappers[l].select[...] = jax.nn.one_hot(h, n_heads)
-      out[l, h] = float(f(ones, nnx.state(ablated))) - clean
-      wrappers[l].select[...] = jnp.zeros((n_heads,))
+      out[l, h] = float(f(zeros.at[l, h].set(1.0))) - clean
   return out
 
 

@@ -1,4 +1,4 @@
-"""Key/value cache for autoregressive decoding, as pure functions.
+"""Key/value cache for autoregressive decoding: the data and its updates.
 
 Shape letters: B batch, T new tokens in this call, S cache slots (max_len),
 D d_model, H query heads, K key/value heads, Dh per-head query/key width,
@@ -18,6 +18,11 @@ Writing past S is never wrapped or clamped: the tokens that do not fit are
 dropped, the sequence's `length` still advances past S (so the overflow is
 sticky), its outputs are NaN, and `CacheStatus.overflow[b]` is True. Check it
 with `raise_if_overflow` outside jit or `check_no_overflow` under checkify.
+
+This file holds the cache itself (`KVCache`, `update`, the overflow
+status); attention over it is the one attention path
+(`multi_head.attention_layer`, called by `MultiHeadAttention` with
+`cache=` and by the pure `multi_head.cached_attention`).
 """
 
 from __future__ import annotations
@@ -29,9 +34,7 @@ import jax.numpy as jnp
 from jax.experimental import checkify
 
 from mha_jax import masks as masks_lib
-from mha_jax import multi_head
 from mha_jax import params as params_lib
-from mha_jax import rotary
 
 
 class KVCache(NamedTuple):
@@ -74,9 +77,9 @@ def init_cache_for(params, batch: int, max_len: int,
                     dims.value_dim, dtype)
 
 
-def _check_inputs(params, x, cache, lengths, fn):
-  """Shape checks that need no values; raise naming the argument."""
-  dims = params_lib.mha_dims(params)
+def check_cache(cache, x, dims: params_lib.MHADims, lengths, fn) -> None:
+  """Shape checks of a cached call that need no values; raise naming the
+  argument. `x [B, T, D]` holds the new tokens' inputs."""
   if jnp.ndim(x) != 3 or x.shape[-1] != dims.d_model:
     raise ValueError(f"{fn}: `x` must have shape [B, T, D] with D="
                      f"{dims.d_model}, got {jnp.shape(x)}")
@@ -104,82 +107,54 @@ def _check_inputs(params, x, cache, lengths, fn):
                          f"got {lengths}")
 
 
-def cached_attention(params, x, cache: KVCache, *, lengths=None,
-                     rotary_base: float | None = None,
-                     implementation: str = "einsum"):
-  """Self-attention of new tokens `x [B, T, D]` over the cache plus themselves.
+def positions(cache: KVCache, t: int) -> jax.Array:
+  """True positions `[B, T]` of `t` new tokens: `length[b] + 0..t-1`."""
+  return cache.length[:, None] + jnp.arange(t)[None, :]
 
-  Args:
-    params: one attention layer's dict (`init_mha_params`), MHA, GQA or MQA.
-    x: the new tokens' inputs, `[B, T, D]`; sequence b's first `lengths[b]`
-      rows are real and the rest is right padding (never written, output 0
-      before the output projection).
-    cache: this layer's `KVCache`; new keys go to slots `length[b] + t`.
-    lengths: `[B]` int, real new tokens per sequence; None means all T.
-    rotary_base: if given, rotate q and k by each token's TRUE position
-      `length[b] + t` (`apply_rotary`) before caching k.
-    implementation: a key of `attention.IMPLEMENTATIONS`.
 
-  Returns:
-    `(out [B, T, D], new_cache, CacheStatus)`.
+def update(cache: KVCache, k: jax.Array, v: jax.Array, lengths=None):
+  """Write the new tokens' `k [B,T,K,Dh]`, `v [B,T,K,Dv]` into their slots.
+
+  `lengths [B]` (None: all T) counts each row's real new tokens; the rest
+  is right padding and never written. Returns `(new_cache, mask)`, where
+  `mask [B, 1, T, S]` says which slots each new token may attend to.
   """
-  _check_inputs(params, x, cache, lengths, "cached_attention")
-  b, t, _ = x.shape
+  b, t = k.shape[:2]
   s = cache.max_len
   lengths = (jnp.full((b,), t, jnp.int32) if lengths is None
              else jnp.asarray(lengths, jnp.int32))
-  pos = cache.length[:, None] + jnp.arange(t)[None, :]  # [B, T] true positions
+  pos = positions(cache, t)  # [B, T]
   is_real = jnp.arange(t)[None, :] < lengths[:, None]  # [B, T]
-  end = cache.length + lengths  # [B]
-
-  q, k, v = multi_head.project_qkv(params, x)  # [B,T,H,Dh], [B,T,K,D*]
-  if rotary_base is not None:
-    q = rotary.apply_rotary(q, pos, base=rotary_base)
-    k = rotary.apply_rotary(k, pos, base=rotary_base)
-
-  # Scatter the new rows into their slots. Padding rows get index S, which
-  # is out of bounds and dropped, so they never touch the cache; real rows
-  # past S are dropped too and reported as overflow below (no wrap, no clamp).
+  # Padding rows get slot S, which is out of bounds and dropped, so they
+  # never touch the cache; real rows past S are dropped too and reported as
+  # overflow (`length` still advances): no wrap, no clamp.
   slot = jnp.where(is_real, pos, s)  # [B, T]
   row = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))  # [B, T]
   new_cache = KVCache(
       k=cache.k.at[row, slot].set(k.astype(cache.k.dtype), mode="drop"),
       v=cache.v.at[row, slot].set(v.astype(cache.v.dtype), mode="drop"),
-      length=end)
-
+      length=cache.length + lengths)
   # Causal per sequence: slot j is visible to new token t iff j <= its true
   # position. That also hides unwritten slots (they lie beyond every real
   # position); padding queries see nothing (an empty row gives 0, not NaN).
-  causal = (jnp.arange(s)[None, None, :] <= pos[:, :, None])  # [B, T, S]
+  causal = jnp.arange(s)[None, None, :] <= pos[:, :, None]  # [B, T, S]
   mask = masks_lib.combine_masks(causal, is_real[:, :, None])[:, None]
-  y, _ = multi_head.attend_and_project(  # [B, T, D]; mask is [B, 1, T, S]
-      params, q, new_cache.k, new_cache.v, mask=mask,
-      implementation=implementation)
-  overflow = end > s
-  # Poison the rows of an overflowed sequence so that ignoring the status
-  # cannot go unnoticed downstream.
-  y = jnp.where(overflow[:, None, None], jnp.nan, y)
-  return y, new_cache, CacheStatus(overflow=overflow)
+  return new_cache, mask
 
 
-def prefill(params, x, cache: KVCache, *, lengths=None, rotary_base=None,
-            implementation="einsum"):
-  """Run a right-padded prompt `x [B, T, D]` (real lengths `lengths`)."""
-  return cached_attention(params, x, cache, lengths=lengths,
-                          rotary_base=rotary_base,
-                          implementation=implementation)
+def overflowed(cache: KVCache) -> jax.Array:
+  """`[B]` bool: the sequence has written past `max_len` (sticky)."""
+  return cache.length > cache.max_len
 
 
-def decode_step(params, x, cache: KVCache, *, rotary_base=None,
-                implementation="einsum"):
-  """One new token per sequence: `x [B, D] -> out [B, D]`, new cache, status."""
-  if jnp.ndim(x) != 2:
-    raise ValueError(f"decode_step: `x` must have shape [B, D], got "
-                     f"{jnp.shape(x)}")
-  y, cache, status = cached_attention(params, x[:, None], cache,
-                                      rotary_base=rotary_base,
-                                      implementation=implementation)
-  return y[:, 0], cache, status
+def status(caches) -> CacheStatus:
+  """The `CacheStatus` of one layer's cache or of a model's caches (all
+  layers fill alike, so they overflow together)."""
+  caches = [caches] if isinstance(caches, KVCache) else list(caches)
+  overflow = overflowed(caches[0])
+  for cache in caches[1:]:
+    overflow = overflow | overflowed(cache)
+  return CacheStatus(overflow=overflow)
 
 
 def raise_if_overflow(status: CacheStatus) -> None:
@@ -196,79 +171,3 @@ def check_no_overflow(status: CacheStatus) -> None:
   """The same check inside a `checkify.checkify`-wrapped (jitted) function."""
   checkify.check(~jnp.any(status.overflow),
                  "KV cache overflow: a sequence wrote past max_len")
-
-
-# ----------------------------------------------------------------------------
-# A tiny pure decoder stack (pre-norm attention + MLP blocks on embeddings),
-# only to test cached decoding through several layers and to time it in
-# experiments/kv_cache.py. The trainable language model lives in the modules.
-
-
-def init_stack_params(key, num_layers: int, d_model: int, num_heads: int, *,
-                      num_kv_heads: int | None = None,
-                      mlp_dim: int | None = None) -> list[dict]:
-  """`num_layers` blocks: {"attn": init_mha_params(...), "w_in", "w_out"}."""
-  mlp_dim = 4 * d_model if mlp_dim is None else mlp_dim
-  layers = []
-  for k in jax.random.split(key, num_layers):
-    ka, ki, ko = jax.random.split(k, 3)
-    layers.append({
-        "attn": params_lib.init_mha_params(ka, d_model, num_heads,
-                                           num_kv_heads=num_kv_heads),
-        "w_in": jax.random.normal(ki, (d_model, mlp_dim)) * d_model ** -0.5,
-        "w_out": jax.random.normal(ko, (mlp_dim, d_model)) * mlp_dim ** -0.5,
-    })
-  return layers
-
-
-def _rms_norm(x):
-  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
-
-
-def _mlp(layer, x):
-  return jax.nn.gelu(_rms_norm(x) @ layer["w_in"]) @ layer["w_out"]
-
-
-def full_causal_attention(params, x, *, rotary_base=None,
-                          implementation="einsum"):
-  """No-cache reference: causal self-attention over all of `x [B, T, D]`."""
-  if rotary_base is None:
-    return multi_head.multi_head_attention(params, x, is_causal=True,
-                                           implementation=implementation)
-  q, k, v = multi_head.project_qkv(params, x)  # [B, T, H, Dh], [B, T, K, D*]
-  pos = jnp.arange(x.shape[1])  # [T]: the same positions for every row
-  q = rotary.apply_rotary(q, pos, base=rotary_base)
-  k = rotary.apply_rotary(k, pos, base=rotary_base)
-  y, _ = multi_head.attend_and_project(params, q, k, v, is_causal=True,
-                                       implementation=implementation)
-  return y
-
-
-def stack_forward(layers, x, *, rotary_base=None, implementation="einsum"):
-  """The whole stack over `x [B, T, D]` with no cache (recomputes everything)."""
-  for layer in layers:
-    x = x + full_causal_attention(layer["attn"], _rms_norm(x),
-                                  rotary_base=rotary_base,
-                                  implementation=implementation)
-    x = x + _mlp(layer, x)
-  return x
-
-
-def stack_cached(layers, x, caches, *, lengths=None, rotary_base=None,
-                 implementation="einsum"):
-  """The stack over new tokens `x [B, T, D]` with one cache per layer.
-
-  Returns `(out [B, T, D], new_caches, CacheStatus)`; overflow in any layer
-  is reported (all layers fill alike, so they overflow together).
-  """
-  new_caches, overflow = [], None
-  for layer, cache in zip(layers, caches, strict=True):
-    a, cache, status = cached_attention(
-        layer["attn"], _rms_norm(x), cache, lengths=lengths,
-        rotary_base=rotary_base, implementation=implementation)
-    x = x + a
-    x = x + _mlp(layer, x)
-    new_caches.append(cache)
-    overflow = status.overflow if overflow is None else (
-        overflow | status.overflow)
-  return x, new_caches, CacheStatus(overflow=overflow)

@@ -10,7 +10,10 @@ value width.
     4. merge_heads  [B, Tq, H, Dv]                  -> [B, Tq, H*Dv]
     5. project_out  [B, Tq, H*Dv] @ W^O [H*Dv, D]   -> [B, Tq, D]
 
-Nothing here is jitted: callers apply `jax.jit` at the outside.
+`attention_layer` runs them in that order for every attention call in the
+project (the NNX module, cached decoding, the functions below), with the
+hook sites of `mha_jax.hooks` between the stages. Nothing here is jitted:
+callers apply `jax.jit` at the outside.
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax import attention
+from mha_jax import hooks as hooks_lib
+from mha_jax import kv_cache
+from mha_jax import masks as masks_lib
 from mha_jax import params as params_lib
+from mha_jax import rotary
 
 
 def project(x: jax.Array, w: jax.Array, b: jax.Array | None = None):
@@ -62,31 +69,93 @@ def project_qkv(params, x_q, x_kv=None):
   return q, k, v
 
 
-def attend_and_project(params, q, k, v, *, mask=None, bias=None,
-                       is_causal=False, head_mask=None, implementation="vmap",
-                       dropout_rate=0.0, dropout_rng=None):
-  """Stages 3-5 on head-split q `[B,Tq,H,Dh]`, k/v `[B,Tk,K,D*]`.
+def project_heads(params, z, hooks=hooks_lib.NO_HOOKS):
+  """Stages 4-5 on each head's output `z [B, Tq, H, Dv]` -> `[B, Tq, D]`.
 
-  The tail of `multi_head_attention` (attend, optional head mask, merge,
-  output projection), public for callers that change q/k/v between the
-  stages (rotary positions, a key/value cache). Returns
-  `(y [B, Tq, D], weights [B, H, Tq, Tk] or None)`.
+  The `result` site `[B, Tq, H, D]` (head h's own term z_h @ W^O_h) is
+  formed only when a hook asks for it, beside the usual fused product,
+  which still gives the output. A patch of `result` moves the output by
+  the change of the terms, `sum_h (new_h - clean_h)`: the output is then
+  the sum of the new terms plus b_o, and patching in the clean terms
+  changes no bit.
   """
-  out, weights = attention.attend(  # [B, Tq, H, Dv]
+  w_o, b_o = params["w_o"], params.get("b_o")
+  y = project_out(merge_heads(z), w_o, b_o)
+  if not hooks.wants("result"):
+    return y
+  # The barriers keep XLA from fusing this product with its neighbours,
+  # which otherwise changed the rounding of some terms from one compiled
+  # program to another: captured in one program and subtracted in another,
+  # they must have the same bits for a patch with them to be exact.
+  zb, wb = jax.lax.optimization_barrier((z, w_o))
+  clean = jax.lax.optimization_barrier(jnp.einsum("bqhe,hed->bqhd", zb, wb))
+  result = hooks("result", clean)
+  if not hooks.patches("result"):
+    return y
+  return y + jnp.sum(result - clean, axis=2)
+
+
+def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
+                    is_causal=False, implementation="vmap",
+                    rotary_base=None, positions=None, kv_positions=None,
+                    cache=None, lengths=None, dropout_rate=0.0,
+                    dropout_rng=None, hooks=hooks_lib.NO_HOOKS):
+  """Every attention call, cached or not, rotary or not: one sequence.
+
+  project q, k, v (stages 1-2) -> rotate q and k (the one place for
+  per-head transforms of q and k) -> [write k, v into the cache] -> attend
+  (stage 3) -> merge and project out (stages 4-5), with the hook sites
+  `q`, `k`, `v`, `scores`, `pattern`, `z`, `result` on the way.
+
+  Args:
+    params: one layer's dict (`init_mha_params`).
+    x_q: `[B, Tq, D]`; x_kv: `[B, Tk, D]` or None (self-attention).
+    mask, bias, is_causal, implementation, dropout_rate, dropout_rng: as
+      in `multi_head_attention`. With a cache, `mask` broadcasts to the
+      slots `[B, H, Tq, S]` and causality is always by true position.
+    rotary_base: rotate q and k by their positions (RoPE) when not None.
+    positions: `[B, Tq]` or `[Tq]` positions of the queries (default
+      0..Tq-1, or `length[b] + t` with a cache); kv_positions: those of
+      the keys (default: `positions` for self-attention, else 0..Tk-1).
+    cache: this layer's `KVCache` (self-attention only); lengths: `[B]`
+      real new tokens per row (see `kv_cache.update`).
+    hooks: a `mha_jax.hooks.Hooks` view scoped to this layer.
+
+  Returns:
+    `(y [B, Tq, D], new cache or None)`. Rows of a sequence that ran past
+    the cache are NaN, so an ignored overflow cannot go unnoticed.
+  """
+  q, k, v = project_qkv(params, x_q, x_kv)  # [B,Tq,H,Dh], [B,Tk,K,D*]
+  if cache is not None and positions is None:
+    positions = kv_cache.positions(cache, q.shape[1])
+  if rotary_base is not None:
+    if positions is None:
+      positions = jnp.arange(q.shape[1])
+    if kv_positions is None:
+      kv_positions = positions if x_kv is None else jnp.arange(k.shape[1])
+    q = rotary.apply_rotary(q, positions, base=rotary_base)
+    k = rotary.apply_rotary(k, kv_positions, base=rotary_base)
+  q, k, v = hooks("q", q), hooks("k", k), hooks("v", v)
+  if cache is not None:
+    # Attend over every slot; the cache's mask holds the causal rule.
+    cache, visible = kv_cache.update(cache, k, v, lengths)
+    k, v = cache.k, cache.v  # [B, S, K, D*]
+    mask = masks_lib.combine_masks(mask, visible)
+    is_causal = False
+  z, _ = attention.attend(  # stage 3: [B, Tq, H, Dv]
       q, k, v, mask=mask, bias=bias, is_causal=is_causal,
       implementation=implementation, dropout_rate=dropout_rate,
-      dropout_rng=dropout_rng)
-  if head_mask is not None:
-    hm = jnp.asarray(head_mask, out.dtype)
-    hm = hm[None] if hm.ndim == 1 else hm  # [B?, H]
-    out = out * hm[:, None, :, None]
-  y = project_out(merge_heads(out), params["w_o"], params.get("b_o"))
-  return y, weights
+      dropout_rng=dropout_rng, hooks=hooks)
+  y = project_heads(params, hooks("z", z), hooks)  # stages 4-5
+  if cache is not None:
+    y = jnp.where(kv_cache.overflowed(cache)[:, None, None], jnp.nan, y)
+  return y, cache
 
 
-def _check_inputs(params, x_q, x_kv, head_mask):
-  """Validate everything that shapes can tell before tracing."""
-  fn = "multi_head_attention"
+def check_inputs(params, x_q, x_kv=None, head_mask=None,
+                 fn="multi_head_attention"):
+  """Validate everything that shapes can tell before tracing; returns the
+  layer's `MHADims`. Errors name `fn`, the argument and what came."""
   dims = params_lib.mha_dims(params)
   for name, x in (("x_q", x_q), ("x_kv", x_kv)):
     if x is None:
@@ -117,10 +186,40 @@ def _check_inputs(params, x_q, x_kv, head_mask):
   return dims
 
 
+def with_layer_options(hooks, implementation, head_mask=None,
+                       return_weights=False, fn="multi_head_attention"):
+  """`hooks` plus what two call options mean in hook terms: `head_mask`
+  is a patch of `z` (applied before a user's own patch of z) and
+  `return_weights` a capture of `pattern` (read back with
+  `hooks.read("pattern")`)."""
+  if head_mask is not None:
+    hooks = hooks.extend(patch={"z": hooks_lib.ScaleHeads(head_mask)})
+  if return_weights:
+    if implementation in attention.WEIGHTLESS:
+      raise ValueError(f"{fn}: return_weights=True is not possible: "
+                       f"{attention.weightless_reason(implementation)}")
+    hooks = hooks.extend(capture=("pattern",))
+  return hooks
+
+
+def site_names(implementation, prefix=""):
+  """`(valid, unavailable)` hook names of one attention layer: the sites
+  it forms, and the weight sites a weightless path lacks (with why)."""
+  valid = tuple(f"{prefix}{s}" for s in hooks_lib.ATTENTION_SITES
+                if implementation not in attention.WEIGHTLESS
+                or s not in hooks_lib.WEIGHT_SITES)
+  unavailable = {}
+  if implementation in attention.WEIGHTLESS:
+    reason = attention.weightless_reason(implementation)
+    unavailable = {f"{prefix}{s}": reason for s in hooks_lib.WEIGHT_SITES}
+  return valid, unavailable
+
+
 def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
                          is_causal=False, implementation="vmap",
                          return_weights=False, head_mask=None,
-                         dropout_rate=0.0, dropout_rng=None):
+                         dropout_rate=0.0, dropout_rng=None, capture=(),
+                         patch=None):
   """The seed's MultiHead(X_q, X_kv) = Concat(head_1..head_h) W^O.
 
   Args:
@@ -136,34 +235,68 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
       "einsum" (fused), "flash" (blockwise online softmax, O(T) memory),
       "xla" / "cudnn" (jax.nn.dot_product_attention) or "auto" (the fastest
       of these for the backend); all give the same numbers up to float
-      rounding. Only "vmap" and "einsum" can return weights.
-    return_weights: also return the attention weights `[B, H, Tq, Tk]`.
+      rounding. Only "vmap" and "einsum" form the weights (`pattern`).
+    return_weights: also return the attention weights `[B, H, Tq, Tk]`
+      (the `pattern` site: float32 softmax, before dropout).
     head_mask: `[H]` or `[B, H]` multiplier on each head's output before the
       concatenation (0 ablates a head; a gradient w.r.t. it is the head's
-      importance). Not part of the seed; a research intervention.
+      importance): a patch of the `z` site. Not part of the seed.
     dropout_rate, dropout_rng: attention-weight dropout (training only).
+    capture: site names to return (`"q"`, `"pattern"`, `"z"`, ... see
+      `mha_jax.hooks`); patch: site name -> array or function.
 
   Returns:
-    out `[B, Tq, D]`, or `(out, weights)` when `return_weights`.
+    out `[B, Tq, D]`; then, when asked, the dict of captured arrays, then
+    the weights.
   """
-  _check_inputs(params, x_q, x_kv, head_mask)
-  if return_weights and implementation in attention.WEIGHTLESS:
-    raise ValueError(f"multi_head_attention: implementation="
-                     f"{implementation!r} never forms the attention weights, "
-                     "so return_weights=True is not possible; use 'vmap' or "
-                     "'einsum' to inspect weights")
+  check_inputs(params, x_q, x_kv, head_mask)
+  capture = (capture,) if isinstance(capture, str) else tuple(capture)
+  valid, unavailable = site_names(implementation)
+  hooks_lib.check_names(set(capture) | set(patch or {}), valid, unavailable)
+  hooks = with_layer_options(hooks_lib.Hooks(capture, patch), implementation,
+                             head_mask, return_weights)
   unbatched = jnp.ndim(x_q) == 2
   if unbatched:
+    if patch:
+      raise ValueError("multi_head_attention: `patch` needs batched inputs "
+                       f"[B, T, D], got x_q {jnp.shape(x_q)}")
     x_q = x_q[None]
     x_kv = None if x_kv is None else x_kv[None]
-  q, k, v = project_qkv(params, x_q, x_kv)  # stages 1-2
+  q, k, v = jax.eval_shape(project_qkv, params, x_q, x_kv)
   attention.check_attend_inputs(q, k, v, mask, bias, implementation,
                                 fn="multi_head_attention")
-  y, weights = attend_and_project(  # stages 3-5
-      params, q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-      head_mask=head_mask, implementation=implementation,
-      dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+  y, _ = attention_layer(
+      params, x_q, x_kv, mask=mask, bias=bias, is_causal=is_causal,
+      implementation=implementation, dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng, hooks=hooks)
+  captured = dict(hooks.captured)
   if unbatched:
     y = y[0]
-    weights = None if weights is None else weights[0]
-  return (y, weights) if return_weights else y
+    captured = {n: a[0] for n, a in captured.items()}
+  out = [y]
+  if capture:
+    out.append({n: captured[n] for n in capture})
+  if return_weights:
+    out.append(captured["pattern"])
+  return out[0] if len(out) == 1 else tuple(out)
+
+
+def cached_attention(params, x, cache, *, lengths=None, rotary_base=None,
+                     implementation="einsum"):
+  """Causal self-attention of new tokens `x [B, T, D]` over a `KVCache`.
+
+  The pure form of what `MultiHeadAttention(..., cache=)` runs. Token t of
+  row b goes to slot `cache.length[b] + t`, which is also its position for
+  `rotary_base`; `lengths [B]` (None: all T) counts each row's real new
+  tokens (the rest is right padding, never written; its output is 0
+  before the output projection).
+
+  Returns `(y [B, T, D], new_cache, CacheStatus)`; rows of a sequence that
+  ran past `max_len` are NaN and flagged in the status.
+  """
+  dims = params_lib.mha_dims(params)
+  kv_cache.check_cache(cache, x, dims, lengths, "cached_attention")
+  y, cache = attention_layer(params, x, cache=cache, lengths=lengths,
+                             is_causal=True, rotary_base=rotary_base,
+                             implementation=implementation)
+  return y, cache, kv_cache.status(cache)

@@ -74,7 +74,7 @@ def param_spec(path: tuple[str, ...], shape: tuple[int, ...],
                model_size: int) -> P:
   """PartitionSpec of one parameter (or optimizer-state leaf) from its path.
 
-  `path` is the leaf's key path as strings, e.g. `("stack", "blocks", "0",
+  `path` is the leaf's key path as strings, e.g. `("blocks", "0",
   "attn", "w_q", "value")` in an `nnx.State` or `("mu", ..., "w_q",
   "value")` in AdamW's state; the rules read the last real name and the
   module names above it.

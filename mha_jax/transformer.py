@@ -1,11 +1,24 @@
 """Tiny transformers built from `MultiHeadAttention`: blocks, LM, seq2seq.
 
-Shape letters: B batch, T target/decoder length, S source/encoder length,
-D d_model, H heads, L layers, V vocabulary, F input features (continuous
-inputs), O output features.
+Shape letters: B batch, T target/decoder length, S source/encoder length
+(or cache slots), D d_model, H heads, L layers, V vocabulary, F input
+features (continuous inputs), O output features.
 
-Attention weights, when a model is called with `return_weights=True`, come
-back as a dict of arrays stacked over layers:
+Every model takes one `ModelConfig` (see `mha_jax.model_config`) and its
+call returns the outputs, followed, in this order and only when asked for,
+by: the new cache (`DecoderLM` with `cache=`), the dict of captured
+activations (`capture=`), the attention weights (`return_weights=True`).
+
+Hook sites (`mha_jax.hooks`) are addressed by where they sit, mirroring
+the module tree: `model.blocks[1].attn`'s pattern is
+`"blocks.1.attn.pattern"`; an `EncoderDecoder` has `"encoder.blocks.l..."`
+and `"decoder.blocks.l..."` (with `.cross.` for cross-attention).
+`model.hook_names()` lists them. `capture=(names...)` returns their values,
+`patch={name: array or function}` replaces them, under `jax.jit`,
+`jax.grad` and `jax.vmap`.
+
+Attention weights with `return_weights=True` are the captured patterns
+stacked over layers:
   * `DecoderLM`:      {"self": [L, B, H, T, T]}
   * `Encoder`:        {"self": [L, B, H, S, S]}
   * `EncoderDecoder`: {"encoder": [L, B, H, S, S], "self": [L, B, H, T, T],
@@ -14,34 +27,30 @@ so `weights["self"][l]` is layer l's `[B, H, Tq, Tk]` (row = query, column =
 key, each row sums to 1 unless the query has no allowed key).
 
 Per-head interventions: `head_mask [L, H]` multiplies head h of layer l's
-output before W^O (0 ablates it). It is a call argument, not a parameter, so
-`jax.grad` with respect to it gives head importance under `jax.jit`.
+output `z` before W^O (0 ablates it): a patch of the `z` sites. It is a
+call argument, not a parameter, so `jax.grad` with respect to it gives
+head importance under `jax.jit`.
 """
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mha_jax import attention
-from mha_jax import generate as generate_lib
-from mha_jax import modules
+from mha_jax import blocks as blocks_lib
+from mha_jax import hooks as hooks_lib
+from mha_jax import kv_cache
+from mha_jax.blocks import Embedder
+from mha_jax.blocks import sinusoidal_positions
+from mha_jax.blocks import TransformerBlock
+from mha_jax.model_config import ModelConfig
+from mha_jax.model_config import POSITIONS
 
-POSITIONS = ("learned", "sinusoidal", "rotary", "none")
 PAD_ID = 0  # token 0 is padding in every token task (see tasks.py)
-
-
-def sinusoidal_positions(length: int, d_model: int) -> jax.Array:
-  """Fixed sin/cos position table `[T, D]` (Vaswani et al.)."""
-  pos = jnp.arange(length, dtype=jnp.float32)[:, None]  # [T, 1]
-  i = jnp.arange(0, d_model, 2, dtype=jnp.float32)  # [ceil(D/2)]
-  angle = pos * jnp.exp(-math.log(10000.0) * i / d_model)[None, :]  # [T, D/2]
-  table = jnp.zeros((length, d_model), jnp.float32)
-  table = table.at[:, 0::2].set(jnp.sin(angle))
-  return table.at[:, 1::2].set(jnp.cos(angle[:, :d_model // 2]))
+__all__ = ["POSITIONS", "PAD_ID", "ModelConfig", "TransformerBlock",
+           "DecoderLM", "Encoder", "EncoderDecoder", "with_implementation",
+           "sinusoidal_positions"]
 
 
 def _layer_rng(rng, layer):
@@ -49,164 +58,58 @@ def _layer_rng(rng, layer):
   return None if rng is None else jax.random.fold_in(rng, layer)
 
 
-def _attend(attn, *args, **kwargs):
-  """`(y, weights)` of an attention call; weights None on the paths that
-  never form them ("flash", "xla", ...), which cannot return any."""
-  if attn.implementation in attention.WEIGHTLESS:
-    return attn(*args, **kwargs), None
-  return attn(*args, return_weights=True, **kwargs)
+def _run_blocks(blocks, x, hooks, *, dropout_rng, cache=None, **kwargs):
+  """The blocks in order, each with its hook scope, dropout key and cache.
+  Returns `(x, new caches as a tuple, or None without a cache)`."""
+  new_cache = []
+  for layer, block in enumerate(blocks):
+    x, c = block(x, hooks=hooks.scope(f"blocks.{layer}"),
+                 cache=None if cache is None else cache[layer],
+                 dropout_rng=_layer_rng(dropout_rng, layer), **kwargs)
+    new_cache.append(c)
+  return x, None if cache is None else tuple(new_cache)
 
 
-def _stack(ws):
-  # Weightless implementations ("flash", "xla", ...) return None per layer.
-  return jnp.stack(ws) if ws and ws[0] is not None else None
+def _make_hooks(model, capture, patch, head_masks, weight_sites):
+  """The call's `Hooks`, checked against `model.hook_names()`.
 
-
-class TransformerBlock(nnx.Module):
-  """Pre-LayerNorm block: x + Attn(LN x) [+ x + Cross(LN x, ctx)] + MLP(LN x).
-
-  `attention_only=True` drops the MLP (as in circuit studies of induction
-  heads), `cross_attention=True` adds attention over an encoder output.
-  `attn_kwargs` go to both `MultiHeadAttention`s.
+  `head_masks`: {site prefix of layer l's z (e.g. "blocks."): [L, H] gates
+  or None}; `weight_sites`: the pattern names `return_weights` reads.
   """
-
-  def __init__(self, d_model: int, num_heads: int, *, mlp_dim: int,
-               attention_only: bool = False, cross_attention: bool = False,
-               dropout_rate: float = 0.0, dtype=None,
-               param_dtype=jnp.float32, rngs: nnx.Rngs, **attn_kwargs):
-    common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.ln_attn = nnx.LayerNorm(d_model, **common)
-    self.attn = modules.MultiHeadAttention(
-        d_model, num_heads, dropout_rate=dropout_rate, **attn_kwargs,
-        **common)
-    self.cross_attention = cross_attention
-    if cross_attention:
-      self.ln_cross = nnx.LayerNorm(d_model, **common)
-      # Cross-attention queries and keys live in different sequences, so
-      # rotating them by their own positions would be meaningless.
-      cross_kwargs = dict(attn_kwargs, rotary=False)
-      self.cross = modules.MultiHeadAttention(
-          d_model, num_heads, dropout_rate=dropout_rate, **cross_kwargs,
-          **common)
-    self.attention_only = attention_only
-    if not attention_only:
-      self.ln_mlp = nnx.LayerNorm(d_model, **common)
-      self.mlp_in = nnx.Linear(d_model, mlp_dim, **common)
-      self.mlp_out = nnx.Linear(mlp_dim, d_model, **common)
-
-  def __call__(self, x, *, mask=None, is_causal=False, positions=None,
-               context=None, context_mask=None, head_mask=None,
-               cross_head_mask=None, deterministic=True, dropout_rng=None):
-    """`x [B,T,D]` -> `(y [B,T,D], self_weights, cross_weights or None)`."""
-    rng = (lambda i: None if dropout_rng is None
-           else jax.random.fold_in(dropout_rng, i))
-    y, w_self = _attend(
-        self.attn, self.ln_attn(x), mask=mask, is_causal=is_causal,
-        positions=positions, head_mask=head_mask,
-        deterministic=deterministic, dropout_rng=rng(0))
-    x = x + y
-    w_cross = None
-    if self.cross_attention:
-      if context is None:
-        raise ValueError("TransformerBlock: a cross-attention block needs "
-                         "`context` [B, S, D]")
-      y, w_cross = _attend(
-          self.cross, self.ln_cross(x), context, mask=context_mask,
-          head_mask=cross_head_mask, deterministic=deterministic,
-          dropout_rng=rng(1))
-      x = x + y
-    return self.feed_forward(x), w_self, w_cross
-
-  def feed_forward(self, x):
-    """The MLP sublayer with its residual; identity when attention-only.
-
-    Shared with the cached decoding path (`mha_jax.generate`), which runs
-    the attention sublayer through `kv_cache.cached_attention` instead.
-    """
-    if self.attention_only:
-      return x
-    return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.ln_mlp(x))))
+  capture = (capture,) if isinstance(capture, str) else tuple(capture)
+  valid, unavailable = model.hook_sites()
+  hooks_lib.check_names(set(capture) | set(patch or {}), valid, unavailable)
+  hooks = hooks_lib.Hooks(capture, patch)
+  num_layers, num_heads = model.config.num_layers, model.config.num_heads
+  for (arg, fmt), gates in head_masks.items():
+    if gates is None:
+      continue
+    if jnp.shape(gates) != (num_layers, num_heads):
+      raise ValueError(f"`{arg}` must have shape [L, H]=[{num_layers}, "
+                       f"{num_heads}], got {jnp.shape(gates)}")
+    hooks = hooks.extend(patch={
+        fmt.format(l): hooks_lib.ScaleHeads(gates[l])
+        for l in range(num_layers)})
+  if weight_sites:
+    for site in weight_sites:
+      if site in unavailable:
+        raise ValueError(f"return_weights=True is not possible: "
+                         f"{unavailable[site]}")
+    hooks = hooks.extend(capture=weight_sites)
+  return hooks, capture
 
 
-class _Stack(nnx.Module):
-  """Input layer, position scheme and L blocks, shared by all models."""
-
-  def __init__(self, *, vocab_size: int, d_model: int, num_layers: int,
-               num_heads: int, max_len: int, positions: str = "learned",
-               input_dim: int = 0, mlp_dim: int | None = None,
-               attention_only: bool = False, cross_attention: bool = False,
-               dropout_rate: float = 0.0, num_kv_heads: int | None = None,
-               head_dim: int | None = None, use_bias: bool = False,
-               implementation: str = "vmap", dtype=None,
-               param_dtype=jnp.float32, rngs: nnx.Rngs):
-    if positions not in POSITIONS:
-      raise ValueError(f"`positions` must be one of {POSITIONS}, got "
-                       f"{positions!r}")
-    common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.input_dim = input_dim
-    if input_dim > 0:  # continuous inputs [B, T, F]
-      self.embed = nnx.Linear(input_dim, d_model, **common)
-    else:
-      self.embed = nnx.Embed(vocab_size, d_model, **common)
-    self.positions = positions
-    self.max_len = max_len
-    if positions == "learned":
-      self.pos_embed = nnx.Embed(max_len, d_model, **common)
-    self.blocks = nnx.List([
-        TransformerBlock(
-            d_model, num_heads, mlp_dim=mlp_dim or 4 * d_model,
-            attention_only=attention_only, cross_attention=cross_attention,
-            dropout_rate=dropout_rate, num_kv_heads=num_kv_heads,
-            head_dim=head_dim, use_bias=use_bias,
-            rotary=positions == "rotary", implementation=implementation,
-            **common)
-        for _ in range(num_layers)])
-    self.num_heads = num_heads
-    self.d_model = d_model
-
-  def embed_inputs(self, inputs, positions):
-    """Inputs `[B,T]` tokens or `[B,T,F]` features -> `[B,T,D]`."""
-    inputs = jnp.asarray(inputs)
-    expect_rank = 3 if self.input_dim > 0 else 2
-    if inputs.ndim != expect_rank:
-      kind = (f"features [B, T, {self.input_dim}]" if self.input_dim > 0
-              else "integer tokens [B, T]")
-      raise ValueError(f"`inputs` must be {kind}, got shape {inputs.shape}")
-    if inputs.shape[1] > self.max_len:
-      raise ValueError(f"`inputs` length {inputs.shape[1]} exceeds the "
-                       f"model's `max_len`={self.max_len}")
-    x = self.embed(inputs)  # [B, T, D]
-    if self.positions == "learned":
-      x = x + self.pos_embed(positions)
-    elif self.positions == "sinusoidal":
-      table = sinusoidal_positions(self.max_len, self.d_model)
-      x = x + table[positions].astype(x.dtype)
-    return x
-
-  def run(self, x, *, positions, mask=None, is_causal=False, context=None,
-          context_mask=None, head_mask=None, cross_head_mask=None,
-          deterministic=True, dropout_rng=None):
-    """Blocks over `x [B,T,D]`; returns `(x, self [L,...], cross [L,...])`."""
-    n = len(self.blocks)
-    for name, hm in (("head_mask", head_mask),
-                     ("cross_head_mask", cross_head_mask)):
-      if hm is not None and jnp.shape(hm) != (n, self.num_heads):
-        raise ValueError(f"`{name}` must have shape [L, H]=[{n}, "
-                         f"{self.num_heads}], got {jnp.shape(hm)}")
-    w_self, w_cross = [], []
-    for layer, block in enumerate(self.blocks):
-      x, ws, wc = block(
-          x, mask=mask, is_causal=is_causal, positions=positions,
-          context=context, context_mask=context_mask,
-          head_mask=None if head_mask is None else head_mask[layer],
-          cross_head_mask=(None if cross_head_mask is None
-                           else cross_head_mask[layer]),
-          deterministic=deterministic,
-          dropout_rng=_layer_rng(dropout_rng, layer))
-      w_self.append(ws)
-      if wc is not None:
-        w_cross.append(wc)
-    return x, _stack(w_self), _stack(w_cross)
+def _outputs(main, *, cache=None, capture=(), hooks=None, weights=None):
+  """`main`, then the cache, the captured dict and the weights if asked."""
+  out = [main]
+  if cache is not None:
+    out.append(cache)
+  if capture:
+    out.append({n: hooks.captured[n] for n in capture})
+  if weights is not None:
+    out.append({k: jnp.stack([hooks.captured[n] for n in names])
+                for k, names in weights.items()})
+  return out[0] if len(out) == 1 else tuple(out)
 
 
 def _default_positions(inputs):
@@ -214,59 +117,98 @@ def _default_positions(inputs):
   return jnp.broadcast_to(jnp.arange(t), (b, t))  # [B, T]
 
 
+def _patterns(fmt, num_layers):
+  return tuple(fmt.format(l) for l in range(num_layers))
+
+
 class DecoderLM(nnx.Module):
   """Causal decoder: embed -> L causal blocks -> [final LN] -> readout.
 
   Inputs are token ids `[B, T]`, or features `[B, T, F]` when
-  `input_dim=F > 0` (a linear input layer replaces the embedding). The
-  readout has `output_dim` units when > 0, else `vocab_size` (logits).
-  Other keyword arguments (num_kv_heads, head_dim, mlp_dim, attention_only,
-  positions, use_bias, dropout_rate, implementation, dtype, param_dtype)
-  configure the blocks; see `TransformerBlock` and `MultiHeadAttention`.
+  `config.input_dim=F > 0` (a linear input layer replaces the embedding).
+  The readout has `config.output_dim` units when > 0, else V (logits).
+  The model owns its cache: `init_cache(batch)` gives one `KVCache` per
+  block, and a call with `cache=` attends over it and returns the new one.
   """
 
-  def __init__(self, *, vocab_size: int, d_model: int, num_layers: int,
-               num_heads: int, max_len: int, output_dim: int = 0,
-               final_ln: bool = True, rngs: nnx.Rngs, **kwargs):
-    self.stack = _Stack(vocab_size=vocab_size, d_model=d_model,
-                        num_layers=num_layers, num_heads=num_heads,
-                        max_len=max_len, rngs=rngs, **kwargs)
-    common = dict(dtype=kwargs.get("dtype"),
-                  param_dtype=kwargs.get("param_dtype", jnp.float32),
-                  rngs=rngs)
-    self.final_ln = nnx.LayerNorm(d_model, **common) if final_ln else None
-    self.readout = nnx.Linear(d_model, output_dim or vocab_size, **common)
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    common = blocks_lib.common_args(config, rngs)
+    self.config = config
+    self.embed = blocks_lib.Embedder(config, rngs=rngs)
+    self.blocks = nnx.List([blocks_lib.TransformerBlock(config, rngs=rngs)
+                            for _ in range(config.num_layers)])
+    self.final_ln = (nnx.LayerNorm(config.d_model, **common)
+                     if config.final_ln else None)
+    self.readout = nnx.Linear(config.d_model, config.out_features, **common)
 
-  def __call__(self, inputs, *, positions=None, mask=None, head_mask=None,
+  def hook_sites(self):
+    """`(names, unavailable)`: every hook site of this model in the order
+    they are reached, and the sites its implementation does not form,
+    each with the reason and the way out."""
+    return blocks_lib.merge_site_names(b.site_names(f"blocks.{l}.")
+                       for l, b in enumerate(self.blocks))
+
+  def hook_names(self) -> tuple[str, ...]:
+    """Every hook site of this model, in the order they are reached."""
+    return self.hook_sites()[0]
+
+  def init_cache(self, batch: int, max_len: int | None = None
+                 ) -> tuple[kv_cache.KVCache, ...]:
+    """One empty `KVCache` per block, `max_len` slots (default: the model's
+    `max_len`; a learned or sinusoidal table bounds it)."""
+    c = self.config
+    max_len = c.max_len if max_len is None else max_len
+    if c.positions in ("learned", "sinusoidal") and max_len > c.max_len:
+      raise ValueError(f"init_cache: `max_len`={max_len} exceeds the model's "
+                       f"{c.positions} position table ({c.max_len} "
+                       "positions)")
+    return tuple(b.attn.init_cache(batch, max_len) for b in self.blocks)
+
+  def __call__(self, inputs, *, positions=None, mask=None, cache=None,
+               lengths=None, head_mask=None, capture=(), patch=None,
                deterministic=True, dropout_rng=None, return_weights=False):
     """`inputs [B,T]` (or `[B,T,F]`) -> logits `[B, T, V or O]`.
 
-    `positions [B, T]` default to 0..T-1; `mask` (bool, broadcastable to
-    `[B, H, T, T]`) is combined with the causal rule; `head_mask [L, H]`.
-    With `return_weights`: `(logits, {"self": [L, B, H, T, T]})`.
+    `positions [B, T]` default to 0..T-1, or with a `cache` to each row's
+    next slots `length[b] + t` (positions are per sequence, so a ragged
+    batch decodes as each row alone). `mask` (bool, broadcastable to
+    `[B, H, T, T]`, or `[B, H, T, S]` over cache slots) is combined with
+    the causal rule. `cache`: from `init_cache`; `lengths [B]` (None: all
+    T) counts each row's real tokens, the rest is right padding that is
+    never written (its logits are junk). `head_mask [L, H]`; `capture`,
+    `patch`: hook sites (see the module docstring).
+
+    Returns logits, then the new cache, the captured dict and
+    `{"self": [L, B, H, T, T or S]}` when asked for (in that order).
     """
-    positions = _default_positions(inputs) if positions is None else positions
-    x = self.stack.embed_inputs(inputs, positions)
-    x, w_self, _ = self.stack.run(
-        x, positions=positions, mask=mask, is_causal=True,
-        head_mask=head_mask, deterministic=deterministic,
-        dropout_rng=dropout_rng)
+    c = self.config
+    hooks, capture = _make_hooks(
+        self, capture, patch, {("head_mask", "blocks.{}.attn.z"): head_mask},
+        _patterns("blocks.{}.attn.pattern", c.num_layers)
+        if return_weights else ())
+    table_positions = positions
+    if cache is not None:
+      if len(cache) != c.num_layers:
+        raise ValueError(f"`cache` must hold one KVCache per block "
+                         f"({c.num_layers}), got {len(cache)}")
+      if positions is None:
+        positions = kv_cache.positions(cache[0], jnp.shape(inputs)[1])
+      # Only padding rows, or rows past the cache (their output is NaN),
+      # can point past a position table; clamp just their lookup.
+      table_positions = jnp.minimum(positions, c.max_len - 1)
+    elif positions is None:
+      positions = table_positions = _default_positions(inputs)
+    x = self.embed(inputs, table_positions)
+    x, new_cache = _run_blocks(
+        self.blocks, x, hooks, positions=positions, mask=mask,
+        is_causal=True, cache=cache, lengths=lengths,
+        deterministic=deterministic, dropout_rng=dropout_rng)
     if self.final_ln is not None:
       x = self.final_ln(x)
-    logits = self.readout(x)
-    return (logits, {"self": w_self}) if return_weights else logits
-
-  def generate(self, prompt, max_new_tokens: int, *, prompt_lengths=None,
-               temperature: float = 0.0, rng=None, **kwargs):
-    """Continue right-padded prompts `[B, P]` with a KV cache per layer.
-
-    Greedy at `temperature` 0, else sampled with `rng`; `prompt_lengths [B]`
-    for prompts of unequal length. Returns new tokens `[B, N]`; see
-    `mha_jax.generate.generate` for the other options.
-    """
-    return generate_lib.generate(
-        self, prompt, max_new_tokens, prompt_lengths=prompt_lengths,
-        temperature=temperature, rng=rng, **kwargs)
+    weights = ({"self": _patterns("blocks.{}.attn.pattern", c.num_layers)}
+               if return_weights else None)
+    return _outputs(self.readout(x), cache=new_cache, capture=capture,
+                    hooks=hooks, weights=weights)
 
 
 class Encoder(nnx.Module):
@@ -276,26 +218,69 @@ class Encoder(nnx.Module):
   Ends with a LayerNorm; returns `[B, S, D]` (and `{"self": [L,B,H,S,S]}`).
   """
 
-  def __init__(self, *, vocab_size: int, d_model: int, num_layers: int,
-               num_heads: int, max_len: int, rngs: nnx.Rngs, **kwargs):
-    self.stack = _Stack(vocab_size=vocab_size, d_model=d_model,
-                        num_layers=num_layers, num_heads=num_heads,
-                        max_len=max_len, rngs=rngs, **kwargs)
-    self.final_ln = nnx.LayerNorm(d_model, dtype=kwargs.get("dtype"),
-                                  param_dtype=kwargs.get("param_dtype",
-                                                         jnp.float32),
-                                  rngs=rngs)
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.embed = blocks_lib.Embedder(config, rngs=rngs)
+    self.blocks = nnx.List([blocks_lib.TransformerBlock(config, rngs=rngs)
+                            for _ in range(config.num_layers)])
+    self.final_ln = nnx.LayerNorm(config.d_model,
+                                  **blocks_lib.common_args(config, rngs))
 
-  def __call__(self, tokens, *, head_mask=None, deterministic=True,
-               dropout_rng=None, return_weights=False):
+  def hook_sites(self):
+    """`(names, unavailable)`, as `DecoderLM.hook_sites`."""
+    return blocks_lib.merge_site_names(b.site_names(f"blocks.{l}.")
+                       for l, b in enumerate(self.blocks))
+
+  def hook_names(self) -> tuple[str, ...]:
+    return self.hook_sites()[0]
+
+  def encode(self, tokens, hooks, *, deterministic=True, dropout_rng=None):
+    """`tokens [B, S]` -> `[B, S, D]` with `hooks` scoped to this encoder."""
     positions = _default_positions(tokens)
     key_valid = (tokens != PAD_ID)[:, None, None, :]  # [B, 1, 1, S]
-    x = self.stack.embed_inputs(tokens, positions)
-    x, w_self, _ = self.stack.run(
-        x, positions=positions, mask=key_valid, head_mask=head_mask,
+    x = self.embed(tokens, positions)
+    x, _ = _run_blocks(self.blocks, x, hooks, positions=positions,
+                       mask=key_valid, deterministic=deterministic,
+                       dropout_rng=dropout_rng)
+    return self.final_ln(x)
+
+  def __call__(self, tokens, *, head_mask=None, capture=(), patch=None,
+               deterministic=True, dropout_rng=None, return_weights=False):
+    c = self.config
+    hooks, capture = _make_hooks(
+        self, capture, patch, {("head_mask", "blocks.{}.attn.z"): head_mask},
+        _patterns("blocks.{}.attn.pattern", c.num_layers)
+        if return_weights else ())
+    x = self.encode(tokens, hooks, deterministic=deterministic,
+                    dropout_rng=dropout_rng)
+    weights = ({"self": _patterns("blocks.{}.attn.pattern", c.num_layers)}
+               if return_weights else None)
+    return _outputs(x, capture=capture, hooks=hooks, weights=weights)
+
+
+class Decoder(nnx.Module):
+  """The decoder half of `EncoderDecoder`: causal blocks with
+  cross-attention over the encoder output, final LN and readout."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    common = blocks_lib.common_args(config, rngs)
+    self.embed = blocks_lib.Embedder(config, rngs=rngs)
+    self.blocks = nnx.List([
+        blocks_lib.TransformerBlock(config, cross_attention=True, rngs=rngs)
+        for _ in range(config.num_layers)])
+    self.final_ln = nnx.LayerNorm(config.d_model, **common)
+    self.readout = nnx.Linear(config.d_model, config.out_features, **common)
+
+  def __call__(self, tgt, context, context_mask, hooks, *,
+               deterministic=True, dropout_rng=None):
+    positions = _default_positions(tgt)
+    tgt_valid = (tgt != PAD_ID)[:, None, None, :]  # [B, 1, 1, T]
+    x = self.embed(tgt, positions)
+    x, _ = _run_blocks(
+        self.blocks, x, hooks, positions=positions, is_causal=True,
+        mask=tgt_valid, context=context, context_mask=context_mask,
         deterministic=deterministic, dropout_rng=dropout_rng)
-    x = self.final_ln(x)
-    return (x, {"self": w_self}) if return_weights else x
+    return self.readout(self.final_ln(x))
 
 
 class EncoderDecoder(nnx.Module):
@@ -305,49 +290,58 @@ class EncoderDecoder(nnx.Module):
   and in cross-attention, decoder keys in decoder self-attention.
   """
 
-  def __init__(self, *, vocab_size: int, d_model: int, num_layers: int,
-               num_heads: int, max_len: int, output_dim: int = 0,
-               rngs: nnx.Rngs, **kwargs):
-    kwargs.pop("final_ln", None)  # both halves always end with a LayerNorm
-    self.encoder = Encoder(vocab_size=vocab_size, d_model=d_model,
-                           num_layers=num_layers, num_heads=num_heads,
-                           max_len=max_len, rngs=rngs, **kwargs)
-    self.decoder = _Stack(vocab_size=vocab_size, d_model=d_model,
-                          num_layers=num_layers, num_heads=num_heads,
-                          max_len=max_len, cross_attention=True, rngs=rngs,
-                          **kwargs)
-    common = dict(dtype=kwargs.get("dtype"),
-                  param_dtype=kwargs.get("param_dtype", jnp.float32),
-                  rngs=rngs)
-    self.final_ln = nnx.LayerNorm(d_model, **common)
-    self.readout = nnx.Linear(d_model, output_dim or vocab_size, **common)
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.encoder = Encoder(config, rngs=rngs)
+    self.decoder = Decoder(config, rngs=rngs)
+
+  def hook_sites(self):
+    """`(names, unavailable)`, as `DecoderLM.hook_sites`."""
+    enc = (b.site_names(f"encoder.blocks.{l}.")
+           for l, b in enumerate(self.encoder.blocks))
+    dec = (b.site_names(f"decoder.blocks.{l}.")
+           for l, b in enumerate(self.decoder.blocks))
+    return blocks_lib.merge_site_names([*enc, *dec])
+
+  def hook_names(self) -> tuple[str, ...]:
+    return self.hook_sites()[0]
 
   def __call__(self, src, tgt, *, encoder_head_mask=None, head_mask=None,
-               cross_head_mask=None, deterministic=True, dropout_rng=None,
-               return_weights=False):
+               cross_head_mask=None, capture=(), patch=None,
+               deterministic=True, dropout_rng=None, return_weights=False):
     """`src [B,S]`, decoder input `tgt [B,T]` -> logits `[B, T, V]`.
 
     Head masks are `[L, H]` for the encoder, decoder self- and
-    cross-attention. With `return_weights`: `(logits, {"encoder", "self",
-    "cross"})` as described in the module docstring.
+    cross-attention. Returns logits, then the captured dict and
+    `{"encoder", "self", "cross"}` weights when asked for.
     """
+    n = self.config.num_layers
+    weights = None
+    if return_weights:
+      weights = {"encoder": _patterns("encoder.blocks.{}.attn.pattern", n),
+                 "self": _patterns("decoder.blocks.{}.attn.pattern", n),
+                 "cross": _patterns("decoder.blocks.{}.cross.pattern", n)}
+    hooks, capture = _make_hooks(
+        self, capture, patch,
+        {("encoder_head_mask", "encoder.blocks.{}.attn.z"): encoder_head_mask,
+         ("head_mask", "decoder.blocks.{}.attn.z"): head_mask,
+         ("cross_head_mask", "decoder.blocks.{}.cross.z"): cross_head_mask},
+        sum(weights.values(), ()) if weights else ())
     enc_rng, dec_rng = ((None, None) if dropout_rng is None
                         else jax.random.split(dropout_rng))
-    context, w_enc = self.encoder(
-        src, head_mask=encoder_head_mask, deterministic=deterministic,
-        dropout_rng=enc_rng, return_weights=True)
+    context = self.encoder.encode(src, hooks.scope("encoder"),
+                                  deterministic=deterministic,
+                                  dropout_rng=enc_rng)
     src_valid = (src != PAD_ID)[:, None, None, :]  # [B, 1, 1, S]
-    tgt_valid = (tgt != PAD_ID)[:, None, None, :]  # [B, 1, 1, T]
-    positions = _default_positions(tgt)
-    x = self.decoder.embed_inputs(tgt, positions)
-    x, w_self, w_cross = self.decoder.run(
-        x, positions=positions, is_causal=True,
-        mask=tgt_valid, context=context,
-        context_mask=src_valid, head_mask=head_mask,
-        cross_head_mask=cross_head_mask, deterministic=deterministic,
-        dropout_rng=dec_rng)
-    logits = self.readout(self.final_ln(x))
-    if return_weights:
-      return logits, {"encoder": w_enc["self"], "self": w_self,
-                      "cross": w_cross}
-    return logits
+    logits = self.decoder(tgt, context, src_valid, hooks.scope("decoder"),
+                          deterministic=deterministic, dropout_rng=dec_rng)
+    return _outputs(logits, capture=capture, hooks=hooks, weights=weights)
+
+
+def with_implementation(model, implementation: str):
+  """The same model (same weights, shared) running another `attend` path,
+  e.g. "einsum" to read `pattern` from a model trained with "flash"."""
+  config = model.config.replace(implementation=implementation)
+  abstract = nnx.eval_shape(lambda: type(model)(config, rngs=nnx.Rngs(0)))
+  graphdef, _ = nnx.split(abstract)
+  return nnx.merge(graphdef, nnx.state(model))

@@ -34,7 +34,8 @@ def test_every_training_config_validates_and_builds(path):
     pytest.skip("not a training config")
   config_lib.validate_config(config)
   model = _abstract_model(config)
-  assert len(model.stack.blocks if hasattr(model, "stack")
+  assert model.config.num_layers == config.model.num_layers
+  assert len(model.blocks if hasattr(model, "blocks")
              else model.decoder.blocks) == config.model.num_layers
 
 
@@ -51,10 +52,10 @@ def _parse(*overrides, path=ROOT / "configs" / "default.py"):
 def test_command_line_overrides_reach_the_model():
   config = _parse("--config.model.num_heads=8", "--config.model.num_kv_heads=2",
                   "--config.model.d_model=32", "--config.task.seq_len=20")
-  attn = _abstract_model(config).stack.blocks[0].attn
+  attn = _abstract_model(config).blocks[0].attn
   assert attn.w_q.shape == (32, 8, 4)  # [D, H, Dh]
   assert attn.w_k.shape == (32, 2, 4)  # [D, K, Dh]
-  assert _abstract_model(config).stack.max_len == 20
+  assert _abstract_model(config).config.max_len == 20
 
 
 def test_unknown_key_and_wrong_type_fail():

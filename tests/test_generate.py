@@ -1,8 +1,9 @@
 """Generation through DecoderLM with KV caches equals the uncached model.
 
 The reference is always the model's own full causal forward `model(tokens)`
-(no cache, positions 0..T-1), an independent path from the cached one
-(`kv_cache.cached_attention` on slots, per-sequence positions). Prompts are
+(no cache: causal rule over positions 0..T-1), against the cached call
+`model(tokens, cache=...)` (slots written one call at a time, masks and
+positions per sequence). Prompts are
 right padded with junk tokens so that any leak of padding shows up.
 """
 
@@ -29,11 +30,11 @@ STEPS = 4
 
 def make_model(num_kv_heads=2, positions="learned", implementation="einsum",
                seed=0, **kwargs):
-  return transformer.DecoderLM(
+  return transformer.DecoderLM(transformer.ModelConfig(
       vocab_size=V, d_model=D, num_layers=2, num_heads=H,
       num_kv_heads=num_kv_heads, max_len=MAX_LEN, positions=positions,
       implementation=implementation, attention_only=False, use_bias=True,
-      rngs=nnx.Rngs(seed), **kwargs)
+      **kwargs), rngs=nnx.Rngs(seed))
 
 
 def make_tokens(seed=1):
@@ -52,7 +53,7 @@ def _teacher_forced(graphdef, state, full, lens):
   p = full.shape[1] - STEPS
   real = jnp.arange(p)[None, :] < lens[:, None]
   prompt = jnp.where(real, full[:, :p], 2)
-  caches = generate.init_caches(model, full.shape[0])
+  caches = model.init_cache(full.shape[0])
   first, caches, status = generate.prefill(model, prompt, caches,
                                            lengths=lens)
   rows = jnp.arange(full.shape[0])
@@ -125,14 +126,15 @@ def test_greedy_equals_naive_full_forward_loop():
   model = make_model(LAYOUTS["gqa"], "learned", seed=3)
   _, prompt = make_tokens(seed=4)
   n = MAX_LEN - int(LENS.max()) + 1  # the longest prompt fills the cache
-  tokens = model.generate(prompt, n, prompt_lengths=LENS)
+  tokens = generate.generate(model, prompt, n, prompt_lengths=LENS)
   assert tokens.shape == (len(LENS), n)
   for b, length in enumerate(LENS):
     assert list(np.asarray(tokens[b])) == naive_greedy(
         model, prompt[b, :length], n), b
   # Per-row budgets: the same tokens up to each budget, then padding.
   budget = np.array([n, 2, 1])
-  short = model.generate(prompt, n, prompt_lengths=LENS, new_tokens=budget)
+  short = generate.generate(model, prompt, n, prompt_lengths=LENS,
+                            new_tokens=budget)
   keep = np.arange(n)[None, :] < budget[:, None]
   np.testing.assert_array_equal(short, np.where(keep, tokens, 0))
 
@@ -140,8 +142,8 @@ def test_greedy_equals_naive_full_forward_loop():
 def test_sampling_reproducible_given_key():
   model = make_model(2, "rotary")
   _, prompt = make_tokens()
-  run = lambda key, t=1.0: model.generate(
-      prompt, 6, prompt_lengths=LENS, temperature=t, rng=key)
+  run = lambda key, t=1.0: generate.generate(
+      model, prompt, 6, prompt_lengths=LENS, temperature=t, rng=key)
   a, b = run(jax.random.PRNGKey(7)), run(jax.random.PRNGKey(7))
   np.testing.assert_array_equal(a, b)
   assert (a != run(jax.random.PRNGKey(8))).any()
@@ -149,8 +151,9 @@ def test_sampling_reproducible_given_key():
   # on it (both run in the same compiled program as sampling).
   greedy = run(jax.random.PRNGKey(7), 0.0)
   np.testing.assert_array_equal(run(jax.random.PRNGKey(9), 1e-4), greedy)
-  logits = model.generate(prompt, 6, prompt_lengths=LENS, temperature=0.0,
-                          rng=jax.random.PRNGKey(7), return_logits=True)[1]
+  logits = generate.generate(model, prompt, 6, prompt_lengths=LENS,
+                             temperature=0.0, rng=jax.random.PRNGKey(7),
+                             return_logits=True)[1]
   np.testing.assert_array_equal(greedy, jnp.argmax(logits, -1))
 
 
@@ -190,7 +193,7 @@ def test_decode_step_does_not_recompile_as_position_advances():
   step = jax.jit(chex.assert_max_traces(
       lambda s, tok, c: generate.decode_step(nnx.merge(graphdef, s), tok, c),
       n=1))
-  caches = generate.init_caches(model, 2)
+  caches = model.init_cache(2)
   token = jnp.array([3, 4])
   for _ in range(5):
     logits, caches, _ = step(state, token, caches)
@@ -217,22 +220,22 @@ def test_generate_raises_on_overflow_and_bad_inputs():
   model = make_model(2, "learned")
   _, prompt = make_tokens()
   with pytest.raises(OverflowError, match="max_len"):
-    model.generate(prompt, MAX_LEN - 3, prompt_lengths=LENS)
+    generate.generate(model, prompt, MAX_LEN - 3, prompt_lengths=LENS)
   with pytest.raises(ValueError, match="position table"):
-    generate.init_caches(model, 1, max_len=MAX_LEN + 1)
+    model.init_cache(1, max_len=MAX_LEN + 1)
   with pytest.raises(ValueError, match="prompt_lengths"):
-    model.generate(prompt, 2, prompt_lengths=[0, 1, 2])
+    generate.generate(model, prompt, 2, prompt_lengths=[0, 1, 2])
   with pytest.raises(ValueError, match="rng"):
-    model.generate(prompt, 2, temperature=1.0)
+    generate.generate(model, prompt, 2, temperature=1.0)
   with pytest.raises(ValueError, match="prompt"):
-    model.generate(prompt.astype(jnp.float32), 2)
+    generate.generate(model, prompt.astype(jnp.float32), 2)
   with pytest.raises(ValueError, match="max_new_tokens"):
-    model.generate(prompt, 0)
+    generate.generate(model, prompt, 0)
   with pytest.raises(ValueError, match="new_tokens"):
-    model.generate(prompt, 2, new_tokens=[1, 3, 1])
-  features = transformer.DecoderLM(
+    generate.generate(model, prompt, 2, new_tokens=[1, 3, 1])
+  features = transformer.DecoderLM(transformer.ModelConfig(
       vocab_size=0, input_dim=3, output_dim=2, d_model=D, num_layers=1,
-      num_heads=H, max_len=MAX_LEN, rngs=nnx.Rngs(0))
+      num_heads=H, max_len=MAX_LEN), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="token model"):
     generate.generate(features, prompt, 2)
 

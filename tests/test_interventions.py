@@ -15,8 +15,9 @@ L, H, T, V = 2, 2, 6, 11
 
 def tiny_model(seed=0):
   return transformer.DecoderLM(
-      vocab_size=V, d_model=8, num_layers=L, num_heads=H, max_len=T,
-      attention_only=True, rngs=nnx.Rngs(params=jax.random.PRNGKey(seed)))
+      transformer.ModelConfig(vocab_size=V, d_model=8, num_layers=L,
+                              num_heads=H, max_len=T, attention_only=True),
+      rngs=nnx.Rngs(params=jax.random.PRNGKey(seed)))
 
 
 def tiny_batch(b=3, seed=1):
@@ -58,7 +59,7 @@ class InterventionTest(absltest.TestCase):
     for l in range(L):
       for h in range(H):
         m = nnx.clone(self.model)
-        attn = m.stack.blocks[l].attn
+        attn = m.blocks[l].attn
         attn.w_o[...] = attn.w_o[...].at[h].set(0.0)
         loss = float(train.compute_loss(m, self.batch, "xent")[0])
         np.testing.assert_allclose(got[l, h], loss - clean, rtol=1e-4,

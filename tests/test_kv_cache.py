@@ -1,9 +1,11 @@
 """Cached decoding equals the full causal forward pass, and fails loudly.
 
-The reference for every exactness test is an independent path with no cache:
-`multi_head_attention(..., is_causal=True)` (or, with rotary, the stage
-functions over the whole sequence at positions 0..T-1). Prompts are right
-padded with huge junk values so that any leak of padding shows up.
+The reference for every exactness test is the forward with no cache:
+`multi_head_attention(..., is_causal=True)` (or, with rotary, the same
+attention path over the whole sequence at positions 0..T-1, whose rotary
+is checked against an independent NumPy RoPE in test_modules.py). Prompts
+are right padded with huge junk values so that any leak of padding shows
+up.
 """
 
 import functools
@@ -35,6 +37,26 @@ MAX_LEN = 12
 
 def rel_err(a, b):
   return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+def prefill(params, x, cache, lengths=None, **opts):
+  """A right-padded prompt `x [B, T, D]` through the cache."""
+  return multi_head.cached_attention(params, x, cache, lengths=lengths,
+                                     **opts)
+
+
+def decode_step(params, x, cache, **opts):
+  """One new token per row, `x [B, D]` -> `y [B, D]`, cache, status."""
+  y, cache, status = multi_head.cached_attention(params, x[:, None], cache,
+                                                 **opts)
+  return y[:, 0], cache, status
+
+
+def full_causal(params, x, rotary_base=None, implementation="vmap"):
+  """No cache: causal self-attention over all of `x [B, T, D]`."""
+  return multi_head.attention_layer(params, x, is_causal=True,
+                                    rotary_base=rotary_base,
+                                    implementation=implementation)[0]
 
 
 def skip_if_no_mask_support(implementation):
@@ -95,9 +117,8 @@ def test_prefill_and_decode_equal_full_forward(implementation, layout,
                                       num_kv_heads=HEAD_LAYOUTS[layout])
   full, prompt = make_inputs(1)
   opts = dict(rotary_base=rotary_base, implementation=implementation)
-  prefill_fn = jax.jit(lambda x, c, n: kv_cache.prefill(
-      params, x, c, lengths=n, **opts))
-  step_fn = jax.jit(lambda x, c: kv_cache.decode_step(params, x, c, **opts))
+  prefill_fn = jax.jit(lambda x, c, n: prefill(params, x, c, n, **opts))
+  step_fn = jax.jit(lambda x, c: decode_step(params, x, c, **opts))
   cache = kv_cache.init_cache_for(params, len(PROMPT_LENS), MAX_LEN)
   y_prompt, y_steps, cache = decode_all(step_fn, prefill_fn, full, prompt,
                                         cache)
@@ -105,19 +126,9 @@ def test_prefill_and_decode_equal_full_forward(implementation, layout,
     ref = multi_head.multi_head_attention(params, full, is_causal=True,
                                           implementation="vmap")
   else:
-    ref = kv_cache.full_causal_attention(params, full, rotary_base=rotary_base,
-                                         implementation="vmap")
+    ref = full_causal(params, full, rotary_base=rotary_base)
   assert_matches_reference(ref, y_prompt, y_steps)
   np.testing.assert_array_equal(cache.length, PROMPT_LENS + STEPS)
-
-
-def test_full_causal_attention_without_rotary_is_the_core():
-  params = params_lib.init_mha_params(jax.random.PRNGKey(0), D, H)
-  x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, D))
-  np.testing.assert_allclose(
-      kv_cache.full_causal_attention(params, x),
-      multi_head.multi_head_attention(params, x, is_causal=True),
-      rtol=1e-6, atol=1e-6)
 
 
 def test_padding_and_unwritten_slots_stay_out():
@@ -125,8 +136,8 @@ def test_padding_and_unwritten_slots_stay_out():
                                       num_kv_heads=2)
   _, prompt = make_inputs(2)
   cache = kv_cache.init_cache_for(params, len(PROMPT_LENS), MAX_LEN)
-  _, cache, _ = jax.jit(functools.partial(kv_cache.prefill, params))(
-      prompt, cache, lengths=jnp.asarray(PROMPT_LENS))
+  _, cache, _ = jax.jit(functools.partial(prefill, params))(
+      prompt, cache, jnp.asarray(PROMPT_LENS))
   for b, p in enumerate(PROMPT_LENS):
     assert jnp.all(cache.k[b, p:] == 0) and jnp.all(cache.v[b, p:] == 0)
     assert jnp.all(jnp.abs(cache.k[b, :p]) > 0)
@@ -134,36 +145,15 @@ def test_padding_and_unwritten_slots_stay_out():
   dirty = cache._replace(k=jnp.where(cache.k == 0, 1e3, cache.k),
                          v=jnp.where(cache.v == 0, -1e3, cache.v))
   x = jax.random.normal(jax.random.PRNGKey(3), (len(PROMPT_LENS), D))
-  step = jax.jit(functools.partial(kv_cache.decode_step, params))
+  step = jax.jit(functools.partial(decode_step, params))
   y_clean, _, _ = step(x, cache)
   y_dirty, _, _ = step(x, dirty)
   np.testing.assert_allclose(y_dirty, y_clean, rtol=1e-6, atol=1e-6)
 
 
-def test_stack_decoding_equals_full_forward_gqa_rotary():
-  layers = kv_cache.init_stack_params(jax.random.PRNGKey(4), 2, D, H,
-                                      num_kv_heads=2, mlp_dim=32)
-  full, prompt = make_inputs(5)
-  opts = dict(rotary_base=10000.0)
-  caches = [kv_cache.init_cache_for(l["attn"], len(PROMPT_LENS), MAX_LEN)
-            for l in layers]
-  prefill_fn = jax.jit(lambda x, c, n: kv_cache.stack_cached(
-      layers, x, c, lengths=n, **opts))
-
-  def step(x, c):
-    y, c, status = kv_cache.stack_cached(layers, x[:, None], c, **opts)
-    return y[:, 0], c, status
-
-  y_prompt, y_steps, _ = decode_all(jax.jit(step), prefill_fn, full, prompt,
-                                    caches)
-  ref = kv_cache.stack_forward(layers, full, **opts)
-  assert_matches_reference(ref, y_prompt, y_steps)
-
-
 # Jitted once per chunk shape (at most 4) and reused across examples.
-_chunk_prefill = jax.jit(functools.partial(kv_cache.prefill, rotary_base=500.0))
-_full_rotary = jax.jit(functools.partial(kv_cache.full_causal_attention,
-                                         rotary_base=500.0))
+_chunk_prefill = jax.jit(functools.partial(prefill, rotary_base=500.0))
+_full_rotary = jax.jit(functools.partial(full_causal, rotary_base=500.0))
 
 
 @settings(max_examples=8, deadline=None)
@@ -194,12 +184,12 @@ def test_jit_once_as_positions_advance():
   @jax.jit
   @chex.assert_max_traces(n=1)
   def step(x, c):
-    return kv_cache.decode_step(params, x, c, rotary_base=10000.0)
+    return decode_step(params, x, c, rotary_base=10000.0)
 
   @jax.jit
   @chex.assert_max_traces(n=1)
   def pre(x, c, n):
-    return kv_cache.prefill(params, x, c, lengths=n)
+    return prefill(params, x, c, lengths=n)
 
   cache = kv_cache.init_cache_for(params, 2, 16)
   for n in ([1, 3], [2, 2], [0, 1]):  # different lengths, same shapes
@@ -213,12 +203,12 @@ def test_overflow_is_reported_not_wrapped_under_jit():
   params = params_lib.init_mha_params(jax.random.PRNGKey(0), D, H)
   cache = kv_cache.init_cache_for(params, 2, 4)
   prompt = jax.random.normal(jax.random.PRNGKey(1), (2, 3, D))
-  _, cache, status = jax.jit(lambda x, c: kv_cache.prefill(
+  _, cache, status = jax.jit(lambda x, c: prefill(
       params, x, c, lengths=jnp.array([3, 1], jnp.int32)))(prompt, cache)
   assert not status.overflow.any()
   kv_cache.raise_if_overflow(status)  # nothing to raise yet
   slot0 = cache.k[:, 0]
-  step = jax.jit(lambda x, c: kv_cache.decode_step(params, x, c))
+  step = jax.jit(lambda x, c: decode_step(params, x, c))
   x = jnp.ones((2, D))
   y, cache, status = step(x, cache)  # lengths 4 and 2: both fit exactly
   assert not status.overflow.any() and jnp.isfinite(y).all()
@@ -238,7 +228,7 @@ def test_overflow_under_checkify():
                                       num_kv_heads=2)
 
   def checked_prefill(x, c):
-    y, c, status = kv_cache.prefill(params, x, c)
+    y, c, status = prefill(params, x, c)
     kv_cache.check_no_overflow(status)
     return y
 
@@ -267,12 +257,12 @@ def test_bad_inputs_name_the_argument():
   x = jnp.ones((2, 3, D))
   wrong_k = kv_cache.init_cache(2, 8, 4, D // H)  # MHA cache, GQA params
   with pytest.raises(ValueError, match="cache.k"):
-    kv_cache.prefill(params, x, wrong_k)
+    multi_head.cached_attention(params, x, wrong_k)
   cache = kv_cache.init_cache_for(params, 2, 8)
   with pytest.raises(ValueError, match="lengths"):
-    kv_cache.prefill(params, x, cache, lengths=jnp.array([1, 4]))
+    multi_head.cached_attention(params, x, cache, lengths=jnp.array([1, 4]))
   with pytest.raises(ValueError, match="`x`"):
-    kv_cache.decode_step(params, x, cache)
+    multi_head.cached_attention(params, x[:, 0], cache)
   with pytest.raises(ValueError, match="max_len"):
     kv_cache.init_cache(2, 0, 1, 4)
 
@@ -280,18 +270,20 @@ def test_bad_inputs_name_the_argument():
 
 @pytest.mark.parametrize("num_kv_heads", [4, 1])
 def test_decode_step_matmul_flops_match_the_formula(num_kv_heads):
-  """The experiment's analytic count equals the matmuls in the jaxpr."""
+  """The experiment's analytic count equals the matmuls in the jaxpr of the
+  model's cached step and of recomputing the prefix (readout included)."""
   cfg = ml_collections.ConfigDict({"model": {
-      "d_model": D, "num_layers": 2, "num_heads": H, "mlp_dim": 24}})
-  layers = kv_experiment.make_stack(cfg, num_kv_heads)
-  caches = kv_experiment.filled_caches(layers, 3, 10, 7)
-  counted = flops.jaxpr_matmul_flops(
-      kv_experiment.stack_step, layers, jnp.ones((3, D)), caches,
-      implementation="einsum")
+      "vocab_size": 11, "d_model": D, "num_layers": 2, "num_heads": H,
+      "mlp_dim": 24, "max_len": 16, "positions": "rotary",
+      "implementation": "einsum"}})
+  model = kv_experiment.make_model(cfg, num_kv_heads)
+  state, step, recompute = kv_experiment.split_model(model)
+  caches = kv_experiment.filled_caches(model, 3, 10, 7)
+  counted = flops.jaxpr_matmul_flops(step, state, jnp.ones((3,), jnp.int32),
+                                     caches)
   assert counted == kv_experiment.analytic_flops(
       cfg, num_kv_heads, 3, 7, cached=True, slots=10)
-  counted = flops.jaxpr_matmul_flops(
-      kv_experiment.stack_recompute, layers, jnp.ones((3, 7, D)),
-      implementation="einsum")
+  counted = flops.jaxpr_matmul_flops(recompute, state,
+                                     jnp.ones((3, 7), jnp.int32))
   assert counted == kv_experiment.analytic_flops(cfg, num_kv_heads, 3, 7,
                                                  cached=False)

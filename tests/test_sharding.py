@@ -53,12 +53,12 @@ def test_param_spec_rules():
 def test_rules_read_nnx_and_optimizer_paths():
   """Real key paths: nnx.State leaves end in "value"; AdamW adds mu/nu."""
   spec = sharding.param_spec
-  attn = ("stack", "blocks", "0", "attn")
+  attn = ("blocks", "0", "attn")
   assert spec(attn + ("w_q", "value"), (16, 8, 4), 4) == spec(
       ("w_q",), (16, 8, 4), 4) == sharding.P(None, "model", None)
   assert spec(("1", "0", "mu") + attn + ("w_o", "value"), (8, 4, 16),
               4) == sharding.P("model", None, None)
-  block = ("stack", "blocks", "1")
+  block = ("blocks", "1")
   # Megatron pairing: up-projection split on F (kernel and bias), down on F.
   assert spec(block + ("mlp_in", "kernel", "value"), (16, 64),
               4) == sharding.P(None, "model")
@@ -67,7 +67,7 @@ def test_rules_read_nnx_and_optimizer_paths():
   assert spec(block + ("mlp_out", "kernel", "value"), (64, 16),
               4) == sharding.P("model", None)
   assert spec(block + ("mlp_out", "bias", "value"), (16,), 4) == sharding.P()
-  for other in (("readout", "kernel"), ("stack", "embed", "embedding"),
+  for other in (("readout", "kernel"), ("embed", "embed", "embedding"),
                 block + ("ln_attn", "scale"), ("1", "0", "count")):
     assert spec(other + ("value",), (16, 16), 4) == sharding.P(), other
 

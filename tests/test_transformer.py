@@ -16,7 +16,8 @@ V, D, L, H, T = 13, 16, 2, 4, 6
 def _lm(**kw):
   kw = dict(dict(vocab_size=V, d_model=D, num_layers=L, num_heads=H,
                  max_len=8), **kw)
-  return transformer.DecoderLM(rngs=nnx.Rngs(params=0), **kw)
+  return transformer.DecoderLM(transformer.ModelConfig(**kw),
+                               rngs=nnx.Rngs(params=0))
 
 
 @functools.partial(jax.jit, static_argnums=0,
@@ -76,7 +77,7 @@ def test_head_mask_zero_removes_attention():
   np.testing.assert_array_equal(ones, run(model, tok))
   off = run(model, tok, head_mask=jnp.zeros((L, H)))
   pos = jnp.arange(T)[None]
-  x = model.stack.embed(tok) + model.stack.pos_embed(pos)
+  x = model.embed.embed(tok) + model.embed.pos_embed(pos)
   np.testing.assert_allclose(off, model.readout(model.final_ln(x)),
                              rtol=1e-6, atol=1e-6)
   with pytest.raises(ValueError, match="head_mask"):
@@ -114,8 +115,9 @@ def test_sinusoidal_table_known_values():
 
 def _encdec():
   return transformer.EncoderDecoder(
-      vocab_size=V, d_model=D, num_layers=L, num_heads=H, max_len=10,
-      num_kv_heads=2, rngs=nnx.Rngs(params=1))
+      transformer.ModelConfig(vocab_size=V, d_model=D, num_layers=L,
+                              num_heads=H, max_len=10, num_kv_heads=2),
+      rngs=nnx.Rngs(params=1))
 
 
 def test_encoder_decoder_ignores_source_padding():

@@ -141,7 +141,7 @@ def test_training_steps_on_2x4_equal_one_device(run_2x4):
   _assert_trees_close(sharded.opt_state, state.opt_state, rtol=1e-3,
                       atol=1e-8)
   # The state stayed in its layout for all the steps.
-  w_q = sharded.params["stack"]["blocks"][0]["attn"]["w_q"][...]
+  w_q = sharded.params["blocks"][0]["attn"]["w_q"][...]
   assert _heads_split(w_q)
 
 
@@ -165,16 +165,16 @@ def test_checkpoint_from_2x4_restores_on_other_meshes(run_2x4, shape):
 
 
 def test_generation_with_sharded_params_equals_unsharded(mesh):
-  model = transformer.DecoderLM(
+  model = transformer.DecoderLM(transformer.ModelConfig(
       vocab_size=16, d_model=32, num_layers=1, num_heads=8, num_kv_heads=2,
       max_len=16, positions="learned", attention_only=False,
-      implementation="einsum", rngs=nnx.Rngs(0))
+      implementation="einsum"), rngs=nnx.Rngs(0))
   prompt = jax.random.randint(jax.random.PRNGKey(1), (4, 5), 3, 16)
   lengths = jnp.array([5, 2, 4, 3], jnp.int32)
   want, want_logits = generate.generate(model, prompt, 6, return_logits=True,
                                         prompt_lengths=lengths)
   sharded = sharding.shard_model(model, mesh)
-  w_q = sharded.stack.blocks[0].attn.w_q[...]
+  w_q = sharded.blocks[0].attn.w_q[...]
   assert _heads_split(w_q)
   got, got_logits = generate.generate(
       sharded, sharding.shard_batch(prompt, mesh), 6, return_logits=True,
