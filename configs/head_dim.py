@@ -13,14 +13,17 @@ in between.
 Part B: fit W_q, W_k of width d_k so that softmax(X W_q W_k^T X^T / sqrt d_k)
 matches a random n x n attention matrix; the error should vanish near
 d_k = n - 1 (a softmax ignores one constant per row).
+`:smoke`: h = 1, 2 at d_model 8 and 3x3 fits of 20 steps, seconds.
 """
 
 import ml_collections
 
+from configs import default
 from configs import two_offsets
 
 
-def get_config():
+def get_config(arg=None):
+  smoke = default.is_smoke(arg, "configs/head_dim.py")
   c = two_offsets.get_config()
   c.model.d_model = 32
   c.task.name = "two_offset_continuous"
@@ -35,4 +38,7 @@ def get_config():
   e.fit_steps = 3000  # Adam steps per fit
   e.fit_lr = 0.05
   e.fit_temperature = 2.0  # target = softmax(temperature * N(0, 1) logits)
+  if smoke:
+    two_offsets.shrink(c)
+    e.update(fit_n=3, fit_d_model=3, fit_steps=20)
   return c

@@ -7,6 +7,7 @@ wall on a machine shared 4 ways, so about 2-3 min on 2 idle cores). Shows the
 loss phase change on repeated segments, a previous-token head in layer 1
 and induction heads in layer 2 (by score), how the heads differ, a 1-layer
 control that cannot do it, and the ablation effect of every head.
+`--config=configs/induction.py:smoke`: one seed of a tiny model, seconds.
 """
 
 import ml_collections
@@ -14,8 +15,16 @@ import ml_collections
 from configs import default
 
 
-def get_config():
+def shrink(c) -> None:
+  """Smoke sizes (configs/default.py `shrink`), one seed, one batch."""
+  default.shrink(c)
+  # Held-out batches as large as the training batch reuse its sampler.
+  c.experiment.update(seeds=(0,), analysis_examples=c.task.batch_size)
+
+
+def get_config(arg=None):
   """The default model with rotary positions and longer repeated segments."""
+  smoke = default.is_smoke(arg, "configs/induction.py")
   c = default.get_config()
   c.model.num_layers = 2  # the 2-layer circuit: previous-token + induction
   c.model.num_heads = 4
@@ -40,4 +49,6 @@ def get_config():
   e.control_layers = 1  # depth of the control model
   e.analysis_examples = 128  # held-out examples for the head metrics
   e.threshold = 0.5  # score above which a head is called prev-token/induction
+  if smoke:
+    shrink(c)
   return c

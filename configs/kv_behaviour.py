@@ -13,14 +13,18 @@ variants differ mostly in WHEN the induction phase change happens (K <= 2 had
 not reached loss 1 in any seed). With --config.train.num_steps=2400 all
 learn it: K = 4 matches MHA, K = 2 is slightly worse and MQA (K = 1) clearly
 worse (eval loss 0.184, 0.182, 0.212, 0.330; README, "Behaviour").
+`:smoke`: the tiny induction model (configs/induction.py) with H = 2 and
+K = 2 or 1, 2 seeds each.
 """
 
 import ml_collections
 
+from configs import default
 from configs import induction
 
 
-def get_config():
+def get_config(arg=None):
+  smoke = default.is_smoke(arg, "configs/kv_behaviour.py")
   c = induction.get_config()
   c.model.num_heads = 8  # H; Dh = 64 / 8 = 8 for every variant
   c.model.num_kv_heads = 8  # overridden per variant by experiment.kv_heads
@@ -31,4 +35,9 @@ def get_config():
   e.seeds = (0, 1, 2)  # training seeds per variant
   e.loss_threshold = 1.0  # report the first eval step below this loss
   e.generate_examples = 256  # held-out prompts for cached generation
+  if smoke:
+    default.shrink(c)
+    c.model.num_kv_heads = c.model.num_heads
+    e.update(kv_heads=(c.model.num_heads, 1), seeds=(0, 1),
+             generate_examples=c.task.batch_size)
   return c

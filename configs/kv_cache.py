@@ -8,14 +8,17 @@ A few minutes on 2 CPU cores. Expect the cached decode step to be orders of
 magnitude cheaper than recomputing the prefix at long contexts, its time to
 grow about linearly with the context (the cache buffer it reads), and the
 cache of multi-query attention to be exactly 1/H of multi-head attention's.
-Quick smoke run: `--config.bench.contexts=64,128 --config.bench.repeats=2`.
+Quick smoke run (seconds): `--config=configs/kv_cache.py:smoke`.
 """
 
 import ml_collections
 
+from configs import default
 
-def get_config() -> ml_collections.ConfigDict:
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
   """Sizes of the measured `DecoderLM` and of each measurement."""
+  smoke = default.is_smoke(arg, "configs/kv_cache.py")
   c = ml_collections.ConfigDict()
 
   # The trained-model class `transformer.DecoderLM`: token embedding, L
@@ -48,4 +51,10 @@ def get_config() -> ml_collections.ConfigDict:
   h.max_len = 2048  # S, cache slots per sequence for the byte counts
   h.context = 2048  # context of the intensity measurement
   h.batches = (1, 16)  # B values of the intensity measurement
+  if smoke:  # a 1-layer, 16-wide model; three short contexts; one batch
+    m.update(vocab_size=32, d_model=16, num_layers=1, num_heads=2,
+             num_kv_heads=2, mlp_dim=32, max_len=64)
+    b.update(contexts=(8, 16, 32), nocache_max_context=16, warmup=1, repeats=2,
+             nocache_repeats=1, target_context=16)
+    h.update(kv_heads=(2, 1), max_len=32, context=16, batches=(2,))
   return c

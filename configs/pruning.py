@@ -7,15 +7,18 @@ A few minutes on 2 CPU cores. Trains the 2-layer induction model of
 zero ablation, mean ablation and the gradient proxy, then removes heads
 cumulatively (least important first) and measures the loss on ANOTHER
 held-out batch. A good ranking keeps the loss flat until the few heads
-that carry the circuit go; a random order is the baseline.
+that carry the circuit go; a random order is the baseline. `:smoke`: one
+seed of the tiny induction model (configs/induction.py), 2 random orders.
 """
 
 import ml_collections
 
+from configs import default
 from configs import induction
 
 
-def get_config():
+def get_config(arg=None):
+  smoke = default.is_smoke(arg, "configs/pruning.py")
   c = induction.get_config()
   c.train.eval_every = 100
 
@@ -23,4 +26,7 @@ def get_config():
   e.seeds = (0, 1, 2)
   e.analysis_examples = 128  # per batch: one to rank, one to measure
   e.random_orders = 5  # random pruning orders averaged for the baseline
+  if smoke:
+    induction.shrink(c)
+    e.random_orders = 2
   return c

@@ -8,6 +8,7 @@ output [u_{t-1}; u_{t-3}] (continuous) or the class of (x_{t-1}, x_{t-3})
 one softmax (h = 1, even 4x wider) must split its weight between the two
 positions and so blends the two values. The table reports normalised MSE
 per head count (mean ± std over seeds) and the token version's accuracy.
+`:smoke`: h = 1, 2 and one 2x wide head at d_model 8, one seed, seconds.
 """
 
 import ml_collections
@@ -15,7 +16,17 @@ import ml_collections
 from configs import default
 
 
-def get_config():
+def shrink(c) -> None:
+  """Smoke sizes: d_model 8, sequences of 8, h = 1 and 2, one seed."""
+  default.shrink(c)
+  c.model.d_model = 8
+  c.task.update(seq_len=8, feature_dim=2, vocab_size=3)
+  c.experiment.update(heads=(1, 2), seeds=(0,),
+                      analysis_examples=c.task.batch_size)
+
+
+def get_config(arg=None):
+  smoke = default.is_smoke(arg, "configs/two_offsets.py")
   c = default.get_config()
   c.model.num_layers = 1  # one attention layer: no composition possible
   c.model.d_model = 64  # fixed while h varies; d_k = 64 / h
@@ -42,4 +53,7 @@ def get_config():
   e.token_heads = (1, 2, 4)  # h for the token version
   e.seeds = (0, 1, 2)
   e.analysis_examples = 256  # held-out sequences for the table
+  if smoke:
+    shrink(c)
+    e.update(wide_factor=2, token_heads=(1, 2))
   return c

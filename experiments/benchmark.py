@@ -1,15 +1,17 @@
 r"""Side-by-side attention benchmark: mha_jax's paths against the libraries.
 
     python -m experiments.benchmark                 # ~5 min on 2 idle cores
-    python -m experiments.benchmark --sets=long --long_n=32768 \
-        --long_fwd_n=65536 --repeats=1 --warmup=0 --paths=flash  # targets
+    python -m experiments.benchmark --config.sets=long \
+        --config.long_n=32768 --config.long_fwd_n=65536 --config.repeats=1 \
+        --config.warmup=0 --config.paths=flash      # the long-context targets
 
-Writes `table.md` and `results.json` into `--workdir` (runs/benchmark).
+Writes `table.md` and `results.json` into `--workdir` (runs/benchmark). The
+shape sets, paths and repeats are fields of configs/benchmark.py.
 
 Every case (shape set x path) runs in its own subprocess, so that its peak
 resident memory (`ru_maxrss`: the whole process, runtime included) is its
 own. Within it the forward and forward+backward programs are compiled ahead
-of time, run `--warmup` times untimed, then `--repeats` times, each call
+of time, run `warmup` times untimed, then `repeats` times, each call
 ended by `block_until_ready`; the figure is the median. GFLOP/s use the
 dense closed form of FORMULAS.md (8BnD^2 + 4Bn^2D forward, x3 for
 forward+backward) for every path, causal or not, so they compare speed, not
@@ -32,42 +34,40 @@ import time
 
 from absl import app
 from absl import flags
+from ml_collections import config_flags
 
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/benchmark.py", "The benchmark's config file; override "
+    "fields as --config.sets=standard,bf16", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/benchmark", "Output folder.")
-_SETS = flags.DEFINE_list("sets", ["standard", "bf16", "long"],
-                          "Shape sets: standard, bf16, long.")
-_LONG_N = flags.DEFINE_list("long_n", ["2048"],
-                            "Long-context lengths (B=1, D=512, h=8), causal "
-                            "and not, forward and forward+backward.")
-_LONG_FWD_N = flags.DEFINE_list("long_fwd_n", [],
-                                "Long-context lengths run forward only "
-                                "(causal).")
-_PATHS = flags.DEFINE_list("paths", [], "Restrict to these paths (default: "
-                           "all).")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per figure.")
-_WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed calls after compiling.")
-_MAX_SCORE_GIB = flags.DEFINE_float(
-    "max_score_gib", 1.0, "Skip paths that materialise the [B,H,n,n] float32 "
-    "scores when these alone would exceed this many GiB.")
 _WORKER = flags.DEFINE_string("worker", "", "Internal: run one case (JSON).")
 
-OURS = ["default", "vmap", "einsum", "flash", "xla", "auto"]
 ANCHORS = ["flax.linen", "flax.nnx", "jax.nn", "torch"]
+OURS = ["default", "vmap", "einsum", "flash", "xla", "auto"]
 _GIB = 2 ** 30
+_ROOT = pathlib.Path(__file__).resolve().parents[1]  # experiments/ is here
 
 
-def shape_sets(long_n, long_fwd_n):
+def _names(text: str) -> list[str]:
+  """Comma-separated names of a config field ("" -> none)."""
+  return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def shape_sets(config) -> dict:
   """name -> list of shapes (dicts); modes list what to time."""
   both = ["fwd", "fwdbwd"]
+  std, long = config.shape, config.long_shape
   sets = {
-      "standard": [dict(B=8, n=512, D=256, h=8, dtype="float32",
+      "standard": [dict(B=std.B, n=std.n, D=std.D, h=std.h, dtype="float32",
                         causal=False, modes=both)],
-      "bf16": [dict(B=8, n=512, D=256, h=8, dtype="bfloat16", causal=False,
-                    modes=both)],
-      "long": [dict(B=1, n=int(n), D=512, h=8, dtype="float32", causal=c,
-                    modes=both) for n in long_n for c in (True, False)]
-              + [dict(B=1, n=int(n), D=512, h=8, dtype="float32", causal=True,
-                      modes=["fwd"]) for n in long_fwd_n],
+      "bf16": [dict(B=std.B, n=std.n, D=std.D, h=std.h, dtype="bfloat16",
+                    causal=False, modes=both)],
+      "long": [dict(B=long.B, n=int(n), D=long.D, h=long.h, dtype="float32",
+                    causal=c, modes=both)
+               for n in config.long_n for c in (True, False)]
+              + [dict(B=long.B, n=int(n), D=long.D, h=long.h,
+                      dtype="float32", causal=True, modes=["fwd"])
+                 for n in config.long_fwd_n],
   }
   return sets
 
@@ -117,10 +117,10 @@ def _peak_rss():
 
 
 def _time(compiled, args, warmup, repeats):
-  # Imported here: the parent process never imports JAX (see run_case).
-  from experiments import measure  # pylint: disable=g-import-not-at-top
-  return measure.wall_times(compiled, args, warmup=warmup,
-                            repeats=repeats)[0]
+  # Imported here: importing this module does not import JAX (see run_case).
+  from mha_jax import timing  # pylint: disable=g-import-not-at-top
+  return timing.wall_times(compiled, args, warmup=warmup,
+                           repeats=repeats)[0]
 
 
 def run_case(case):
@@ -145,7 +145,7 @@ def run_case(case):
   return result
 
 
-def _torch_case(shape):
+def _torch_case(shape, warmup, repeats):
   """torch.nn.MultiheadAttention on CPU, if torch is importable."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
@@ -166,10 +166,10 @@ def _torch_case(shape):
     if mode not in shape["modes"]:
       continue
     times = []
-    for i in range(_WARMUP.value + _REPEATS.value):
+    for i in range(warmup + repeats):
       start = time.perf_counter()
       call()
-      if i >= _WARMUP.value:
+      if i >= warmup:
         times.append(time.perf_counter() - start)
     out[f"{mode}_s"] = times
     out[f"{mode}_rss"] = _peak_rss()
@@ -180,13 +180,15 @@ def _materialises_scores(path):
   return path not in ("flash", "torch")
 
 
-def _spawn(case, timeout_s=3600):
+def _spawn(case, timeout_s):
   """Run one case in a fresh interpreter; returns its result dict."""
   cmd = [sys.executable, "-m", "experiments.benchmark",
          f"--worker={json.dumps(case)}"]
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p))
   try:
-    proc = subprocess.run(cmd, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=_ROOT,
+                          env=env, timeout=timeout_s, check=False)
   except subprocess.TimeoutExpired:
     return {"skipped": f"timed out after {timeout_s} s"}
   lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
@@ -211,23 +213,23 @@ def _flops(shape, mode):
   return fwd if mode == "fwd" else 3 * fwd  # backward ~ twice the forward
 
 
-def measure(set_name, shape, paths, mm_gflops):
+def measure(config, set_name, shape, paths, mm_gflops):
   """One row per path for one shape, ratios to the fastest anchor."""
   rows = []
   for path in paths:
     row = {"set": set_name, "path": path, **shape,
            "kind": "anchor" if path in ANCHORS else "ours"}
     score_gib = 4 * shape["B"] * shape["h"] * shape["n"] ** 2 / _GIB
-    if _materialises_scores(path) and score_gib > _MAX_SCORE_GIB.value:
+    if _materialises_scores(path) and score_gib > config.max_score_gib:
       row["skipped"] = (f"would materialise [B,H,n,n] float32 scores of "
-                        f"{score_gib:.1f} GiB > --max_score_gib="
-                        f"{_MAX_SCORE_GIB.value}")
+                        f"{score_gib:.1f} GiB > config.max_score_gib="
+                        f"{config.max_score_gib}")
     elif path == "torch":
-      row.update(_torch_case(shape))
+      row.update(_torch_case(shape, config.warmup, config.repeats))
     else:
       row.update(_spawn({"path": path, "shape": shape,
-                         "warmup": _WARMUP.value,
-                         "repeats": _REPEATS.value}))
+                         "warmup": config.warmup,
+                         "repeats": config.repeats}, config.timeout_s))
     for mode in shape["modes"]:
       if f"{mode}_s" in row:
         ms = 1e3 * statistics.median(row[f"{mode}_s"])
@@ -256,10 +258,10 @@ def _fmt(x, spec=".1f"):
   return "-" if x is None else format(x, spec)
 
 
-def markdown(rows, mm):
+def markdown(rows, mm, matmul_n=2048):
   """One table per shape; a row per path; skipped paths say why."""
-  out = [f"Plain matmul (2048^3, same run): {mm['float32']:.1f} GFLOP/s "
-         f"float32, {mm['bfloat16']:.1f} GFLOP/s bfloat16.", ""]
+  out = [f"Plain matmul ({matmul_n}^3, same run): {mm['float32']:.1f} "
+         f"GFLOP/s float32, {mm['bfloat16']:.1f} GFLOP/s bfloat16.", ""]
   keys = []
   for r in rows:
     key = (r["set"], r["n"], r["causal"], r["dtype"], tuple(r["modes"]))
@@ -297,32 +299,39 @@ def markdown(rows, mm):
   return "\n".join(out)
 
 
-def main(argv):
-  del argv
-  if _WORKER.value:
-    print("RESULT " + json.dumps(run_case(json.loads(_WORKER.value))))
-    return
-  os.environ.setdefault("PYTHONPATH", os.getcwd())
-  workdir = pathlib.Path(_WORKDIR.value)
+def run(config, workdir) -> dict:
+  """Time every (set, shape, path); write table.md and results.json.
+
+  Returns what results.json holds: {"meta": ..., "rows": [...]}.
+  """
+  workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   import jax  # pylint: disable=g-import-not-at-top
   start = time.time()
   load_start = os.getloadavg()
-  mm = {d: matmul_gflops(d) for d in ("float32", "bfloat16")}
-  sets = shape_sets(_LONG_N.value, _LONG_FWD_N.value)
-  paths = _PATHS.value or OURS + ANCHORS
+  mm = {d: matmul_gflops(d, n=config.matmul_n)
+        for d in ("float32", "bfloat16")}
+  sets = shape_sets(config)
+  paths = _names(config.paths) or OURS + ANCHORS
+  unknown = sorted(set(paths) - set(OURS + ANCHORS))
+  if unknown:
+    raise ValueError(f"config.paths: unknown {unknown}; expected names "
+                     f"from {OURS + ANCHORS}")
   rows = []
-  for name in _SETS.value:
+  for name in _names(config.sets):
+    if name not in sets:
+      raise ValueError(f"config.sets: unknown set {name!r}; expected names "
+                       f"from {sorted(sets)}")
     for shape in sets[name]:
-      rows += measure(name, shape, paths, mm[shape["dtype"]])
+      rows += measure(config, name, shape, paths, mm[shape["dtype"]])
   meta = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__,
           "backend": jax.default_backend(), "cpus": os.cpu_count(),
           "matmul_gflops": mm, "load_avg_start": load_start,
           "load_avg_end": os.getloadavg(), "argv": sys.argv[1:],
-          "seconds": time.time() - start}
-  (workdir / "results.json").write_text(json.dumps(
-      {"meta": meta, "rows": rows}, indent=1))
-  table = markdown(rows, mm)
+          "config": config.to_dict(), "seconds": time.time() - start}
+  results = {"meta": meta, "rows": rows}
+  (workdir / "results.json").write_text(json.dumps(results, indent=1))
+  table = markdown(rows, mm, config.matmul_n)
   (workdir / "table.md").write_text(
       f"Command: python -m experiments.benchmark {' '.join(sys.argv[1:])}\n"
       f"({meta['date']}, jax {meta['jax']}, {meta['backend']}, "
@@ -330,6 +339,16 @@ def main(argv):
       f"{meta['load_avg_end'][0]:.1f} at end)\n\n" + table)
   print(table)
   print(f"Done in {meta['seconds']:.0f} s: {workdir / 'table.md'}")
+  return results
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _WORKER.value:
+    print("RESULT " + json.dumps(run_case(json.loads(_WORKER.value))))
+    return
+  run(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -1,28 +1,28 @@
 r"""The seed's cost claims, measured: time, FLOPs and memory vs h and vs n.
 
     python -m experiments.cost_scaling                  # ~3 min on 2 cores
-    python -m experiments.cost_scaling --n=256,512,1024,2048,4096,8192
+    python -m experiments.cost_scaling --config.n=256,512,1024,2048,4096,8192
 
 Writes report.md (each claim next to its measured number), results.json and
-PNG plots into `--workdir` (runs/cost_scaling).
+PNG plots into `--workdir` (runs/cost_scaling). Sizes, paths and repeats
+are fields of configs/cost_scaling.py.
 
 Claims (FORMULAS.md): time O(n D^2 + n^2 D), independent of the head count
 h at fixed D; memory O(h n^2 + n D), dominated by the attention weights.
 Measured for one full self-attention layer (`multi_head_attention`):
-  * time: median wall-clock of `--repeats` jitted forward calls;
+  * time: median wall-clock of `repeats` jitted forward calls;
   * FLOPs: XLA's cost analysis of the reference ("einsum") forward program
     (the blockwise path's loops are counted once by XLA, so its count is not
     comparable and is not used), next to the closed form 8nD^2 + 4n^2D;
   * memory: XLA's `memory_analysis().temp_size_in_bytes` of the compiled
     forward+backward program (the scratch a training step needs beyond its
     inputs and outputs); deterministic, unlike process RSS.
-Slopes are least-squares fits of log(y) on log(x) over the `--fit_points`
+Slopes are least-squares fits of log(y) on log(x) over the `fit_points`
 largest n.
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
 import statistics
 import time
@@ -32,29 +32,21 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import matplotlib
-import numpy as np
+from ml_collections import config_flags
 
-from experiments import measure
+from experiments import common
 from mha_jax import flops as flops_lib
 from mha_jax import multi_head
 from mha_jax import params as params_lib
+from mha_jax import timing
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/cost_scaling.py", "The measurement's config file; "
+    "override fields as --config.n=256,512", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/cost_scaling", "Output folder.")
-_HEADS = flags.DEFINE_list("heads", ["1", "2", "4", "8", "16", "32", "64"],
-                           "Head counts at fixed D (head sweep).")
-_HEAD_N = flags.DEFINE_integer("head_n", 1024, "Sequence length, head sweep.")
-_N = flags.DEFINE_list("n", ["256", "512", "1024", "2048", "4096"],
-                       "Sequence lengths (length sweep, h=8).")
-_D = flags.DEFINE_integer("d_model", 512, "d_model D for both sweeps.")
-_BATCH = flags.DEFINE_integer("batch", 1, "Batch size B.")
-_PATHS = flags.DEFINE_list("paths", ["einsum", "flash"],
-                           "Implementations to measure.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per point.")
-_FIT_POINTS = flags.DEFINE_integer("fit_points", 3,
-                                   "Largest-n points used for the slopes.")
 
 
 def measure_point(path, batch, n, d_model, heads, repeats):
@@ -65,7 +57,7 @@ def measure_point(path, batch, n, d_model, heads, repeats):
                                                      implementation=path)
   train = jax.grad(lambda p, x: jnp.sum(fwd(p, x)), argnums=(0, 1))
   compiled = jax.jit(fwd).lower(params, x).compile()
-  times, _ = measure.wall_times(compiled, (params, x), warmup=1,
+  times, _ = timing.wall_times(compiled, (params, x), warmup=1,
                                 repeats=repeats)
   mem = jax.jit(train).lower(params, x).compile().memory_analysis()
   point = {"path": path, "B": batch, "n": n, "D": d_model, "h": heads,
@@ -121,7 +113,7 @@ def report(heads_pts, n_pts, fit_points):
     _, ms = _series(heads_pts, path, "train_temp_bytes", "h")
     lines.append(f"- {path}: time max/min over h = {max(ts) / min(ts):.2f}"
                  f" (claim: flat, 1.00); scratch memory slope vs h = "
-                 f"{measure.loglog_slope(hs, ms):.2f} (claim O(h n^2): 1 where the "
+                 f"{timing.loglog_slope(hs, ms):.2f} (claim O(h n^2): 1 where the "
                  "weights dominate)")
     fh, fl = _series(heads_pts, path, "xla_flops", "h")
     if fl:
@@ -140,8 +132,8 @@ def report(heads_pts, n_pts, fit_points):
   for path in sorted({p["path"] for p in n_pts}):
     ns, ts = _series(n_pts, path, "time_ms", "n")
     _, ms = _series(n_pts, path, "train_temp_bytes", "n")
-    st, sm = (measure.loglog_slope(ns[-fit_points:], ts[-fit_points:]),
-              measure.loglog_slope(ns[-fit_points:], ms[-fit_points:]))
+    st, sm = (timing.loglog_slope(ns[-fit_points:], ts[-fit_points:]),
+              timing.loglog_slope(ns[-fit_points:], ms[-fit_points:]))
     slopes[path] = {"time": st, "memory": sm}
     want_mem = "1 (blockwise)" if path == "flash" else "2 (weights)"
     lines.append(f"- {path}: time slope {st:.2f} (claim: about 2 at large n);"
@@ -149,27 +141,32 @@ def report(heads_pts, n_pts, fit_points):
   ns, fl = _series(n_pts, "einsum", "xla_flops", "n")
   if fl:
     lines.append(f"- XLA FLOPs slope (einsum): "
-                 f"{measure.loglog_slope(ns[-fit_points:], fl[-fit_points:]):.2f}")
+                 f"{timing.loglog_slope(ns[-fit_points:], fl[-fit_points:]):.2f}")
   return lines, slopes
 
 
-def main(argv):
-  del argv
-  workdir = pathlib.Path(_WORKDIR.value)
+def run(config, workdir) -> dict:
+  """Both sweeps; write report.md, results.json and the plots.
+
+  Returns what results.json holds: {"heads": points, "length": points,
+  "slopes": {path: {"time", "memory"}}}.
+  """
+  workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   start = time.time()
-  d, b = _D.value, _BATCH.value
-  heads_pts = [measure_point(path, b, _HEAD_N.value, d, int(h), _REPEATS.value)
-               for path in _PATHS.value for h in _HEADS.value]
-  n_pts = [measure_point(path, b, int(n), d, 8, _REPEATS.value)
-           for path in _PATHS.value for n in _N.value]
-  lines, slopes = report(heads_pts, n_pts, _FIT_POINTS.value)
+  d, b = config.d_model, config.batch
+  paths = [p.strip() for p in config.paths.split(",") if p.strip()]
+  heads_pts = [measure_point(path, b, config.head_n, d, h, config.repeats)
+               for path in paths for h in config.heads]
+  n_pts = [measure_point(path, b, n, d, config.length_heads, config.repeats)
+           for path in paths for n in config.n]
+  lines, slopes = report(heads_pts, n_pts, config.fit_points)
   lines = [lines[0], "", "Command: python -m experiments.cost_scaling "
            f"(took {time.time() - start:.0f} s, jax {jax.__version__}, "
            f"{jax.default_backend()})"] + lines[1:]
-  (workdir / "report.md").write_text("\n".join(lines) + "\n")
-  (workdir / "results.json").write_text(json.dumps(
-      {"heads": heads_pts, "length": n_pts, "slopes": slopes}, indent=1))
+  results = common.write_outputs(
+      workdir, {"heads": heads_pts, "length": n_pts, "slopes": slopes},
+      "\n".join(lines))
   _plot(heads_pts, "h", "time_ms", "forward ms", "time vs heads",
         "time_vs_heads.png", workdir, loglog=False)
   _plot(heads_pts, "h", "train_temp_bytes", "fwd+bwd scratch bytes",
@@ -179,6 +176,12 @@ def main(argv):
   _plot(n_pts, "n", "train_temp_bytes", "fwd+bwd scratch bytes",
         "memory vs n", "memory_vs_n.png", workdir, loglog=True)
   print("\n".join(lines))
+  return results
+
+
+def main(argv):
+  common.check_no_arguments(argv)
+  run(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

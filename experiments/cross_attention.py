@@ -13,44 +13,51 @@ from __future__ import annotations
 
 import pathlib
 
+from absl import app
+from absl import flags
 import jax
+from ml_collections import config_flags
 import numpy as np
 
-from configs import cross_attention as cross_attention_config
 from experiments import common
 from mha_jax import analysis
+from mha_jax import held_out
 from mha_jax import interventions
 from mha_jax import plots
+from mha_jax import runs as runs_lib
 from mha_jax import tasks
 
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/cross_attention.py", "The experiment's config file; "
+    "override fields as --config.train.num_steps=...", lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", "runs/cross_attention", "Output folder: report.md, "
+    "results.json, PNGs and one sub-folder per training run.")
+_REUSE_RUNS = flags.DEFINE_bool(
+    "reuse_runs", False, "Load a finished run whose config.json matches "
+    "instead of training it again (to redo only the analysis).")
 
-def aligned_source(src):
-  """`(target [B, T], valid [B, T])`: decoder step t reads len - 1 - t."""
-  src = np.asarray(src)
-  lengths = (src != tasks.PAD).sum(-1, keepdims=True)  # [B, 1]
-  t = np.arange(src.shape[1])[None, :]
-  return np.clip(lengths - 1 - t, 0, None), t < lengths
+# Layers of cross-attention weights [L, B, H, T, S] -> scores [L, H].
+_layer_scores = jax.jit(jax.vmap(analysis.alignment_scores,
+                                 in_axes=(0, None, None)))
 
 
-def run(config, workdir):
+def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+  """Train, measure and write the report; returns what results.json holds."""
   e = config.experiment
   workdir = pathlib.Path(workdir)
-  batch = common.analysis_batch(config, e.analysis_examples)
-  target, valid = aligned_source(batch["inputs"])
-  scores = jax.jit(jax.vmap(analysis.alignment_scores,
-                            in_axes=(0, None, None)))
+  batch = held_out.analysis_batch(config, e.analysis_examples)
+  target, valid = analysis.aligned_source(batch["inputs"], tasks.PAD)
   runs = []
-  for seed in e.seeds:
-    c = common.variant(config, **{"train.seed": seed})
-    state = common.train_run(c, workdir / f"seed{seed}")
-    model = state.model()
-    cross = common.weights_of(model, batch)["cross"]  # [L, B, H, T, S]
-    acc, mass = (np.asarray(x) for x in scores(cross, target, valid))
+  for r in runs_lib.seed_runs(config, workdir, e.seeds, reuse=reuse_runs):
+    model = r.state.model()
+    cross = held_out.weights_of(model, batch)["cross"]  # [L, B, H, T, S]
+    acc, mass = (np.asarray(x) for x in _layer_scores(cross, target, valid))
     runs.append({
-        "seed": seed, **common.eval_loss(model, batch, state.loss),
+        "seed": r.seed, **held_out.eval_loss(model, batch, r.state.loss),
         "alignment_accuracy": acc, "alignment_mass": mass,  # [L, H]
         "importance": interventions.head_importance(
-            model, batch, state.loss, mask_arg="cross_head_mask"),
+            model, batch, r.state.loss, mask_arg="cross_head_mask"),
         "cross_example": cross[:, 0]})
 
   r0 = runs[0]
@@ -71,11 +78,8 @@ def run(config, workdir):
                          r0["importance"]["taylor_estimate"]},
                     title=f"Cross-attention heads, seed {e.seeds[0]}",
                     path=str(workdir / "cross_heads.png"))
-  report = _report(config, runs)
-  results = {"runs": [{k: v for k, v in r.items() if k != "cross_example"}
-                      for r in runs]}
-  common.write_outputs(workdir, results, report)
-  return results
+  return common.write_outputs(workdir, {"runs": runs}, _report(config, runs),
+                              drop=("cross_example",))
 
 
 def _report(config, runs):
@@ -160,5 +164,11 @@ def _report(config, runs):
   return "\n".join(lines)
 
 
+def main(argv):
+  common.check_no_arguments(argv)
+  run(_CONFIG.value, _WORKDIR.value, reuse_runs=_REUSE_RUNS.value)
+  print(f"Report: {pathlib.Path(_WORKDIR.value) / 'report.md'}")
+
+
 if __name__ == "__main__":
-  common.app_main(run, cross_attention_config.get_config, "cross_attention")
+  app.run(main)

@@ -13,77 +13,30 @@ from __future__ import annotations
 
 import pathlib
 
-import jax
-import jax.numpy as jnp
+from absl import app
+from absl import flags
+from ml_collections import config_flags
 import numpy as np
-import optax
 
-from configs import head_dim as head_dim_config
 from experiments import common
-from experiments import two_offsets
+from mha_jax import low_rank
 from mha_jax import plots
+from mha_jax import two_offsets
 
-def fit_attention(target, x, d_k: int, *, steps: int, lr: float, key):
-  """Fit one head's W_q, W_k `[D, d_k]` to `target [n, n]` (rows sum to 1).
-
-  Minimises the mean over rows of KL(target || softmax(x W_q W_k^T x^T /
-  sqrt(d_k))) with Adam, full batch, no mask. Returns the final mean KL
-  (nats) and the largest absolute weight error.
-  """
-  d = x.shape[1]
-  kq, kk = jax.random.split(key)
-  params = (jax.random.normal(kq, (d, d_k)) / np.sqrt(d),
-            jax.random.normal(kk, (d, d_k)) / np.sqrt(d))
-  # Decay to 1% of lr: the last steps polish the fit, so the error floor is
-  # the representable error, not optimiser noise.
-  tx = optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.01))
-  log_target = jnp.log(target)
-
-  def predicted_log(p):
-    logits = (x @ p[0]) @ (x @ p[1]).T / np.sqrt(d_k)  # [n, n]
-    return jax.nn.log_softmax(logits, axis=-1)
-
-  def kl(p):
-    return jnp.mean(jnp.sum(target * (log_target - predicted_log(p)), -1))
-
-  def step(carry, _):
-    p, opt = carry
-    g = jax.grad(kl)(p)
-    updates, opt = tx.update(g, opt, p)
-    return (optax.apply_updates(p, updates), opt), None
-
-  (params, _), _ = jax.lax.scan(step, (params, tx.init(params)), None,
-                                length=steps)
-  err = jnp.max(jnp.abs(jnp.exp(predicted_log(params)) - target))
-  return kl(params), err
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/head_dim.py", "The experiment's config file; override "
+    "fields as --config.train.num_steps=...", lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", "runs/head_dim", "Output folder: report.md, results.json, "
+    "PNGs and one sub-folder per training run.")
+_REUSE_RUNS = flags.DEFINE_bool(
+    "reuse_runs", False, "Load a finished run whose config.json matches "
+    "instead of training it again (to redo only the analysis).")
 
 
-def random_targets(key, num: int, n: int, temperature: float):
-  """`num` random row-stochastic `[n, n]` targets with full support."""
-  logits = temperature * jax.random.normal(key, (num, n, n))
-  return jax.nn.softmax(logits, axis=-1)
-
-
-def low_rank_sweep(e, seeds):
-  """Mean KL and max error per d_k = 1..n over one target per seed."""
-  n = e.fit_n
-  targets = random_targets(jax.random.PRNGKey(100), len(seeds), n,
-                           e.fit_temperature)
-  xs = jax.random.normal(jax.random.PRNGKey(200), (len(seeds), n,
-                                                   e.fit_d_model))
-  keys = jax.random.split(jax.random.PRNGKey(300), len(seeds))
-  out = {"d_k": [], "kl": [], "max_error": []}
-  for d_k in range(1, n + 1):
-    fit = jax.jit(jax.vmap(lambda t, x, k, d_k=d_k: fit_attention(
-        t, x, d_k, steps=e.fit_steps, lr=e.fit_lr, key=k)))
-    kl, err = fit(targets, xs, keys)
-    out["d_k"].append(d_k)
-    out["kl"].append(np.asarray(kl).tolist())
-    out["max_error"].append(np.asarray(err).tolist())
-  return out
-
-
-def run(config, workdir):
+def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+  """Train part A, fit part B, write the report; returns what results.json
+  holds."""
   e = config.experiment
   workdir = pathlib.Path(workdir)
   d = config.model.d_model
@@ -91,7 +44,8 @@ def run(config, workdir):
                    {"model.num_heads": h, "model.head_dim": 0})
                   for h in e.heads]
   cont, target_var = two_offsets.sweep(config, workdir,
-                                       "two_offset_continuous", setting_list)
+                                       "two_offset_continuous", setting_list,
+                                       reuse=reuse_runs)
   labels = list(cont)
   nmse = [common.mean_std([r["nmse"] for r in cont[k]]) for k in labels]
   plots.line_plot([d // h for h in e.heads],
@@ -100,7 +54,9 @@ def run(config, workdir):
                   xlabel="d_k (h = d_model / d_k)", ylabel="normalised MSE",
                   logx=True, title=f"Part A: d_model = {d}, one layer",
                   path=str(workdir / "nmse_vs_dk.png"))
-  fit = low_rank_sweep(e, e.seeds)
+  fit = low_rank.width_sweep(len(e.seeds), n=e.fit_n, d_model=e.fit_d_model,
+                            steps=e.fit_steps, lr=e.fit_lr,
+                            temperature=e.fit_temperature)
   kl = [common.mean_std(v) for v in fit["kl"]]
   plots.line_plot(fit["d_k"], {"mean KL to target": ([m for m, _ in kl],
                                                      [s for _, s in kl])},
@@ -108,15 +64,11 @@ def run(config, workdir):
                   title=f"Part B: fit one head to a random {e.fit_n}x"
                   f"{e.fit_n} attention",
                   path=str(workdir / "low_rank_fit.png"))
-  report = _report(config, cont, nmse, labels, fit, kl)
-  results = {
-      "part_a": {k: [{kk: vv for kk, vv in r.items()
-                      if kk != "weights_example"} for r in v]
-                 for k, v in cont.items()},
-      "part_a_target_variance": target_var,
-      "part_b": fit}
-  common.write_outputs(workdir, results, report)
-  return results
+  results = {"part_a": cont, "part_a_target_variance": target_var,
+             "part_b": fit}
+  return common.write_outputs(workdir, results,
+                              _report(config, cont, nmse, labels, fit, kl),
+                              drop=("weights_example",))
 
 
 def _report(config, cont, nmse, labels, fit, kl):
@@ -187,5 +139,11 @@ def _report(config, cont, nmse, labels, fit, kl):
   return "\n".join(lines)
 
 
+def main(argv):
+  common.check_no_arguments(argv)
+  run(_CONFIG.value, _WORKDIR.value, reuse_runs=_REUSE_RUNS.value)
+  print(f"Report: {pathlib.Path(_WORKDIR.value) / 'report.md'}")
+
+
 if __name__ == "__main__":
-  common.app_main(run, head_dim_config.get_config, "head_dim")
+  app.run(main)

@@ -13,65 +13,47 @@ from __future__ import annotations
 
 import pathlib
 
-import jax
+from absl import app
+from absl import flags
+from ml_collections import config_flags
 import numpy as np
 
-from configs import induction as induction_config
 from experiments import common
-from mha_jax import analysis
+from mha_jax import curves as curves_lib
+from mha_jax import head_survey
+from mha_jax import held_out
 from mha_jax import interventions
 from mha_jax import plots
+from mha_jax import runs as runs_lib
 
-def phase_change(steps, losses):
-  """The eval interval with the steepest loss drop: (start, end, drop)."""
-  drops = -np.diff(np.asarray(losses))
-  i = int(np.argmax(drops))
-  return {"from_step": steps[i], "to_step": steps[i + 1],
-          "loss_before": losses[i], "loss_after": losses[i + 1],
-          "drop": float(drops[i])}
-
-
-def analyse_model(model, batch, loss_name, ablate=True):
-  """Per-head metrics `[L, H]`, JS distances and ablations of one model."""
-  weights = common.weights_of(model, batch)["self"]  # [L, B, H, T, T]
-  tokens = np.asarray(batch["inputs"])
-  per_layer = [jax.jit(analysis.head_metrics)(w, tokens) for w in weights]
-  metrics = {k: np.stack([np.asarray(m[k]) for m in per_layer])
-             for k in per_layer[0]}
-  l, b, h, t, _ = weights.shape
-  all_heads = np.transpose(weights, (1, 0, 2, 3, 4)).reshape(b, l * h, t, t)
-  js = np.asarray(jax.jit(analysis.js_distance)(all_heads))  # [L*H, L*H]
-  off_diag = js[~np.eye(l * h, dtype=bool)]
-  return {
-      "eval": common.eval_loss(model, batch, loss_name),
-      "metrics": metrics,
-      "js_distance": js,
-      "js_mean_off_diagonal": float(off_diag.mean()),
-      "js_min_off_diagonal": float(off_diag.min()),
-      "importance": (interventions.head_importance(model, batch, loss_name)
-                     if ablate else None),
-      "weights_example": weights[:, 0],  # [L, H, T, T] for the figure
-      "tokens_example": tokens[0],
-  }
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/induction.py", "The experiment's config file; "
+    "override fields as --config.train.num_steps=...", lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", "runs/induction", "Output folder: report.md, results.json, "
+    "PNGs and one sub-folder per training run.")
+_REUSE_RUNS = flags.DEFINE_bool(
+    "reuse_runs", False, "Load a finished run whose config.json matches "
+    "instead of training it again (to redo only the analysis).")
 
 
-def run(config, workdir):
+def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+  """Train, measure and write the report; returns what results.json holds."""
   e = config.experiment
   workdir = pathlib.Path(workdir)
   depths = (config.model.num_layers, e.control_layers)
-  batch = common.analysis_batch(config, e.analysis_examples)
+  batch = held_out.analysis_batch(config, e.analysis_examples)
   runs, curves = {}, {}
   for depth in depths:
-    for seed in e.seeds:
-      name = f"L{depth}_seed{seed}"
-      c = common.variant(config, **{"model.num_layers": depth,
-                                    "train.seed": seed})
-      state = common.train_run(c, workdir / name)
-      steps, losses = common.curve(workdir / name)
-      curves[f"{depth}-layer seed {seed}"] = (steps, losses)
-      runs[name] = analyse_model(state.model(), batch, state.loss,
-                                 ablate=depth == depths[0])
-      runs[name]["phase_change"] = phase_change(steps, losses)
+    for r in runs_lib.seed_runs(config, workdir, e.seeds,
+                                f"L{depth}_seed{{seed}}", reuse=reuse_runs,
+                                **{"model.num_layers": depth}):
+      name = r.run_dir.name
+      steps, losses = curves_lib.read(r.run_dir)
+      curves[f"{depth}-layer seed {r.seed}"] = (steps, losses)
+      runs[name] = head_survey.survey(r.state.model(), batch, r.state.loss,
+                                      ablate=depth == depths[0])
+      runs[name]["phase_change"] = curves_lib.phase_change(steps, losses)
       runs[name]["curve"] = {"steps": steps, "loss": losses}
 
   deep, ctrl = depths
@@ -113,23 +95,21 @@ def run(config, workdir):
   summary["top_ablation_is_prev_head_L1"] = int(sum(m[0] for m in match))
   summary["top_ablation_is_induction_head_last"] = int(sum(m[1] for m in match))
 
-  figures = _figures(workdir, runs, curves, deep, e.seeds[0], thr)
+  figures = _figures(workdir, runs, curves, deep, e.seeds[0])
   report = _report(config, runs, summary, figures, deep, ctrl, thr)
-  results = {"summary": summary, "runs": {
-      k: {kk: vv for kk, vv in v.items() if kk != "weights_example"}
-      for k, v in runs.items()}, "rank_corr_per_seed": rank_corr}
-  common.write_outputs(workdir, results, report)
-  return results
+  results = {"summary": summary, "runs": runs,
+             "rank_corr_per_seed": rank_corr}
+  return common.write_outputs(workdir, results, report,
+                              drop=("weights_example",))
 
 
-def _figures(workdir, runs, curves, deep, seed, thr):
+def _figures(workdir, runs, curves, deep, seed):
   r = runs[f"L{deep}_seed{seed}"]
   m = r["metrics"]
   titles = [[f"L{l + 1}H{h + 1} prev {m['previous_token'][l, h]:.2f} "
              f"ind {m['induction'][l, h]:.2f}"
              for h in range(m["induction"].shape[1])]
             for l in range(m["induction"].shape[0])]
-  del thr
   plots.loss_curves(curves, title="Held-out loss on the repeated segment",
                     path=str(workdir / "loss_curves.png"))
   tokens = [str(t) for t in np.asarray(r["tokens_example"])]
@@ -304,5 +284,11 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
   return "\n".join(lines)
 
 
+def main(argv):
+  common.check_no_arguments(argv)
+  run(_CONFIG.value, _WORKDIR.value, reuse_runs=_REUSE_RUNS.value)
+  print(f"Report: {pathlib.Path(_WORKDIR.value) / 'report.md'}")
+
+
 if __name__ == "__main__":
-  common.app_main(run, induction_config.get_config, "induction")
+  app.run(main)

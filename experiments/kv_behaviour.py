@@ -9,7 +9,7 @@ shared training loop (same task, steps, data and initial seed for every K),
 then measures on held-out data: the eval loss and accuracy of the training
 loop, the first eval step below `experiment.loss_threshold`, and the
 accuracy of free-running generation with the KV cache (each model continues
-held-out prompts; `experiments.generate`). Writes report.md and
+held-out prompts; `mha_jax.continuations`). Writes report.md and
 results.json; results.json is in the format `experiments.kv_cache
 --behaviour_results` reads ("runs": one row per variant, "variants": the
 numbers behind them).
@@ -21,111 +21,47 @@ from __future__ import annotations
 
 import pathlib
 
-import numpy as np
+from absl import app
+from absl import flags
+from ml_collections import config_flags
 
-from configs import kv_behaviour as kv_behaviour_config
 from experiments import common
-from experiments import generate as generate_experiment
+from mha_jax import continuations
+from mha_jax import curves
+from mha_jax import kv_variants
+from mha_jax import runs
 
 COMMAND = "python -m experiments.kv_behaviour --workdir=runs/kv_behaviour"
 
-
-def variant_name(h: int, k: int) -> str:
-  if k == h:
-    return "MHA"
-  return "MQA" if k == 1 else f"GQA (H/{h // k})"
-
-
-def first_below(steps, losses, threshold):
-  """The first step whose eval loss is below `threshold` (None: never)."""
-  for s, v in zip(steps, losses):
-    if v < threshold:
-      return s
-  return None
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/kv_behaviour.py", "The experiment's config file; "
+    "override fields as --config.train.num_steps=...", lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", "runs/kv_behaviour", "Output folder: report.md, results.json "
+    "and one sub-folder per training run.")
+_REUSE_RUNS = flags.DEFINE_bool(
+    "reuse_runs", False, "Load a finished run whose config.json matches "
+    "instead of training it again (to redo only the analysis).")
 
 
-def model_costs(model):
-  """Attention parameters per layer and KV-cache bytes per token (all
-  layers, the cache dtype), read from the arrays themselves."""
-  attn = model.blocks[0].attn
-  params = sum(int(np.prod(a.shape)) for a in attn.core_params().values())
-  caches = model.init_cache(batch=1)
-  per_token = sum(c.k.nbytes + c.v.nbytes for c in caches) / caches[0].max_len
-  return params, per_token
-
-
-def run_one(config, run_dir):
-  e = config.experiment
-  state = common.train_run(config, run_dir)
-  model = state.model()
-  steps, losses = common.curve(run_dir, "eval", "loss")
-  _, accs = common.curve(run_dir, "eval", "accuracy")
-  gen = generate_experiment.evaluate_generation(
-      model, config, num_examples=e.generate_examples)
-  params, cache_bytes = model_costs(model)
+def measure(run) -> dict:
+  """One trained `runs.SeedRun`'s numbers (see `kv_variants.summarise`)."""
+  e = run.config.experiment
+  model = run.state.model()
+  steps, losses = curves.read(run.run_dir, "eval", "loss")
+  _, accs = curves.read(run.run_dir, "eval", "accuracy")
+  gen = continuations.evaluate_generation(
+      model, run.config, num_examples=e.generate_examples)
+  params, cache_bytes = kv_variants.model_costs(model)
   return {"eval_loss": losses[-1], "eval_accuracy": accs[-1],
-          "first_step_below": first_below(steps, losses, e.loss_threshold),
+          "first_step_below": curves.first_below(steps, losses,
+                                                 e.loss_threshold),
           "generation_token_accuracy": gen["token_accuracy"],
           "generation_sequence_accuracy": gen["sequence_accuracy"],
           "teacher_forced_accuracy": gen["teacher_forced_accuracy"],
           "attention_params_per_layer": params,
           "cache_bytes_per_token": cache_bytes,
           "curve": {"steps": steps, "loss": losses}}
-
-
-def summarise(config, per_seed):
-  """One row of means and spreads per K, in the order of `kv_heads`."""
-  e, h = config.experiment, config.model.num_heads
-  variants = []
-  for k in e.kv_heads:
-    rs = [per_seed[f"K{k}_seed{s}"] for s in e.seeds]
-    row = {"name": variant_name(h, k), "num_kv_heads": k,
-           "seeds": len(rs),
-           "attention_params_per_layer": rs[0]["attention_params_per_layer"],
-           "cache_bytes_per_token": rs[0]["cache_bytes_per_token"]}
-    for key in ("eval_loss", "eval_accuracy", "teacher_forced_accuracy",
-                "generation_token_accuracy", "generation_sequence_accuracy"):
-      vals = [r[key] for r in rs]
-      row[key] = {"mean": float(np.mean(vals)), "std": float(np.std(vals)),
-                  "min": float(np.min(vals)), "max": float(np.max(vals))}
-    reached = [r["first_step_below"] for r in rs
-               if r["first_step_below"] is not None]
-    row["first_step_below"] = {
-        "reached": len(reached),
-        "mean": float(np.mean(reached)) if reached else None,
-        "per_seed": [r["first_step_below"] for r in rs]}
-    variants.append(row)
-  return variants
-
-
-def _spread(stat, digits=3):
-  return (f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f} "
-          f"[{stat['min']:.{digits}f}, {stat['max']:.{digits}f}]")
-
-
-def table_rows(config, variants):
-  """Rows for `experiments.kv_cache`'s table: display strings only."""
-  e = config.experiment
-  rows = []
-  for v in variants:
-    fs = v["first_step_below"]
-    rows.append({
-        "variant": v["name"], "K": v["num_kv_heads"],
-        "attn params/layer": v["attention_params_per_layer"],
-        "cache B/token": f"{v['cache_bytes_per_token']:.0f}",
-        "eval loss": _spread(v["eval_loss"]),
-        "eval accuracy": _spread(v["eval_accuracy"]),
-        "teacher-forced acc (same prompts)": _spread(
-            v["teacher_forced_accuracy"]),
-        "cached generation: token acc": _spread(
-            v["generation_token_accuracy"]),
-        "whole continuation right": _spread(
-            v["generation_sequence_accuracy"]),
-        f"first step loss < {e.loss_threshold:g}": (
-            f"{fs['mean']:.0f} ({fs['reached']}/{v['seeds']} seeds)"
-            if fs["reached"] else f"never (0/{v['seeds']})"),
-    })
-  return rows
 
 
 def description(config):
@@ -159,24 +95,30 @@ def _report(config, variants, rows):
   return "\n".join(text)
 
 
-def run(config, workdir):
+def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+  """Train every (K, seed), measure, write; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   e = config.experiment
   per_seed = {}
   for k in e.kv_heads:
-    for seed in e.seeds:
-      name = f"K{k}_seed{seed}"
-      c = common.variant(config, **{"model.num_kv_heads": k,
-                                    "train.seed": seed})
-      per_seed[name] = run_one(c, workdir / name)
-  variants = summarise(config, per_seed)
-  rows = table_rows(config, variants)
+    for r in runs.seed_runs(config, workdir, e.seeds, f"K{k}_seed{{seed}}",
+                            reuse=reuse_runs, **{"model.num_kv_heads": k}):
+      per_seed[r.run_dir.name] = measure(r)
+  variants = kv_variants.summarise(config.model.num_heads, e.kv_heads,
+                                   e.seeds, per_seed)
+  rows = kv_variants.table_rows(variants, e.loss_threshold)
   results = {"command": COMMAND, "description": description(config),
              "runs": rows, "variants": variants, "per_seed": per_seed,
              "config": config.to_dict()}
-  common.write_outputs(workdir, results, _report(config, variants, rows))
-  return results
+  return common.write_outputs(workdir, results,
+                              _report(config, variants, rows))
+
+
+def main(argv):
+  common.check_no_arguments(argv)
+  run(_CONFIG.value, _WORKDIR.value, reuse_runs=_REUSE_RUNS.value)
+  print(f"Report: {pathlib.Path(_WORKDIR.value) / 'report.md'}")
 
 
 if __name__ == "__main__":
-  common.app_main(run, kv_behaviour_config.get_config, "kv_behaviour")
+  app.run(main)

@@ -13,8 +13,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
-from experiments import measure
-from mha_jax import plots
+from experiments import common
+from mha_jax import plots as plots_lib
+from mha_jax import timing
 
 COMMAND = "python -m experiments.kv_cache --workdir=runs/kv_cache"
 
@@ -26,7 +27,7 @@ def summarise(cfg, results):
   n = [r["n"] for r in rows]
   upper = [r for r in rows if r["n"] >= np.median(n)]
   full = [r for r in rows if "nocache_s" in r]
-  slope = measure.loglog_slope
+  slope = timing.loglog_slope
   s = {"cached_slope": slope(n, [r["cached_s"] for r in rows]),
        "cached_slope_upper_half": slope([r["n"] for r in upper],
                                         [r["cached_s"] for r in upper]),
@@ -52,7 +53,8 @@ def summarise(cfg, results):
   return s
 
 
-def _plots(results, workdir):
+def plots(results, workdir):
+  """decode_time.png, flops.png and cache_bytes.png into `workdir`."""
   rows = results["timing"]
   n = [r["n"] for r in rows]
   full = [r for r in rows if "nocache_s" in r]
@@ -63,7 +65,7 @@ def _plots(results, workdir):
   ax.set(xlabel="context n (tokens)", ylabel="ms per generated token",
          title="Decode step time (median)")
   ax.legend(fontsize=7)
-  plots.save(fig, os.path.join(workdir, "decode_time.png"))
+  plots_lib.save(fig, os.path.join(workdir, "decode_time.png"))
   fig, ax = plt.subplots(figsize=(5.0, 3.2))
   for key, label, mark in (("cached_xla_flops", "cache: XLA", "o-"),
                            ("cached_analytic_flops", "cache: analytic", "x--")):
@@ -76,20 +78,14 @@ def _plots(results, workdir):
   ax.set(xlabel="context n (tokens)", ylabel="FLOPs per generated token",
          title="FLOPs per step")
   ax.legend(fontsize=7)
-  plots.save(fig, os.path.join(workdir, "flops.png"))
+  plots_lib.save(fig, os.path.join(workdir, "flops.png"))
   cb = results["cache_bytes"]
   fig, ax = plt.subplots(figsize=(5.0, 3.2))
   ax.bar([f"K={r['num_kv_heads']}" for r in cb],
          [r["bytes_per_token"] / 1024 for r in cb])
   ax.set(ylabel="KiB per token (all layers)", title="KV cache size")
-  plots.save(fig, os.path.join(workdir, "cache_bytes.png"))
+  plots_lib.save(fig, os.path.join(workdir, "cache_bytes.png"))
   plt.close("all")
-
-
-def _table(header, rows):
-  out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-  return "\n".join(out)
 
 
 def _behaviour_section(behaviour):
@@ -102,16 +98,15 @@ def _behaviour_section(behaviour):
   keys = list(dict.fromkeys(k for r in runs for k in r))
   text = [behaviour.get("description", ""),
           f"Command: `{behaviour.get('command', '(not given)')}`", "",
-          _table(keys, [[r.get(k, "") for k in keys] for r in runs])]
+          common.md_table(keys, [[r.get(k, "") for k in keys] for r in runs])]
   return "\n".join(text)
 
 
-def write(cfg, results, workdir):
-  """Write report.md and the PNGs into `workdir`."""
-  _plots(results, workdir)
+def report(cfg, results) -> str:
+  """The text of report.md (the plots are `plots`)."""
   s, m, b = results["summary"], cfg.model, cfg.bench
   mach = results["machine"]
-  timing = _table(
+  timing_table = common.md_table(
       ["n", "cached ms (min)", "recompute ms (min)", "speed-up", "cached FLOPs XLA",
        "cached matmul FLOPs (jaxpr)", "cached analytic", "recompute FLOPs XLA",
        "recompute analytic"],
@@ -125,7 +120,7 @@ def write(cfg, results, workdir):
         f"{r['nocache_analytic_flops']:.4g}" if "nocache_s" in r else "-"]
        for r in results["timing"]])
   cb = results["cache_bytes"]
-  mem = _table(
+  mem = common.md_table(
       ["K (kv heads)", "bytes/token (.nbytes)", "formula 2*L*K*Dh*4",
        f"MiB per {cfg.heads.max_len}-token sequence", "fraction of K=H"],
       [[r["num_kv_heads"], f"{r['bytes_per_token']:.0f}",
@@ -133,7 +128,7 @@ def write(cfg, results, workdir):
         f"{r['bytes_per_sequence'] / 2**20:.2f}",
         f"{r['fraction_of_first']:.4f}"] for r in cb])
   it = results["intensity"]
-  inten = _table(
+  inten = common.md_table(
       ["K", "B", "analytic FLOPs", "weights MiB", "cache read MiB",
        "FLOPs/byte (analytic)", "FLOPs/byte (XLA)", "step ms (min)"],
       [[r["num_kv_heads"], r["batch"], f"{r['analytic_flops']:.3g}",
@@ -165,7 +160,7 @@ Times are medians (minimum in brackets) of {b.repeats} (cached) /
 {targets}
 
 ## 1. Time and FLOPs per generated token
-{timing}
+{timing_table}
 
 Log-log slope of the cached step time over all contexts:
 {s['cached_slope']:.2f} (over the upper half, n >= median:
@@ -196,8 +191,7 @@ the full causal forward, ragged prompts (5, 9, 2), float32: {exact}.
 ## 6. The answer
 {answer(cfg, results)}
 """
-  with open(os.path.join(workdir, "report.md"), "w") as f:
-    f.write(text)
+  return text
 
 
 def answer(cfg, results):

@@ -3,12 +3,14 @@ r"""One config trained on one device and on a 2x4 mesh: the same loss curve?
   python -m experiments.mesh_check --workdir=runs/mesh_check
 
 About 3 minutes on 2 CPU cores. Runs the training entry point twice, each
-in its own process, with the same (shortened) config:
+in its own process, with the same (shortened) config, configs/mesh_check.py
+(the model and task of configs/copy.py; its `experiment` group sets the
+steps and the mesh, e.g. `--config.experiment.steps=300`):
 
-  one device:  python -m experiments.train --config=configs/copy.py ...
+  one device:  python -m experiments.train --config=configs/mesh_check.py ...
   2x4 mesh:    XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-               python -m experiments.train --config=configs/copy.py ... \
-               --config.mesh.data=2 --config.mesh.model=4
+               python -m experiments.train --config=configs/mesh_check.py \
+               ... --config.mesh.data=2 --config.mesh.model=4
 
 then loads both final checkpoints and writes report.md / results.json:
 the largest loss difference per logged step, the largest parameter
@@ -29,25 +31,18 @@ import time
 from absl import app
 from absl import flags
 import jax
+from ml_collections import config_flags
 import numpy as np
 
 from experiments import common
+from mha_jax import curves
 from mha_jax import sharding
 from mha_jax import train
 
-_DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
-
-
-
-def _define_flags():
-  """Defined only when run as a program: importing this module (tests, other
-  entry points with their own --config) must not clash on flag names."""
-  flags.DEFINE_string("config", "configs/copy.py",
-                      "Config file both runs train.")
-  flags.DEFINE_string("workdir", "runs/mesh_check", "Output folder.")
-  flags.DEFINE_integer("steps", 150, "Training steps of each run.")
-  flags.DEFINE_integer("data", 2, "Data axis of the mesh run.")
-  flags.DEFINE_integer("model", 4, "Model (head) axis of the mesh run.")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/mesh_check.py", "The config both runs train; "
+    "override fields as --config.experiment.steps=...", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "runs/mesh_check", "Output folder.")
 
 
 def _env(devices: int) -> dict:
@@ -61,11 +56,11 @@ def _env(devices: int) -> dict:
   return env
 
 
-def _train(config_path, run_dir: pathlib.Path, devices: int,
+def _train(config_args, run_dir: pathlib.Path, devices: int,
            overrides) -> dict:
   shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, not a resume
-  cmd = [sys.executable, "-m", "experiments.train",
-         f"--config={config_path}", f"--workdir={run_dir}", *overrides]
+  cmd = [sys.executable, "-m", "experiments.train", *config_args,
+         f"--workdir={run_dir}", *overrides]
   start = time.time()
   subprocess.run(cmd, env=_env(devices), check=True)
   shown = " ".join(cmd[1:])
@@ -103,38 +98,44 @@ def _bytes(state, mesh) -> dict:
   return out
 
 
-def run(workdir: pathlib.Path, config_path: str, steps: int, data: int,
-        model: int) -> dict:
-  """Both training runs, then the comparison; returns every number."""
+def compare(config, workdir, config_args) -> dict:
+  """Both training runs, then the comparison; returns every number.
+
+  `config_args` are the `--config=...` arguments that give the training
+  entry point `config` (the file and the overrides this process read).
+  """
+  workdir = pathlib.Path(workdir)
+  steps, data, model = (config.experiment.steps, config.experiment.data,
+                        config.experiment.model)
   short = [f"--config.train.num_steps={steps}", "--config.train.log_every=1",
            f"--config.train.eval_every={max(steps // 3, 1)}",
            f"--config.train.checkpoint_every={steps}",
            f"--config.train.warmup_steps={min(20, steps // 2)}"]
   one = workdir / "one_device"
   meshed = workdir / f"mesh{data}x{model}"
-  runs = {"one_device": _train(config_path, one, 1,
+  runs = {"one_device": _train(config_args, one, 1,
                                short + ["--config.mesh.data=1"]),
-          "mesh": _train(config_path, meshed, data * model, short + [
+          "mesh": _train(config_args, meshed, data * model, short + [
               f"--config.mesh.data={data}", f"--config.mesh.model={model}"])}
 
-  results = {"config": config_path, "steps": steps,
+  results = {"config": config_args[0].split("=", 1)[1], "steps": steps,
              "mesh": {"data": data, "model": model}, "runs": runs}
   for split in ("train", "eval"):
-    s1, l1 = common.curve(one, split)
-    s2, l2 = common.curve(meshed, split)
+    s1, l1 = curves.read(one, split)
+    s2, l2 = curves.read(meshed, split)
     assert s1 == s2, (s1, s2)
     diff = np.abs(np.asarray(l1) - np.asarray(l2))
     results[split] = {"steps": s1, "loss_one_device": l1, "loss_mesh": l2,
                       "abs_diff": diff, "max_abs_diff": float(diff.max()),
                       "max_rel_diff": float(np.max(diff / np.abs(l1)))}
-  state1, config = train.load_state(one)
+  state1, trained = train.load_state(one)
   state2, _ = train.load_state(meshed)
   results["final_params_max_abs_diff"] = _max_abs_diff(state1.params,
                                                        state2.params)
   mesh = sharding.make_mesh(data, model, jax.devices()[:data * model])
   results["bytes"] = _bytes(state1, mesh)
   results["devices"] = jax.device_count()
-  results["model"] = config.model.to_dict()
+  results["model"] = trained.model.to_dict()
   return results
 
 
@@ -180,22 +181,30 @@ Reproduce: `python -m experiments.mesh_check --workdir=runs/mesh_check`.
 """
 
 
+def run(config, workdir, config_args) -> dict:
+  """`compare`, then write report.md and results.json into `workdir`."""
+  results = compare(config, workdir, config_args)
+  text = report(results)
+  print(text)
+  return common.write_outputs(workdir, results, text)
+
+
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  f = flags.FLAGS
-  need = f.data * f.model
+  common.check_no_arguments(argv)
+  e = _CONFIG.value.experiment
+  need = e.data * e.model
   if jax.device_count() < need:
     # The analysis needs the devices too; they exist only if XLA_FLAGS is
     # set before JAX starts, so start again with it.
     os.execve(sys.executable, [sys.executable, "-m", "experiments.mesh_check",
                                *sys.argv[1:]], _env(need))
-  workdir = pathlib.Path(f.workdir)
-  results = run(workdir, f.config, f.steps, f.data, f.model)
-  common.write_outputs(workdir, results, report(results))
-  print(report(results))
+  # The children read the same file with the same command-line overrides.
+  flag = flags.FLAGS["config"]
+  config_args = [f"--config={config_flags.get_config_filename(flag)}"] + [
+      f"--config.{k}={v}"
+      for k, v in config_flags.get_override_values(flag).items()]
+  run(_CONFIG.value, _WORKDIR.value, config_args)
 
 
 if __name__ == "__main__":
-  _define_flags()
   app.run(main)

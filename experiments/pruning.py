@@ -9,26 +9,40 @@ from __future__ import annotations
 
 import pathlib
 
+from absl import app
+from absl import flags
+from ml_collections import config_flags
 import numpy as np
 
-from configs import pruning as pruning_config
 from experiments import common
+from mha_jax import held_out
 from mha_jax import interventions
 from mha_jax import plots
+from mha_jax import runs
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/pruning.py", "The experiment's config file; override "
+    "fields as --config.train.num_steps=...", lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", "runs/pruning", "Output folder: report.md, results.json, "
+    "prune_curve.png and one sub-folder per training run.")
+_REUSE_RUNS = flags.DEFINE_bool(
+    "reuse_runs", False, "Load a finished run whose config.json matches "
+    "instead of training it again (to redo only the analysis).")
 
 RANKINGS = ("zero_ablation", "mean_ablation", "taylor_estimate",
             "gradient_abs")
 
 
-def run(config, workdir):
+def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+  """Train, prune and write the report; returns what results.json holds."""
   e = config.experiment
   workdir = pathlib.Path(workdir)
-  rank_batch = common.analysis_batch(config, e.analysis_examples, seed=111)
-  test_batch = common.analysis_batch(config, e.analysis_examples, seed=222)
+  rank_batch = held_out.analysis_batch(config, e.analysis_examples, seed=111)
+  test_batch = held_out.analysis_batch(config, e.analysis_examples, seed=222)
   curves = {k: [] for k in RANKINGS + ("random", "most_important_first")}
-  for seed in e.seeds:
-    c = common.variant(config, **{"train.seed": seed})
-    state = common.train_run(c, workdir / f"seed{seed}")
+  for r in runs.seed_runs(config, workdir, e.seeds, reuse=reuse_runs):
+    seed, state = r.seed, r.state
     model = state.model()
     imp = interventions.head_importance(model, rank_batch, state.loss)
     for k in RANKINGS:
@@ -50,12 +64,11 @@ def run(config, workdir):
                   xlabel="heads kept", ylabel="held-out loss",
                   title="Pruning the 2-layer induction model",
                   path=str(workdir / "prune_curve.png"))
-  report = _report(config, stats, kept)
-  common.write_outputs(workdir, {"heads_kept": kept, "curves": curves,
-                                 "mean": {k: v[0] for k, v in stats.items()},
-                                 "std": {k: v[1] for k, v in stats.items()}},
-                       report)
-  return stats
+  return common.write_outputs(
+      workdir, {"heads_kept": kept, "curves": curves,
+                "mean": {k: v[0] for k, v in stats.items()},
+                "std": {k: v[1] for k, v in stats.items()}},
+      _report(config, stats, kept))
 
 
 def _report(config, stats, kept):
@@ -118,5 +131,11 @@ def _report(config, stats, kept):
   return "\n".join(lines)
 
 
+def main(argv):
+  common.check_no_arguments(argv)
+  run(_CONFIG.value, _WORKDIR.value, reuse_runs=_REUSE_RUNS.value)
+  print(f"Report: {pathlib.Path(_WORKDIR.value) / 'report.md'}")
+
+
 if __name__ == "__main__":
-  common.app_main(run, pruning_config.get_config, "pruning")
+  app.run(main)

@@ -4,8 +4,9 @@ r"""Train any config: the one entry point of every experiment.
       --workdir=runs/default --config.model.num_heads=8
 
 Hyperparameters live only in the config; override them with
-`--config.<group>.<field>=value`. Rerunning with the same `--workdir`
-resumes from its latest checkpoint.
+`--config.<group>.<field>=value` (`--config=configs/default.py:smoke` for a
+run of seconds). Rerunning with the same `--workdir` resumes from its
+latest checkpoint.
 
 Several devices: `--config.mesh.data=2 --config.mesh.model=4` (see README,
 "Multi-device and multi-host runs"). Several hosts: start the same command
@@ -22,6 +23,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from experiments import common
 from mha_jax import config as config_lib
 from mha_jax import train
 
@@ -43,9 +45,21 @@ _PROCESS_ID = flags.DEFINE_integer(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def run(config, workdir) -> train.TrainState:
+  """Validate `config`, then train (or resume) it in `workdir`."""
+  # Fail on inconsistent values before building or compiling anything.
+  try:
+    config_lib.validate_config(config)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  logging.info("Config:\n%s", config)
+  state = train.train_and_evaluate(config, workdir)
+  logging.info("Done; metrics in %s/metrics.jsonl", workdir)
+  return state
+
+
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  common.check_no_arguments(argv)
   if _DISTRIBUTED.value:
     # Must run before anything asks JAX for devices: afterwards
     # jax.devices() lists every host's devices and the mesh spans them all.
@@ -54,15 +68,7 @@ def main(argv):
     logging.info("Process %d of %d, %d local / %d global devices",
                  jax.process_index(), jax.process_count(),
                  jax.local_device_count(), jax.device_count())
-  config = _CONFIG.value
-  # Fail on inconsistent values before building or compiling anything.
-  try:
-    config_lib.validate_config(config)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
-  logging.info("Config:\n%s", config)
-  train.train_and_evaluate(config, _WORKDIR.value)
-  logging.info("Done; metrics in %s/metrics.jsonl", _WORKDIR.value)
+  run(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

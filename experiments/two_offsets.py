@@ -11,66 +11,24 @@ Writes report.md, results.json and PNG figures into --workdir.
 from __future__ import annotations
 
 import pathlib
-import re
 
-import jax
-import numpy as np
+from absl import app
+from absl import flags
+from ml_collections import config_flags
 
-from configs import two_offsets as two_offsets_config
 from experiments import common
-from mha_jax import analysis
 from mha_jax import plots
+from mha_jax import two_offsets
 
-def settings(config, heads, wide: bool):
-  """`[(label, overrides)]`: each h at equal d_model [, one wide head]."""
-  out = [(f"h={h}", {"model.num_heads": h, "model.head_dim": 0})
-         for h in heads]
-  if not wide:
-    return out
-  width = config.experiment.wide_factor * config.model.d_model
-  out.append((f"h=1 wide (d_k={width})",
-              {"model.num_heads": 1, "model.head_dim": width}))
-  return out
-
-
-def offset_profile(weights):
-  """Per head `[H]`: weight on offset 1, on offset 3, and entropy (nats)."""
-  w = weights[0]  # the one layer: [B, H, T, T]
-  f = jax.jit(lambda w: (analysis.offset_score(w, 1),
-                         analysis.offset_score(w, 3), analysis.entropy(w)))
-  return [np.asarray(x) for x in f(w)]
-
-
-def sweep(config, workdir, task, setting_list):
-  """Train every `(label, overrides)` x seed on `task`; held-out numbers."""
-  e = config.experiment
-  base = common.variant(config, **{"task.name": task})
-  batch = common.analysis_batch(base, e.analysis_examples)
-  mask = np.asarray(batch["loss_mask"], bool)
-  target_var = (float(np.var(np.asarray(batch["targets"])[mask]))
-                if task.endswith("continuous") else None)
-  out = {}
-  for label, overrides in setting_list:
-    runs = []
-    for seed in e.seeds:
-      c = common.variant(base, **overrides, **{"train.seed": seed})
-      name = re.sub(r"[^A-Za-z0-9]+", "_", f"{task}_{label}_s{seed}")
-      state = common.train_run(c, pathlib.Path(workdir) / name)
-      model = state.model()
-      ev = common.eval_loss(model, batch, state.loss)
-      weights = common.weights_of(model, batch)["self"]
-      off1, off3, ent = offset_profile(weights)
-      run = {"seed": seed, **ev, "offset1": off1, "offset3": off3,
-             "entropy": ent, "weights_example": weights[0, 0]}
-      if target_var is not None:
-        run["nmse"] = ev["loss"] / target_var
-      # Two different heads each own one offset (> 0.5 of their weight)?
-      run["split_heads"] = bool(
-          off1.max() > 0.5 and off3.max() > 0.5
-          and off1.argmax() != off3.argmax())
-      runs.append(run)
-    out[label] = runs
-  return out, target_var
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/two_offsets.py", "The experiment's config file; "
+    "override fields as --config.train.num_steps=...", lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", "runs/two_offsets", "Output folder: report.md, results.json, "
+    "PNGs and one sub-folder per training run.")
+_REUSE_RUNS = flags.DEFINE_bool(
+    "reuse_runs", False, "Load a finished run whose config.json matches "
+    "instead of training it again (to redo only the analysis).")
 
 
 def _stat(runs, key):
@@ -82,13 +40,17 @@ def _best(runs, key):
   return common.mean_std([r[key].max() for r in runs])
 
 
-def run(config, workdir):
+def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+  """Train the sweeps and write the report; returns what results.json holds."""
   e = config.experiment
   workdir = pathlib.Path(workdir)
-  cont, target_var = sweep(config, workdir, "two_offset_continuous",
-                           settings(config, e.heads, wide=True))
-  tok, _ = sweep(config, workdir, "two_offset_token",
-                 settings(config, e.token_heads, wide=False))
+  cont, target_var = two_offsets.sweep(
+      config, workdir, "two_offset_continuous",
+      two_offsets.settings(config, e.heads, wide=True), reuse=reuse_runs)
+  tok, _ = two_offsets.sweep(
+      config, workdir, "two_offset_token",
+      two_offsets.settings(config, e.token_heads, wide=False),
+      reuse=reuse_runs)
 
   labels = list(cont)
   nmse = [_stat(cont[k], "nmse") for k in labels]
@@ -113,14 +75,10 @@ def run(config, workdir):
                        title="Continuous task, seed 0: rows = query t, "
                        "columns = key",
                        path=str(workdir / "attention.png"))
-  report = _report(config, cont, tok, target_var)
-  strip = lambda d: {k: [{kk: vv for kk, vv in r.items()
-                          if kk != "weights_example"} for r in v]
-                     for k, v in d.items()}
-  results = {"continuous": strip(cont), "token": strip(tok),
-             "target_variance": target_var}
-  common.write_outputs(workdir, results, report)
-  return results
+  results = {"continuous": cont, "token": tok, "target_variance": target_var}
+  return common.write_outputs(workdir, results,
+                              _report(config, cont, tok, target_var),
+                              drop=("weights_example",))
 
 
 def _report(config, cont, tok, target_var):
@@ -218,5 +176,11 @@ def _report(config, cont, tok, target_var):
   return "\n".join(lines)
 
 
+def main(argv):
+  common.check_no_arguments(argv)
+  run(_CONFIG.value, _WORKDIR.value, reuse_runs=_REUSE_RUNS.value)
+  print(f"Report: {pathlib.Path(_WORKDIR.value) / 'report.md'}")
+
+
 if __name__ == "__main__":
-  common.app_main(run, two_offsets_config.get_config, "two_offsets")
+  app.run(main)

@@ -246,6 +246,24 @@ def alignment_scores(weights: jax.Array, target: jax.Array,
           _mean_over_rows(mass, counts))
 
 
+def aligned_source(src: jax.Array, pad_id: int = 0):
+  """Where a decoder that reverses `src` should look: `(target, valid)`.
+
+  `src [B, S]` holds right-padded source tokens (`pad_id` after each row's
+  length n). Decoder step t of a reversal emits source token n - 1 - t, so
+  `target [B, S]` is that source position (clipped at 0 past the end) and
+  `valid [B, S]` marks the steps t < n that have one. Feed both to
+  `alignment_scores` with cross-attention weights `[B, H, S, S]`.
+  """
+  src = jnp.asarray(src)
+  if src.ndim != 2:
+    raise ValueError(f"aligned_source: `src` must be [B, S] tokens, got "
+                     f"shape {src.shape}")
+  lengths = jnp.sum(src != pad_id, axis=-1, keepdims=True)  # [B, 1]
+  t = jnp.arange(src.shape[1])[None, :]  # [1, S]
+  return jnp.maximum(lengths - 1 - t, 0), t < lengths
+
+
 def js_divergence(weights: jax.Array) -> jax.Array:
   """Mean Jensen-Shannon divergence between every pair of heads, `[H, H]`.
 

@@ -142,6 +142,21 @@ class MetricTest(parameterized.TestCase):
     np.testing.assert_allclose(acc, [1.0, 1 / src_len], rtol=1e-6)
     np.testing.assert_allclose(mass, [1.0, 1 / s], rtol=1e-6)
 
+  def test_aligned_source_of_a_reversal(self):
+    src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])  # 0 = PAD
+    target, valid = analysis.aligned_source(src)
+    np.testing.assert_array_equal(target[0, :3], [2, 1, 0])
+    np.testing.assert_array_equal(valid[0], [1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(target[1], [4, 3, 2, 1, 0])
+    # The target positions really hold the reversed sequence.
+    tgt = np.take_along_axis(src, np.asarray(target), axis=1)
+    np.testing.assert_array_equal(tgt[0, :3], [7, 6, 5])
+    # Another padding id; a source that is not [B, S] names the argument.
+    target, valid = analysis.aligned_source(src + 1, pad_id=1)
+    np.testing.assert_array_equal(target[0, :3], [2, 1, 0])
+    with self.assertRaisesRegex(ValueError, "`src` must be"):
+      analysis.aligned_source(src[0])
+
   @chex.variants(with_jit=True, without_jit=True)
   def test_js_self_zero_and_disjoint_one_bit(self):
     a = shifted_pattern(T, 0)  # attend to self

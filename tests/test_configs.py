@@ -11,6 +11,7 @@ from flax import nnx
 from ml_collections import config_flags
 
 from configs import default
+from mha_jax import attention
 from mha_jax import config as config_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -37,6 +38,45 @@ def test_every_training_config_validates_and_builds(path):
   assert model.config.num_layers == config.model.num_layers
   assert len(model.blocks if hasattr(model, "blocks")
              else model.decoder.blocks) == config.model.num_layers
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_config_has_a_smoke_variant_and_refuses_other_arguments(path):
+  module = importlib.import_module(f"configs.{path.stem}")
+  full, smoke = module.get_config(), module.get_config("smoke")
+  # Smaller, never a different structure: every field still overridable.
+  assert sorted(_leaves(smoke)) == sorted(_leaves(full))
+  assert smoke.to_dict() != full.to_dict()
+  if "train" in smoke:
+    config_lib.validate_config(smoke)
+    assert smoke.train.num_steps <= 10 < full.train.num_steps
+    assert _abstract_model(smoke).config.d_model <= 16
+  if "experiment" in smoke and "seeds" in smoke.experiment:
+    assert 1 <= len(smoke.experiment.seeds) <= 2
+  with pytest.raises(ValueError, match=(
+      rf"configs/{path.stem}.py: unknown config argument 'smok'.*expected "
+      r"none \(the full run\) or 'smoke'")):
+    module.get_config("smok")
+
+
+def _leaves(config, prefix=""):
+  """Dotted names of every field of a ConfigDict."""
+  out = []
+  for k, v in config.items():
+    if hasattr(v, "items"):
+      out += _leaves(v, f"{prefix}{k}.")
+    else:
+      out.append(prefix + k)
+  return out
+
+
+def test_default_config_names_every_attention_implementation():
+  """The comment on model.implementation lists attention.IMPLEMENTATIONS."""
+  text = (ROOT / "configs" / "default.py").read_text()
+  comment = text.split("m.implementation =")[0].rsplit("# Core attend", 1)[1]
+  listed = {w.strip(" .\n#") for w in comment.split(":", 1)[1]
+            .split("Only")[0].split("|")}
+  assert listed == set(attention.IMPLEMENTATIONS)
 
 
 def _parse(*overrides, path=ROOT / "configs" / "default.py"):
@@ -101,17 +141,20 @@ def _run_entry_point(*args, cwd):
       capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("--config.model.num_heads=3", "config.model.d_model"),
-    ("--config.model.no_such_field=1", "no_such_field"),
-    ("--config.model.num_heads=four", "num_heads"),
+@pytest.mark.parametrize("config, override, message", [
+    ("configs/default.py", "--config.model.num_heads=3",
+     "config.model.d_model"),
+    ("configs/default.py", "--config.model.no_such_field=1", "no_such_field"),
+    ("configs/default.py", "--config.model.num_heads=four", "num_heads"),
+    ("configs/default.py:smok", "--config.train.seed=0",
+     "unknown config argument 'smok'"),
 ])
-def test_entry_point_rejects_bad_config_before_training(tmp_path, override,
-                                                        message):
+def test_entry_point_rejects_bad_config_before_training(tmp_path, config,
+                                                        override, message):
   root = pathlib.Path(__file__).parents[1]
   workdir = tmp_path / "run"
-  proc = _run_entry_point("--config=configs/default.py",
-                          f"--workdir={workdir}", override, cwd=root)
+  proc = _run_entry_point(f"--config={config}", f"--workdir={workdir}",
+                          override, cwd=root)
   assert proc.returncode != 0
   assert message in proc.stderr, proc.stderr[-2000:]
   assert not workdir.exists()  # failed before writing anything

@@ -1,68 +1,339 @@
-"""The experiments' own pieces: the low-rank fit, alignment targets, helpers.
+"""Every experiment entry point, end to end on its smoke config.
 
-Whole experiments take minutes, so they are run by `make experiments`, not
-here; these tests check the parts whose mistakes would silently skew a
-report.
+Each test runs an entry point's `run` in-process on its config's smoke
+variant (`configs/<name>.py:smoke`: a tiny model, a handful of steps, one
+or two seeds) with a temporary workdir, then checks what a reader gets:
+report.md, results.json and the figures exist, and the report's tables
+show the numbers that results.json holds. mesh_check runs as its real
+command line: its second training run needs simulated devices, which exist
+only in a process started with XLA_FLAGS.
+
+The smoke models share shapes where they can (induction, pruning, train,
+kv_behaviour), so in one process they reuse compiled programs.
 """
 
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+from absl import flags
 import jax
 import numpy as np
+import pytest
 
-from configs import two_offsets as two_offsets_config
 from experiments import common
-from experiments import cross_attention
-from experiments import head_dim
-from experiments import induction
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_low_rank_fit_exact_at_full_width_not_at_width_one():
-  n = 5
-  target = head_dim.random_targets(jax.random.PRNGKey(0), 1, n, 2.0)[0]
-  x = jax.random.normal(jax.random.PRNGKey(1), (n, n))
-  fit = jax.jit(lambda d_k: head_dim.fit_attention(
-      target, x, d_k, steps=3000, lr=0.05, key=jax.random.PRNGKey(2)),
-                static_argnums=0)
-  kl_full, err_full = fit(n)
-  kl_one, _ = fit(1)
-  assert kl_full < 1e-4 and err_full < 1e-2
-  assert kl_one > 100 * kl_full
-  # A rank-1 fit of a full-support target keeps a visible error.
-  assert kl_one > 1e-2
+@pytest.fixture(autouse=True, scope="module")
+def _quick_compiles():
+  """Smoke runs check the wiring and the reports, not speed: compile with
+  most of XLA's optimisations off, which about halves the compile time that
+  dominates them. Restored for the other test modules."""
+  old = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", old)
 
 
-def test_aligned_source_of_a_reversal():
-  src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])  # 0 = PAD
-  target, valid = cross_attention.aligned_source(src)
-  np.testing.assert_array_equal(target[0, :3], [2, 1, 0])
-  np.testing.assert_array_equal(valid[0], [1, 1, 1, 0, 0])
-  np.testing.assert_array_equal(target[1], [4, 3, 2, 1, 0])
-  # The target positions really hold the reversed sequence.
-  tgt = np.take_along_axis(src, target, axis=1)
-  np.testing.assert_array_equal(tgt[0, :3], [7, 6, 5])
+def _config(name):
+  return importlib.import_module(f"configs.{name}").get_config("smoke")
 
 
-def test_phase_change_finds_the_steepest_drop():
-  pc = induction.phase_change([0, 50, 100, 150], [3.0, 2.9, 1.0, 0.9])
-  assert (pc["from_step"], pc["to_step"]) == (50, 100)
-  np.testing.assert_allclose(pc["drop"], 1.9)
+def _entry_point(name):
+  """`experiments.<name>`, importable next to the other entry points.
+
+  Entry points define their flags (--config, --workdir, ...) at import, and
+  absl refuses a flag name that another module already defined. The tests
+  call `run` directly and never read the flags, so before a new entry point
+  is imported the flags of those imported earlier are dropped.
+  """
+  module = f"experiments.{name}"
+  if module not in sys.modules:
+    for flag in list(flags.FLAGS):
+      owner = flags.FLAGS.find_module_defining_flag(flag) or ""
+      if owner.startswith("experiments."):
+        delattr(flags.FLAGS, flag)
+  return importlib.import_module(module)
 
 
-def test_variant_overrides_and_validates():
-  base = two_offsets_config.get_config()
-  c = common.variant(base, **{"model.num_heads": 8, "train.seed": 3})
-  assert (c.model.num_heads, c.train.seed) == (8, 3)
-  assert base.model.num_heads != 8 or base.train.seed != 3  # copy, not alias
-  try:
-    common.variant(base, **{"model.num_heads": 3})  # 64 % 3 != 0
-  except ValueError as e:
-    assert "num_heads" in str(e)
-  else:
-    raise AssertionError("variant accepted an invalid config")
+def _outputs(workdir, figures, report="report.md"):
+  """report.md text and results.json (which must equal what `run` returned
+  is checked by the caller); every figure must be a PNG."""
+  workdir = pathlib.Path(workdir)
+  for name in figures:
+    assert (workdir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+  return ((workdir / report).read_text(),
+          json.loads((workdir / "results.json").read_text()))
 
 
-def test_md_table_and_mean_std():
-  table = common.md_table(["a", "b"], [[1, 2]])
-  assert table == "| a | b |\n|---|---|\n| 1 | 2 |"
-  m, s = common.mean_std([1.0, 3.0])
-  assert (m, s) == (2.0, 1.0)
-  assert common.fmt(m, s, digits=1) == "2.0 ± 1.0"
+def _table(report, header_start):
+  """Cells of the Markdown table whose header row starts `header_start`."""
+  lines = report.splitlines()
+  for i, line in enumerate(lines):
+    if line.startswith(header_start):
+      rows = []
+      for row in lines[i + 2:]:
+        if not row.startswith("|"):
+          break
+        rows.append([c.strip() for c in row.strip().strip("|").split("|")])
+      return rows
+  raise AssertionError(f"no table starting {header_start!r} in:\n{report}")
+
+
+def _row(rows, first_cell):
+  matches = [r for r in rows if r[0] == str(first_cell)]
+  assert len(matches) == 1, (first_cell, rows)
+  return matches[0]
+
+
+def test_induction(tmp_path):
+  config = _config("induction")
+  results = _entry_point("induction").run(config, tmp_path)
+  report, saved = _outputs(tmp_path, ["loss_curves.png", "attention.png",
+                                      "head_metrics.png", "ablation.png"])
+  assert saved == results
+  deep, ctrl = results["summary"]["L2"], results["summary"]["L1"]
+  summary = _table(report, "| model | final loss |")
+  assert _row(summary, "2-layer")[1:3] == [common.fmt(*deep["final_loss"]),
+                                           common.fmt(*deep["final_accuracy"])]
+  assert _row(summary, "1-layer")[1] == common.fmt(*ctrl["final_loss"])
+  run = results["runs"]["L2_seed0"]
+  pc = run["phase_change"]
+  per_run = _table(report, "| layers | seed | loss |")
+  assert per_run[0][:5] == [
+      "2", "0", f"{run['eval']['loss']:.3f}", f"{run['eval']['accuracy']:.3f}",
+      f"{pc['from_step']}→{pc['to_step']}: {pc['loss_before']:.2f}→"
+      f"{pc['loss_after']:.2f}"]
+  # The curve is the run's own eval metrics, at steps 3 and 6.
+  rows = [json.loads(l) for l in
+          (tmp_path / "L2_seed0" / "metrics.jsonl").read_text().splitlines()]
+  assert run["curve"] == {"steps": [3, 6], "loss": [
+      r["loss"] for r in rows if r["split"] == "eval"]}
+  heads = _table(report, "| head | previous_token |")
+  assert len(heads) == 2 * config.model.num_heads  # L * H rows
+  assert _row(heads, "L2 H1")[2] == f"{run['metrics']['induction'][1][0]:.2f}"
+  assert "weights_example" not in run  # per-example arrays stay out
+
+
+def _check_nmse_table(report, sweep, target_variance):
+  """The two-offset sweep's table: one row per setting, NMSE mean ± std."""
+  rows = _table(report, "| setting | NMSE |")
+  assert [r[0] for r in rows] == list(sweep)
+  for label, runs in sweep.items():
+    assert _row(rows, label)[1] == common.fmt(
+        *common.mean_std([r["nmse"] for r in runs]))
+    # NMSE is the held-out loss over the held-out target variance.
+    np.testing.assert_allclose(runs[0]["nmse"],
+                               runs[0]["loss"] / target_variance, rtol=1e-12)
+
+
+def test_two_offsets(tmp_path):
+  results = _entry_point("two_offsets").run(_config("two_offsets"), tmp_path)
+  report, saved = _outputs(tmp_path, ["nmse_vs_heads.png", "attention.png"])
+  assert saved == results
+  _check_nmse_table(report, results["continuous"], results["target_variance"])
+  tok = _table(report, "| setting | accuracy |")
+  assert _row(tok, "h=2")[1] == common.fmt(
+      *common.mean_std([r["accuracy"] for r in results["token"]["h=2"]]))
+
+
+def test_head_dim(tmp_path):
+  config = _config("head_dim")
+  results = _entry_point("head_dim").run(config, tmp_path)
+  report, saved = _outputs(tmp_path, ["nmse_vs_dk.png", "low_rank_fit.png"])
+  assert saved == results
+  _check_nmse_table(report, results["part_a"],
+                    results["part_a_target_variance"])
+  part_b = _table(report, "| d_k | mean KL (nats) |")
+  fit = results["part_b"]
+  assert [int(r[0]) for r in part_b] == fit["d_k"] == list(
+      range(1, config.experiment.fit_n + 1))
+  for row, kl, err in zip(part_b, fit["kl"], fit["max_error"]):
+    m, s = common.mean_std(kl)
+    assert row[1:] == [f"{m:.2e} ± {s:.1e}", f"{np.mean(err):.3f}"]
+
+
+def test_cross_attention(tmp_path):
+  results = _entry_point("cross_attention").run(_config("cross_attention"),
+                                                tmp_path)
+  report, saved = _outputs(tmp_path, ["cross_attention.png",
+                                      "cross_heads.png"])
+  assert saved == results
+  run = results["runs"][0]
+  assert "cross_example" not in run
+  seeds = _table(report, "| seed | loss |")
+  assert seeds[0][:3] == ["0", f"{run['loss']:.3f}", f"{run['accuracy']:.3f}"]
+  heads = _table(report, "| head | alignment accuracy |")
+  acc, zero = run["alignment_accuracy"], run["importance"]["zero_ablation"]
+  assert len(heads) == len(acc) * len(acc[0])
+  assert _row(heads, "L1 H2")[1:4:2] == [f"{acc[0][1]:.2f}",
+                                         f"{zero[0][1]:+.3f}"]
+  assert all(0.0 <= a <= 1.0 for layer in acc for a in layer)
+
+
+def test_pruning(tmp_path):
+  config = _config("pruning")
+  results = _entry_point("pruning").run(config, tmp_path)
+  report, saved = _outputs(tmp_path, ["prune_curve.png"])
+  assert saved == results
+  n_heads = config.model.num_layers * config.model.num_heads
+  assert results["heads_kept"] == list(range(n_heads, -1, -1))
+  rows = _table(report, "| heads kept |")
+  assert [int(r[0]) for r in rows] == results["heads_kept"]
+  mean, std = results["mean"], results["std"]
+  # Columns follow the curves' order; check the first and last ones.
+  for col, key in ((1, "zero_ablation"), (-1, "most_important_first")):
+    assert [r[col] for r in rows] == [
+        common.fmt(m, s, digits=2) for m, s in zip(mean[key], std[key])]
+  # With every head kept, each ranking measures the same full model.
+  assert len({round(v[0], 6) for v in mean.values()}) == 1
+
+
+def test_train_then_generate(tmp_path, capsys):
+  """experiments.train on a smoke config, then experiments.generate on the
+  trained run (what `generate` needs: a finished run's workdir)."""
+  config = _config("induction")
+  state = _entry_point("train").run(config, tmp_path)
+  assert int(state.step) == config.train.num_steps
+  assert (json.loads((tmp_path / "config.json").read_text())
+          == json.loads(config.to_json_best_effort()))
+  rows = [json.loads(l) for l in
+          (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if r["split"] == "eval"] == [3, 6]
+  assert (tmp_path / "checkpoints" / "6").is_dir()
+
+  res = _entry_point("generate").run(tmp_path, num_examples=8, show=2)
+  printed = capsys.readouterr().out
+  assert res["step"] == 6 and "checkpoint at step 6" in printed
+  valid = np.arange(res["tokens"].shape[1])[None] < res["counts"][:, None]
+  hits = ((res["tokens"] == res["expected"]) & valid).sum()
+  assert res["token_accuracy"] == hits / valid.sum()
+  assert (f"token accuracy {res['token_accuracy']:.4f}, whole continuation "
+          f"correct {res['sequence_accuracy']:.4f}") in printed
+  assert printed.count("expected:") == 2
+
+
+def test_kv_behaviour_then_kv_cache(tmp_path):
+  """kv_behaviour, then kv_cache with its results as --behaviour_results."""
+  config = _config("kv_behaviour")
+  behaviour = _entry_point("kv_behaviour").run(config, tmp_path / "behaviour")
+  report, saved = _outputs(tmp_path / "behaviour", [])
+  assert saved == behaviour
+  table = _table(report, "| variant | K |")
+  assert table == [[str(c) for c in r.values()] for r in behaviour["runs"]]
+  assert [r[0] for r in table] == ["MHA", "MQA"]
+  for v in behaviour["variants"]:
+    losses = [behaviour["per_seed"][f"K{v['num_kv_heads']}_seed{s}"][
+        "eval_loss"] for s in config.experiment.seeds]
+    np.testing.assert_allclose(v["eval_loss"]["mean"], np.mean(losses))
+    assert _row(table, v["name"])[4].startswith(
+        f"{v['eval_loss']['mean']:.3f} ± {v['eval_loss']['std']:.3f}")
+
+  cfg = _config("kv_cache")
+  workdir = tmp_path / "kv_cache"
+  results = _entry_point("kv_cache").run(cfg, workdir, behaviour=json.loads(
+      (tmp_path / "behaviour" / "results.json").read_text()))
+  report, saved = _outputs(workdir, ["decode_time.png", "flops.png",
+                                     "cache_bytes.png"])
+  assert saved == results
+  timing = _table(report, "| n | cached ms (min) |")
+  assert [int(r[0]) for r in timing] == list(cfg.bench.contexts)
+  for row, r in zip(timing, results["timing"]):
+    assert row[1] == (f"{1e3 * r['cached_s']:.3f} "
+                      f"({1e3 * r['cached_min_s']:.3f})")
+    assert row[6] == f"{r['cached_analytic_flops']:.4g}"
+  memory = _table(report, "| K (kv heads) |")
+  mha, mqa = results["cache_bytes"]
+  assert _row(memory, 1)[4] == f"{mqa['fraction_of_first']:.4f}" == "0.5000"
+  assert _row(memory, 2)[1] == f"{mha['bytes_per_token']:.0f}"
+  # The behaviour section shows kv_behaviour's rows, and the answer quotes
+  # its numbers.
+  assert _table(report, "| variant | K |") == table
+  assert f"{behaviour['variants'][1]['name']} (K=1): loss" in report
+  assert all(v < 1e-4 for v in results["exactness_max_rel_err"].values())
+
+
+def test_cost_scaling(tmp_path):
+  config = _config("cost_scaling")
+  results = _entry_point("cost_scaling").run(config, tmp_path)
+  report, saved = _outputs(tmp_path, [
+      "time_vs_heads.png", "memory_vs_heads.png", "time_vs_n.png",
+      "memory_vs_n.png"])
+  assert saved == results
+  heads = _table(report, "| path | h | time ms |")
+  assert len(heads) == len(results["heads"]) == 4  # 2 paths x 2 head counts
+  for row, p in zip(heads, results["heads"]):
+    assert row[:3] == [p["path"], str(p["h"]), f"{p['time_ms']:.1f}"]
+    assert row[4] == f"{p['analytic_flops'] / 1e9:.3f}"
+  lengths = _table(report, "| path | n | time ms |")
+  assert [int(r[1]) for r in lengths] == [p["n"] for p in results["length"]]
+  for path, s in results["slopes"].items():
+    assert (f"- {path}: time slope {s['time']:.2f} (claim: about 2 at large "
+            f"n); memory slope {s['memory']:.2f}") in report
+
+
+def test_benchmark(tmp_path, monkeypatch):
+  """Each case runs in its own worker process (`--worker`), as in a real
+  run; the smoke config times two paths on one tiny shape."""
+  monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")  # the workers
+  results = _entry_point("benchmark").run(_config("benchmark"), tmp_path)
+  report, saved = _outputs(tmp_path, [], report="table.md")
+  assert saved == json.loads(json.dumps(results))
+  rows = results["rows"]
+  assert [r["path"] for r in rows] == ["einsum", "jax.nn"]
+  assert not any("skipped" in r for r in rows), rows
+  table = _table(report, "| path | fwd ms |")
+  for r in rows:
+    cells = _row(table, r["path"])
+    assert cells[1] == f"{r['fwd_ms']:.1f}"
+    assert cells[5] == f"{r['fwdbwd_ms']:.1f}"
+  assert _row(table, "jax.nn")[4] == "1.00"  # the only anchor is 1x itself
+
+
+def test_mesh_check_command_line(tmp_path):
+  """The real command line: flags, config file and smoke argument, the two
+  training subprocesses (experiments.train), the comparison."""
+  # Devices for the mesh run exist from the start, so mesh_check need not
+  # restart itself to get them; optimisations off as in _quick_compiles.
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             JAX_DISABLE_MOST_OPTIMIZATIONS="1",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.mesh_check",
+       "--config=configs/mesh_check.py:smoke", f"--workdir={tmp_path}",
+       "--config.experiment.steps=3"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report, results = _outputs(tmp_path, [])
+  assert results["steps"] == 3 and results["mesh"] == {"data": 2, "model": 4}
+  assert results["config"] == "configs/mesh_check.py:smoke"
+  # The override reached both training runs.
+  assert "--config.experiment.steps=3" in results["runs"]["mesh"]["command"]
+  ev = results["eval"]
+  assert ev["steps"] == [1, 2, 3]
+  rows = _table(report, "| step | one device |")
+  assert rows == [[str(s), f"{a:.6f}", f"{b:.6f}", f"{d:.2e}"] for s, a, b, d
+                  in zip(ev["steps"], ev["loss_one_device"], ev["loss_mesh"],
+                         ev["abs_diff"])]
+  # Same training on one device and on the mesh, up to summation order.
+  assert ev["max_abs_diff"] < 1e-4
+  assert results["bytes"]["params"]["split_leaves_hold_total_over_model"]
+
+
+def test_every_entry_point_has_an_end_to_end_test():
+  """An entry point added to experiments/ needs a smoke test here (or, for
+  the worked example, in test_toy_example.py)."""
+  tested = {"induction", "two_offsets", "head_dim", "cross_attention",
+            "pruning", "train", "generate", "kv_behaviour", "kv_cache",
+            "cost_scaling", "benchmark", "mesh_check", "toy_example"}
+  helpers = {"__init__", "common", "kv_cache_report",
+             "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
+  found = {p.stem for p in (ROOT / "experiments").glob("*.py")} - helpers
+  assert found == tested

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
-from experiments import generate as generate_experiment
 from mha_jax import attention
+from mha_jax import continuations
 from mha_jax import generate
 from mha_jax import tasks
 from mha_jax import transformer
@@ -243,11 +243,11 @@ def test_generate_raises_on_overflow_and_bad_inputs():
 
 @pytest.mark.parametrize("task", ["copy", "induction"])
 def test_task_prompts_split_each_example_at_its_scored_span(task):
-  """experiments.generate's prompts + expected continuations rebuild the
+  """continuations.task_prompts' prompts + expected continuations rebuild the
   task's sequences, and the continuation is exactly the scored targets."""
   config = default_config.get_config()
   config.task.name = task
-  ex = generate_experiment.task_prompts(config, 32, seed=5)
+  ex = continuations.task_prompts(config, 32, seed=5)
   task_cfg = ml_collections.ConfigDict(config.task.to_dict())
   task_cfg.batch_size = 32
   batch = jax.jit(lambda key: tasks.get_task(task).make_batch(key, task_cfg))(

@@ -1,21 +1,13 @@
 """The behaviour study's bookkeeping: names, spreads, thresholds, the answer.
 
 Synthetic per-seed results with hand-computed means and spreads; no model
-is trained here (experiments/kv_behaviour.py does that).
+is trained here (tests/test_experiments.py runs experiments.kv_behaviour).
 """
 
 import numpy as np
 
-from configs import kv_behaviour as kv_behaviour_config
-from experiments import kv_behaviour
 from experiments import kv_cache_report
-
-
-def _config():
-  c = kv_behaviour_config.get_config()
-  c.experiment.kv_heads = (8, 1)
-  c.experiment.seeds = (0, 1)
-  return c
+from mha_jax import kv_variants
 
 
 def _seed(loss, first, k):
@@ -26,25 +18,22 @@ def _seed(loss, first, k):
           "cache_bytes_per_token": 2 * 2 * k * 8 * 4}
 
 
-def test_variant_names_and_first_step_below():
-  assert [kv_behaviour.variant_name(8, k) for k in (8, 4, 2, 1)] == [
+def test_variant_names():
+  assert [kv_variants.variant_name(8, k) for k in (8, 4, 2, 1)] == [
       "MHA", "GQA (H/2)", "GQA (H/4)", "MQA"]
-  assert kv_behaviour.first_below([50, 100, 150], [2.0, 0.9, 0.5], 1.0) == 100
-  assert kv_behaviour.first_below([50, 100], [2.0, 1.5], 1.0) is None
 
 
 def test_summary_means_spreads_and_answer():
-  config = _config()
   per_seed = {"K8_seed0": _seed(0.2, 100, 8), "K8_seed1": _seed(0.4, 150, 8),
               "K1_seed0": _seed(1.0, None, 1), "K1_seed1": _seed(1.2, 300, 1)}
-  mha, mqa = kv_behaviour.summarise(config, per_seed)
+  mha, mqa = kv_variants.summarise(8, (8, 1), (0, 1), per_seed)
   assert (mha["name"], mqa["name"]) == ("MHA", "MQA")
   np.testing.assert_allclose([mha["eval_loss"]["mean"],
                               mha["eval_loss"]["std"]], [0.3, 0.1])
   assert mqa["eval_loss"]["min"] == 1.0 and mqa["eval_loss"]["max"] == 1.2
   assert mqa["first_step_below"]["reached"] == 1
   assert mqa["first_step_below"]["per_seed"] == [None, 300]
-  rows = kv_behaviour.table_rows(config, [mha, mqa])
+  rows = kv_variants.table_rows([mha, mqa], loss_threshold=1.0)
   assert rows[0]["eval loss"] == "0.300 ± 0.100 [0.200, 0.400]"
   assert rows[1]["first step loss < 1"] == "300 (1/2 seeds)"
   answer = kv_cache_report._behaviour_answer  # pylint: disable=protected-access

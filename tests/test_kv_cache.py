@@ -21,8 +21,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments import kv_cache as kv_experiment
 from mha_jax import attention
+from mha_jax import decode_cost
 from mha_jax import flops
 from mha_jax import kv_cache
 from mha_jax import multi_head
@@ -270,20 +270,20 @@ def test_bad_inputs_name_the_argument():
 
 @pytest.mark.parametrize("num_kv_heads", [4, 1])
 def test_decode_step_matmul_flops_match_the_formula(num_kv_heads):
-  """The experiment's analytic count equals the matmuls in the jaxpr of the
+  """decode_cost's analytic count equals the matmuls in the jaxpr of the
   model's cached step and of recomputing the prefix (readout included)."""
   cfg = ml_collections.ConfigDict({"model": {
       "vocab_size": 11, "d_model": D, "num_layers": 2, "num_heads": H,
       "mlp_dim": 24, "max_len": 16, "positions": "rotary",
       "implementation": "einsum"}})
-  model = kv_experiment.make_model(cfg, num_kv_heads)
-  state, step, recompute = kv_experiment.split_model(model)
-  caches = kv_experiment.filled_caches(model, 3, 10, 7)
+  model = decode_cost.make_model(cfg, num_kv_heads)
+  state, step, recompute = decode_cost.split_model(model)
+  caches = decode_cost.filled_caches(model, 3, 10, 7)
   counted = flops.jaxpr_matmul_flops(step, state, jnp.ones((3,), jnp.int32),
                                      caches)
-  assert counted == kv_experiment.analytic_flops(
+  assert counted == decode_cost.analytic_flops(
       cfg, num_kv_heads, 3, 7, cached=True, slots=10)
   counted = flops.jaxpr_matmul_flops(recompute, state,
                                      jnp.ones((3, 7), jnp.int32))
-  assert counted == kv_experiment.analytic_flops(cfg, num_kv_heads, 3, 7,
-                                                 cached=False)
+  assert counted == decode_cost.analytic_flops(cfg, num_kv_heads, 3, 7,
+                                               cached=False)

@@ -1,4 +1,4 @@
-"""Timing and scaling helpers shared by the benchmark-style experiments."""
+"""Wall-clock timing and log-log slopes for the measuring experiments."""
 
 from __future__ import annotations
 
@@ -25,6 +25,17 @@ def wall_times(fn, args, *, warmup: int, repeats: int, feed_back=None):
     if feed_back is not None:
       args = feed_back(args, out)
   return times, out
+
+
+def median_time(fn, args, *, warmup: int, repeats: int, feed_back=None):
+  """`((median, min) wall seconds, last output)` of `wall_times`.
+
+  The minimum is kept next to the median because on a shared machine the
+  noise only ever adds time.
+  """
+  times, out = wall_times(fn, args, warmup=warmup, repeats=repeats,
+                          feed_back=feed_back)
+  return (float(np.median(times)), float(np.min(times))), out
 
 
 def loglog_slope(xs, ys) -> float:
