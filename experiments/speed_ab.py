@@ -1,7 +1,7 @@
 r"""A/B speed of this checkout against another one, case by case.
 
-    git worktree add /tmp/mha_before <commit>      # the code to compare with
-    python -m experiments.speed_ab --baseline=/tmp/mha_before
+    git worktree add ../mha_before <commit>      # the code to compare with
+    python -m experiments.speed_ab --baseline=../mha_before
 
 Each case runs in a fresh subprocess whose `import mha_jax` resolves to one
 checkout (PYTHONPATH), compiled ahead of time, `--warmup` untimed calls,
