@@ -99,6 +99,19 @@ def _make_hooks(model, capture, patch, head_masks, weight_sites):
   return hooks, capture
 
 
+def _block_sites(blocks, prefix=""):
+  """Each block's `site_names`, addressed `<prefix>blocks.<l>.`."""
+  return [b.site_names(f"{prefix}blocks.{l}.") for l, b in enumerate(blocks)]
+
+
+class _HookNames:
+  """`hook_names()` for a model that defines `hook_sites()`."""
+
+  def hook_names(self) -> tuple[str, ...]:
+    """Every hook site of this model, in the order they are reached."""
+    return self.hook_sites()[0]
+
+
 def _outputs(main, *, cache=None, capture=(), hooks=None, weights=None):
   """`main`, then the cache, the captured dict and the weights if asked."""
   out = [main]
@@ -121,7 +134,7 @@ def _patterns(fmt, num_layers):
   return tuple(fmt.format(l) for l in range(num_layers))
 
 
-class DecoderLM(nnx.Module):
+class DecoderLM(_HookNames, nnx.Module):
   """Causal decoder: embed -> L causal blocks -> [final LN] -> readout.
 
   Inputs are token ids `[B, T]`, or features `[B, T, F]` when
@@ -145,12 +158,7 @@ class DecoderLM(nnx.Module):
     """`(names, unavailable)`: every hook site of this model in the order
     they are reached, and the sites its implementation does not form,
     each with the reason and the way out."""
-    return blocks_lib.merge_site_names(b.site_names(f"blocks.{l}.")
-                       for l, b in enumerate(self.blocks))
-
-  def hook_names(self) -> tuple[str, ...]:
-    """Every hook site of this model, in the order they are reached."""
-    return self.hook_sites()[0]
+    return blocks_lib.merge_site_names(_block_sites(self.blocks))
 
   def init_cache(self, batch: int, max_len: int | None = None
                  ) -> tuple[kv_cache.KVCache, ...]:
@@ -211,7 +219,7 @@ class DecoderLM(nnx.Module):
                     hooks=hooks, weights=weights)
 
 
-class Encoder(nnx.Module):
+class Encoder(_HookNames, nnx.Module):
   """Bidirectional encoder over tokens with a key-padding mask.
 
   Token `PAD_ID` (0) marks padding: no query attends to a padded key.
@@ -228,11 +236,7 @@ class Encoder(nnx.Module):
 
   def hook_sites(self):
     """`(names, unavailable)`, as `DecoderLM.hook_sites`."""
-    return blocks_lib.merge_site_names(b.site_names(f"blocks.{l}.")
-                       for l, b in enumerate(self.blocks))
-
-  def hook_names(self) -> tuple[str, ...]:
-    return self.hook_sites()[0]
+    return blocks_lib.merge_site_names(_block_sites(self.blocks))
 
   def encode(self, tokens, hooks, *, deterministic=True, dropout_rng=None):
     """`tokens [B, S]` -> `[B, S, D]` with `hooks` scoped to this encoder."""
@@ -283,7 +287,7 @@ class Decoder(nnx.Module):
     return self.readout(self.final_ln(x))
 
 
-class EncoderDecoder(nnx.Module):
+class EncoderDecoder(_HookNames, nnx.Module):
   """Encoder plus a causal decoder with cross-attention (shared vocabulary).
 
   Padding (`PAD_ID`) is masked on both sides: encoder keys in the encoder
@@ -297,14 +301,9 @@ class EncoderDecoder(nnx.Module):
 
   def hook_sites(self):
     """`(names, unavailable)`, as `DecoderLM.hook_sites`."""
-    enc = (b.site_names(f"encoder.blocks.{l}.")
-           for l, b in enumerate(self.encoder.blocks))
-    dec = (b.site_names(f"decoder.blocks.{l}.")
-           for l, b in enumerate(self.decoder.blocks))
-    return blocks_lib.merge_site_names([*enc, *dec])
-
-  def hook_names(self) -> tuple[str, ...]:
-    return self.hook_sites()[0]
+    return blocks_lib.merge_site_names(
+        _block_sites(self.encoder.blocks, "encoder.")
+        + _block_sites(self.decoder.blocks, "decoder."))
 
   def __call__(self, src, tgt, *, encoder_head_mask=None, head_mask=None,
                cross_head_mask=None, capture=(), patch=None,
