@@ -6,19 +6,9 @@ r"""Side-by-side attention benchmark: mha_jax's paths against the libraries.
         --config.warmup=0 --config.paths=flash      # the long-context targets
 
 Writes `table.md` and `results.json` into `--workdir` (runs/benchmark). The
-shape sets, paths and repeats are fields of configs/benchmark.py.
-
-Every case (shape set x path) runs in its own subprocess, so that its peak
-resident memory (`ru_maxrss`: the whole process, runtime included) is its
-own. Within it the forward and forward+backward programs are compiled ahead
-of time, run `warmup` times untimed, then `repeats` times, each call
-ended by `block_until_ready`; the figure is the median. GFLOP/s use the
-dense closed form of FORMULAS.md (8BnD^2 + 4Bn^2D forward, x3 for
-forward+backward) for every path, causal or not, so they compare speed, not
-work. "% mm" divides by a plain matmul's GFLOP/s measured in the same run.
-XLA's `memory_analysis` temp bytes (the compiled program's scratch) are
-recorded too. Ratios are to the fastest anchor (flax.linen, flax.nnx,
-jax.nn, torch) of the same shape set.
+shape sets, paths and repeats are fields of configs/benchmark.py; how a case
+is timed (one process each, medians, peak RSS, XLA scratch, ratios to the
+fastest anchor) is `mha_jax.bench`'s docstring.
 """
 
 from __future__ import annotations
@@ -26,232 +16,21 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import resource
-import statistics
-import subprocess
 import sys
 import time
 
 from absl import app
 from absl import flags
+import jax
 from ml_collections import config_flags
+
+from experiments import common
+from mha_jax import bench
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/benchmark.py", "The benchmark's config file; override "
     "fields as --config.sets=standard,bf16", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/benchmark", "Output folder.")
-_WORKER = flags.DEFINE_string("worker", "", "Internal: run one case (JSON).")
-
-ANCHORS = ["flax.linen", "flax.nnx", "jax.nn", "torch"]
-OURS = ["default", "vmap", "einsum", "flash", "xla", "auto"]
-_GIB = 2 ** 30
-_ROOT = pathlib.Path(__file__).resolve().parents[1]  # experiments/ is here
-
-
-def _names(text: str) -> list[str]:
-  """Comma-separated names of a config field ("" -> none)."""
-  return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def shape_sets(config) -> dict:
-  """name -> list of shapes (dicts); modes list what to time."""
-  both = ["fwd", "fwdbwd"]
-  std, long = config.shape, config.long_shape
-  sets = {
-      "standard": [dict(B=std.B, n=std.n, D=std.D, h=std.h, dtype="float32",
-                        causal=False, modes=both)],
-      "bf16": [dict(B=std.B, n=std.n, D=std.D, h=std.h, dtype="bfloat16",
-                    causal=False, modes=both)],
-      "long": [dict(B=long.B, n=int(n), D=long.D, h=long.h, dtype="float32",
-                    causal=c, modes=both)
-               for n in config.long_n for c in (True, False)]
-              + [dict(B=long.B, n=int(n), D=long.D, h=long.h,
-                      dtype="float32", causal=True, modes=["fwd"])
-                 for n in config.long_fwd_n],
-  }
-  return sets
-
-
-def _build(path, shape):
-  """(fn(state, x) -> y, state, x) for one path on one shape."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import mha_jax  # pylint: disable=g-import-not-at-top
-  from mha_jax import multi_head  # pylint: disable=g-import-not-at-top
-  b, n, d, h = shape["B"], shape["n"], shape["D"], shape["h"]
-  dtype, causal = jnp.dtype(shape["dtype"]), shape["causal"]
-  x = jax.random.normal(jax.random.PRNGKey(1), (b, n, d), jnp.float32)
-  x = x.astype(dtype)
-  if path in OURS or path == "jax.nn":
-    params = mha_jax.init_mha_params(jax.random.PRNGKey(0), d, h,
-                                     dtype=dtype)
-    if path == "jax.nn":  # the same projections around jax.nn's kernel
-      def fn(p, x):
-        q, k, v = multi_head.project_qkv(p, x)
-        o = jax.nn.dot_product_attention(q, k, v, is_causal=causal)
-        return multi_head.project_out(multi_head.merge_heads(o), p["w_o"])
-      return fn, params, x
-    kw = {} if path == "default" else {"implementation": path}
-    return (lambda p, x: mha_jax.multi_head_attention(p, x, is_causal=causal,
-                                                      **kw)), params, x
-  if path == "flax.linen":
-    import flax.linen as nn  # pylint: disable=g-import-not-at-top
-    m = nn.MultiHeadDotProductAttention(num_heads=h, qkv_features=d,
-                                        use_bias=False, dtype=dtype,
-                                        param_dtype=dtype)
-    mask = nn.make_causal_mask(jnp.ones((b, n))) if causal else None
-    variables = m.init(jax.random.PRNGKey(0), x[:, :8])
-    return (lambda v, x: m.apply(v, x, mask=mask)), variables, x
-  if path == "flax.nnx":
-    from flax import nnx  # pylint: disable=g-import-not-at-top
-    m = nnx.MultiHeadAttention(num_heads=h, in_features=d, qkv_features=d,
-                               use_bias=False, decode=False, dtype=dtype,
-                               param_dtype=dtype, rngs=nnx.Rngs(0))
-    graphdef, state = nnx.split(m)
-    return (lambda s, x: nnx.merge(graphdef, s)(x, is_causal=causal)), state, x
-  raise ValueError(f"unknown path {path!r}")
-
-
-def _peak_rss():
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes
-
-
-def _time(compiled, args, warmup, repeats):
-  # Imported here: importing this module does not import JAX (see run_case).
-  from mha_jax import timing  # pylint: disable=g-import-not-at-top
-  return timing.wall_times(compiled, args, warmup=warmup,
-                           repeats=repeats)[0]
-
-
-def run_case(case):
-  """Worker body: compile, time and measure one (path, shape)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  shape = case["shape"]
-  fn, state, x = _build(case["path"], shape)
-  programs = {
-      "fwd": fn,
-      "fwdbwd": jax.grad(lambda s, x: jnp.sum(fn(s, x).astype(jnp.float32)),
-                         argnums=(0, 1)),
-  }
-  result = {"rss_start": _peak_rss()}
-  for mode in shape["modes"]:
-    compiled = jax.jit(programs[mode]).lower(state, x).compile()
-    mem = compiled.memory_analysis()
-    result[f"{mode}_xla_temp"] = getattr(mem, "temp_size_in_bytes", None)
-    result[f"{mode}_s"] = _time(compiled, (state, x), case["warmup"],
-                                case["repeats"])
-    result[f"{mode}_rss"] = _peak_rss()  # peak so far, this mode included
-  return result
-
-
-def _torch_case(shape, warmup, repeats):
-  """torch.nn.MultiheadAttention on CPU, if torch is importable."""
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return {"skipped": "torch is not importable here (not a dependency)"}
-  b, n, d, h = shape["B"], shape["n"], shape["D"], shape["h"]
-  dtype = getattr(torch, shape["dtype"])
-  m = torch.nn.MultiheadAttention(d, h, bias=False, batch_first=True,
-                                  dtype=dtype)
-  x = torch.randn(b, n, d, dtype=dtype, requires_grad=True)
-  mask = (torch.nn.Transformer.generate_square_subsequent_mask(n)
-          if shape["causal"] else None)
-  fwd = lambda: m(x, x, x, attn_mask=mask, need_weights=False,
-                  is_causal=shape["causal"])[0]
-  out = {}
-  for mode, call in (("fwd", lambda: fwd().detach()),
-                     ("fwdbwd", lambda: fwd().float().sum().backward())):
-    if mode not in shape["modes"]:
-      continue
-    times = []
-    for i in range(warmup + repeats):
-      start = time.perf_counter()
-      call()
-      if i >= warmup:
-        times.append(time.perf_counter() - start)
-    out[f"{mode}_s"] = times
-    out[f"{mode}_rss"] = _peak_rss()
-  return out
-
-
-def _materialises_scores(path):
-  return path not in ("flash", "torch")
-
-
-def _spawn(case, timeout_s):
-  """Run one case in a fresh interpreter; returns its result dict."""
-  cmd = [sys.executable, "-m", "experiments.benchmark",
-         f"--worker={json.dumps(case)}"]
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p))
-  try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=_ROOT,
-                          env=env, timeout=timeout_s, check=False)
-  except subprocess.TimeoutExpired:
-    return {"skipped": f"timed out after {timeout_s} s"}
-  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-  if proc.returncode or not lines:
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
-    return {"skipped": f"failed (rc={proc.returncode}): {' '.join(tail)}"}
-  return json.loads(lines[-1][len("RESULT "):])
-
-
-def matmul_gflops(dtype_name, n=2048, repeats=5):
-  """GFLOP/s of one jitted n x n x n matmul (the same-run yardstick)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n)).astype(dtype_name)
-  mm = jax.jit(lambda a: a @ a).lower(a).compile()
-  return 2 * n ** 3 / statistics.median(_time(mm, (a,), 1, repeats)) / 1e9
-
-
-def _flops(shape, mode):
-  from mha_jax import flops  # pylint: disable=g-import-not-at-top
-  fwd = flops.analytic_mha_flops(shape["B"], shape["n"], shape["D"])
-  return fwd if mode == "fwd" else 3 * fwd  # backward ~ twice the forward
-
-
-def measure(config, set_name, shape, paths, mm_gflops):
-  """One row per path for one shape, ratios to the fastest anchor."""
-  rows = []
-  for path in paths:
-    row = {"set": set_name, "path": path, **shape,
-           "kind": "anchor" if path in ANCHORS else "ours"}
-    score_gib = 4 * shape["B"] * shape["h"] * shape["n"] ** 2 / _GIB
-    if _materialises_scores(path) and score_gib > config.max_score_gib:
-      row["skipped"] = (f"would materialise [B,H,n,n] float32 scores of "
-                        f"{score_gib:.1f} GiB > config.max_score_gib="
-                        f"{config.max_score_gib}")
-    elif path == "torch":
-      row.update(_torch_case(shape, config.warmup, config.repeats))
-    else:
-      row.update(_spawn({"path": path, "shape": shape,
-                         "warmup": config.warmup,
-                         "repeats": config.repeats}, config.timeout_s))
-    for mode in shape["modes"]:
-      if f"{mode}_s" in row:
-        ms = 1e3 * statistics.median(row[f"{mode}_s"])
-        gflops = _flops(shape, mode) / ms / 1e6
-        row.update({f"{mode}_ms": ms, f"{mode}_gflops": gflops,
-                    f"{mode}_pct_mm": 100 * gflops / mm_gflops})
-    print(f"[{set_name}] n={shape['n']} causal={shape['causal']} {path}: "
-          + (row.get("skipped") or " ".join(
-              f"{m}={row.get(m + '_ms', float('nan')):.1f}ms"
-              for m in shape["modes"])), flush=True)
-    rows.append(row)
-  for mode in shape["modes"]:
-    timed = [r for r in rows if r["kind"] == "anchor" and f"{mode}_ms" in r]
-    if not timed:
-      continue
-    best = min(timed, key=lambda r: r[f"{mode}_ms"])
-    for r in rows:
-      r[f"{mode}_anchor"] = best["path"]
-      if f"{mode}_ms" in r:
-        r[f"{mode}_x_anchor"] = r[f"{mode}_ms"] / best[f"{mode}_ms"]
-        r[f"{mode}_rss_x_anchor"] = r[f"{mode}_rss"] / best[f"{mode}_rss"]
-  return rows
 
 
 def _fmt(x, spec=".1f"):
@@ -306,24 +85,9 @@ def run(config, workdir) -> dict:
   """
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  import jax  # pylint: disable=g-import-not-at-top
   start = time.time()
   load_start = os.getloadavg()
-  mm = {d: matmul_gflops(d, n=config.matmul_n)
-        for d in ("float32", "bfloat16")}
-  sets = shape_sets(config)
-  paths = _names(config.paths) or OURS + ANCHORS
-  unknown = sorted(set(paths) - set(OURS + ANCHORS))
-  if unknown:
-    raise ValueError(f"config.paths: unknown {unknown}; expected names "
-                     f"from {OURS + ANCHORS}")
-  rows = []
-  for name in _names(config.sets):
-    if name not in sets:
-      raise ValueError(f"config.sets: unknown set {name!r}; expected names "
-                       f"from {sorted(sets)}")
-    for shape in sets[name]:
-      rows += measure(config, name, shape, paths, mm[shape["dtype"]])
+  rows, mm = bench.sweep(config)
   meta = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__,
           "backend": jax.default_backend(), "cpus": os.cpu_count(),
           "matmul_gflops": mm, "load_avg_start": load_start,
@@ -343,11 +107,7 @@ def run(config, workdir) -> dict:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if _WORKER.value:
-    print("RESULT " + json.dumps(run_case(json.loads(_WORKER.value))))
-    return
+  common.check_no_arguments(argv)
   run(_CONFIG.value, _WORKDIR.value)
 
 

@@ -7,37 +7,23 @@ Writes report.md (each claim next to its measured number), results.json and
 PNG plots into `--workdir` (runs/cost_scaling). Sizes, paths and repeats
 are fields of configs/cost_scaling.py.
 
-Claims (FORMULAS.md): time O(n D^2 + n^2 D), independent of the head count
-h at fixed D; memory O(h n^2 + n D), dominated by the attention weights.
-Measured for one full self-attention layer (`multi_head_attention`):
-  * time: median wall-clock of `repeats` jitted forward calls;
-  * FLOPs: XLA's cost analysis of the reference ("einsum") forward program
-    (the blockwise path's loops are counted once by XLA, so its count is not
-    comparable and is not used), next to the closed form 8nD^2 + 4n^2D;
-  * memory: XLA's `memory_analysis().temp_size_in_bytes` of the compiled
-    forward+backward program (the scratch a training step needs beyond its
-    inputs and outputs); deterministic, unlike process RSS.
-Slopes are least-squares fits of log(y) on log(x) over the `fit_points`
-largest n.
+What is measured, and how, is `mha_jax.scaling`'s docstring; slopes are
+fitted over the `fit_points` largest n.
 """
 
 from __future__ import annotations
 
 import pathlib
-import statistics
 import time
 
 from absl import app
 from absl import flags
 import jax
-import jax.numpy as jnp
 import matplotlib
 from ml_collections import config_flags
 
 from experiments import common
-from mha_jax import flops as flops_lib
-from mha_jax import multi_head
-from mha_jax import params as params_lib
+from mha_jax import scaling
 from mha_jax import timing
 
 matplotlib.use("Agg")
@@ -49,38 +35,10 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", "runs/cost_scaling", "Output folder.")
 
 
-def measure_point(path, batch, n, d_model, heads, repeats):
-  """Time, XLA FLOPs and fwd+bwd scratch bytes of one layer at one size."""
-  params = params_lib.init_mha_params(jax.random.PRNGKey(0), d_model, heads)
-  x = jax.random.normal(jax.random.PRNGKey(1), (batch, n, d_model))
-  fwd = lambda p, x: multi_head.multi_head_attention(p, x,
-                                                     implementation=path)
-  train = jax.grad(lambda p, x: jnp.sum(fwd(p, x)), argnums=(0, 1))
-  compiled = jax.jit(fwd).lower(params, x).compile()
-  times, _ = timing.wall_times(compiled, (params, x), warmup=1,
-                                repeats=repeats)
-  mem = jax.jit(train).lower(params, x).compile().memory_analysis()
-  point = {"path": path, "B": batch, "n": n, "D": d_model, "h": heads,
-           "time_ms": 1e3 * statistics.median(times),
-           "train_temp_bytes": int(mem.temp_size_in_bytes),
-           "analytic_flops": flops_lib.analytic_mha_flops(batch, n, d_model)}
-  if path != "flash":
-    point["xla_flops"] = flops_lib.xla_flops(fwd, params, x)
-  print(f"{path} n={n} h={heads}: {point['time_ms']:.1f} ms, "
-        f"{point['train_temp_bytes'] / 2**20:.1f} MiB", flush=True)
-  return point
-
-
-def _series(points, path, key, along):
-  pts = sorted((p for p in points if p["path"] == path and key in p),
-               key=lambda p: p[along])
-  return [p[along] for p in pts], [p[key] for p in pts]
-
-
 def _plot(points, along, key, ylabel, title, filename, workdir, loglog):
   fig, ax = plt.subplots(figsize=(5, 3.5))
   for path in sorted({p["path"] for p in points}):
-    xs, ys = _series(points, path, key, along)
+    xs, ys = scaling.series(points, path, key, along)
     if xs:
       ax.plot(xs, ys, marker="o", label=path)
   ax.set_xscale("log", base=2)
@@ -109,13 +67,13 @@ def report(heads_pts, n_pts, fit_points):
                  f"{p['train_temp_bytes'] / 2**20:.1f} |")
   lines.append("")
   for path in sorted({p["path"] for p in heads_pts}):
-    hs, ts = _series(heads_pts, path, "time_ms", "h")
-    _, ms = _series(heads_pts, path, "train_temp_bytes", "h")
+    hs, ts = scaling.series(heads_pts, path, "time_ms", "h")
+    _, ms = scaling.series(heads_pts, path, "train_temp_bytes", "h")
     lines.append(f"- {path}: time max/min over h = {max(ts) / min(ts):.2f}"
                  f" (claim: flat, 1.00); scratch memory slope vs h = "
                  f"{timing.loglog_slope(hs, ms):.2f} (claim O(h n^2): 1 where the "
                  "weights dominate)")
-    fh, fl = _series(heads_pts, path, "xla_flops", "h")
+    fh, fl = scaling.series(heads_pts, path, "xla_flops", "h")
     if fl:
       lines.append(f"- {path}: XLA FLOPs max/min over h = "
                    f"{max(fl) / min(fl):.3f} (claim: independent of h)")
@@ -128,17 +86,13 @@ def report(heads_pts, n_pts, fit_points):
                  + (f"{p['xla_flops'] / 1e9:.3f}" if "xla_flops" in p else "-")
                  + f" | {p['train_temp_bytes'] / 2**20:.1f} |")
   lines += ["", f"Log-log slopes over the {fit_points} largest n:", ""]
-  slopes = {}
-  for path in sorted({p["path"] for p in n_pts}):
-    ns, ts = _series(n_pts, path, "time_ms", "n")
-    _, ms = _series(n_pts, path, "train_temp_bytes", "n")
-    st, sm = (timing.loglog_slope(ns[-fit_points:], ts[-fit_points:]),
-              timing.loglog_slope(ns[-fit_points:], ms[-fit_points:]))
-    slopes[path] = {"time": st, "memory": sm}
+  slopes = scaling.length_slopes(n_pts, fit_points)
+  for path, s in slopes.items():
+    st, sm = s["time"], s["memory"]
     want_mem = "1 (blockwise)" if path == "flash" else "2 (weights)"
     lines.append(f"- {path}: time slope {st:.2f} (claim: about 2 at large n);"
                  f" memory slope {sm:.2f} (claim: {want_mem})")
-  ns, fl = _series(n_pts, "einsum", "xla_flops", "n")
+  ns, fl = scaling.series(n_pts, "einsum", "xla_flops", "n")
   if fl:
     lines.append(f"- XLA FLOPs slope (einsum): "
                  f"{timing.loglog_slope(ns[-fit_points:], fl[-fit_points:]):.2f}")
@@ -154,12 +108,7 @@ def run(config, workdir) -> dict:
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   start = time.time()
-  d, b = config.d_model, config.batch
-  paths = [p.strip() for p in config.paths.split(",") if p.strip()]
-  heads_pts = [measure_point(path, b, config.head_n, d, h, config.repeats)
-               for path in paths for h in config.heads]
-  n_pts = [measure_point(path, b, n, d, config.length_heads, config.repeats)
-           for path in paths for n in config.n]
+  heads_pts, n_pts = scaling.sweep(config)
   lines, slopes = report(heads_pts, n_pts, config.fit_points)
   lines = [lines[0], "", "Command: python -m experiments.cost_scaling "
            f"(took {time.time() - start:.0f} s, jax {jax.__version__}, "

@@ -263,3 +263,15 @@ def test_relative_links_resolve():
 def test_front_page_stays_short():
   size = len((ROOT / "README.md").read_bytes())
   assert size <= 10_500, f"README.md is {size} bytes; depth goes in docs/"
+
+
+def test_front_page_table_names_every_library_module():
+  """The layer table is where a newcomer finds a file: a new module in
+  mha_jax/ must appear there (inside a `mha_jax/{a,b}.py` group or alone)."""
+  text = (ROOT / "README.md").read_text()
+  named = set()
+  for group in re.findall(r"`mha_jax/\{([^}]*)\}\.py`", text):
+    named |= {m.strip() for m in group.split(",")}
+  named |= set(re.findall(r"`mha_jax/(\w+)\.py`", text))
+  modules = {p.stem for p in (ROOT / "mha_jax").glob("*.py")} - {"__init__"}
+  assert modules <= named, sorted(modules - named)

@@ -280,7 +280,7 @@ def test_cost_scaling(tmp_path):
 
 
 def test_benchmark(tmp_path, monkeypatch):
-  """Each case runs in its own worker process (`--worker`), as in a real
+  """Each case runs in its own worker process (`mha_jax.bench`), as in a real
   run; the smoke config times two paths on one tiny shape."""
   monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")  # the workers
   results = _entry_point("benchmark").run(_config("benchmark"), tmp_path)
