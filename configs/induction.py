@@ -7,7 +7,7 @@ wall on a machine shared 4 ways, so about 2-3 min on 2 idle cores). Shows the
 loss phase change on repeated segments, a previous-token head in layer 1
 and induction heads in layer 2 (by score), how the heads differ, a 1-layer
 control that cannot do it, and the ablation effect of every head.
-`--config=configs/induction.py:smoke`: one seed of a tiny model, seconds.
+`--config=configs/induction.py:smoke`: two seeds of a tiny model, seconds.
 """
 
 import ml_collections
@@ -16,10 +16,11 @@ from configs import default
 
 
 def shrink(c) -> None:
-  """Smoke sizes (configs/default.py `shrink`), one seed, one batch."""
+  """Smoke sizes (configs/default.py `shrink`), two seeds, one batch."""
   default.shrink(c)
-  # Held-out batches as large as the training batch reuse its sampler.
-  c.experiment.update(seeds=(0,), analysis_examples=c.task.batch_size)
+  # Two seeds, so a spread and an interval exist; held-out batches as
+  # large as the training batch reuse its sampler.
+  c.experiment.update(seeds=(0, 1), analysis_examples=c.task.batch_size)
 
 
 def get_config(arg=None):

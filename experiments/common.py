@@ -16,15 +16,15 @@ from absl import app
 import jax
 import numpy as np
 
+from mha_jax import stats
 
-def mean_std(values) -> tuple[float, float]:
-  """Mean and standard deviation (ddof=0) over seeds."""
-  values = np.asarray(values, np.float64)
-  return float(values.mean()), float(values.std())
+
+# Mean and sample std (ddof = 1; None for one seed) over seeds.
+mean_std = stats.mean_std
 
 
 def fmt(mean: float, std: float | None = None, digits: int = 3) -> str:
-  """`0.123 ± 0.004` (or `0.123` without `std`) for tables."""
+  """`0.123 ± 0.004` (mean ± sample std), or `0.123` without a std."""
   if std is None:
     return f"{mean:.{digits}f}"
   return f"{mean:.{digits}f} ± {std:.{digits}f}"

@@ -26,6 +26,7 @@ from mha_jax import interventions
 from mha_jax import plots
 from mha_jax import runs as runs_lib
 from mha_jax import tasks
+from mha_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/cross_attention.py", "The experiment's config file; "
@@ -42,28 +43,54 @@ _layer_scores = jax.jit(jax.vmap(analysis.alignment_scores,
                                  in_axes=(0, None, None)))
 
 
+def _alignment(cross, target, valid):
+  """`{"accuracy", "mass", "mass_within_1"}`, `[L, H]` each, as NumPy."""
+  return dict(zip(("accuracy", "mass", "mass_within_1"),
+                  (np.asarray(x) for x in _layer_scores(cross, target,
+                                                        valid))))
+
+
+def _uniform_over_source(src):
+  """`[1, B, 1, T, S]`: every decoder step spreads over the real tokens."""
+  real = (np.asarray(src) != tasks.PAD).astype(np.float32)  # [B, S]
+  w = real / real.sum(-1, keepdims=True)
+  return np.broadcast_to(w[None, :, None, None, :],
+                         (1, src.shape[0], 1, src.shape[1], src.shape[1]))
+
+
 def run(config, workdir, *, reuse_runs: bool = False) -> dict:
   """Train, measure and write the report; returns what results.json holds."""
   e = config.experiment
   workdir = pathlib.Path(workdir)
-  batch = held_out.analysis_batch(config, e.analysis_examples)
-  target, valid = analysis.aligned_source(batch["inputs"], tasks.PAD)
   runs = []
   for r in runs_lib.seed_runs(config, workdir, e.seeds, reuse=reuse_runs):
+    batch = held_out.analysis_batch(config, e.analysis_examples,
+                                    seed=held_out.ANALYSIS_SEED + r.seed)
+    target, valid = analysis.aligned_source(batch["inputs"], tasks.PAD)
     model = r.state.model()
+    init = train.create_train_state(r.config).model()
     cross = held_out.weights_of(model, batch)["cross"]  # [L, B, H, T, S]
-    acc, mass = (np.asarray(x) for x in _layer_scores(cross, target, valid))
+    align = _alignment(cross, target, valid)
     runs.append({
         "seed": r.seed, **held_out.eval_loss(model, batch, r.state.loss),
-        "alignment_accuracy": acc, "alignment_mass": mass,  # [L, H]
+        **{f"alignment_{k}": v for k, v in align.items()},
+        "floors": {
+            "uniform": {k: float(v[0, 0]) for k, v in _alignment(
+                _uniform_over_source(batch["inputs"]), target,
+                valid).items()},
+            "init": _alignment(held_out.weights_of(init, batch)["cross"],
+                               target, valid)},
         "importance": interventions.head_importance(
             model, batch, r.state.loss, mask_arg="cross_head_mask"),
-        "cross_example": cross[:, 0]})
+        "cross_example": cross[:, 0],
+        "source_example": np.asarray(batch["inputs"][0]),
+        "decoder_example": np.asarray(batch["decoder_inputs"][0]),
+        "source_length_example": int(valid[0].sum())})
 
   r0 = runs[0]
-  n = int(valid[0].sum())
-  src = [str(x) for x in np.asarray(batch["inputs"][0])[:n]]
-  dec = [str(x) for x in np.asarray(batch["decoder_inputs"][0])[:n]]
+  n = r0["source_length_example"]
+  src = [str(x) for x in r0["source_example"][:n]]
+  dec = [str(x) for x in r0["decoder_example"][:n]]
   acc0 = r0["alignment_accuracy"]
   titles = [[f"L{l + 1}H{h + 1} align {acc0[l, h]:.2f}"
              for h in range(acc0.shape[1])] for l in range(acc0.shape[0])]
@@ -78,8 +105,9 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
                          r0["importance"]["taylor_estimate"]},
                     title=f"Cross-attention heads, seed {e.seeds[0]}",
                     path=str(workdir / "cross_heads.png"))
-  return common.write_outputs(workdir, {"runs": runs}, _report(config, runs),
-                              drop=("cross_example",))
+  return common.write_outputs(
+      workdir, {"runs": runs}, _report(config, runs),
+      drop=("cross_example", "source_example", "decoder_example"))
 
 
 def _report(config, runs):
@@ -99,9 +127,18 @@ def _report(config, runs):
       head_rows.append([f"L{l + 1} H{h + 1}",
                         f"{r0['alignment_accuracy'][l, h]:.2f}",
                         f"{r0['alignment_mass'][l, h]:.2f}",
+                        f"{r0['alignment_mass_within_1'][l, h]:.2f}",
                         f"{imp['zero_ablation'][l, h]:+.3f}",
                         f"{imp['mean_ablation'][l, h]:+.3f}",
+                        f"{imp['resample_ablation'][l, h]:+.3f}",
                         f"{imp['taylor_estimate'][l, h]:+.3f}"])
+  uni, init = r0["floors"]["uniform"], r0["floors"]["init"]
+  head_rows.append(["uniform over the source"] + [
+      f"{uni[k]:.2f}" for k in ("accuracy", "mass", "mass_within_1")]
+                   + ["-"] * 4)
+  head_rows.append(["init, best head"] + [
+      f"{init[k].max():.2f}" for k in ("accuracy", "mass", "mass_within_1")]
+                   + ["-"] * 4)
   # Is the best-aligned head also the one whose removal costs most?
   top_match = sum(int(np.argmax(r["alignment_accuracy"]) ==
                       np.argmax(r["importance"]["zero_ablation"]))
@@ -110,6 +147,15 @@ def _report(config, runs):
   last = common.mean_std([r["alignment_accuracy"][-1].mean() for r in runs])
   first = common.mean_std([r["alignment_accuracy"][0].mean() for r in runs])
   best_ms = common.mean_std(best)
+  near_ms = common.mean_std([
+      r["alignment_mass_within_1"].ravel()[np.argmax(r["alignment_accuracy"])]
+      for r in runs])
+  uni_acc = common.mean_std([r["floors"]["uniform"]["accuracy"]
+                             for r in runs])
+  uni_near = common.mean_std([r["floors"]["uniform"]["mass_within_1"]
+                              for r in runs])
+  init_best = common.mean_std([r["floors"]["init"]["accuracy"].max()
+                               for r in runs])
   lines = [
       "# Experiment 4: cross-attention alignment on sequence reversal",
       "",
@@ -131,12 +177,23 @@ def _report(config, runs):
                        "heads > 0.9"], rows),
       "",
       f"Token accuracy {common.fmt(*acc)}; best head's alignment accuracy "
-      f"{common.fmt(*best_ms)} (mean ± std over seeds).",
+      f"{common.fmt(*best_ms)}, its weight within ±1 of the aligned token "
+      f"{common.fmt(*near_ms)} (mean ± sample std over seeds). Floors: "
+      f"uniform attention over the source {common.fmt(*uni_acc)} accuracy "
+      f"and {common.fmt(*uni_near)} within ±1; the untrained model's best "
+      f"head {common.fmt(*init_best)} accuracy.",
       "",
       f"## Every cross-attention head (seed {e.seeds[0]})",
       "",
+      "Alignment accuracy (argmax on the aligned token), the weight on "
+      "it, and the weight within one position of it; Δloss when the head "
+      "is set to zero, to its per-position batch mean, or to its output on "
+      "another example. The last two rows are floors: uniform attention "
+      "over the source's real tokens, and the untrained model.",
+      "",
       common.md_table(["head", "alignment accuracy", "weight on aligned "
-                       "token", "zero abl. Δloss", "mean abl. Δloss",
+                       "token", "weight within ±1", "zero abl. Δloss",
+                       "mean abl. Δloss", "resample abl. Δloss",
                        "-grad (Taylor)"], head_rows),
       "",
       "![cross_attention.png](cross_attention.png)",

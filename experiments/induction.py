@@ -25,6 +25,8 @@ from mha_jax import held_out
 from mha_jax import interventions
 from mha_jax import plots
 from mha_jax import runs as runs_lib
+from mha_jax import stats
+from mha_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/induction.py", "The experiment's config file; "
@@ -42,46 +44,37 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
   e = config.experiment
   workdir = pathlib.Path(workdir)
   depths = (config.model.num_layers, e.control_layers)
-  batch = held_out.analysis_batch(config, e.analysis_examples)
   runs, curves = {}, {}
   for depth in depths:
     for r in runs_lib.seed_runs(config, workdir, e.seeds,
                                 f"L{depth}_seed{{seed}}", reuse=reuse_runs,
                                 **{"model.num_layers": depth}):
       name = r.run_dir.name
+      # One held-out batch per seed, the same for both depths.
+      batch = held_out.analysis_batch(
+          config, e.analysis_examples, seed=held_out.ANALYSIS_SEED + r.seed)
       steps, losses = curves_lib.read(r.run_dir)
       curves[f"{depth}-layer seed {r.seed}"] = (steps, losses)
-      runs[name] = head_survey.survey(r.state.model(), batch, r.state.loss,
-                                      ablate=depth == depths[0])
+      runs[name] = head_survey.survey(
+          r.state.model(), batch, r.state.loss, ablate=depth == depths[0],
+          init_model=train.create_train_state(r.config).model())
       runs[name]["phase_change"] = curves_lib.phase_change(steps, losses)
       runs[name]["curve"] = {"steps": steps, "loss": losses}
 
   deep, ctrl = depths
-  thr = e.threshold
-  summary = {}
-  for depth in depths:
-    rs = [runs[f"L{depth}_seed{s}"] for s in e.seeds]
-    summary[f"L{depth}"] = {
-        "final_loss": common.mean_std([r["eval"]["loss"] for r in rs]),
-        "final_accuracy": common.mean_std([r["eval"]["accuracy"]
-                                           for r in rs]),
-        "max_prev_token_layer1": common.mean_std(
-            [r["metrics"]["previous_token"][0].max() for r in rs]),
-        "max_induction_last_layer": common.mean_std(
-            [r["metrics"]["induction"][-1].max() for r in rs]),
-        "js_mean_off_diagonal": common.mean_std(
-            [r["js_mean_off_diagonal"] for r in rs]),
-    }
+  summary = {f"L{d}": _depth_summary([runs[f"L{d}_seed{s}"] for s in e.seeds])
+             for d in depths}
+  # The comparison the control exists for: Welch's interval over seeds.
+  summary["loss_control_minus_deep"] = stats.difference(
+      summary[f"L{ctrl}"]["final_loss"]["values"],
+      summary[f"L{deep}"]["final_loss"]["values"])
+  summary["chance_loss"] = float(np.log(config.task.vocab_size - 3))
   rank_corr = {k: [interventions.rank_correlation(
       runs[f"L{deep}_seed{s}"]["importance"]["zero_ablation"],
       runs[f"L{deep}_seed{s}"]["importance"][k]) for s in e.seeds]
-               for k in ("taylor_estimate", "gradient_abs", "mean_ablation")}
-  summary["rank_corr_zero_vs_taylor"] = common.mean_std(
-      rank_corr["taylor_estimate"])
-  summary["rank_corr_zero_vs_gradient_abs"] = common.mean_std(
-      rank_corr["gradient_abs"])
-  summary["rank_corr_zero_vs_mean_ablation"] = common.mean_std(
-      rank_corr["mean_ablation"])
+               for k in RANK_AGAINST_ZERO}
+  summary["rank_corr_zero_vs"] = {k: stats.summary(v)
+                                  for k, v in rank_corr.items()}
   # Is the head whose removal hurts most in layer 1 the previous-token head,
   # and in the last layer the induction head?
   match = []
@@ -96,11 +89,47 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
   summary["top_ablation_is_induction_head_last"] = int(sum(m[1] for m in match))
 
   figures = _figures(workdir, runs, curves, deep, e.seeds[0])
-  report = _report(config, runs, summary, figures, deep, ctrl, thr)
-  results = {"summary": summary, "runs": runs,
-             "rank_corr_per_seed": rank_corr}
+  report = _report(config, runs, summary, figures, deep, ctrl, e.threshold)
+  results = {"summary": summary, "runs": runs}
   return common.write_outputs(workdir, results, report,
                               drop=("weights_example",))
+
+
+# Rankings compared with zero ablation (Spearman over heads, per seed).
+RANK_AGAINST_ZERO = ("mean_ablation", "resample_ablation", "taylor_estimate",
+                     "gradient_abs", "michel")
+
+
+def _depth_summary(rs) -> dict:
+  """Per-seed values, mean, sample std and t interval of each headline."""
+  def best(r, key, layer):
+    return float(r["metrics"][key][layer].max())
+
+  def best_init(r, key, layer):
+    return float(r["floors"]["init"]["metrics"][key][layer].max())
+
+  out = {
+      "final_loss": [r["eval"]["loss"] for r in rs],
+      "final_accuracy": [r["eval"]["accuracy"] for r in rs],
+      "init_loss": [r["floors"]["init"]["eval"]["loss"] for r in rs],
+      "max_prev_token_layer1": [best(r, "previous_token", 0) for r in rs],
+      "max_prev_token_layer1_init": [best_init(r, "previous_token", 0)
+                                     for r in rs],
+      "max_induction_last_layer": [best(r, "induction", -1) for r in rs],
+      "max_induction_last_layer_init": [best_init(r, "induction", -1)
+                                        for r in rs],
+      "uniform_prev_token": [r["floors"]["uniform"]["previous_token"]
+                             for r in rs],
+      "uniform_induction": [r["floors"]["uniform"]["induction"] for r in rs],
+      "js_within_layer": [r["js_by_layer"]["within_layer"] for r in rs],
+      "js_within_layer_init": [
+          r["floors"]["init"]["js_by_layer"]["within_layer"] for r in rs],
+  }
+  if rs[0]["js_by_layer"]["across_layer"] is not None:
+    out["js_across_layer"] = [r["js_by_layer"]["across_layer"] for r in rs]
+    out["js_across_layer_init"] = [
+        r["floors"]["init"]["js_by_layer"]["across_layer"] for r in rs]
+  return {k: stats.summary(v) for k, v in out.items()}
 
 
 def _figures(workdir, runs, curves, deep, seed):
@@ -124,32 +153,56 @@ def _figures(workdir, runs, curves, deep, seed):
                     path=str(workdir / "head_metrics.png"))
   imp = r["importance"]
   plots.metric_bars({"zero ablation": imp["zero_ablation"],
-                     "mean ablation": imp["mean_ablation"],
+                     "mean ablation (per position)": imp["mean_ablation"],
+                     "resample ablation": imp["resample_ablation"],
                      "-gradient (Taylor)": imp["taylor_estimate"],
-                     "mean |per-example gradient|": imp["gradient_abs"]},
+                     "Michel |gradient|": imp["gradient_abs"]},
                     title="Loss increase when a head is removed",
                     path=str(workdir / "ablation.png"))
   return ["loss_curves.png", "attention.png", "head_metrics.png",
           "ablation.png"]
 
 
+def _ms(x, digits=3):
+  """`mean ± std` of a `stats.summary` record."""
+  return common.fmt(x["mean"], x["std"], digits)
+
+
+def _with_ci(x, digits=3):
+  """`mean ± std [95% t interval]` of a `stats.summary` record."""
+  return f"{_ms(x, digits)} {stats.fmt_interval(x['ci95'], digits)}"
+
+
 def _head_table(r, names):
-  m, imp = r["metrics"], r["importance"]
+  m, imp, ci = r["metrics"], r["importance"], r["intervals"]
   rows = []
   n_layers, n_heads = m["induction"].shape
   for l in range(n_layers):
     for h in range(n_heads):
-      rows.append([f"L{l + 1} H{h + 1}"]
-                  + [f"{m[k][l, h]:.2f}" for k in names]
+      cells = []
+      for k in names:
+        cell = f"{m[k][l, h]:.2f}"
+        if k in ci:
+          cell += f" [{ci[k][l, h, 0]:.2f}, {ci[k][l, h, 1]:.2f}]"
+        cells.append(cell)
+      rows.append([f"L{l + 1} H{h + 1}"] + cells
                   + [f"{int(m['positional_offset'][l, h])} "
                      f"({m['positional_share'][l, h]:.2f})"]
                   + [f"{imp[k][l, h]:+.3f}" for k in
-                     ("zero_ablation", "mean_ablation", "taylor_estimate")]
+                     ("zero_ablation", "mean_ablation", "resample_ablation",
+                      "taylor_estimate")]
                   + [f"{imp['gradient_abs'][l, h]:.3f}"])
+  uniform = r["floors"]["uniform"]
+  init = r["floors"]["init"]["metrics"]
+  blank = ["-"] * 6
+  rows.append(["uniform causal"] + [f"{uniform[k]:.2f}" for k in names]
+              + blank)
+  rows.append(["init, best head"] + [f"{init[k].max():.2f}" for k in names]
+              + blank)
   return common.md_table(
       ["head"] + names + ["argmax offset (share)", "zero abl. Δloss",
-                          "mean abl. Δloss", "-grad (Taylor)",
-                          "mean abs per-example grad"], rows)
+                          "mean abl. Δloss", "resample abl. Δloss",
+                          "-grad (Taylor)", "Michel abs grad"], rows)
 
 
 def _report(config, runs, summary, figures, deep, ctrl, thr):
@@ -169,14 +222,40 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
           f"{pc['loss_after']:.2f}",
           f"H{int(prev_l1.argmax()) + 1} {prev_l1.max():.2f}",
           f"H{int(ind_last.argmax()) + 1} {ind_last.max():.2f}",
-          int((ind_last > thr).sum()), f"{r['js_mean_off_diagonal']:.2f}"])
+          int((ind_last > thr).sum()),
+          f"{r['js_by_layer']['within_layer']:.2f}"])
   r0 = runs[f"L{deep}_seed{seeds[0]}"]
   names = ["previous_token", "induction", "duplicate_token", "entropy",
            "mean_distance"]
-  chance = np.log(config.task.vocab_size - 3)
-  f2 = lambda ms: common.fmt(*ms, digits=2)
-  deep_ok = sd["max_induction_last_layer"][0] > thr
-  ctrl_ok = sc["max_induction_last_layer"][0] > thr
+  chance = summary["chance_loss"]
+  f2 = lambda x: _ms(x, 2)
+  # A claim needs the score above the threshold AND above both floors.
+  def formed(x, floor_keys, summ):
+    low = x["ci95"][0] if x["ci95"] else x["mean"]
+    return low > thr and all(low > summ[k]["mean"] for k in floor_keys)
+  ind_floors = ("max_induction_last_layer_init", "uniform_induction")
+  deep_ok = formed(sd["max_induction_last_layer"], ind_floors, sd)
+  ctrl_ok = formed(sc["max_induction_last_layer"], ind_floors, sc)
+  diff = summary["loss_control_minus_deep"]
+  corr = summary["rank_corr_zero_vs"]
+  floor_rows = []
+  for label, key, init_key, uni_key in (
+      ("best layer-1 previous-token score", "max_prev_token_layer1",
+       "max_prev_token_layer1_init", "uniform_prev_token"),
+      ("best last-layer induction score", "max_induction_last_layer",
+       "max_induction_last_layer_init", "uniform_induction"),
+      ("JS distance, heads within a layer", "js_within_layer",
+       "js_within_layer_init", None),
+      ("JS distance, heads across layers", "js_across_layer",
+       "js_across_layer_init", None)):
+    cells = [label]
+    for x in (sd, sc):
+      if key not in x:
+        cells += ["-", "-"]
+        continue
+      cells += [_with_ci(x[key], 2), f2(x[init_key])]
+    cells.append(f2(sd[uni_key]) if uni_key else "-")
+    floor_rows.append(cells)
   lines = [
       "# Experiment 1: induction heads",
       "",
@@ -191,45 +270,62 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
       f"{config.task.max_segment} tokens repeated at a random offset. Loss "
       f"counts only the predictable part of the repeat (chance: ln "
       f"{config.task.vocab_size - 3} = {chance:.2f}). Head metrics on "
-      f"{e.analysis_examples} held-out sequences.",
+      f"{e.analysis_examples} held-out sequences drawn afresh for each "
+      "seed. Spreads are the sample std over seeds (ddof 1); intervals are "
+      "95% t intervals over seeds unless marked as over examples.",
       "",
-      "## Summary (mean ± std over seeds)",
+      "## Summary (mean ± std over seeds [95% interval])",
       "",
       common.md_table(
-          ["model", "final loss", "accuracy", "best L1 prev-token score",
-           "best last-layer induction score", "mean JS distance of heads"],
-          [[f"{d}-layer", common.fmt(*x["final_loss"]),
-            common.fmt(*x["final_accuracy"]),
-            common.fmt(*x["max_prev_token_layer1"]),
-            common.fmt(*x["max_induction_last_layer"]),
-            common.fmt(*x["js_mean_off_diagonal"])]
+          ["model", "final loss", "accuracy", "loss at initialisation"],
+          [[f"{d}-layer", _with_ci(x["final_loss"]),
+            _with_ci(x["final_accuracy"]), _ms(x["init_loss"])]
            for d, x in ((deep, sd), (ctrl, sc))]),
+      "",
+      f"Control minus {deep}-layer final loss: {diff['diff']:.3f}, 95% "
+      f"Welch interval {stats.fmt_interval(diff['ci95'])}.",
+      "",
+      "## Scores beside their floors",
+      "",
+      "Each score of the trained model next to the same architecture at "
+      "initialisation (same seed, before any step) and to uniform causal "
+      "attention on the same sequences (every query spreads evenly over "
+      "the keys it sees). The induction score leaves out the query itself "
+      "(a token repeated immediately), so a current-token head gets no "
+      "credit. Jensen-Shannon distances are in [0, 1] (0 = identical "
+      "patterns).",
+      "",
+      common.md_table(
+          ["score", f"{deep}-layer trained", f"{deep}-layer at init",
+           f"{ctrl}-layer trained", f"{ctrl}-layer at init",
+           "uniform causal"], floor_rows),
       "",
       "## Per run",
       "",
       common.md_table(
           ["layers", "seed", "loss", "acc", "steepest drop (steps: loss)",
            "best L1 prev-token", "best last-layer induction",
-           f"heads with induction > {thr}", "mean JS"], per_seed),
+           f"heads with induction > {thr}", "JS within layer"], per_seed),
       "",
       f"## Every head ({deep}-layer, seed {seeds[0]})",
       "",
-      "Scores on held-out data; Δloss is the loss increase when the head is "
-      "removed (clean loss "
-      f"{r0['importance']['clean_loss']:.3f}); '-grad' is the first-order "
-      "estimate of the zero-ablation Δloss from d loss / d gate.",
+      "Scores on held-out data, with 95% bootstrap intervals over the "
+      f"{e.analysis_examples} examples for the two circuit scores; Δloss is "
+      "the loss increase when the head is removed (clean loss "
+      f"{r0['importance']['clean_loss']:.3f}): set to zero, to its mean "
+      "over the batch at each position, or to its output on another "
+      "example. '-grad' is the first-order (Taylor) estimate of the "
+      "zero-ablation Δloss from the batch d loss / d gate; 'Michel "
+      "abs grad' is Michel et al.'s importance, the mean over examples of "
+      "|d loss / d gate|. The last two rows are floors.",
       "",
       _head_table(r0, names),
       "",
       "Rank correlation (Spearman, over the "
       f"{r0['metrics']['induction'].size} heads, mean ± std over seeds) of "
-      "zero-ablation Δloss with: mean ablation "
-      f"{common.fmt(*summary['rank_corr_zero_vs_mean_ablation'], digits=2)}"
-      ", the batch-gradient Taylor estimate "
-      f"{common.fmt(*summary['rank_corr_zero_vs_taylor'], digits=2)}, the "
-      "mean absolute per-example gradient "
-      f"{common.fmt(*summary['rank_corr_zero_vs_gradient_abs'], digits=2)}"
-      ".",
+      "zero-ablation Δloss with: "
+      + ", ".join(f"{k.replace('_', ' ')} {_ms(corr[k], 2)}"
+                  for k in RANK_AGAINST_ZERO) + ".",
       "",
       "## Figures",
       "",
@@ -241,28 +337,39 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
       "patterns that one head could not represent at once.",
       "",
       f"* {deep}-layer model: "
-      + ("induction heads form (best last-layer induction score "
-         f"{common.fmt(*sd['max_induction_last_layer'], digits=2)}) next to a "
-         "layer-1 previous-token head (best score "
-         f"{common.fmt(*sd['max_prev_token_layer1'], digits=2)}); the loss "
-         "falls in a sharp drop (table above), not gradually."
+      + ("induction heads form: the best last-layer induction score "
+         f"{_with_ci(sd['max_induction_last_layer'], 2)} is above "
+         f"{thr} and above its floors (at init "
+         f"{f2(sd['max_induction_last_layer_init'])}, uniform "
+         f"{f2(sd['uniform_induction'])}), next to a layer-1 "
+         "previous-token head (best score "
+         f"{f2(sd['max_prev_token_layer1'])}; at init "
+         f"{f2(sd['max_prev_token_layer1_init'])}, uniform "
+         f"{f2(sd['uniform_prev_token'])}). The loss falls in a sharp drop "
+         "(per-run table), not gradually."
          if deep_ok else
-         "induction heads did NOT clearly form in this budget (best "
-         f"induction score {f2(sd['max_induction_last_layer'])}"
-         f" <= {thr})."),
-      f"* {ctrl}-layer control: final loss "
-      f"{common.fmt(*sc['final_loss'], digits=2)} vs "
-      f"{common.fmt(*sd['final_loss'], digits=2)}; best induction score "
-      f"{common.fmt(*sc['max_induction_last_layer'], digits=2)}"
-      + (" — as expected: one layer has no earlier head whose output "
-         "(the previous token) a query could match against." if not ctrl_ok
+         "induction heads are NOT clearly established: the best "
+         "last-layer induction score "
+         f"{_with_ci(sd['max_induction_last_layer'], 2)} does not clear "
+         f"{thr} and its floors (at init "
+         f"{f2(sd['max_induction_last_layer_init'])}, uniform "
+         f"{f2(sd['uniform_induction'])}) across seeds."),
+      f"* {ctrl}-layer control: final loss {f2(sc['final_loss'])} vs "
+      f"{f2(sd['final_loss'])} (difference {diff['diff']:.2f}, 95% "
+      f"interval {stats.fmt_interval(diff['ci95'], 2)}); best induction "
+      f"score {f2(sc['max_induction_last_layer'])}"
+      + (": as expected, one layer has no earlier head whose output (the "
+         "previous token) a query could match against." if not ctrl_ok
          else
-         " — the control ALSO reaches a high induction score here, which "
+         ": the control ALSO clears the induction floors here, which "
          "contradicts the expectation; see the per-run table."),
-      "* Heads differ: mean Jensen-Shannon distance between the heads of "
-      f"the {deep}-layer model {f2(sd['js_mean_off_diagonal'])}"
-      " (0 = identical patterns, 1 = disjoint); the per-head table shows "
-      "which head does what.",
+      "* Heads differ: within a layer, the mean Jensen-Shannon distance "
+      f"between heads is {f2(sd['js_within_layer'])} after training and "
+      f"{f2(sd['js_within_layer_init'])} at initialisation"
+      + (f"; across layers {f2(sd['js_across_layer'])} (at init "
+         f"{f2(sd['js_across_layer_init'])})" if "js_across_layer" in sd
+         else "")
+      + ". The per-head table shows which head does what.",
       "* Ablation: in layer 1 the head whose removal costs the most loss is "
       "the best previous-token head in "
       f"{summary['top_ablation_is_prev_head_L1']} of {len(seeds)} seeds; "
@@ -270,16 +377,16 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
       f"head in {summary['top_ablation_is_induction_head_last']} of "
       f"{len(seeds)} (per-head table: which kind of head it is instead)."
       " The batch-gradient Taylor estimate ranks heads with Spearman "
-      f"{common.fmt(*summary['rank_corr_zero_vs_taylor'], digits=2)} against"
-      " the real ablation"
+      f"{_ms(corr['taylor_estimate'], 2)} against the real ablation"
       + (": it does NOT predict ablation here. Gating a head is the same as "
          "scaling its rows of W^O, which training already brought to a "
          "stationary point, so d loss / d gate is ~0 for every head "
          "(column '-grad') even when removing the head is catastrophic."
-         if summary["rank_corr_zero_vs_taylor"][0] < 0.5 else
+         if corr["taylor_estimate"]["mean"] < 0.5 else
          ": a usable proxy here.")
-      + " Averaging |gradient| per example instead gives Spearman "
-      f"{common.fmt(*summary['rank_corr_zero_vs_gradient_abs'], digits=2)}.",
+      + " Michel et al.'s expected |gradient| gives Spearman "
+      f"{_ms(corr['gradient_abs'], 2)}; resample ablation "
+      f"{_ms(corr['resample_ablation'], 2)}.",
   ]
   return "\n".join(lines)
 

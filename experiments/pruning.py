@@ -19,6 +19,7 @@ from mha_jax import held_out
 from mha_jax import interventions
 from mha_jax import plots
 from mha_jax import runs
+from mha_jax import stats
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/pruning.py", "The experiment's config file; override "
@@ -30,25 +31,32 @@ _REUSE_RUNS = flags.DEFINE_bool(
     "reuse_runs", False, "Load a finished run whose config.json matches "
     "instead of training it again (to redo only the analysis).")
 
-RANKINGS = ("zero_ablation", "mean_ablation", "taylor_estimate",
-            "gradient_abs")
+# One-shot rankings, each by a score of `interventions.head_importance`.
+RANKINGS = ("zero_ablation", "mean_ablation", "resample_ablation",
+            "taylor_estimate", "gradient_abs", "michel")
+BASELINES = ("random", "most_important_first")
 
 
 def run(config, workdir, *, reuse_runs: bool = False) -> dict:
   """Train, prune and write the report; returns what results.json holds."""
   e = config.experiment
   workdir = pathlib.Path(workdir)
-  rank_batch = held_out.analysis_batch(config, e.analysis_examples, seed=111)
-  test_batch = held_out.analysis_batch(config, e.analysis_examples, seed=222)
-  curves = {k: [] for k in RANKINGS + ("random", "most_important_first")}
+  curves = {k: [] for k in RANKINGS + ("michel_iterative",) + BASELINES}
   for r in runs.seed_runs(config, workdir, e.seeds, reuse=reuse_runs):
     seed, state = r.seed, r.state
+    # Two held-out batches per seed: one to rank the heads, one to
+    # measure the pruned model on.
+    rank_batch, test_batch = (held_out.analysis_batch(
+        config, e.analysis_examples, seed=held_out.ANALYSIS_SEED + k + seed)
+                              for k in (1000, 2000))
     model = state.model()
     imp = interventions.head_importance(model, rank_batch, state.loss)
     for k in RANKINGS:
       order = np.argsort(imp[k].ravel())  # least loss increase first
       curves[k].append(interventions.prune_curve(model, test_batch,
                                                  state.loss, order))
+    curves["michel_iterative"].append(interventions.iterative_prune_curve(
+        model, rank_batch, test_batch, state.loss)[0])
     curves["most_important_first"].append(interventions.prune_curve(
         model, test_batch, state.loss,
         np.argsort(imp["zero_ablation"].ravel())[::-1]))
@@ -59,74 +67,100 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
                                      for _ in range(e.random_orders)], 0))
   n_heads = len(curves["random"][0]) - 1
   kept = np.arange(n_heads, -1, -1)  # heads kept after k removals
-  stats = {k: (np.mean(v, 0), np.std(v, 0)) for k, v in curves.items()}
-  plots.line_plot(kept, {k: stats[k] for k in curves},
-                  xlabel="heads kept", ylabel="held-out loss",
+  spread = {k: (np.mean(v, 0), _std(v)) for k, v in curves.items()}
+  plots.line_plot(kept, spread, xlabel="heads kept",
+                  ylabel="held-out loss",
                   title="Pruning the 2-layer induction model",
                   path=str(workdir / "prune_curve.png"))
+  # Each ranking against random order, seed by seed, with two removed.
+  vs_random = {k: stats.difference(np.asarray(curves[k])[:, 2],
+                                   np.asarray(curves["random"])[:, 2])
+               for k in curves if k != "random"}
   return common.write_outputs(
       workdir, {"heads_kept": kept, "curves": curves,
-                "mean": {k: v[0] for k, v in stats.items()},
-                "std": {k: v[1] for k, v in stats.items()}},
-      _report(config, stats, kept))
+                "mean": {k: v[0] for k, v in spread.items()},
+                "std": {k: v[1] for k, v in spread.items()},
+                "two_removed_minus_random": vs_random},
+      _report(config, spread, kept, vs_random))
 
 
-def _report(config, stats, kept):
+def _std(curves):
+  """Sample std over seeds at each point; None with one seed."""
+  v = np.asarray(curves)
+  return v.std(0, ddof=1) if len(v) > 1 else None
+
+
+def _report(config, spread, kept, vs_random):
   e = config.experiment
-  header = ["heads kept"] + [k.replace("_", " ") for k in stats]
-  rows = [[int(h)] + [common.fmt(stats[k][0][i], stats[k][1][i], digits=2)
-                      for k in stats] for i, h in enumerate(kept)]
-  full = stats["zero_ablation"][0][0]
-  # Fewest heads each ranking keeps while the loss stays within 0.1 nats
-  # of the full model.
+  header = ["heads kept"] + [k.replace("_", " ") for k in spread]
+  rows = [[int(h)] + [common.fmt(spread[k][0][i], None if spread[k][1] is None
+                                 else spread[k][1][i], digits=2)
+                      for k in spread] for i, h in enumerate(kept)]
+  full = spread["zero_ablation"][0][0]
+  # Fewest heads each ranking keeps while the mean loss stays within 0.1
+  # nats of the full model.
   def fewest(k):
-    ok = [int(h) for h, m in zip(kept, stats[k][0]) if m <= full + 0.1]
-    return min(ok)
-  budget = {k: fewest(k) for k in stats}
-  at2 = {k: float(stats[k][0][2]) for k in stats}
+    return min(int(h) for h, m in zip(kept, spread[k][0]) if m <= full + 0.1)
+  budget = {k: fewest(k) for k in spread}
+  at2 = {k: float(spread[k][0][2]) for k in spread}
   best2 = min(at2, key=at2.get)
+  n = len(e.seeds)
+  def versus(k):
+    d = vs_random[k]
+    text = (f"{d['diff']:+.2f} nats, 95% interval "
+            f"{stats.fmt_interval(d['ci95'], 2)}")
+    if d["excludes_0"] is None:
+      return text + " (one seed: no interval)"
+    if not d["excludes_0"]:
+      return text + ": no better than random at this seed count"
+    return text + (": WORSE than random" if d["diff"] > 0
+                   else ": better than random")
+  comparison = common.md_table(
+      ["ranking", "loss with two heads removed", "minus random (Welch)"],
+      [[k.replace("_", " "), common.fmt(at2[k]), versus(k)]
+       for k in spread if k != "random"])
   lines = [
       "# Experiment 5: head importance and pruning",
       "",
       "Command: `python -m experiments.pruning --workdir=runs/pruning` "
       "(config `configs/pruning.py`): the 2-layer induction model "
       f"({config.model.num_heads} heads per layer, "
-      f"{config.train.num_steps} steps), seeds {list(e.seeds)}. Heads are "
-      f"ranked on one held-out batch of {e.analysis_examples} sequences "
-      "and removed cumulatively (gate 0), least important first; the loss "
-      "is measured on a second held-out batch. 'random' averages "
+      f"{config.train.num_steps} steps), seeds {list(e.seeds)}. For each "
+      f"seed, heads are ranked on one held-out batch of "
+      f"{e.analysis_examples} sequences and removed cumulatively (gate 0), "
+      "least important first; the loss is measured on a second held-out "
+      "batch. Rankings: zero, per-position mean and resample ablation; the "
+      "batch-gradient Taylor estimate; Michel et al.'s expected |gradient| "
+      "(raw, and normalised per layer as they do: 'michel'); "
+      "'michel iterative' recomputes the normalised score after every "
+      "removal, as their pruning does. 'random' averages "
       f"{e.random_orders} random orders per seed; 'most important first' "
-      "removes by zero ablation in reverse. Mean ± std over seeds.",
+      "removes by zero ablation in reverse. Mean ± sample std over seeds.",
       "",
       common.md_table(header, rows),
       "",
       "![prune_curve.png](prune_curve.png)",
       "",
-      "Fewest heads kept with the loss within 0.1 nats of the full model "
-      f"({full:.3f}): "
+      "Fewest heads kept with the mean loss within 0.1 nats of the full "
+      f"model ({full:.3f}): "
       + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in budget.items())
       + ".",
       "",
+      f"## Two heads removed, against random order ({n} seeds)",
+      "",
+      comparison,
+      "",
       "## What this shows",
       "",
-      f"With {int(kept[2])} of {int(kept[0])} heads kept (two removed) the "
-      "held-out loss is: "
-      + ", ".join(f"{k.replace('_', ' ')} {at2[k]:.2f}" for k in at2)
-      + f". Ranking by {best2.replace('_', ' ')} degrades slowest. The "
-      "batch-gradient (Taylor) ranking is "
-      + ("WORSE than random order: it removes heads the model needs, "
-         "because at a trained optimum d loss / d gate is ~0 for every "
-         "head and its sign is noise (see experiment 1)."
-         if at2["taylor_estimate"] > at2["random"] else
-         "better than random order here.")
-      + " The per-example |gradient| ranking "
-      + ("tracks the ablation rankings."
-         if abs(at2["gradient_abs"] - at2["zero_ablation"]) < 0.1 else
-         "departs from the ablation rankings.")
-      + f" Even the best order keeps the loss within 0.1 nats only while "
-      f"removing {int(kept[0]) - min(budget.values())} head(s): in this "
-      "small model few heads are idle, so the circuit is spread over most "
-      "heads rather than concentrated in one or two.",
+      f"With {int(kept[2])} of {int(kept[0])} heads kept, ranking by "
+      f"{best2.replace('_', ' ')} degrades slowest (table above). The "
+      "batch-gradient (Taylor) ranking: " + versus("taylor_estimate")
+      + ". At a trained optimum d loss / d gate is ~0 for every head, so "
+      "its sign carries little information. Michel et al.'s score "
+      "(per-layer normalised): " + versus("michel") + "; iterated: "
+      + versus("michel_iterative") + ". Even the best order keeps the mean "
+      f"loss within 0.1 nats only while removing "
+      f"{int(kept[0]) - min(budget.values())} head(s).",
   ]
   return "\n".join(lines)
 

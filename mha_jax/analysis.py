@@ -194,22 +194,28 @@ def duplicate_token_score(weights: jax.Array, tokens: jax.Array) -> jax.Array:
 
 
 def induction_targets(tokens: jax.Array) -> jax.Array:
-  """`[B, T, T]` bool: key j+1 follows an earlier copy j of query i's token.
+  """`[B, T, T]` bool: key j+1 < i follows an earlier copy j of query i's token.
 
   This is where an induction head looks: "last time I saw this token, what
   came next?" Key j+1 <= i, so it is always visible under a causal mask.
+  The query itself (j + 1 = i, when a token repeats immediately: "x x") is
+  left out, as TransformerLens does: attending to oneself is what a
+  current-token head does, and it must not count as induction.
   """
   dup = _earlier_same_token(tokens)  # [B, Tq, Tk], True at j
   # Shift right along keys: True at j+1 where dup was True at j.
-  return jnp.pad(dup[..., :-1], ((0, 0), (0, 0), (1, 0)))
+  follows = jnp.pad(dup[..., :-1], ((0, 0), (0, 0), (1, 0)))
+  t = tokens.shape[-1]
+  return follows & ~jnp.eye(t, dtype=bool)[None]
 
 
 def induction_score(weights: jax.Array, tokens: jax.Array) -> jax.Array:
   """Mean weight on the tokens that followed earlier copies, `[H]`.
 
-  Only queries whose token occurred before count. A perfect induction head
-  scores 1; a previous-token or uniform head scores about 1/(visible keys)
-  per target unless the pattern happens to coincide.
+  Only queries with such a token before them count (see
+  `induction_targets`). A perfect induction head scores 1; a previous-token
+  or uniform head scores about 1/(visible keys) per target unless the
+  pattern happens to coincide (`uniform_causal_weights` gives that floor).
   """
   return _token_target_score(weights, tokens, induction_targets,
                              "induction_score")
@@ -225,12 +231,14 @@ def _token_target_score(weights, tokens, targets_fn, fn):
 
 def alignment_scores(weights: jax.Array, target: jax.Array,
                      valid: jax.Array | None = None):
-  """How well each head's rows point at a known key, `(accuracy, mass)`.
+  """How well each head's rows point at a known key.
 
   `target [B, Tq]` is the index of the right key for every query (for
   example the aligned source token in cross-attention) and `valid [B, Tq]`
-  marks the queries that count. `accuracy [H]` is the share of rows whose
-  argmax is the target, `mass [H]` the mean weight on it.
+  marks the queries that count. Returns `(accuracy, mass, mass_within_1)`,
+  each `[H]`: the share of rows whose argmax is the target, the mean weight
+  on the target, and the mean weight on keys target-1..target+1 (a head
+  that spreads over the neighbours of the right token is not lost).
   """
   w = _check_weights(weights, "alignment_scores")
   b, _, tq, tk = w.shape
@@ -242,8 +250,10 @@ def alignment_scores(weights: jax.Array, target: jax.Array,
   hit = jnp.argmax(w, axis=-1) == target[:, None, :]
   onehot = jax.nn.one_hot(target, tk, dtype=w.dtype)[:, None]  # [B,1,Tq,Tk]
   mass = jnp.sum(w * onehot, axis=-1)
+  near = jnp.abs(jnp.arange(tk)[None, None, :] - target[..., None]) <= 1
+  mass_near = jnp.sum(jnp.where(near[:, None], w, 0.0), axis=-1)
   return (_mean_over_rows(hit.astype(jnp.float32), counts),
-          _mean_over_rows(mass, counts))
+          _mean_over_rows(mass, counts), _mean_over_rows(mass_near, counts))
 
 
 def aligned_source(src: jax.Array, pad_id: int = 0):
@@ -262,6 +272,18 @@ def aligned_source(src: jax.Array, pad_id: int = 0):
   lengths = jnp.sum(src != pad_id, axis=-1, keepdims=True)  # [B, 1]
   t = jnp.arange(src.shape[1])[None, :]  # [1, S]
   return jnp.maximum(lengths - 1 - t, 0), t < lengths
+
+
+def uniform_causal_weights(batch: int, length: int) -> jax.Array:
+  """`[B, 1, T, T]`: each query spreads evenly over the keys it can see.
+
+  The floor every score is read against: a head that looks nowhere in
+  particular. `head_metrics(uniform_causal_weights(B, T), tokens)` scores
+  it on the same sequences as the real heads.
+  """
+  visible = jnp.tril(jnp.ones((length, length), jnp.float32))
+  w = visible / jnp.sum(visible, axis=-1, keepdims=True)
+  return jnp.broadcast_to(w, (batch, 1, length, length))
 
 
 def js_divergence(weights: jax.Array) -> jax.Array:

@@ -3,9 +3,11 @@
 Shape letters: L layers, B examples, H heads, T query length, S key length.
 
 Training draws its batches from `fold_in(data_key, step)` of the run's
-seed; an analysis batch comes from a separate key (12345 by default), so
-the numbers in a report are on data the model did not train on, and the
-same batch serves every seed and setting being compared.
+seed; an analysis batch comes from a separate key (`ANALYSIS_SEED` plus an
+offset), so the numbers in a report are on data the model did not train
+on. Experiments draw one batch per training seed (`ANALYSIS_SEED + seed`),
+shared by the settings compared within that seed, so a spread over seeds
+includes the variation of the evaluation data too.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ import numpy as np
 from mha_jax import train
 
 
-def analysis_batch(config, num_examples: int, seed: int = 12345) -> dict:
+ANALYSIS_SEED = 12345
+
+
+def analysis_batch(config, num_examples: int,
+                   seed: int = ANALYSIS_SEED) -> dict:
   """`num_examples` examples of `config.task`, drawn from key `seed`.
 
   The task's batch dict (see `mha_jax.tasks`) with batch size B =

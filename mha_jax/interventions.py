@@ -4,19 +4,26 @@ Shape letters: L layers, H heads per layer, B batch, T length, D d_model.
 
 Every model in `mha_jax.transformer` takes a per-head gate `head_mask [L, H]`
 at call time (a patch of each layer's `z` hook site: head h of layer l is
-multiplied by it before W^O). Three ways to score a head against the task
-loss, reported side by side because they can disagree:
+multiplied by it before W^O). Ways to score a head against the task loss,
+reported side by side because they can disagree:
 
   * zero ablation: the loss with the gate at 0, minus the clean loss;
   * mean ablation: the head's output `z` replaced by its mean over the
-    batch and positions (keeps the "average" signal a later layer may rely
-    on, so it removes only the input-dependent part);
-  * gradient importance: d loss / d gate at gate = 1. A first-order Taylor
-    estimate predicts the zero-ablation change as -gradient; where the loss
-    is far from linear in the gate (saturated softmax, redundant heads), the
-    estimate and the real ablation differ. At a trained optimum the batch
-    gradient is ~0 for every head (see `per_example_gradient_importance`,
-    which averages |gradient| per example instead).
+    batch AT EACH POSITION (a causal head's output depends on where it
+    sits, so a mean over positions would also remove the positional part);
+    keeps the "average" signal a later layer may rely on;
+  * resample ablation: the head's output on ANOTHER input of the batch, at
+    the same position (the batch rolled by one: example b gets example
+    b-1's `z`), so the head still produces a typical output, just not the
+    one for this input;
+  * Taylor estimate: -d loss / d gate at gate = 1 on the batch, the
+    first-order prediction of zero ablation. At a trained optimum the batch
+    gradient is ~0 for every head and its sign is noise;
+  * Michel et al. (2019)'s importance: the expected ABSOLUTE gradient
+    per example (`per_example_gradient_importance`), optionally normalised
+    by its l2 norm within each layer (`normalise_per_layer`), which is what
+    their pruning ranks by (`iterative_prune_curve` recomputes it after
+    every removal, as they do).
 
 `mask_arg` selects which gates: "head_mask" (decoder self-attention) or
 "cross_head_mask" / "encoder_head_mask" of an `EncoderDecoder`.
@@ -88,16 +95,8 @@ def gradient_importance(model, batch, loss, mask_arg="head_mask"):
   return np.asarray(jax.jit(jax.grad(f))(jnp.ones(gate_shape(model, mask_arg))))
 
 
-def per_example_gradient_importance(model, batch, loss,
-                                    mask_arg="head_mask"):
-  """Mean over examples of |d loss(example) / d gate|, `[L, H]`.
-
-  The batch gradient of a trained model is ~0 for every head: scaling a
-  head's gate is the same as scaling its rows of W^O, which training has
-  already brought to a stationary point. Taking the absolute value per
-  example (before averaging) keeps the heads whose gate matters for each
-  input but pulls different ways across inputs (Michel et al., 2019).
-  """
+def _per_example_abs_grad(model, batch, loss, mask_arg):
+  """A jitted `gates [L, H] -> mean_b |d loss_b / d gate| [L, H]`."""
   graphdef, state = nnx.split(model)
 
   def f(gates, example):
@@ -105,9 +104,36 @@ def per_example_gradient_importance(model, batch, loss,
     one = jax.tree.map(lambda x: x[None], example)  # a batch of one
     return train.compute_loss(m, one, loss, **{mask_arg: gates})[0]
 
-  per_example = jax.jit(jax.vmap(jax.grad(f), in_axes=(None, 0)))(
-      jnp.ones(gate_shape(model, mask_arg)), batch)  # [B, L, H]
-  return np.asarray(jnp.mean(jnp.abs(per_example), axis=0))
+  grads = jax.vmap(jax.grad(f), in_axes=(None, 0))
+  return jax.jit(lambda gates: jnp.mean(jnp.abs(grads(gates, batch)), 0))
+
+
+def per_example_gradient_importance(model, batch, loss,
+                                    mask_arg="head_mask", gates=None):
+  """Michel et al.'s importance: mean over examples of |d loss_b / d gate|.
+
+  `[L, H]`, at `gates` (all 1 by default; pruned heads at 0). The batch
+  gradient of a trained model is ~0 for every head: scaling a head's gate
+  is the same as scaling its rows of W^O, which training has already
+  brought to a stationary point. Taking the absolute value per example
+  (before averaging) keeps the heads whose gate matters for each input but
+  pulls different ways across inputs.
+  """
+  gates = jnp.ones(gate_shape(model, mask_arg)) if gates is None else gates
+  return np.asarray(_per_example_abs_grad(model, batch, loss, mask_arg)(
+      jnp.asarray(gates, jnp.float32)))
+
+
+def normalise_per_layer(importance) -> np.ndarray:
+  """Each layer's scores divided by their l2 norm (Michel et al. 2019).
+
+  `[L, H] -> [L, H]`. Layers whose gradients differ in scale then compete
+  on equal terms when heads are ranked across layers. A layer of zeros
+  stays zero.
+  """
+  imp = np.asarray(importance, np.float64)
+  norm = np.linalg.norm(imp, axis=-1, keepdims=True)
+  return np.where(norm > 0, imp / np.where(norm > 0, norm, 1.0), 0.0)
 
 
 def zero_ablation(model, batch, loss, mask_arg="head_mask", f=None):
@@ -126,28 +152,43 @@ def zero_ablation(model, batch, loss, mask_arg="head_mask", f=None):
   return out
 
 
-def mean_ablation(model, batch, loss, mask_arg="head_mask"):
-  """Loss increase when each head's `z` is replaced by its mean over the
-  batch and positions, `[L, H]`.
+def position_mean(z):
+  """Each position's mean over the batch, `[B, T, H, Dv] -> [1, T, H, Dv]`."""
+  return jnp.mean(z, axis=0, keepdims=True)
 
-  The mean is taken in the same forward pass, over what the head computes
-  on this batch (layers below are unchanged). One compiled loss serves
-  every head: which head to replace is an array, not a Python int.
+
+def resample(z):
+  """Another example's output at the same position: the batch rolled by 1.
+
+  `[B, T, H, Dv]`, example b gets example b-1's row (a derangement for
+  B > 1, so no example keeps its own output). Examples are i.i.d. draws
+  of the task, so this is a draw from the head's output distribution.
+  """
+  return jnp.roll(z, 1, axis=0)
+
+
+def replacement_ablation(model, batch, loss, replace, mask_arg="head_mask"):
+  """Loss increase when each head's `z` alone is swapped for `replace(z)`.
+
+  `[L, H]`. `replace` maps the head outputs of a layer `[B, T, H, Dv]` to
+  what replaces them (broadcastable; `position_mean`, `resample`). It sees
+  what the layer computes on this batch in the same forward pass (layers
+  below are unchanged). One compiled loss serves every head: which head to
+  replace is an array, not a Python int.
   """
   n_layers, n_heads = gate_shape(model, mask_arg)
   sites = z_sites(model, mask_arg)
   graphdef, state = nnx.split(model)
 
-  def f(select):  # select [L, H]: 1 where the head is mean-ablated
-    def to_mean(l):
+  def f(select):  # select [L, H]: 1 where the head is replaced
+    def swap(l):
       def fn(z):  # [B, T, H, Dv]
-        mean = jnp.mean(z, axis=(0, 1), keepdims=True)
         sel = select[l].astype(z.dtype)[None, None, :, None]
-        return z * (1 - sel) + mean * sel
+        return z * (1 - sel) + replace(z) * sel
       return fn
 
     m = nnx.merge(graphdef, state)
-    patch = {site: to_mean(l) for l, site in enumerate(sites)}
+    patch = {site: swap(l) for l, site in enumerate(sites)}
     return train.compute_loss(m, batch, loss, patch=patch)[0]
 
   f = jax.jit(f)
@@ -160,20 +201,38 @@ def mean_ablation(model, batch, loss, mask_arg="head_mask"):
   return out
 
 
+def mean_ablation(model, batch, loss, mask_arg="head_mask"):
+  """Loss increase with each head's `z` at its per-position batch mean."""
+  return replacement_ablation(model, batch, loss, position_mean, mask_arg)
+
+
+def resample_ablation(model, batch, loss, mask_arg="head_mask"):
+  """Loss increase with each head's `z` taken from another example."""
+  return replacement_ablation(model, batch, loss, resample, mask_arg)
+
+
 def head_importance(model, batch, loss, mask_arg="head_mask"):
-  """All three scores, `[L, H]` each, plus the clean loss."""
+  """Every score of the module docstring, `[L, H]` each, and the clean loss.
+
+  Keys: clean_loss, zero_ablation, mean_ablation, resample_ablation,
+  gradient (batch d loss / d gate), taylor_estimate (-gradient),
+  gradient_abs (Michel et al.'s expected |gradient|) and michel
+  (gradient_abs normalised per layer).
+  """
   ones = jnp.ones(gate_shape(model, mask_arg))
   grad = gradient_importance(model, batch, loss, mask_arg)
   f = loss_fn(model, batch, loss, mask_arg)
+  grad_abs = per_example_gradient_importance(model, batch, loss, mask_arg)
   return {
       "clean_loss": float(f(ones)),
       "zero_ablation": zero_ablation(model, batch, loss, mask_arg, f=f),
       "mean_ablation": mean_ablation(model, batch, loss, mask_arg),
+      "resample_ablation": resample_ablation(model, batch, loss, mask_arg),
       "gradient": grad,
       # Taylor: loss(gate=0) - loss(gate=1) ~ -d loss/d gate.
       "taylor_estimate": -grad,
-      "gradient_abs": per_example_gradient_importance(model, batch, loss,
-                                                      mask_arg),
+      "gradient_abs": grad_abs,
+      "michel": normalise_per_layer(grad_abs),
   }
 
 
@@ -191,6 +250,30 @@ def prune_curve(model, batch, loss, order, mask_arg="head_mask"):
     gates[idx] = 0.0
     losses.append(float(f(jnp.asarray(gates.reshape(n_layers, n_heads)))))
   return np.asarray(losses)
+
+
+def iterative_prune_curve(model, rank_batch, test_batch, loss,
+                          mask_arg="head_mask"):
+  """Michel et al.'s pruning: re-rank after every removal.
+
+  At each step the per-layer normalised |gradient| importance is computed
+  on `rank_batch` with the heads removed so far gated to 0, and the least
+  important remaining head goes next. Returns `(losses [L*H + 1] on
+  `test_batch`, order [L*H] of flat indices l * H + h)`.
+  """
+  importance = _per_example_abs_grad(model, rank_batch, loss, mask_arg)
+  f = loss_fn(model, test_batch, loss, mask_arg)
+  shape = gate_shape(model, mask_arg)
+  gates = np.ones(shape, np.float32)
+  losses, order = [float(f(jnp.asarray(gates)))], []
+  for _ in range(gates.size):
+    score = normalise_per_layer(importance(jnp.asarray(gates))).ravel()
+    score[np.asarray(order, int)] = np.inf  # removed heads stay removed
+    idx = int(np.argmin(score))
+    order.append(idx)
+    gates.ravel()[idx] = 0.0
+    losses.append(float(f(jnp.asarray(gates))))
+  return np.asarray(losses), np.asarray(order)
 
 
 def rank_correlation(a, b) -> float:

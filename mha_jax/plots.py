@@ -133,13 +133,18 @@ def loss_curves(curves: Mapping[str, tuple[Sequence, Sequence]], *,
 def line_plot(x: Sequence, series: Mapping[str, tuple[Sequence, Sequence]], *,
               xlabel: str, ylabel: str, title: str = "", logx: bool = False,
               logy: bool = False, path: str | None = None):
-  """Mean with a spread band per series: `series[label] = (mean, spread)`."""
+  """Mean with a spread band per series: `series[label] = (mean, spread)`.
+
+  A spread of None (one seed: no spread) draws the line alone.
+  """
   fig, ax = plt.subplots(figsize=(5.0, 3.2))
   x = np.asarray(x, np.float32)
   for label, (mean, spread) in series.items():
-    mean, spread = np.asarray(mean), np.asarray(spread)
+    mean = np.asarray(mean)
     ax.plot(x, mean, marker="o", label=label, linewidth=1.2)
-    ax.fill_between(x, mean - spread, mean + spread, alpha=0.2)
+    if spread is not None:
+      spread = np.asarray(spread)
+      ax.fill_between(x, mean - spread, mean + spread, alpha=0.2)
   return _finish(fig, ax, xlabel, ylabel, title, logx, logy, path)
 
 

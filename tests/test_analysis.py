@@ -118,6 +118,32 @@ class MetricTest(parameterized.TestCase):
     expected[4, 1] = expected[4, 3] = True  # 5 at 4: after 0 and after 2
     np.testing.assert_array_equal(targets, expected)
 
+  def test_induction_does_not_credit_the_query_itself(self):
+    # "3 3": the earlier 3 at 0 is followed by key 1, the query itself.
+    tokens = jnp.array([[3, 3, 4, 3, 3]])
+    expected = np.zeros((5, 5), bool)
+    expected[3, 1] = expected[3, 2] = True  # after the 3s at 0 and 1
+    expected[4, 1] = expected[4, 2] = True  # (key 4, itself, left out)
+    np.testing.assert_array_equal(analysis.induction_targets(tokens)[0],
+                                  expected)
+    # A current-token head scores 0, not the 2/3 that crediting rows 1
+    # and 4 for attending to themselves would give.
+    self_head = _batch(np.eye(5, dtype=np.float32))
+    np.testing.assert_allclose(analysis.induction_score(self_head, tokens),
+                               [0.0])
+
+  def test_uniform_causal_floor(self):
+    w = analysis.uniform_causal_weights(2, T)
+    assert w.shape == (2, 1, T, T)
+    np.testing.assert_allclose(jnp.sum(w, -1), 1.0, rtol=1e-6)
+    # Query i sees i + 1 keys; rows 1..T-1 count for the previous token.
+    expected = np.mean([1 / (i + 1) for i in range(1, T)])
+    np.testing.assert_allclose(analysis.previous_token_score(w), [expected],
+                               rtol=1e-6)
+    np.testing.assert_allclose(analysis.entropy(w),
+                               [np.mean(np.log(np.arange(1, T + 1)))],
+                               rtol=1e-5)
+
   def test_token_metrics_reject_bad_shapes(self):
     w = _batch(uniform_causal_pattern())
     with self.assertRaisesRegex(ValueError, "tokens"):
@@ -137,10 +163,19 @@ class MetricTest(parameterized.TestCase):
     w = _batch(anti, np.full((s, s), 1 / s))
     target = jnp.asarray([[max(src_len - 1 - t, 0) for t in range(s)]])
     valid = jnp.arange(s)[None] < src_len
-    acc, mass = analysis.alignment_scores(w, target, valid)
+    # A third head reads the neighbour after the target: wrong, but close.
+    off_by_one = np.zeros((s, s), np.float32)
+    for t in range(s):
+      off_by_one[t, min(max(src_len - 1 - t, 0) + 1, s - 1)] = 1.0
+    w = jnp.concatenate([w, _batch(off_by_one)], axis=1)
+    acc, mass, near = analysis.alignment_scores(w, target, valid)
     # Uniform rows put their argmax on key 0: right only for t = 4.
-    np.testing.assert_allclose(acc, [1.0, 1 / src_len], rtol=1e-6)
-    np.testing.assert_allclose(mass, [1.0, 1 / s], rtol=1e-6)
+    np.testing.assert_allclose(acc, [1.0, 1 / src_len, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(mass, [1.0, 1 / s, 0.0], rtol=1e-6)
+    # Within +-1: the uniform head has 3 of its 6 keys there (only 2 for
+    # target 0, row 4), the shifted head all its weight.
+    np.testing.assert_allclose(near, [1.0, (4 * 3 + 2) / (6 * 5), 1.0],
+                               rtol=1e-6)
 
   def test_aligned_source_of_a_reversal(self):
     src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])  # 0 = PAD

@@ -100,11 +100,25 @@ def test_induction(tmp_path):
                                       "head_metrics.png", "ablation.png"])
   assert saved == results
   deep, ctrl = results["summary"]["L2"], results["summary"]["L1"]
+  # Two smoke seeds: every number has a sample std and a t interval.
+  loss = deep["final_loss"]
+  values = [results["runs"][f"L2_seed{s}"]["eval"]["loss"] for s in (0, 1)]
+  assert loss["values"] == values
+  assert loss["std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5)
   summary = _table(report, "| model | final loss |")
-  assert _row(summary, "2-layer")[1:3] == [common.fmt(*deep["final_loss"]),
-                                           common.fmt(*deep["final_accuracy"])]
-  assert _row(summary, "1-layer")[1] == common.fmt(*ctrl["final_loss"])
+  assert _row(summary, "2-layer")[1] == (
+      f"{loss['mean']:.3f} ± {loss['std']:.3f} "
+      f"[{loss['ci95'][0]:.3f}, {loss['ci95'][1]:.3f}]")
+  assert _row(summary, "1-layer")[3] == common.fmt(
+      ctrl["init_loss"]["mean"], ctrl["init_loss"]["std"])
   run = results["runs"]["L2_seed0"]
+  # Floors: uniform attention on the run's own held-out batch, and the
+  # untrained model; the 1-layer model has no across-layer pairs.
+  floors = _table(report, "| score | 2-layer trained |")
+  ind = _row(floors, "best last-layer induction score")
+  assert ind[-1] == common.fmt(deep["uniform_induction"]["mean"],
+                               deep["uniform_induction"]["std"], 2)
+  assert _row(floors, "JS distance, heads across layers")[3:5] == ["-", "-"]
   pc = run["phase_change"]
   per_run = _table(report, "| layers | seed | loss |")
   assert per_run[0][:5] == [
@@ -117,8 +131,12 @@ def test_induction(tmp_path):
   assert run["curve"] == {"steps": [3, 6], "loss": [
       r["loss"] for r in rows if r["split"] == "eval"]}
   heads = _table(report, "| head | previous_token |")
-  assert len(heads) == 2 * config.model.num_heads  # L * H rows
-  assert _row(heads, "L2 H1")[2] == f"{run['metrics']['induction'][1][0]:.2f}"
+  assert len(heads) == 2 * config.model.num_heads + 2  # L * H + 2 floors
+  lo, hi = run["intervals"]["induction"][1][0]
+  assert _row(heads, "L2 H1")[2] == (
+      f"{run['metrics']['induction'][1][0]:.2f} [{lo:.2f}, {hi:.2f}]")
+  assert _row(heads, "uniform causal")[2] == (
+      f"{run['floors']['uniform']['induction']:.2f}")
   assert "weights_example" not in run  # per-example arrays stay out
 
 
@@ -172,10 +190,18 @@ def test_cross_attention(tmp_path):
   assert seeds[0][:3] == ["0", f"{run['loss']:.3f}", f"{run['accuracy']:.3f}"]
   heads = _table(report, "| head | alignment accuracy |")
   acc, zero = run["alignment_accuracy"], run["importance"]["zero_ablation"]
-  assert len(heads) == len(acc) * len(acc[0])
-  assert _row(heads, "L1 H2")[1:4:2] == [f"{acc[0][1]:.2f}",
+  near = run["alignment_mass_within_1"]
+  assert len(heads) == len(acc) * len(acc[0]) + 2  # + two floor rows
+  assert _row(heads, "L1 H2")[1:5:3] == [f"{acc[0][1]:.2f}",
                                          f"{zero[0][1]:+.3f}"]
+  assert _row(heads, "L1 H2")[3] == f"{near[0][1]:.2f}"
   assert all(0.0 <= a <= 1.0 for layer in acc for a in layer)
+  # The weight within +-1 of the target includes the weight on it.
+  assert all(n >= m - 1e-6 for ln, lm in zip(near, run["alignment_mass"])
+             for n, m in zip(ln, lm))
+  uni = run["floors"]["uniform"]
+  assert _row(heads, "uniform over the source")[1] == (
+      f"{uni['accuracy']:.2f}")
 
 
 def test_pruning(tmp_path):
@@ -194,6 +220,15 @@ def test_pruning(tmp_path):
         common.fmt(m, s, digits=2) for m, s in zip(mean[key], std[key])]
   # With every head kept, each ranking measures the same full model.
   assert len({round(v[0], 6) for v in mean.values()}) == 1
+  # Per seed, two removed: the Taylor ranking against random order, the
+  # difference and its Welch interval as the comparison table shows them.
+  taylor = np.asarray(results["curves"]["taylor_estimate"])[:, 2]
+  rand = np.asarray(results["curves"]["random"])[:, 2]
+  d = results["two_removed_minus_random"]["taylor_estimate"]
+  assert d["diff"] == pytest.approx(taylor.mean() - rand.mean())
+  cells = _row(_table(report, "| ranking |"), "taylor estimate")
+  assert cells[2].startswith(f"{d['diff']:+.2f} nats, 95% interval "
+                             f"[{d['ci95'][0]:.2f}, {d['ci95'][1]:.2f}]")
 
 
 def test_train_then_generate(tmp_path, capsys):

@@ -50,9 +50,10 @@ def test_first_below_and_read(tmp_path):
 def test_md_table_mean_std_and_write_outputs(tmp_path):
   table = common.md_table(["a", "b"], [[1, 2]])
   assert table == "| a | b |\n|---|---|\n| 1 | 2 |"
-  m, s = common.mean_std([1.0, 3.0])
-  assert (m, s) == (2.0, 1.0)
-  assert common.fmt(m, s, digits=1) == "2.0 ± 1.0"
+  m, s = common.mean_std([1.0, 3.0, 5.0])  # the sample std: ddof 1
+  assert (m, s) == (3.0, 2.0)
+  assert common.fmt(m, s, digits=1) == "3.0 ± 2.0"
+  assert common.fmt(*common.mean_std([4.0])) == "4.000"  # no spread
   results = {"runs": [{"loss": np.float32(0.5), "big": np.ones((2, 2)),
                        "heads": np.arange(2)}], "n": np.int64(3)}
   written = common.write_outputs(tmp_path, results, "# Title\n\n",
