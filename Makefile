@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test run experiments benchmark mesh_check clean
+.PHONY: install test run experiments results publish benchmark mesh_check mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,27 @@ experiments: install
 	done
 	@echo "Reports: runs/{$$(echo $(EXPERIMENTS) | tr ' ' ',')}/report.md"
 
+# The committed results: each experiment's report.md, results.json and
+# figures, copied from its run into docs/results/<name>/ (never edited by
+# hand; tests check the README's numbers against them). About 45 minutes
+# on 2 idle cores; RESULTS=induction limits it to one experiment, and
+# `make publish` copies finished runs without running them again.
+RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits
+results: install
+	for e in $(RESULTS); do \
+	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \
+	done
+	$(MAKE) publish RESULTS="$(RESULTS)"
+
+publish:
+	for e in $(RESULTS); do \
+	  test -f runs/$$e/results.json || { echo "no run in runs/$$e"; exit 1; }; \
+	  rm -rf docs/results/$$e && mkdir -p docs/results/$$e && \
+	  cp runs/$$e/report.md runs/$$e/results.json docs/results/$$e/ && \
+	  { cp runs/$$e/*.png docs/results/$$e/ 2>/dev/null || true; }; \
+	done
+	@echo "Committed results: docs/results/<name>/report.md"
+
 benchmark: install
 	$(BIN)/python -m experiments.benchmark
 	$(BIN)/python -m experiments.cost_scaling
@@ -37,6 +58,14 @@ benchmark: install
 # One config on one device and on a 2x4 simulated mesh: about 2 minutes.
 mesh_check: install
 	$(BIN)/python -m experiments.mesh_check --workdir=runs/mesh_check
+
+# Mutation testing of the core modules with cosmic-ray, in a scratch copy
+# (build/mutation); not part of `make test`. About half an hour on 2 cores;
+# one module: make mutation MUTATION_ARGS=--only=masks. docs/testing.md.
+MUTATION_ARGS ?=
+mutation: install
+	$(BIN)/python -m pip install -q -e '.[mutation]'
+	$(BIN)/python tests/mutation/mutate.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

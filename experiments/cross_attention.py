@@ -25,6 +25,7 @@ from mha_jax import held_out
 from mha_jax import interventions
 from mha_jax import plots
 from mha_jax import runs as runs_lib
+from mha_jax import stats
 from mha_jax import tasks
 from mha_jax import train
 
@@ -106,13 +107,36 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
                     title=f"Cross-attention heads, seed {e.seeds[0]}",
                     path=str(workdir / "cross_heads.png"))
   return common.write_outputs(
-      workdir, {"runs": runs}, _report(config, runs),
+      workdir, {"summary": summary(runs), "runs": runs},
+      _report(config, runs),
       drop=("cross_example", "source_example", "decoder_example"))
+
+
+def summary(runs) -> dict:
+  """The report's headline numbers over seeds (`stats.summary` records)."""
+  def best_head(r):
+    return int(np.argmax(r["alignment_accuracy"]))
+  per_seed = {
+      "token_accuracy": [r["accuracy"] for r in runs],
+      "last_layer_alignment": [r["alignment_accuracy"][-1].mean()
+                               for r in runs],
+      "first_layer_alignment": [r["alignment_accuracy"][0].mean()
+                                for r in runs],
+      "best_head_alignment": [r["alignment_accuracy"].max() for r in runs],
+      "best_head_within_1": [r["alignment_mass_within_1"].ravel()[
+          best_head(r)] for r in runs],
+      "uniform_alignment": [r["floors"]["uniform"]["accuracy"]
+                            for r in runs],
+      "uniform_within_1": [r["floors"]["uniform"]["mass_within_1"]
+                           for r in runs],
+      "init_best_head_alignment": [r["floors"]["init"]["accuracy"].max()
+                                   for r in runs],
+  }
+  return {k: stats.summary(v) for k, v in per_seed.items()}
 
 
 def _report(config, runs):
   e = config.experiment
-  best = [r["alignment_accuracy"].max() for r in runs]
   n_good = [int((r["alignment_accuracy"] > 0.9).sum()) for r in runs]
   rows = [[r["seed"], f"{r['loss']:.3f}", f"{r['accuracy']:.3f}",
            " / ".join(f"{a:.2f}" for a in r["alignment_accuracy"][-1]),
@@ -143,19 +167,13 @@ def _report(config, runs):
   top_match = sum(int(np.argmax(r["alignment_accuracy"]) ==
                       np.argmax(r["importance"]["zero_ablation"]))
                   for r in runs)
-  acc = common.mean_std([r["accuracy"] for r in runs])
-  last = common.mean_std([r["alignment_accuracy"][-1].mean() for r in runs])
-  first = common.mean_std([r["alignment_accuracy"][0].mean() for r in runs])
-  best_ms = common.mean_std(best)
-  near_ms = common.mean_std([
-      r["alignment_mass_within_1"].ravel()[np.argmax(r["alignment_accuracy"])]
-      for r in runs])
-  uni_acc = common.mean_std([r["floors"]["uniform"]["accuracy"]
-                             for r in runs])
-  uni_near = common.mean_std([r["floors"]["uniform"]["mass_within_1"]
-                              for r in runs])
-  init_best = common.mean_std([r["floors"]["init"]["accuracy"].max()
-                               for r in runs])
+  sm = summary(runs)
+  ms = lambda k: (sm[k]["mean"], sm[k]["std"])
+  acc, last, first = ms("token_accuracy"), ms("last_layer_alignment"), ms(
+      "first_layer_alignment")
+  best_ms, near_ms = ms("best_head_alignment"), ms("best_head_within_1")
+  uni_acc, uni_near = ms("uniform_alignment"), ms("uniform_within_1")
+  init_best = ms("init_best_head_alignment")
   lines = [
       "# Experiment 4: cross-attention alignment on sequence reversal",
       "",

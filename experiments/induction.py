@@ -69,6 +69,15 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
       summary[f"L{ctrl}"]["final_loss"]["values"],
       summary[f"L{deep}"]["final_loss"]["values"])
   summary["chance_loss"] = float(np.log(config.task.vocab_size - 3))
+  # Do heads differ more after training than at initialisation? Paired by
+  # seed: the t interval of the per-seed differences.
+  for d in depths:
+    x = summary[f"L{d}"]
+    for pair in ("within_layer", "across_layer"):
+      if f"js_{pair}" in x:
+        diff = np.subtract(x[f"js_{pair}"]["values"],
+                           x[f"js_{pair}_init"]["values"])
+        x[f"js_{pair}_minus_init"] = stats.summary(diff)
   rank_corr = {k: [interventions.rank_correlation(
       runs[f"L{deep}_seed{s}"]["importance"]["zero_ablation"],
       runs[f"L{deep}_seed{s}"]["importance"][k]) for s in e.seeds]
@@ -171,6 +180,24 @@ def _ms(x, digits=3):
 def _with_ci(x, digits=3):
   """`mean ± std [95% t interval]` of a `stats.summary` record."""
   return f"{_ms(x, digits)} {stats.fmt_interval(x['ci95'], digits)}"
+
+
+def _js_sentence(x, pair, where):
+  """One sentence on whether training made heads differ (paired by seed)."""
+  d = x[f"js_{pair}_minus_init"]
+  ci = d["ci95"]
+  text = (f"{where}, the mean Jensen-Shannon distance between heads is "
+          f"{_ms(x[f'js_{pair}'], 2)} after training and "
+          f"{_ms(x[f'js_{pair}_init'], 2)} at initialisation (difference "
+          f"{d['mean']:+.2f}, paired 95% interval "
+          f"{stats.fmt_interval(ci, 2)})")
+  if ci is None:
+    return text + "."
+  if ci[0] > 0:
+    return text + ": training made them more different."
+  if ci[1] < 0:
+    return text + ": training made them MORE alike."
+  return text + ": no more different than before training."
 
 
 def _head_table(r, names):
@@ -363,13 +390,11 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
          else
          ": the control ALSO clears the induction floors here, which "
          "contradicts the expectation; see the per-run table."),
-      "* Heads differ: within a layer, the mean Jensen-Shannon distance "
-      f"between heads is {f2(sd['js_within_layer'])} after training and "
-      f"{f2(sd['js_within_layer_init'])} at initialisation"
-      + (f"; across layers {f2(sd['js_across_layer'])} (at init "
-         f"{f2(sd['js_across_layer_init'])})" if "js_across_layer" in sd
-         else "")
-      + ". The per-head table shows which head does what.",
+      "* Do heads differ? " + " ".join(
+          _js_sentence(sd, pair, where) for pair, where in (
+              ("within_layer", "Within a layer"),
+              ("across_layer", "Across layers")) if f"js_{pair}" in sd)
+      + " The per-head table shows which head does what.",
       "* Ablation: in layer 1 the head whose removal costs the most loss is "
       "the best previous-token head in "
       f"{summary['top_ablation_is_prev_head_L1']} of {len(seeds)} seeds; "

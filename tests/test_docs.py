@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import pathlib
 import re
 import shlex
@@ -25,6 +26,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+# Committed experiment outputs (`make results`): report.md beside
+# results.json and the figures, one folder per experiment.
+RESULTS = ROOT / "docs" / "results"
 MARK = "<!-- runnable -->"
 # Flags every absl program accepts.
 ABSL_FLAGS = {"help", "helpfull", "helpshort", "logtostderr",
@@ -245,7 +249,7 @@ def _anchors(page: pathlib.Path) -> set[str]:
 
 def test_relative_links_resolve():
   broken = []
-  for page in PAGES:
+  for page in PAGES + sorted(RESULTS.glob("*/report.md")):
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
       if re.match(r"[a-z]+:", target):
@@ -275,3 +279,54 @@ def test_front_page_table_names_every_library_module():
   named |= set(re.findall(r"`mha_jax/(\w+)\.py`", text))
   modules = {p.stem for p in (ROOT / "mha_jax").glob("*.py")} - {"__init__"}
   assert modules <= named, sorted(modules - named)
+
+
+def _numbers(tree):
+  """Every int and float in a JSON tree."""
+  if isinstance(tree, dict):
+    for v in tree.values():
+      yield from _numbers(v)
+  elif isinstance(tree, list):
+    for v in tree:
+      yield from _numbers(v)
+  elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+    yield tree
+
+
+def _quoted_results():
+  """`(name, number text)` for each decimal a README table row quotes
+  from the committed results it links to (docs/results/<name>/...)."""
+  for line in (ROOT / "README.md").read_text().splitlines():
+    names = set(re.findall(r"\(docs/results/(\w+)/", line))
+    if not line.startswith("|") or len(names) != 1:
+      continue
+    (name,) = names
+    text = re.sub(r"\([^)]*\)", "", line)  # not the link targets
+    for number in re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", text):
+      yield name, number
+
+
+def test_readme_numbers_come_from_the_committed_results():
+  """A headline cannot drift from the data: every decimal in a README row
+  that links docs/results/<name>/ is, to its printed digits, a number in
+  that experiment's committed results.json."""
+  quoted = list(_quoted_results())
+  assert quoted, "the README quotes no committed result"
+  missing = []
+  for name, text in quoted:
+    data = json.loads((RESULTS / name / "results.json").read_text())
+    digits = len(text.split(".")[1])
+    if not any(f"{abs(v):.{digits}f}" == text for v in _numbers(data)):
+      missing.append(f"{name}: {text}")
+  assert not missing, missing
+
+
+def test_committed_results_are_complete():
+  folders = sorted(p for p in RESULTS.iterdir() if p.is_dir())
+  assert folders, "docs/results/ holds no experiment (run `make results`)"
+  for folder in folders:
+    assert (folder / "report.md").exists() and (
+        folder / "results.json").exists(), folder.name
+    report = (folder / "report.md").read_text()
+    for figure in re.findall(r"\]\(([\w.-]+\.png)\)", report):
+      assert (folder / figure).exists(), f"{folder.name}: {figure}"
