@@ -47,7 +47,7 @@ publish:
 	  test -f runs/$$e/results.json || { echo "no run in runs/$$e"; exit 1; }; \
 	  rm -rf docs/results/$$e && mkdir -p docs/results/$$e && \
 	  cp runs/$$e/report.md runs/$$e/results.json docs/results/$$e/ && \
-	  { cp runs/$$e/*.png docs/results/$$e/ 2>/dev/null || true; }; \
+	  { cp runs/$$e/*.png runs/$$e/*.html docs/results/$$e/ 2>/dev/null || true; }; \
 	done
 	@echo "Committed results: docs/results/<name>/report.md"
 

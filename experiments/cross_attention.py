@@ -21,6 +21,7 @@ import numpy as np
 
 from experiments import common
 from mha_jax import analysis
+from mha_jax import explorer
 from mha_jax import held_out
 from mha_jax import interventions
 from mha_jax import plots
@@ -72,6 +73,10 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
     init = train.create_train_state(r.config).model()
     cross = held_out.weights_of(model, batch)["cross"]  # [L, B, H, T, S]
     align = _alignment(cross, target, valid)
+    if r.seed == e.seeds[0]:
+      explorer.write_explorer(
+          model, batch, workdir / "explorer.html", loss=r.state.loss,
+          init_model=init, title=f"Cross-attention on reversal, seed {r.seed}")
     runs.append({
         "seed": r.seed, **held_out.eval_loss(model, batch, r.state.loss),
         **{f"alignment_{k}": v for k, v in align.items()},
@@ -213,6 +218,9 @@ def _report(config, runs):
                        "token", "weight within ±1", "zero abl. Δloss",
                        "mean abl. Δloss", "resample abl. Δloss",
                        "-grad (Taylor)"], head_rows),
+      "",
+      f"Every head of seed {e.seeds[0]}'s model, self- and cross-attention, "
+      "in a browser: [explorer.html](explorer.html).",
       "",
       "![cross_attention.png](cross_attention.png)",
       "![cross_heads.png](cross_heads.png)",

@@ -20,6 +20,7 @@ import numpy as np
 
 from experiments import common
 from mha_jax import curves as curves_lib
+from mha_jax import explorer
 from mha_jax import head_survey
 from mha_jax import held_out
 from mha_jax import interventions
@@ -60,6 +61,14 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
           init_model=train.create_train_state(r.config).model())
       runs[name]["phase_change"] = curves_lib.phase_change(steps, losses)
       runs[name]["curve"] = {"steps": steps, "loss": losses}
+      if depth == depths[0] and r.seed == e.seeds[0]:
+        # Every head of one trained model, explorable in a browser, on the
+        # batch the tables use.
+        explorer.write_explorer(
+            r.state.model(), batch, workdir / "explorer.html",
+            loss=r.state.loss, init_model=train.create_train_state(
+                r.config).model(),
+            title=f"Induction heads: {depth}-layer model, seed {r.seed}")
 
   deep, ctrl = depths
   summary = {f"L{d}": _depth_summary([runs[f"L{d}_seed{s}"] for s in e.seeds])
@@ -355,6 +364,11 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
                   for k in RANK_AGAINST_ZERO) + ".",
       "",
       "## Figures",
+      "",
+      f"Every head of the {deep}-layer model (seed {seeds[0]}) in a "
+      "browser, on the same held-out batch: [explorer.html](explorer.html) "
+      "(one self-contained page; `python -m experiments.explore` makes one "
+      "for any run).",
       "",
   ] + [f"![{f}]({f})" for f in figures] + [
       "",

@@ -138,6 +138,9 @@ def test_induction(tmp_path):
   assert _row(heads, "uniform causal")[2] == (
       f"{run['floors']['uniform']['induction']:.2f}")
   assert "weights_example" not in run  # per-example arrays stay out
+  # The report links a browser page of the first 2-layer model.
+  assert "[explorer.html](explorer.html)" in report
+  assert "<html" in (tmp_path / "explorer.html").read_text()[:200].lower()
 
 
 def _check_nmse_table(report, sweep, target_variance):
@@ -202,6 +205,7 @@ def test_cross_attention(tmp_path):
   uni = run["floors"]["uniform"]
   assert _row(heads, "uniform over the source")[1] == (
       f"{uni['accuracy']:.2f}")
+  assert (tmp_path / "explorer.html").exists()
 
 
 def test_pruning(tmp_path):
@@ -367,7 +371,8 @@ def test_every_entry_point_has_an_end_to_end_test():
   the worked example, in test_toy_example.py)."""
   tested = {"induction", "two_offsets", "head_dim", "cross_attention",
             "pruning", "train", "generate", "kv_behaviour", "kv_cache",
-            "cost_scaling", "benchmark", "mesh_check", "toy_example"}
+            "cost_scaling", "benchmark", "mesh_check", "toy_example",
+            "explore"}  # explore: tests/test_explore.py
   helpers = {"__init__", "common", "kv_cache_report",
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
   found = {p.stem for p in (ROOT / "experiments").glob("*.py")} - helpers

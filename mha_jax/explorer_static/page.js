@@ -1,0 +1,365 @@
+// The attention explorer: linked views of one model's heads, in plain JS.
+//
+// Reads the JSON in <script id="data"> (written by mha_jax/explorer.py):
+// per kind of attention, the token labels of both sides, the weights
+// [L, H, Tq, Tk] as base64 little-endian float32, and the score table.
+// State is one selection (kind, layer, head, query); every view redraws
+// from it, so the grid, the heatmap, the text view and the table agree.
+"use strict";
+(function () {
+  const DATA = JSON.parse(document.getElementById("data").textContent);
+  const state = {kind: 0, layer: 0, head: 0, query: 0, sort: null};
+  const $ = (id) => document.getElementById(id);
+
+  function el(tag, attrs, children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "text") e.textContent = v;
+      else if (k === "cls") e.className = v;
+      else e.setAttribute(k, v);
+    }
+    for (const c of children || []) e.appendChild(c);
+    return e;
+  }
+
+  // Exact float32 weights, decoded once per kind.
+  for (const k of DATA.kinds) {
+    const bin = atob(k.weights);
+    const bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    k.w = new Float32Array(bytes.buffer);
+  }
+  const kind = () => DATA.kinds[state.kind];
+  const weight = (k, l, h, q, j) =>
+    k.w[((l * k.num_heads + h) * k.tq + q) * k.tk + j];
+  const fmt = (x, digits) => (x === null || x === undefined ||
+                              Number.isNaN(x)) ? "\u2013" : x.toFixed(digits);
+  const headName = (l, h) => `L${l + 1} H${h + 1}`;
+
+  // A fixed scale 0..1 for every head, so thumbnails compare at a glance.
+  const STOPS = [[247, 251, 255], [198, 219, 239], [107, 174, 214],
+                 [33, 113, 181], [8, 48, 107]];
+  function color(w) {
+    const x = Math.min(Math.max(w, 0), 1) * (STOPS.length - 1);
+    const i = Math.min(Math.floor(x), STOPS.length - 2);
+    const f = x - i;
+    return STOPS[i].map((a, c) => Math.round(a + f * (STOPS[i + 1][c] - a)));
+  }
+  // One hue per head in the text view (Tableau 10).
+  const HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+                "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+
+  function drawPattern(canvas, k, l, h) {
+    canvas.width = k.tk;
+    canvas.height = k.tq;
+    const ctx = canvas.getContext("2d");
+    const img = ctx.createImageData(k.tk, k.tq);
+    for (let q = 0; q < k.tq; q++) {
+      for (let j = 0; j < k.tk; j++) {
+        const [r, g, b] = color(weight(k, l, h, q, j));
+        const p = 4 * (q * k.tk + j);
+        img.data[p] = r; img.data[p + 1] = g; img.data[p + 2] = b;
+        img.data[p + 3] = 255;
+      }
+    }
+    ctx.putImageData(img, 0, 0);
+  }
+
+  // ------------------------------------------------------------ header
+  function buildHeader() {
+    for (const [name, value] of DATA.info) {
+      $("info").appendChild(el("div", {}, [el("dt", {text: name}),
+                                           el("dd", {text: value})]));
+    }
+    if (DATA.kinds.length < 2) return;
+    DATA.kinds.forEach((k, i) => {
+      const b = el("button", {text: k.title, "data-kind": i});
+      b.addEventListener("click", () => selectKind(i));
+      $("kinds").appendChild(b);
+    });
+  }
+
+  // -------------------------------------------------------------- grid
+  function buildGrid() {
+    const k = kind();
+    const grid = $("grid");
+    grid.replaceChildren();
+    for (let l = 0; l < k.num_layers; l++) {
+      const row = el("div", {cls: "grid-row"},
+                     [el("span", {cls: "layer-label", text: `L${l + 1}`})]);
+      for (let h = 0; h < k.num_heads; h++) {
+        const canvas = el("canvas");
+        drawPattern(canvas, k, l, h);
+        const b = el("button", {cls: "thumb", "data-layer": l, "data-head": h,
+                                title: headName(l, h)},
+                     [canvas, el("span", {text: `H${h + 1}`})]);
+        b.addEventListener("click", () => selectHead(l, h));
+        row.appendChild(b);
+      }
+      grid.appendChild(row);
+    }
+  }
+
+  // ----------------------------------------------------------- heatmap
+  function cellSize(k) {
+    return Math.max(8, Math.min(22, Math.floor(460 / Math.max(k.tq, k.tk))));
+  }
+
+  function buildHeatmapLabels() {
+    const k = kind();
+    const cell = cellSize(k);
+    const font = `${Math.max(7, Math.min(12, cell - 3))}px`;
+    const make = (labels, box, sizeProp) => {
+      box.replaceChildren();
+      labels.forEach((text, i) => {
+        const d = el("div", {text, title: `${i}: ${text}`, "data-index": i});
+        d.style[sizeProp] = `${cell}px`;
+        d.style.lineHeight = `${cell}px`;
+        d.style.fontSize = font;
+        box.appendChild(d);
+      });
+    };
+    make(k.key_labels, $("key-labels"), "width");
+    make(k.query_labels, $("query-labels"), "height");
+    const canvas = $("heatmap");
+    canvas.style.width = `${k.tk * cell}px`;
+    canvas.style.height = `${k.tq * cell}px`;
+  }
+
+  function drawHeatmap() {
+    const k = kind();
+    drawPattern($("heatmap"), k, state.layer, state.head);
+    $("heatmap").dataset.layer = state.layer;
+    $("heatmap").dataset.head = state.head;
+    $("heatmap-title").textContent =
+        `Layer ${state.layer + 1}, head ${state.head + 1}: ${k.title}`;
+    const cell = cellSize(k);
+    const marker = $("row-marker");
+    marker.hidden = false;
+    marker.style.top = `${state.query * cell}px`;
+    marker.style.height = `${cell + 2}px`;
+    marker.style.width = `${k.tk * cell + 2}px`;
+    for (const d of $("query-labels").children) {
+      d.classList.toggle("picked", Number(d.dataset.index) === state.query);
+    }
+  }
+
+  // The cell under a pointer event, from where the canvas is drawn.
+  function cellAt(event) {
+    const k = kind();
+    const r = $("heatmap").getBoundingClientRect();
+    const q = Math.floor((event.clientY - r.top) / r.height * k.tq);
+    const j = Math.floor((event.clientX - r.left) / r.width * k.tk);
+    return (q >= 0 && q < k.tq && j >= 0 && j < k.tk) ? [q, j] : null;
+  }
+
+  function showValue(q, j) {
+    const k = kind();
+    const w = weight(k, state.layer, state.head, q, j);
+    const out = $("readout");
+    out.replaceChildren(
+        document.createTextNode(
+            `query ${q} \u201c${k.query_labels[q]}\u201d \u2192 key ${j} ` +
+            `\u201c${k.key_labels[j]}\u201d: `),
+        el("span", {id: "readout-value", text: fmt(w, 3)}));
+    out.dataset.query = q;
+    out.dataset.key = j;
+    const cell = cellSize(k);
+    const m = $("cell-marker");
+    m.hidden = false;
+    Object.assign(m.style, {left: `${j * cell}px`, top: `${q * cell}px`,
+                            width: `${cell + 2}px`, height: `${cell + 2}px`});
+  }
+
+  function bindHeatmap() {
+    const canvas = $("heatmap");
+    canvas.addEventListener("mousemove", (e) => {
+      const c = cellAt(e);
+      if (c) showValue(...c);
+    });
+    canvas.addEventListener("mouseleave", () => {
+      $("cell-marker").hidden = true;
+    });
+    canvas.addEventListener("click", (e) => {
+      const c = cellAt(e);
+      if (c) selectQuery(c[0]);
+    });
+  }
+
+  // --------------------------------------------------------- text view
+  function drawHeadview() {
+    const k = kind();
+    const view = $("headview");
+    view.replaceChildren();
+    const queries = el("div", {cls: "toks", id: "query-tokens"});
+    k.query_labels.forEach((text, i) => {
+      const b = el("button", {cls: "tok", text, "data-index": i,
+                              "aria-pressed": i === state.query,
+                              title: `query ${i}`});
+      b.addEventListener("click", () => selectQuery(i));
+      queries.appendChild(b);
+    });
+    view.append(el("span", {cls: "hv-label", text: "query"}), queries);
+    const sameSide = k.query_labels === k.key_labels ||
+                     k.key_labels.length === k.query_labels.length &&
+                     k.key_labels.every((t, i) => t === k.query_labels[i]);
+    // Where the query sits among the keys (bottom-right, as the core masks).
+    const qpos = state.query + k.tk - k.tq;
+    for (let h = 0; h < k.num_heads; h++) {
+      const label = el("button", {
+          cls: "hv-label" + (h === state.head ? " current" : ""),
+          text: `H${h + 1}`, title: `show ${headName(state.layer, h)}`});
+      label.addEventListener("click", () => selectHead(state.layer, h));
+      const row = el("div", {cls: "toks hv-row" +
+                                  (h === state.head ? " current" : ""),
+                             "data-head": h});
+      let top = 0;
+      for (let j = 1; j < k.tk; j++) {
+        if (weight(k, state.layer, h, state.query, j) >
+            weight(k, state.layer, h, state.query, top)) top = j;
+      }
+      k.key_labels.forEach((text, j) => {
+        const w = weight(k, state.layer, h, state.query, j);
+        const bg = el("span", {cls: "bg"});
+        bg.style.background = HUES[h % HUES.length];
+        bg.style.opacity = w;
+        let cls = "tok key";
+        if (j === top && w > 0) cls += " top";
+        if (sameSide && j === qpos) cls += " self";
+        if (k.causal && j > qpos) cls += " future";
+        row.appendChild(el("span", {cls, "data-index": j,
+                                    "data-weight": fmt(w, 3),
+                                    title: `key ${j}: ${fmt(w, 3)}`},
+                           [bg, el("span", {text})]));
+      });
+      view.append(label, row);
+    }
+  }
+
+  // ------------------------------------------------------------- table
+  function buildTable() {
+    const k = kind();
+    const t = k.table;
+    const table = $("scores");
+    table.replaceChildren();
+    const head = el("tr", {}, [el("th", {text: "head"})]);
+    t.columns.forEach((c, i) => {
+      const b = el("button", {text: c.label, title: c.help});
+      b.addEventListener("click", () => sortBy(i));
+      const th = el("th", {"data-col": c.key, cls: c.circuit ? "circuit" : ""},
+                    [b]);
+      if (state.sort && state.sort.col === i) {
+        th.setAttribute("aria-sort",
+                        state.sort.dir > 0 ? "ascending" : "descending");
+      }
+      head.appendChild(th);
+    });
+    table.appendChild(el("thead", {}, [head]));
+    const rows = t.rows.slice();
+    if (state.sort) {
+      const {col, dir} = state.sort;
+      rows.sort((a, b) => dir * (a.values[col] - b.values[col]));
+    }
+    const body = el("tbody");
+    for (const r of rows) {
+      const tr = el("tr", {"data-layer": r.layer, "data-head": r.head},
+                    [el("td", {text: headName(r.layer, r.head)})]);
+      r.values.forEach((v, i) => tr.appendChild(
+          el("td", {text: fmt(v, t.columns[i].digits)})));
+      tr.addEventListener("click", () => selectHead(r.layer, r.head));
+      body.appendChild(tr);
+    }
+    table.appendChild(body);
+    const foot = el("tfoot");
+    for (const f of t.floors) {
+      const tr = el("tr", {}, [el("td", {text: f.name})]);
+      f.values.forEach((v, i) => tr.appendChild(
+          el("td", {text: fmt(v, t.columns[i].digits)})));
+      foot.appendChild(tr);
+    }
+    table.appendChild(foot);
+    markTableRow();
+    const circuit = t.columns.find((c) => c.circuit);
+    $("circuit-note").hidden = !circuit;
+    if (circuit) {
+      $("circuit-note").textContent = "Shaded columns: each head's " +
+          "patching effect (share of the clean-minus-corrupted metric) " +
+          circuit.help + ".";
+    }
+  }
+
+  function markTableRow() {
+    for (const tr of $("scores").querySelectorAll("tbody tr")) {
+      tr.classList.toggle("current",
+                          Number(tr.dataset.layer) === state.layer &&
+                          Number(tr.dataset.head) === state.head);
+    }
+  }
+
+  function sortBy(col) {
+    // First click: largest first; clicking again flips the order.
+    const dir = state.sort && state.sort.col === col ? -state.sort.dir : -1;
+    state.sort = {col, dir};
+    buildTable();
+  }
+
+  // --------------------------------------------------------- selection
+  function markGrid() {
+    for (const b of document.querySelectorAll(".thumb")) {
+      b.setAttribute("aria-pressed",
+                     Number(b.dataset.layer) === state.layer &&
+                     Number(b.dataset.head) === state.head);
+    }
+  }
+
+  function selectHead(l, h) {
+    state.layer = l;
+    state.head = h;
+    markGrid();
+    drawHeatmap();
+    drawHeadview();
+    markTableRow();
+  }
+
+  function selectQuery(q) {
+    state.query = q;
+    drawHeatmap();
+    drawHeadview();
+  }
+
+  function selectKind(i) {
+    state.kind = i;
+    const k = kind();
+    state.layer = Math.min(state.layer, k.num_layers - 1);
+    state.head = Math.min(state.head, k.num_heads - 1);
+    state.query = k.tq - 1;
+    state.sort = null;
+    for (const b of $("kinds").children) {
+      b.setAttribute("aria-pressed", Number(b.dataset.kind) === i);
+    }
+    for (const r of document.querySelectorAll(".raw")) {
+      r.hidden = Number(r.dataset.kind) !== i;
+    }
+    buildGrid();
+    buildHeatmapLabels();
+    buildTable();
+    $("cell-marker").hidden = true;
+    selectHead(state.layer, state.head);
+  }
+
+  function drawColorbar() {
+    const ctx = $("colorbar-canvas").getContext("2d");
+    const img = ctx.createImageData(256, 1);
+    for (let x = 0; x < 256; x++) {
+      const [r, g, b] = color(x / 255);
+      img.data.set([r, g, b, 255], 4 * x);
+    }
+    ctx.putImageData(img, 0, 0);
+  }
+
+  buildHeader();
+  drawColorbar();
+  bindHeatmap();
+  selectKind(0);
+  document.body.dataset.ready = "true";
+})();
