@@ -22,8 +22,8 @@ run: install
 	$(BIN)/python -m experiments.induction --workdir=runs/induction
 	@echo "Report: runs/induction/report.md (figures beside it)"
 
-# All five head experiments, each writing runs/<name>/report.md.
-EXPERIMENTS := induction two_offsets head_dim cross_attention pruning
+# All six head experiments, each writing runs/<name>/report.md.
+EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits
 experiments: install
 	for e in $(EXPERIMENTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \

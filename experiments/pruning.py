@@ -15,11 +15,13 @@ from ml_collections import config_flags
 import numpy as np
 
 from experiments import common
+from mha_jax import explorer
 from mha_jax import held_out
 from mha_jax import interventions
 from mha_jax import plots
 from mha_jax import runs
 from mha_jax import stats
+from mha_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/pruning.py", "The experiment's config file; override "
@@ -50,6 +52,11 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
         config, e.analysis_examples, seed=held_out.ANALYSIS_SEED + k + seed)
                               for k in (1000, 2000))
     model = state.model()
+    if seed == e.seeds[0]:  # the heads being pruned, in a browser
+      explorer.write_explorer(
+          model, test_batch, workdir / "explorer.html", loss=state.loss,
+          init_model=train.create_train_state(r.config).model(),
+          title=f"Pruning: the 2-layer induction model, seed {seed}")
     imp = interventions.head_importance(model, rank_batch, state.loss)
     for k in RANKINGS:
       order = np.argsort(imp[k].ravel())  # least loss increase first
@@ -140,6 +147,9 @@ def _report(config, spread, kept, vs_random):
       common.md_table(header, rows),
       "",
       "![prune_curve.png](prune_curve.png)",
+      "",
+      f"Every head of seed {e.seeds[0]}'s model in a browser, with its "
+      "ablation effect on the test batch: [explorer.html](explorer.html).",
       "",
       "Fewest heads kept with the mean loss within 0.1 nats of the full "
       f"model ({full:.3f}): "

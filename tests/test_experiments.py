@@ -372,8 +372,39 @@ def test_every_entry_point_has_an_end_to_end_test():
   tested = {"induction", "two_offsets", "head_dim", "cross_attention",
             "pruning", "train", "generate", "kv_behaviour", "kv_cache",
             "cost_scaling", "benchmark", "mesh_check", "toy_example",
-            "explore"}  # explore: tests/test_explore.py
+            "explore", "circuits"}  # explore: tests/test_explore.py
   helpers = {"__init__", "common", "kv_cache_report",
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
   found = {p.stem for p in (ROOT / "experiments").glob("*.py")} - helpers
   assert found == tested
+
+def test_circuits(tmp_path):
+  config = _config("circuits")
+  results = _entry_point("circuits").run(config, tmp_path)
+  report, saved = _outputs(tmp_path, [
+      "composition.png", "path_patching.png", "head_patching.png",
+      "position_patching.png", "copying_dla.png", "dynamics.png"])
+  assert saved == results
+  summary = _table(report, "| key | mean ± std |")
+  assert [r[0] for r in summary] == list(results["summary"])
+  for key, (mean, std) in results["summary"].items():
+    digits = 0 if key.endswith("_step") else 3
+    assert _row(summary, key)[1] == common.fmt(mean, std, digits=digits)
+    assert _row(summary, key)[3] == ", ".join(
+        f"{v:.{digits}f}" for v in results["per_seed"][key])
+  run = results["runs"]["seed0"]
+  noise = run["heads"]["noise"]["path"]
+  paths = _table(report, "| seed, head | prev-token |")
+  assert len(paths) == len(config.experiment.seeds) * config.model.num_heads
+  assert _row(paths, "0 L1H2")[3:6] == [f"{noise[f'{k}_all'][1]:.2f}"
+                                       for k in "qkv"]
+  comp = _table(report, "| seed, head | prev / current score |")
+  assert _row(comp, "random")[2:5] == [
+      common.fmt(*results["baselines"]["composition"][k]) for k in "qkv"]
+  assert _row(comp, "0 L1H1")[3] == (
+      f"{np.mean(run['composition']['k'][0]):.3f}")
+  # The dynamics: step 0 and every evaluation, read from the checkpoints.
+  assert run["dynamics"]["steps"] == [0, 3, 6]
+  np.testing.assert_allclose(run["dynamics"]["loss"][-1],
+                             -run["heads"]["noise"]["reference"][0],
+                             rtol=1e-5)  # the same batch, the same model

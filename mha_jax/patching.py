@@ -1,0 +1,357 @@
+"""Activation, path and attribution patching over the hook sites.
+
+Shape letters: B batch, T length, L layers, H heads (K key/value heads),
+D d_model, V vocabulary.
+
+Each function runs a model on two inputs of the same shape, `clean` and
+`corrupted`, and scores a patch by a `metric`: a function `logits [B, T,
+V] -> scalar` (see `logprob_metric`). With m_c and m_x the metric of the
+clean and the corrupted run, a patch's score is normalised so that 1 is
+the whole clean-minus-corrupted difference:
+
+  denoising (default): clean activations are patched into the corrupted
+    run; score = (m - m_x) / (m_c - m_x): the share of the clean
+    behaviour the patched activations restore on their own (sufficiency).
+  noising (`noising=True`): corrupted activations are patched into the
+    clean run; score = (m_c - m) / (m_c - m_x): the share of the clean
+    behaviour lost without them (necessity).
+
+The two differ where a behaviour needs several inputs at once (an AND):
+an induction head needs both the key that says "the token before me was
+X" and the value of the token after it, so restoring one alone can
+restore nothing while removing it removes much (Heimersheim and Nanda
+2024, "How to use and interpret activation patching").
+
+`reference=(m_c, m_x)` replaces the two normalising runs (to score runs
+against another pair's difference). Nothing here is jitted: callers jit
+at the outside, with the metric's arrays as arguments. The many patches
+of a call run as one `jax.lax.map` over traced selectors (which site,
+head, position), so a program holds one patched forward pass, however
+many patches it scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+Metric = Callable[[jax.Array], jax.Array]
+
+# Per site kind (the last part of its name): (head axis, query position
+# axis), as in mha_jax.hooks. Block sites ([B, T, D]) have no head axis.
+_SITE_AXES = {"q": (2, 1), "k": (2, 1), "v": (2, 1), "z": (2, 1),
+              "result": (2, 1), "scores": (1, 2), "pattern": (1, 2)}
+
+
+def site_axes(site: str) -> tuple[int | None, int]:
+  """`(head axis or None, position axis)` of the activation at `site`."""
+  return _SITE_AXES.get(site.rsplit(".", 1)[-1], (None, 1))
+
+
+def logprob_metric(targets: jax.Array, mask: jax.Array) -> Metric:
+  """Mean log-probability of `targets [B, T]` where `mask [B, T]` is 1:
+  minus the task's loss (higher is better)."""
+  def metric(logits):
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    hit = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(hit * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  return metric
+
+
+def logit_metric(targets: jax.Array, mask: jax.Array) -> Metric:
+  """Mean logit of `targets` where `mask` is 1 (linear in the logits)."""
+  def metric(logits):
+    hit = jnp.take_along_axis(logits.astype(jnp.float32), targets[..., None],
+                              axis=-1)[..., 0]
+    return jnp.sum(hit * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  return metric
+
+
+def reference_metrics(model, clean, corrupted, metric):
+  """`(m_c, m_x)`: the metric of the clean and of the corrupted run."""
+  return metric(model(clean)), metric(model(corrupted))
+
+
+def _score(m, reference, noising):
+  m_clean, m_corrupt = reference
+  diff = m_clean - m_corrupt
+  return jnp.where(noising, m_clean - m, m - m_corrupt) / diff
+
+
+def _swap(clean, corrupted, noising):
+  """`(source, target)` inputs: noising patches corrupted into clean.
+  `noising` may be traced, so one compiled program serves both ways."""
+  return (jnp.where(noising, corrupted, clean),
+          jnp.where(noising, clean, corrupted))
+
+
+def _runs(model, clean, corrupted, metric, noising, reference):
+  """(source inputs, target inputs, reference): noising swaps the runs."""
+  if reference is None:
+    reference = reference_metrics(model, clean, corrupted, metric)
+  return (*_swap(clean, corrupted, noising), reference)
+
+
+def _one_hot(index, axis, shape):
+  """Bool, True at `index` (traced) along `axis`, broadcastable to shape."""
+  hot = jnp.arange(shape[axis]) == index
+  return hot.reshape([shape[axis] if a == axis else 1
+                      for a in range(len(shape))])
+
+
+def _replace_at(value, sel):
+  return lambda x: jnp.where(sel, value, x)
+
+
+def _patch_grid(values, sites, per_position):
+  """Every patch of `activation_patching` as flat index arrays.
+
+  Returns `(site, head, pos)` int arrays (one entry per patch; -1 where a
+  site has no head axis or positions are not split) and, per site, its
+  slice of them and the shape of its scores.
+  """
+  rows, layout = [], {}
+  for i, site in enumerate(sites):
+    head_axis, pos_axis = site_axes(site)
+    heads = [-1] if head_axis is None else range(values[site].shape[head_axis])
+    poss = range(values[site].shape[pos_axis]) if per_position else [-1]
+    start = len(rows)
+    rows += [(i, h, t) for h in heads for t in poss]
+    layout[site] = (slice(start, len(rows)),
+                    ((len(heads),) if head_axis is not None else ())
+                    + ((len(poss),) if per_position else ()))
+  return tuple(jnp.asarray(c, jnp.int32) for c in zip(*rows)), layout
+
+
+def activation_patching(model, clean, corrupted, metric: Metric,
+                        sites: Sequence[str], *, per_position: bool = False,
+                        noising: bool = False, reference=None,
+                        batch_size: int | None = None) -> dict:
+  """Patch every head (and position) of every site in turn.
+
+  Args:
+    model: a `DecoderLM` (anything called as `model(inputs, capture=,
+      patch=)` returning logits first).
+    clean, corrupted: inputs of the same shape (`[B, T]` tokens).
+    metric: logits -> scalar.
+    sites: hook site names, e.g. `"blocks.1.attn.z"`, `"blocks.0.resid_pre"`.
+    per_position: patch one query position at a time as well.
+    noising: patch corrupted into clean (see the module docstring); a
+      bool, or a traced one (both ways then share one compiled program).
+    reference: `(m_c, m_x)`, or None to run both.
+    batch_size: patched runs evaluated together (`jax.lax.map`); None
+      runs them one after another.
+
+  Returns:
+    `{site: score}`: `[H]` for a site with heads (`[K]` for k, v with
+    fewer kv heads), a scalar for a block site; with `per_position`,
+    `[H, T]` and `[T]`. Score 1 = the whole clean-minus-corrupted metric.
+
+  All the patches run as ONE `jax.lax.map` over (site, head, position)
+  indices: every site is patched in every run, with a selector that is
+  False except at the one place patched, so the program holds a single
+  patched forward pass however many sites there are.
+  """
+  source, target, reference = _runs(model, clean, corrupted, metric,
+                                    noising, reference)
+  sites = tuple(sites)
+  _, src = model(source, capture=sites)
+  index, layout = _patch_grid(src, sites, per_position)
+
+  def one(idx):
+    i, h, t = idx
+    patch = {}
+    for j, site in enumerate(sites):
+      value = src[site]
+      head_axis, pos_axis = site_axes(site)
+      sel = jnp.asarray(i == j).reshape((1,) * value.ndim)
+      if head_axis is not None:
+        sel = sel & _one_hot(h, head_axis, value.shape)
+      if per_position:
+        sel = sel & _one_hot(t, pos_axis, value.shape)
+      patch[site] = _replace_at(value, sel)
+    return metric(model(target, patch=patch))
+
+  m = _score(jax.lax.map(one, index, batch_size=batch_size), reference,
+             noising)
+  return {site: m[part].reshape(shape) for site, (part, shape)
+          in layout.items()}
+
+
+def attribution_patching(model, clean, corrupted, metric: Metric,
+                         sites: Sequence[str], *, per_position: bool = False,
+                         noising: bool = False, reference=None) -> dict:
+  """The first-order estimate of `activation_patching`, every patch at once.
+
+  The metric's change when `site`'s value a_t in the target run becomes
+  the source's a_s, to first order: `dm/da (at the target run) . (a_s -
+  a_t)`, restricted to one head (and position) by summing the product
+  over the other axes (Nanda 2023, "Attribution patching"). One forward
+  and one backward pass for every site together; each site's gradient is
+  the total derivative through everything after it. Exact where the
+  metric is linear in the site (for example the logits in the last
+  layer's `z` without a final LayerNorm). Non-finite differences (the -inf
+  of masked `scores`) count as 0.
+
+  Returns `{site: score}` with the shapes and normalisation of
+  `activation_patching`.
+  """
+  source, target, reference = _runs(model, clean, corrupted, metric,
+                                    noising, reference)
+  sites = tuple(sites)
+  _, src = model(source, capture=sites)
+  _, tgt = model(target, capture=sites)
+
+  def m_of(eps):
+    # Adding eps = 0 changes nothing; its gradient is dm/d(activation).
+    patch = {s: (lambda e: lambda x: x + e)(eps[s]) for s in sites}
+    return metric(model(target, patch=patch))
+
+  grads = jax.grad(m_of)({s: jnp.zeros_like(tgt[s]) for s in sites})
+  m_target = jnp.where(noising, reference[0], reference[1])
+  out = {}
+  for site in sites:
+    diff = src[site] - tgt[site]
+    prod = jnp.where(jnp.isfinite(diff), grads[site] * diff, 0.0)
+    head_axis, pos_axis = site_axes(site)
+    keep = ([head_axis] if head_axis is not None else []) + (
+        [pos_axis] if per_position else [])
+    est = jnp.sum(prod, axis=tuple(a for a in range(prod.ndim)
+                                   if a not in keep))
+    if per_position and head_axis is not None and head_axis > pos_axis:
+      est = est.T  # the remaining axes are [T, H]; return [H, T]
+    out[site] = _score(m_target + est, reference, noising)
+  return out
+
+
+_INPUTS = ("q", "k", "v")
+
+
+def _path_runs(model, clean, corrupted, sender_layer, receiver_layer,
+               noising):
+  """What every sender -> receiver patch needs, from two captured runs.
+
+  Returns `(target inputs, delta [B, T, H, D], bases)`: delta is each
+  sender head's source-minus-target output (its `result`); `bases` maps
+  the last block's `resid_post` (the direct path to the logits) and, when
+  `receiver_layer` is not None, that layer's `resid_pre` to the target
+  run's values `[B, T, D]`.
+  """
+  if receiver_layer is not None and receiver_layer <= sender_layer:
+    raise ValueError(f"path patching: the receiver layer ({receiver_layer})"
+                     f" must come after the sender layer ({sender_layer})")
+  source, target = _swap(clean, corrupted, noising)
+  result = f"blocks.{sender_layer}.attn.result"
+  bases = (f"blocks.{model.config.num_layers - 1}.resid_post",)
+  if receiver_layer is not None:
+    bases += (f"blocks.{receiver_layer}.resid_pre",)
+  _, src = model(source, capture=(result,))
+  _, tgt = model(target, capture=(result,) + bases)
+  return target, src[result] - tgt[result], {b: tgt[b] for b in bases}
+
+
+def _path_metric(model, target, metric, delta, bases, receiver_layer, which,
+                 s, r):
+  """Metric of the target run where only sender head `s`'s change reaches
+  input `which` (0, 1, 2: q, k, v) of receiver head `r` (-1: every head
+  of the layer). `which`, `s` and `r` may be traced: all three inputs are
+  patched, each with a selector that is False where it does not apply."""
+  base_site = f"blocks.{receiver_layer}.resid_pre"
+  moved = bases[base_site] + jnp.take(delta, s, axis=2)  # [B, T, D]
+  sites = tuple(f"blocks.{receiver_layer}.attn.{x}" for x in _INPUTS)
+  # The receiver's inputs as they would be from the moved residual stream
+  # (its LayerNorm, projection and rotary rerun by the model itself); the
+  # rest of this run is thrown away.
+  _, acts = model(target, patch={base_site: moved}, capture=sites)
+  patch = {}
+  for i, site in enumerate(sites):
+    new = acts[site]
+    head_axis = site_axes(site)[0]
+    sel = (_one_hot(r, head_axis, new.shape) | (r < 0)) & (which == i)
+    patch[site] = _replace_at(new, sel)
+  return metric(model(target, patch=patch))
+
+
+def _direct_metric(model, target, metric, delta, bases, s):
+  """Metric of the target run where sender head `s`'s change reaches only
+  the readout (added to the last residual stream)."""
+  site = f"blocks.{model.config.num_layers - 1}.resid_post"
+  moved = bases[site] + jnp.take(delta, s, axis=2)  # [B, T, D]
+  return metric(model(target, patch={site: moved}))
+
+
+def path_patching(model, clean, corrupted, metric: Metric, *,
+                  sender: tuple[int, int], receiver: tuple,
+                  noising: bool = False, reference=None) -> jax.Array:
+  """One path: sender head -> one input of one receiver head.
+
+  `sender = (layer, head)`; `receiver = (layer, head, input)` with input
+  "q", "k" or "v" (for k and v, `head` is the kv head; -1: every head of
+  the layer at once), or `("logits",)` for the sender's direct path to
+  the readout. The sender's source output reaches only that input: the
+  receiver's input is recomputed from the target run's residual stream
+  plus the sender's change, while every other head, and the sender's
+  effect on any layer in between, stay at the target run's values;
+  everything downstream of the receiver then runs normally. Returns the
+  scalar score (denoising or noising, as in the module docstring).
+  """
+  direct = receiver[0] == "logits"
+  if not direct and (len(receiver) != 3 or receiver[2] not in _INPUTS):
+    raise ValueError(f"path_patching: `receiver` must be (layer, head, 'q' "
+                     f"| 'k' | 'v') or ('logits',), got {receiver!r}")
+  if not direct and receiver[0] <= sender[0]:
+    raise ValueError(f"path patching: the receiver layer ({receiver[0]})"
+                     f" must come after the sender layer ({sender[0]})")
+  if reference is None:
+    reference = reference_metrics(model, clean, corrupted, metric)
+  target, delta, bases = _path_runs(model, clean, corrupted, sender[0],
+                                    None if direct else receiver[0], noising)
+  if direct:
+    m = _direct_metric(model, target, metric, delta, bases, sender[1])
+  else:
+    m = _path_metric(model, target, metric, delta, bases, receiver[0],
+                     _INPUTS.index(receiver[2]), sender[1], receiver[1])
+  return _score(m, reference, noising)
+
+
+def path_patching_grid(model, clean, corrupted, metric: Metric, *,
+                       sender_layer: int, receiver_layer: int,
+                       noising: bool = False, reference=None,
+                       batch_size: int | None = None) -> dict:
+  """`path_patching` from every head of one layer into every head and
+  input of a later layer, plus each sender's direct path to the logits.
+
+  Returns `{"q": [Hs, Hr], "k": [Hs, K], "v": [Hs, K], "logits": [Hs]}`
+  (rows: sender heads; columns: receiver heads, kv heads for k and v) and
+  `{"q_all", "k_all", "v_all"}`, each `[Hs]`: the sender's change reaching
+  that input of EVERY receiver head at once (where receivers back each
+  other up, one at a time understates the path). One `jax.lax.map` runs
+  all the q, k, v paths, another the direct ones.
+  """
+  if reference is None:
+    reference = reference_metrics(model, clean, corrupted, metric)
+  target, delta, bases = _path_runs(model, clean, corrupted, sender_layer,
+                                    receiver_layer, noising)
+  n_s = delta.shape[2]
+  n_q = model.config.num_heads
+  n_kv = model.config.num_kv_heads or n_q
+  # Every (input, sender, receiver or -1 for all) triple, as flat indices.
+  triples = [(i, s, r) for i, n in enumerate((n_q, n_kv, n_kv))
+             for s in range(n_s) for r in list(range(n)) + [-1]]
+  which, s, r = (jnp.asarray(x) for x in zip(*triples))
+  m = jax.lax.map(lambda a: _path_metric(model, target, metric, delta, bases,
+                                         receiver_layer, *a),
+                  (which, s, r), batch_size=batch_size)
+  score = _score(m, reference, noising)
+  out, start = {}, 0
+  for name, n in zip(_INPUTS, (n_q, n_kv, n_kv)):
+    block = score[start:start + n_s * (n + 1)].reshape(n_s, n + 1)
+    out[name], out[f"{name}_all"] = block[:, :n], block[:, n]
+    start += n_s * (n + 1)
+  m = jax.lax.map(lambda s: _direct_metric(model, target, metric, delta,
+                                           bases, s),
+                  jnp.arange(n_s), batch_size=batch_size)
+  out["logits"] = _score(m, reference, noising)
+  return out
