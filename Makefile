@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test run experiments results publish benchmark mesh_check mutation clean
+.PHONY: install test run experiments results publish benchmark mesh_check mutation gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,13 +55,21 @@ benchmark: install
 	$(BIN)/python -m experiments.benchmark
 	$(BIN)/python -m experiments.cost_scaling
 
+# On a machine with a CUDA GPU: the test suite and the attend benchmark
+# there, written with the date to docs/gpu.md (scripts/gpu_check.sh).
+# Installs nothing (the venv needs a JAX with CUDA); refuses where
+# jax.default_backend() is cpu (GPU_CHECK_FORCE=1: a smoke run into runs/).
+gpu-check:
+	PY=$(BIN)/python scripts/gpu_check.sh
+
 # One config on one device and on a 2x4 simulated mesh: about 2 minutes.
 mesh_check: install
 	$(BIN)/python -m experiments.mesh_check --workdir=runs/mesh_check
 
 # Mutation testing of the core modules with cosmic-ray, in a scratch copy
-# (build/mutation); not part of `make test`. About half an hour on 2 cores;
-# one module: make mutation MUTATION_ARGS=--only=masks. docs/testing.md.
+# (build/mutation); not part of `make test`. About 40 minutes on 2 idle
+# cores; one module: make mutation MUTATION_ARGS=--only=masks. See
+# docs/testing.md.
 MUTATION_ARGS ?=
 mutation: install
 	$(BIN)/python -m pip install -q -e '.[mutation]'

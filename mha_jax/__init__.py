@@ -9,6 +9,7 @@ from mha_jax import hooks
 from mha_jax.attention import attend
 from mha_jax.attention import masked_softmax
 from mha_jax.attention import scaled_dot_product_attention
+from mha_jax.auto_select import explain_auto
 from mha_jax.converters import from_linen_mha
 from mha_jax.converters import from_nnx_mha
 from mha_jax.flops import analytic_mha_flops

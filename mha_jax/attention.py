@@ -24,6 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from mha_jax import auto_select
 from mha_jax import flash
 from mha_jax import hooks as hooks_lib
 from mha_jax import masks as masks_lib
@@ -261,28 +262,27 @@ IMPLEMENTATIONS = {"vmap": _attend_vmap, "einsum": _attend_einsum,
 
 
 def choose_implementation(q, k, *, dropout=False, backend=None):
-  """What "auto" runs: the fastest path that keeps the reference semantics.
+  """What "auto" runs for q and k (v shaped like k, no mask or bias): the
+  fastest path that keeps the reference semantics. The rules, and why
+  each faster kernel is passed over, are in `mha_jax.auto_select`.
 
   Measured with `python -m experiments.benchmark` on CPU, the blockwise path
   is the fastest at every shape tried (it also never forms [Tq, Tk]).
-  Dropout needs the weights, so it goes to "einsum". On GPU/TPU (not
-  measured here) XLA's fused attention is used while the float32 scores
-  fit in 1 GiB, and the blockwise path beyond.
+  Dropout needs the weights, so it goes to "einsum". On GPU cuDNN's fused
+  kernel where it supports the call, on TPU (where an adapter exists) JAX's
+  Pallas kernel; otherwise XLA's fused attention while the float32 scores
+  fit in 1 GiB, and the blockwise path beyond (not measured here).
   """
-  if dropout:
-    return "einsum"
-  backend = backend or jax.default_backend()
-  if backend == "cpu":
-    return "flash"
-  scores = 4 * q.shape[0] * q.shape[2] * q.shape[1] * k.shape[1]
-  return "xla" if scores <= 2 ** 30 else "flash"
+  return auto_select.select_for(q, k, k, dropout=dropout,
+                                backend=backend).implementation
 
 
 def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
-  impl = choose_implementation(q, k, dropout=keep is not None)
-  if impl == "xla" and (v.shape[-1] != q.shape[-1]
-                        or not q.dtype == k.dtype == v.dtype):
-    impl = "flash"  # what jax.nn.dot_product_attention cannot take
+  """The path `auto_select` picks for this call (`mha_jax.explain_auto`
+  says which and why); on CPU "flash", or "einsum" under dropout."""
+  impl = auto_select.select_for(q, k, v, mask=mask, bias=bias,
+                                is_causal=is_causal,
+                                dropout=keep is not None).implementation
   extra = {} if impl in WEIGHTLESS else {"hooks": hooks_lib.NO_HOOKS}
   out, _ = IMPLEMENTATIONS[impl](q, k, v, mask, bias, keep,
                                  is_causal=is_causal,
