@@ -268,31 +268,38 @@ def _behaviour_answer(behaviour):
   variants = (behaviour or {}).get("variants")
   if not variants:
     return None
-  full = max(variants, key=lambda v: v["num_kv_heads"])
-  loss = lambda v: (f"{v['eval_loss']['mean']:.3f} ± "
-                    f"{v['eval_loss']['std']:.3f}")
-  gen = lambda v: (f"{v['generation_token_accuracy']['mean']:.3f} ± "
-                   f"{v['generation_token_accuracy']['std']:.3f}")
+  full = variants[0]  # experiments.kv_behaviour lists the reference first
+  comparisons = {c["variant"]: c for c in behaviour.get("comparisons", [])
+                 if c["reference"] == full.get("key")}
+
+  def ms(stat):
+    return (f"{stat['mean']:.3f} ± {stat['std']:.3f}"
+            if stat.get("std") is not None else f"{stat['mean']:.3f}")
+
   text = [f"Behaviour of trained models. Trained alike ({full['seeds']} "
           f"seeds each), {full['name']} (K={full['num_kv_heads']}) reached "
-          f"eval loss {loss(full)} and cached-generation token accuracy "
-          f"{gen(full)}."]
-  for v in variants:
-    if v is full:
-      continue
+          f"eval loss {ms(full['eval_loss'])} and cached-generation token "
+          f"accuracy {ms(full['generation_token_accuracy'])} (mean ± sample "
+          f"std)."]
+  for v in variants[1:]:
+    c = comparisons.get(v["key"], {}).get("eval_loss")
+    if c is None or c.get("ci95") is None:
+      verdict = "no interval (too few seeds)"
+    else:
+      lo, hi = c["ci95"]
+      verdict = (f"95% interval [{lo:+.3f}, {hi:+.3f}], "
+                 + ("which excludes 0" if c["excludes_0"] else
+                    f"which contains 0 (the seeds would detect about "
+                    f"{c['detectable']:.3f})"))
     d = v["eval_loss"]["mean"] - full["eval_loss"]["mean"]
-    spread = 2 * max(v["eval_loss"]["std"], full["eval_loss"]["std"])
-    verdict = ("within" if abs(d) <= spread else "beyond")
     text.append(
-        f" {v['name']} (K={v['num_kv_heads']}): loss {loss(v)}, token "
-        f"accuracy {gen(v)}; its mean loss is {d:+.3f} from "
-        f"{full['name']}'s, {verdict} twice the larger seed std "
-        f"({spread:.3f}), with a cache of "
+        f" {v['name']} (K={v['num_kv_heads']}): loss "
+        f"{ms(v['eval_loss'])}, token accuracy "
+        f"{ms(v['generation_token_accuracy'])}; its mean loss is {d:+.3f} "
+        f"from {full['name']}'s ({verdict}), with a cache of "
         f"{v['cache_bytes_per_token'] / full['cache_bytes_per_token']:.3f} "
-        f"of {full['name']}'s per token and "
-        f"{v['attention_params_per_layer']} instead of "
-        f"{full['attention_params_per_layer']} attention parameters per "
-        f"layer.")
+        f"of {full['name']}'s per token and {v['params']} instead of "
+        f"{full['params']} parameters.")
   return "".join(text)
 
 

@@ -143,35 +143,64 @@ def test_induction(tmp_path):
   assert "<html" in (tmp_path / "explorer.html").read_text()[:200].lower()
 
 
-def _check_nmse_table(report, sweep, target_variance):
-  """The two-offset sweep's table: one row per setting, NMSE mean ± std."""
+def _check_nmse_table(report, sweep, summary, selection):
+  """The two-offset sweep's tables: one row per setting, NMSE mean ± sample
+  std [95% interval] of the per-seed values results.json holds, and each
+  setting's learning-rate choice."""
+  from mha_jax import stats  # pylint: disable=g-import-not-at-top
+  from mha_jax import two_offsets  # pylint: disable=g-import-not-at-top
   rows = _table(report, "| setting | NMSE |")
   assert [r[0] for r in rows] == list(sweep)
   for label, runs in sweep.items():
-    assert _row(rows, label)[1] == common.fmt(
-        *common.mean_std([r["nmse"] for r in runs]))
-    # NMSE is the held-out loss over the held-out target variance.
-    np.testing.assert_allclose(runs[0]["nmse"],
-                               runs[0]["loss"] / target_variance, rtol=1e-12)
+    nmse = [r["nmse"] for r in runs]
+    assert summary[label]["nmse"]["values"] == nmse
+    assert _row(rows, label)[1] == two_offsets.summary_cell(
+        stats.summary(nmse))
+    # NMSE is the held-out MSE over the targets' variance, exactly 1.
+    np.testing.assert_allclose(runs[0]["nmse"], runs[0]["loss"], rtol=1e-12)
+    # Every reported run trained at the rate its setting chose.
+    assert {r["learning_rate"] for r in runs} == {selection[label]["chosen"]}
+    assert runs[0]["curve"]["steps"] == [3, 6]
+  chosen = _table(report, "| setting | NMSE per learning rate |")
+  assert [r[0] for r in chosen] == list(sweep)
+  assert [r[2] for r in chosen] == [
+      f"{selection[k]['chosen']:g}" for k in sweep]
 
 
 def test_two_offsets(tmp_path):
   results = _entry_point("two_offsets").run(_config("two_offsets"), tmp_path)
-  report, saved = _outputs(tmp_path, ["nmse_vs_heads.png", "attention.png"])
+  report, saved = _outputs(tmp_path, ["nmse_vs_heads.png", "nmse_curves.png",
+                                      "attention.png"])
   assert saved == results
-  _check_nmse_table(report, results["continuous"], results["target_variance"])
+  summary = results["summary"]
+  _check_nmse_table(report, results["continuous"], summary["continuous"],
+                    results["selection"])
+  # The single-head controls: a wider model and an added MLP.
+  assert list(results["continuous"]) == [
+      "h=1", "h=2", "h=1, d_model=16 (d_k=16)", "h=1 + MLP (F=32)"]
+  d = summary["continuous_vs_h1"]["h=2"]
+  cont = _table(report, "| setting | NMSE |")
+  assert _row(cont, "h=2")[2] == (
+      f"{d['diff']:+.3g} [{d['ci95'][0]:+.3g}, {d['ci95'][1]:+.3g}]")
   tok = _table(report, "| setting | accuracy |")
-  assert _row(tok, "h=2")[1] == common.fmt(
-      *common.mean_std([r["accuracy"] for r in results["token"]["h=2"]]))
+  acc = summary["token"]["h=2"]["accuracy"]
+  assert acc["values"] == [r["accuracy"] for r in results["token"]["h=2"]]
+  assert _row(tok, "h=2")[1] == common.fmt(acc["mean"], acc["std"])
 
 
 def test_head_dim(tmp_path):
   config = _config("head_dim")
   results = _entry_point("head_dim").run(config, tmp_path)
-  report, saved = _outputs(tmp_path, ["nmse_vs_dk.png", "low_rank_fit.png"])
+  report, saved = _outputs(tmp_path, ["nmse_vs_dk.png", "nmse_curves.png",
+                                      "low_rank_fit.png"])
   assert saved == results
-  _check_nmse_table(report, results["part_a"],
-                    results["part_a_target_variance"])
+  _check_nmse_table(report, results["part_a"], results["part_a_summary"],
+                    results["part_a_selection"])
+  rows = _table(report, "| setting | NMSE |")
+  for label, s in results["part_a_summary"].items():
+    first = s["first_step_below_threshold"]["per_seed"]
+    assert _row(rows, label)[-1] == ", ".join(
+        "-" if f is None else str(f) for f in first)
   part_b = _table(report, "| d_k | mean KL (nats) |")
   fit = results["part_b"]
   assert [int(r[0]) for r in part_b] == fit["d_k"] == list(
@@ -263,17 +292,49 @@ def test_kv_behaviour_then_kv_cache(tmp_path):
   """kv_behaviour, then kv_cache with its results as --behaviour_results."""
   config = _config("kv_behaviour")
   behaviour = _entry_point("kv_behaviour").run(config, tmp_path / "behaviour")
-  report, saved = _outputs(tmp_path / "behaviour", [])
+  report, saved = _outputs(tmp_path / "behaviour",
+                           ["time_to_drop.png", "time_to_drop_per_seed.png",
+                            "loss_curves.png"])
   assert saved == behaviour
   table = _table(report, "| variant | K |")
   assert table == [[str(c) for c in r.values()] for r in behaviour["runs"]]
-  assert [r[0] for r in table] == ["MHA", "MQA"]
-  for v in behaviour["variants"]:
-    losses = [behaviour["per_seed"][f"K{v['num_kv_heads']}_seed{s}"][
-        "eval_loss"] for s in config.experiment.seeds]
-    np.testing.assert_allclose(v["eval_loss"]["mean"], np.mean(losses))
-    assert _row(table, v["name"])[4].startswith(
-        f"{v['eval_loss']['mean']:.3f} ± {v['eval_loss']['std']:.3f}")
+  variants = behaviour["variants"]
+  mha, mqa = variants  # the smoke config trains MHA and the matched MQA
+  assert [r[0] for r in table] == ["MHA", mqa["name"]]
+  assert mqa["matched"] and mqa["num_kv_heads"] == 1
+  assert mqa["name"] == f"MQA, Dh={mqa['head_dim']} (params matched)"
+  # The widened heads bring the shared-kv model near MHA's count; the
+  # cache stays smaller.
+  assert abs(mqa["params"] - mha["params"]) < 0.1 * mha["params"]
+  assert mqa["cache_bytes_per_token"] < mha["cache_bytes_per_token"]
+  for v in variants:
+    losses = [behaviour["per_seed"][f"{v['key']}_seed{s}"]["eval_loss"]
+              for s in config.experiment.seeds]
+    loss = v["eval_loss"]
+    assert loss["values"] == losses
+    assert loss["std"] == pytest.approx(np.std(losses, ddof=1))
+    assert _row(table, v["name"])[6] == (
+        f"{loss['mean']:.3f} ± {loss['std']:.3f} "
+        f"[{loss['ci95'][0]:.3f}, {loss['ci95'][1]:.3f}]")
+    # One schedule, evaluated at steps 3 and 6: the time to drop is read
+    # from the same curve.
+    curve = behaviour["per_seed"][f"{v['key']}_seed0"]["curve"]
+    assert curve["steps"] == [3, 6] and curve["loss"][-1] == losses[0]
+  d = behaviour["comparisons"][0]["eval_loss"]
+  assert d["diff"] == pytest.approx(mqa["eval_loss"]["mean"]
+                                    - mha["eval_loss"]["mean"])
+  versus = _table(report, "| variant | reference |")
+  assert _row(versus, mqa["name"])[3] == (
+      f"{d['diff']:+.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]")
+  per_seed = _table(report, "| variant | seed 0 |")
+  assert _row(per_seed, "MHA")[1:] == [
+      "-" if f is None else str(f)
+      for f in mha["time_to_drop"]["per_seed"]]
+  finals = _table(report, "| variant | seed 0 final |")
+  assert _row(finals, "MHA")[1:] == [
+      f"{loss:.3f} ({acc:.3f})" for loss, acc in zip(
+          mha["eval_loss"]["values"],
+          mha["generation_token_accuracy"]["values"])]
 
   cfg = _config("kv_cache")
   workdir = tmp_path / "kv_cache"
@@ -296,6 +357,8 @@ def test_kv_behaviour_then_kv_cache(tmp_path):
   # its numbers.
   assert _table(report, "| variant | K |") == table
   assert f"{behaviour['variants'][1]['name']} (K=1): loss" in report
+  lo, hi = behaviour["comparisons"][0]["eval_loss"]["ci95"]
+  assert f"95% interval [{lo:+.3f}, {hi:+.3f}]" in report
   assert all(v < 1e-4 for v in results["exactness_max_rel_err"].values())
 
 
@@ -377,6 +440,7 @@ def test_every_entry_point_has_an_end_to_end_test():
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
   found = {p.stem for p in (ROOT / "experiments").glob("*.py")} - helpers
   assert found == tested
+
 
 def test_circuits(tmp_path):
   config = _config("circuits")

@@ -1,21 +1,46 @@
-"""The behaviour study's bookkeeping: names, spreads, thresholds, the answer.
+"""The behaviour study's bookkeeping: names, summaries, comparisons, answer.
 
-Synthetic per-seed results with hand-computed means and spreads; no model
-is trained here (tests/test_experiments.py runs experiments.kv_behaviour).
+Synthetic per-seed results with hand-computed means, sample stds and
+intervals; no model is trained here (tests/test_experiments.py runs
+experiments.kv_behaviour).
 """
 
 import numpy as np
+import pytest
 
+from configs import kv_behaviour
 from experiments import kv_cache_report
+from mha_jax import curves
 from mha_jax import kv_variants
+from mha_jax import runs
+
+STEPS = [100, 200, 300]
 
 
-def _seed(loss, first, k):
+def _seed(loss, first, k, params):
   return {"eval_loss": loss, "eval_accuracy": 1 - loss,
           "first_step_below": first, "generation_token_accuracy": 1 - loss,
           "generation_sequence_accuracy": 0.5, "teacher_forced_accuracy": 0.9,
+          "params": params,
           "attention_params_per_layer": 64 * 8 * (8 + 2 * k) + 8 * 8 * 64,
-          "cache_bytes_per_token": 2 * 2 * k * 8 * 4}
+          "cache_bytes_per_token": 2 * 2 * k * 8 * 4,
+          "curve": {"steps": STEPS, "loss": [3.0, 2.0, loss]}}
+
+
+SPECS = [{"key": "K8", "name": "MHA", "num_kv_heads": 8, "head_dim": 8,
+          "matched": False},
+         {"key": "K1", "name": "MQA", "num_kv_heads": 1, "head_dim": 8,
+          "matched": False}]
+
+
+def _variants():
+  per_seed = {
+      "K8_seed0": _seed(0.2, 100, 8, 1000),
+      "K8_seed1": _seed(0.4, 200, 8, 1000),
+      "K8_seed2": _seed(0.3, 100, 8, 1000),
+      "K1_seed0": _seed(1.0, None, 1, 800), "K1_seed1": _seed(1.2, 300, 1, 800),
+      "K1_seed2": _seed(1.1, 300, 1, 800)}
+  return kv_variants.summarise(SPECS, (0, 1, 2), per_seed, num_steps=300)
 
 
 def test_variant_names():
@@ -23,22 +48,73 @@ def test_variant_names():
       "MHA", "GQA (H/2)", "GQA (H/4)", "MQA"]
 
 
-def test_summary_means_spreads_and_answer():
-  per_seed = {"K8_seed0": _seed(0.2, 100, 8), "K8_seed1": _seed(0.4, 150, 8),
-              "K1_seed0": _seed(1.0, None, 1), "K1_seed1": _seed(1.2, 300, 1)}
-  mha, mqa = kv_variants.summarise(8, (8, 1), (0, 1), per_seed)
-  assert (mha["name"], mqa["name"]) == ("MHA", "MQA")
-  np.testing.assert_allclose([mha["eval_loss"]["mean"],
-                              mha["eval_loss"]["std"]], [0.3, 0.1])
-  assert mqa["eval_loss"]["min"] == 1.0 and mqa["eval_loss"]["max"] == 1.2
-  assert mqa["first_step_below"]["reached"] == 1
-  assert mqa["first_step_below"]["per_seed"] == [None, 300]
+def test_summary_keeps_every_seed_with_sample_std_and_interval():
+  mha, mqa = _variants()
+  loss = mha["eval_loss"]
+  assert loss["values"] == [0.2, 0.4, 0.3]
+  np.testing.assert_allclose([loss["mean"], loss["std"]], [0.3, 0.1])
+  # t(0.975, 2) = 4.3027: 0.3 ± 4.3027 * 0.1 / sqrt(3).
+  np.testing.assert_allclose(loss["ci95"], [0.3 - 0.248414, 0.3 + 0.248414],
+                             atol=1e-5)
+  t = mqa["time_to_drop"]
+  assert t["per_seed"] == [None, 300, 300] and t["reached"] == 2
+  assert t["median"] == 300 and t["censored_at"] == 300
+  assert t["survival"] == {"steps": STEPS,
+                           "fraction_above": [1.0, 1.0, 1 / 3]}
   rows = kv_variants.table_rows([mha, mqa], loss_threshold=1.0)
-  assert rows[0]["eval loss"] == "0.300 ± 0.100 [0.200, 0.400]"
-  assert rows[1]["first step loss < 1"] == "300 (1/2 seeds)"
+  assert rows[0]["eval loss"] == "0.300 ± 0.100 [0.052, 0.548]"
+  assert rows[1]["first eval step with loss < 1"] == "median 300 (2/3 seeds)"
+  assert rows[0]["first eval step with loss < 1"] == "median 100 (3/3 seeds)"
+
+
+def test_compare_uses_welch_and_skips_means_over_censored_runs():
+  mha, mqa = _variants()
+  c = kv_variants.compare(mha, mqa)
+  d = c["eval_loss"]
+  np.testing.assert_allclose(d["diff"], 0.8)
+  assert d["excludes_0"] and d["ci95"][0] > 0
+  # Equal sample stds (0.1): the pooled std is 0.1.
+  from mha_jax import stats  # pylint: disable=g-import-not-at-top
+  np.testing.assert_allclose(d["detectable"],
+                             stats.detectable_difference(0.1, 3))
+  # An MQA seed never dropped: no mean difference, but a log-rank p.
+  assert c["time_to_drop"]["mean_difference"] is None
+  assert 0 < c["time_to_drop"]["logrank_p"] < 1
+
+
+def test_behaviour_answer_quotes_the_interval():
+  mha, mqa = _variants()
+  behaviour = {"variants": [mha, mqa],
+               "comparisons": [kv_variants.compare(mha, mqa)]}
   answer = kv_cache_report._behaviour_answer  # pylint: disable=protected-access
-  text = answer({"variants": [mha, mqa]})
-  # MQA - MHA = +0.800, beyond 2 * max(std) = 0.200; cache 1/8 of MHA's.
-  assert "+0.800 from MHA's, beyond twice the larger seed std (0.200)" in text
+  text = answer(behaviour)
+  lo, hi = behaviour["comparisons"][0]["eval_loss"]["ci95"]
+  assert (f"its mean loss is +0.800 from MHA's (95% interval [{lo:+.3f}, "
+          f"{hi:+.3f}], which excludes 0)") in text
   assert "a cache of 0.125 of MHA's" in text
+  assert "800 instead of 1000 parameters" in text
   assert answer(None) is None
+
+
+def test_survival_helpers():
+  assert curves.survival_curve([100, None, 300, 200], [100, 200, 300]) == [
+      0.75, 0.5, 0.25]
+  assert curves.median_step([100, None, 300, 200]) == 200
+  assert curves.median_step([None, None, 300]) is None
+  assert curves.logrank_p([None], [None], 300) is None
+  with pytest.raises(ValueError, match="empty"):
+    curves.survival_curve([], [1])
+
+
+def test_matched_head_dim_is_closest_even_width():
+  config = kv_behaviour.get_config()
+  dh, params, ref = kv_variants.matched_head_dim(config, 1)
+  assert dh % 2 == 0
+  # MQA at Dh = 8 is far smaller; the matched width is within a few %.
+  small = kv_variants.config_param_count(
+      runs.variant(config, **{"model.num_kv_heads": 1}))
+  assert small < 0.7 * ref and abs(params - ref) < 0.03 * ref
+  for other in (dh - 2, dh + 2):
+    n = kv_variants.config_param_count(runs.variant(
+        config, **{"model.num_kv_heads": 1, "model.head_dim": other}))
+    assert abs(n - ref) >= abs(params - ref)
