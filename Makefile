@@ -67,13 +67,12 @@ mesh_check: install
 	$(BIN)/python -m experiments.mesh_check --workdir=runs/mesh_check
 
 # Mutation testing of the core modules with cosmic-ray, in a scratch copy
-# (build/mutation); not part of `make test`. About 40 minutes on 2 idle
-# cores; one module: make mutation MUTATION_ARGS=--only=masks. See
-# docs/testing.md.
+# (build/mutation); not part of `make test`. One to two hours on 2 cores;
+# one module: make mutation MUTATION_ARGS=--only=masks. See docs/testing.md.
 MUTATION_ARGS ?=
 mutation: install
 	$(BIN)/python -m pip install -q -e '.[mutation]'
-	$(BIN)/python tests/mutation/mutate.py $(MUTATION_ARGS)
+	$(BIN)/python scripts/mutate.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -32,6 +32,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
+import numpy as np
 
 from mha_jax import masks as masks_lib
 from mha_jax import params as params_lib
@@ -97,12 +98,16 @@ def check_cache(cache, x, dims: params_lib.MHADims, lengths, fn) -> None:
                        f"{x.shape} and params with K={dims.num_kv_heads}, "
                        f"got {got}")
   if lengths is not None:
-    lengths = jnp.asarray(lengths)
+    # Known values are checked (under jit too, when they are constants of the
+    # trace): test the argument itself, as jnp.asarray inside a trace would
+    # turn even a constant into a tracer.
+    known = not isinstance(lengths, jax.core.Tracer)
+    lengths = np.asarray(lengths) if known else lengths
     if lengths.shape != (b,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
       raise ValueError(f"{fn}: `lengths` must be an int array of shape [{b}],"
                        f" got {lengths.dtype} {lengths.shape}")
-    if not isinstance(lengths, jax.core.Tracer):
-      if bool(jnp.any((lengths < 0) | (lengths > x.shape[1]))):
+    if known:
+      if bool(np.any((lengths < 0) | (lengths > x.shape[1]))):
         raise ValueError(f"{fn}: `lengths` must lie in [0, T={x.shape[1]}], "
                          f"got {lengths}")
 

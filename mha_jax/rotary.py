@@ -23,11 +23,12 @@ def apply_rotary(x: jax.Array, positions: jax.Array, *,
   if dh % 2:
     raise ValueError(f"apply_rotary: head width must be even, got Dh={dh}")
   positions = jnp.asarray(positions)
+  given = positions.shape  # the caller's shape, for the message
   if positions.ndim == 1:
     positions = positions[None, :]
   if positions.shape[-1] != x.shape[1] or positions.ndim != 2:
     raise ValueError(f"apply_rotary: `positions` must be [B, T] or [T] with "
-                     f"T={x.shape[1]}, got {positions.shape}")
+                     f"T={x.shape[1]}, got {given}")
   half = dh // 2
   freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / dh)  # [Dh/2]
   # Explicit broadcast: the test suite raises on implicit rank promotion.

@@ -28,9 +28,16 @@ def test_causal_with_more_queries_than_keys_leaves_early_rows_empty():
                                 [[F, F], [F, F], [T, F], [T, T]])
 
 
-def test_causal_rejects_negative_lengths():
+def test_causal_accepts_zero_lengths_and_rejects_each_negative_one():
+  assert masks.causal_mask(0).shape == (0, 0)
+  assert masks.causal_mask(0, 3).shape == (0, 3)
+  np.testing.assert_array_equal(masks.causal_mask(2, 0), np.zeros((2, 0)))
   with pytest.raises(ValueError, match="q_len=-1"):
     masks.causal_mask(-1)
+  with pytest.raises(ValueError, match="q_len=-1, kv_len=2"):
+    masks.causal_mask(-1, 2)
+  with pytest.raises(ValueError, match="q_len=2, kv_len=-1"):
+    masks.causal_mask(2, -1)
 
 
 def test_padding_mask_marks_keys_beyond_each_length():

@@ -1,5 +1,7 @@
-"""Training loop: one step per model/task, overfitting, exact resume."""
+"""Training loop: one step per model/task, overfitting, exact resume, and
+the keys of step s (its batch and its dropout masks)."""
 
+import functools
 import json
 
 import jax
@@ -7,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+
+import ml_collections
 
 from configs import default
 from mha_jax import tasks
@@ -90,11 +94,32 @@ def _rows(workdir):
           for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_resumed_run_equals_uninterrupted_run(tmp_path):
+def _record_batches(monkeypatch):
+  """Make `train_and_evaluate` record the batch each step trains on, by step
+  number (a list per step: a resumed run redoes some steps)."""
+  seen = {}
+  real = train.step_fns
+
+  def step_fns(config, mesh):
+    step, eval_fn, make = real(config, mesh)
+
+    def recording_step(state, batch):
+      seen.setdefault(int(state.step), []).append(jax.device_get(batch))
+      return step(state, batch)
+
+    return recording_step, eval_fn, make
+
+  monkeypatch.setattr(train, "step_fns", step_fns)
+  return seen
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch):
   c = _small(name="copy")
   c.model.dropout_rate = 0.1  # the dropout keys must be replayed too
+  seen_full = _record_batches(monkeypatch)
   full = train.train_and_evaluate(c, tmp_path / "full")
   # Killed after step 8: the last checkpoint is step 5, so 6..8 are redone.
+  seen_resumed = _record_batches(monkeypatch)
   part = train.train_and_evaluate(c, tmp_path / "resumed", stop_at=8)
   assert int(part.step) == 8
   resumed = train.train_and_evaluate(c, tmp_path / "resumed")
@@ -105,10 +130,60 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
   steps = [(r["step"], r["split"]) for r in _rows(tmp_path / "full")]
   assert steps == [(4, "train"), (6, "eval"), (8, "train"), (12, "train"),
                    (12, "eval")]
+  # The batch of step s is the task's batch for fold_in(data_key, s), in
+  # both runs (bit-identity alone cannot tell: a shared bug would pass).
+  make = jax.jit(functools.partial(
+      tasks.get_task(c.task.name).make_batch,
+      cfg=ml_collections.FrozenConfigDict(c.task)))
+  data_key = train.seed_key(c.train.seed, train._DATA)  # pylint: disable=protected-access
+  assert sorted(seen_full) == list(range(c.train.num_steps))
+  assert sorted(seen_resumed) == list(range(c.train.num_steps))
+  assert [len(seen_resumed[s]) for s in range(6, 8)] == [2, 2]  # redone
+  for s in range(c.train.num_steps):
+    want = make(jax.random.fold_in(data_key, s))
+    for got in seen_full[s] + seen_resumed[s]:
+      assert _equal_trees(got, want), s
+  # ... and differs from step to step.
+  assert not np.array_equal(seen_full[0][0]["inputs"],
+                            seen_full[1][0]["inputs"])
   # The saved run loads back as a model with the trained parameters.
   model, config = train.load_model(tmp_path / "resumed")
   assert config.model.d_model == 16
   assert _equal_trees(nnx.state(model), resumed.params)
+
+
+def test_dropout_key_of_step_s_is_the_state_key_folded_with_s():
+  """train_step's loss at step s equals the loss under the dropout key
+  fold_in(state.rng, s), and differs between steps: the masks change from
+  step to step and are a function of (seed, step), so a resume replays
+  them."""
+  c = _small(name="copy")
+  c.model.dropout_rate = 0.1  # the config of the resume test: one compile
+  state = train.create_train_state(c)
+  batch = train.batch_fn(c)(jax.random.PRNGKey(4))
+  # The base key is the seed's own dropout stream.
+  np.testing.assert_array_equal(state.rng, jax.random.fold_in(
+      jax.random.PRNGKey(c.train.seed), train._DROPOUT))  # pylint: disable=protected-access
+
+  @jax.jit
+  def loss_with_key(params, key):
+    model = nnx.merge(state.graphdef, params)
+    return train.compute_loss(model, batch, state.loss, deterministic=False,
+                              dropout_rng=key)[0]
+
+  losses = {}
+  for s in (0, 3):
+    at_s = jax.tree.map(jnp.array, state.replace(step=jnp.int32(s)))
+    _, metrics = train.train_step_jit(at_s, batch)  # donates its copy
+    losses[s] = float(metrics["loss"])
+    want = loss_with_key(state.params, jax.random.fold_in(state.rng, s))
+    # Two compiled programs (the step fuses the loss with its gradient):
+    # float32 rounding only, a few ulps.
+    np.testing.assert_allclose(losses[s], want, rtol=1e-6, err_msg=str(s))
+  # Other masks at another step: the loss moves by far more than rounding.
+  assert abs(losses[0] - losses[3]) > 1e-4 * abs(losses[0])
+  deterministic = float(train.eval_step_jit(state, batch)["loss"])
+  assert abs(deterministic - losses[0]) > 1e-4 * abs(losses[0])  # dropout on
 
 
 def test_learning_rate_schedule_follows_config():
