@@ -22,15 +22,6 @@ from mha_jax.model_config import ModelConfig
 from mha_jax.transformer import DecoderLM
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quick_compiles():
-  """Values, not speed: most of XLA's optimisations off while compiling."""
-  old = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
-
-
 def _isometry(d, rows, cols):
   """`[d, d]` with 1 at (rows[i], cols[i]): maps those unit vectors."""
   m = np.zeros((d, d), np.float32)

@@ -31,17 +31,6 @@ from experiments import common
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quick_compiles():
-  """Smoke runs check the wiring and the reports, not speed: compile with
-  most of XLA's optimisations off, which about halves the compile time that
-  dominates them. Restored for the other test modules."""
-  old = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
-
-
 def _config(name):
   return importlib.import_module(f"configs.{name}").get_config("smoke")
 
@@ -403,7 +392,7 @@ def test_mesh_check_command_line(tmp_path):
   """The real command line: flags, config file and smoke argument, the two
   training subprocesses (experiments.train), the comparison."""
   # Devices for the mesh run exist from the start, so mesh_check need not
-  # restart itself to get them; optimisations off as in _quick_compiles.
+  # restart itself to get them; optimisations off as in tests/conftest.py.
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              JAX_DISABLE_MOST_OPTIMIZATIONS="1",
              XLA_FLAGS="--xla_force_host_platform_device_count=8")

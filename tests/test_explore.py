@@ -22,7 +22,6 @@ import sys
 
 from absl import flags
 from flax import nnx
-import jax
 import numpy as np
 import pytest
 
@@ -39,16 +38,6 @@ INSTALL_HINT = ("no headless Chromium found: install it with `apt-get "
                 "install chromium chromium-driver` (Debian; .ci/run does) "
                 "and Selenium with `pip install -e '.[test]'`, or point "
                 "CHROMIUM and CHROMEDRIVER at the binaries")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _quick_compiles():
-  """The page checks wiring and numbers, not speed: compile with most of
-  XLA's optimisations off (as tests/test_experiments.py does)."""
-  old = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
 
 
 def _explore_module():

@@ -27,16 +27,6 @@ from mha_jax.model_config import ModelConfig
 from mha_jax.transformer import DecoderLM
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quick_compiles():
-  """These tests check values, not speed: compile with most of XLA's
-  optimisations off (compiling dominates them). Restored afterwards."""
-  old = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
-
-
 @pytest.fixture(scope="module")
 def wired():
   return nnx.split(wc.build()), wc.pairs()
