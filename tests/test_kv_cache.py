@@ -351,3 +351,17 @@ def test_decode_step_matmul_flops_match_the_formula(num_kv_heads):
                                      jnp.ones((3, 7), jnp.int32))
   assert counted == decode_cost.analytic_flops(cfg, num_kv_heads, 3, 7,
                                                cached=False)
+
+
+def test_status_reports_a_row_that_overflowed_in_any_layer():
+  """status ORs the layers: a row counts as overflowed if any layer's cache
+  holds more than it can (caches built by hand so that they differ)."""
+  base = kv_cache.init_cache(batch=4, max_len=4, num_kv_heads=1, head_dim=2)
+  with_lengths = lambda *l: base._replace(length=jnp.asarray(l, jnp.int32))
+  # Row r overflows only in layer r; row 3 fills every cache exactly.
+  layers = [with_lengths(5, 0, 0, 4), with_lengths(0, 5, 0, 4),
+            with_lengths(0, 0, 6, 4)]
+  np.testing.assert_array_equal(kv_cache.status(layers).overflow,
+                                [True, True, True, False])
+  np.testing.assert_array_equal(kv_cache.status(layers[1]).overflow,
+                                [False, True, False, False])
