@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import mha_jax
+from mha_jax import multi_head
 from mha_jax import worked_example as wx
 
 IMPLS = ("vmap", "einsum")
@@ -226,3 +227,17 @@ def test_works_under_vmap_and_matches_the_batched_call():
   np.testing.assert_allclose(per_example(x),
                              _mha(params, x, is_causal=True),
                              rtol=1e-6, atol=1e-7)
+
+
+def test_attention_layer_is_bidirectional_unless_asked():
+  """Called without `is_causal`, the one attention path looks both ways:
+  the first token's output changes when the last token does."""
+  params = mha_jax.init_mha_params(jax.random.PRNGKey(0), 8, 2)
+  x = jax.random.normal(jax.random.PRNGKey(1), (1, 5, 8))
+  y = multi_head.attention_layer(params, x)[0]
+  y2 = multi_head.attention_layer(params, x.at[:, -1].add(1.0))[0]
+  assert float(jnp.max(jnp.abs(y2[:, 0] - y[:, 0]))) > 1e-3
+  y3 = multi_head.attention_layer(params, x.at[:, -1].add(1.0),
+                                  is_causal=True)[0]
+  y4 = multi_head.attention_layer(params, x, is_causal=True)[0]
+  np.testing.assert_array_equal(y3[:, 0], y4[:, 0])
