@@ -334,3 +334,22 @@ def test_masked_softmax_derivatives_match_finite_differences():
   jacobian = jax.jacfwd(f)(logits)  # [3, 5, 3, 5]
   assert np.all(jacobian[1][:, 1, [1, 3, 4]] == 0)  # masked keys: no gradient
   assert np.all(jacobian[2] == 0)  # the empty row is constant 0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_dropout_rescales_the_kept_weights_by_one_over_keep_probability(impl):
+  """Inverted dropout: a kept weight becomes w / (1 - p), a dropped one 0.
+  With one-hot values (v_j = e_j) the output row IS the mixed weights."""
+  rng = np.random.default_rng(2)
+  tk, p = 6, 0.25
+  q = rng.normal(size=(2, 4, 2, 3)).astype(np.float32)
+  k = rng.normal(size=(2, tk, 2, 3)).astype(np.float32)
+  v = np.broadcast_to(np.eye(tk, dtype=np.float32)[None, :, None, :],
+                      (2, tk, 2, tk))
+  out, w = attention.attend(q, k, v, dropout_rate=p,
+                            dropout_rng=jax.random.key(3), implementation=impl)
+  out = np.moveaxis(np.asarray(out), 2, 1)  # [B, H, Tq, Tk] like w
+  kept = out != 0
+  assert 0 < kept.mean() < 1  # some weights kept, some dropped
+  np.testing.assert_allclose(out[kept], np.asarray(w)[kept] / (1 - p),
+                             rtol=1e-5)
