@@ -44,6 +44,7 @@ import treescope
 
 from mha_jax import analysis
 from mha_jax import attention
+from mha_jax import head_survey
 from mha_jax import held_out
 from mha_jax import interventions
 from mha_jax import tasks
@@ -296,16 +297,6 @@ def _token_side(kind: Kind, batch):
   return tokens
 
 
-def head_scores(weights, tokens=None) -> dict:
-  """`analysis.head_metrics` of every layer: name -> `[L, H]` (NumPy).
-
-  `weights [L, B, H, Tq, Tk]`; `tokens [B, T]` adds the token scores.
-  """
-  per_layer = [_head_metrics(w, tokens) for w in np.asarray(weights)]
-  return {k: np.stack([np.asarray(m[k]) for m in per_layer])
-          for k in per_layer[0]}
-
-
 def floor_scores(visible, tokens=None) -> dict:
   """name -> the score of uniform attention over `visible [B, Tq, Tk]`."""
   m = _head_metrics(uniform_weights(visible), tokens)
@@ -363,8 +354,8 @@ def explore(model, batch, *, loss: str | None = None, init_model=None,
     tokens = _token_side(kind, batch)
     floors = {"uniform": floor_scores(visible_keys(kind, batch), tokens)}
     if init_weights is not None:
-      floors["init"] = head_scores(init_weights[kind.key], tokens)
-    scores = head_scores(weights[kind.key], tokens)
+      floors["init"] = head_survey.layer_metrics(init_weights[kind.key], tokens)
+    scores = head_survey.layer_metrics(weights[kind.key], tokens)
     if kind.queries != kind.keys:
       # Offsets between positions of two different sequences (target
       # query, source key) mean nothing: keep entropy and confidence.

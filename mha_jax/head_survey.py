@@ -75,13 +75,20 @@ def js_by_layer(js: np.ndarray, num_layers: int) -> dict:
           "across_layer": float(across.mean()) if across.size else None}
 
 
+def layer_metrics(weights, tokens=None) -> dict:
+  """`analysis.head_metrics` of every layer: name -> `[L, H]` (NumPy).
+
+  `weights [L, B, H, Tq, Tk]`; `tokens [B, T]` adds the token scores.
+  """
+  per_layer = [_head_metrics(w, tokens) for w in np.asarray(weights)]
+  return {k: np.stack([np.asarray(m[k]) for m in per_layer])
+          for k in per_layer[0]}
+
+
 def _scores(model, batch):
   """(weights [L, B, H, T, T], metrics name -> [L, H], js [L*H, L*H])."""
   weights = held_out.weights_of(model, batch)["self"]
-  tokens = np.asarray(batch["inputs"])
-  per_layer = [_head_metrics(w, tokens) for w in weights]
-  metrics = {k: np.stack([np.asarray(m[k]) for m in per_layer])
-             for k in per_layer[0]}
+  metrics = layer_metrics(weights, np.asarray(batch["inputs"]))
   l, b, h, t, _ = weights.shape
   all_heads = np.transpose(weights, (1, 0, 2, 3, 4)).reshape(b, l * h, t, t)
   return weights, metrics, np.asarray(_js_distance(all_heads))

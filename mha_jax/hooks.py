@@ -182,7 +182,9 @@ def _check_value(name, new, clean, what):
 # reuse the compiled program.
 
 
-def _axes(site: str) -> tuple[int | None, int]:
+def site_axes(site: str) -> tuple[int | None, int]:
+  """`(head axis or None, query position axis)` of the activation at `site`
+  (block sites, `[B, T, D]`, have no head axis)."""
   return _AXES.get(_leaf(site), _BLOCK_AXES)
 
 
@@ -251,7 +253,7 @@ def replace(site: str, value: jax.Array, *, heads: Any = None,
       model(tokens_b, patch=hooks.replace(
           "blocks.1.attn.z", clean["blocks.1.attn.z"], heads=2, positions=5))
   """
-  axes = _axes(site)
+  axes = site_axes(site)
   if heads is not None and axes[0] is None:
     raise ValueError(f"site {site!r} has no head axis; drop `heads`")
   return {site: Replace(value, heads, positions, axes)}

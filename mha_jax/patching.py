@@ -37,18 +37,9 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from mha_jax import hooks as hooks_lib
+
 Metric = Callable[[jax.Array], jax.Array]
-
-# Per site kind (the last part of its name): (head axis, query position
-# axis), as in mha_jax.hooks. Block sites ([B, T, D]) have no head axis.
-_SITE_AXES = {"q": (2, 1), "k": (2, 1), "v": (2, 1), "z": (2, 1),
-              "result": (2, 1), "scores": (1, 2), "pattern": (1, 2)}
-
-
-def site_axes(site: str) -> tuple[int | None, int]:
-  """`(head axis or None, position axis)` of the activation at `site`."""
-  return _SITE_AXES.get(site.rsplit(".", 1)[-1], (None, 1))
-
 
 def logprob_metric(targets: jax.Array, mask: jax.Array) -> Metric:
   """Mean log-probability of `targets [B, T]` where `mask [B, T]` is 1:
@@ -114,7 +105,7 @@ def _patch_grid(values, sites, per_position):
   """
   rows, layout = [], {}
   for i, site in enumerate(sites):
-    head_axis, pos_axis = site_axes(site)
+    head_axis, pos_axis = hooks_lib.site_axes(site)
     heads = [-1] if head_axis is None else range(values[site].shape[head_axis])
     poss = range(values[site].shape[pos_axis]) if per_position else [-1]
     start = len(rows)
@@ -165,7 +156,7 @@ def activation_patching(model, clean, corrupted, metric: Metric,
     patch = {}
     for j, site in enumerate(sites):
       value = src[site]
-      head_axis, pos_axis = site_axes(site)
+      head_axis, pos_axis = hooks_lib.site_axes(site)
       sel = jnp.asarray(i == j).reshape((1,) * value.ndim)
       if head_axis is not None:
         sel = sel & _one_hot(h, head_axis, value.shape)
@@ -215,7 +206,7 @@ def attribution_patching(model, clean, corrupted, metric: Metric,
   for site in sites:
     diff = src[site] - tgt[site]
     prod = jnp.where(jnp.isfinite(diff), grads[site] * diff, 0.0)
-    head_axis, pos_axis = site_axes(site)
+    head_axis, pos_axis = hooks_lib.site_axes(site)
     keep = ([head_axis] if head_axis is not None else []) + (
         [pos_axis] if per_position else [])
     est = jnp.sum(prod, axis=tuple(a for a in range(prod.ndim)
@@ -268,7 +259,7 @@ def _path_metric(model, target, metric, delta, bases, receiver_layer, which,
   patch = {}
   for i, site in enumerate(sites):
     new = acts[site]
-    head_axis = site_axes(site)[0]
+    head_axis = hooks_lib.site_axes(site)[0]
     sel = (_one_hot(r, head_axis, new.shape) | (r < 0)) & (which == i)
     patch[site] = _replace_at(new, sel)
   return metric(model(target, patch=patch))
