@@ -7,8 +7,9 @@ config, with a checkpoint at every evaluation), then measures each one on
 held-out clean/corrupted pairs (the first copy of the repeated segment
 resampled): activation, attribution and path patching, composition and
 copying scores against random matrices, direct logit attribution, and the
-heads' scores at every checkpoint. Writes report.md, results.json and PNG
-figures into --workdir.
+heads' scores at every checkpoint. Writes report.md, results.json, PNG
+figures and explorer.html (every head of the first seed's model, its
+patching numbers beside its attention scores) into --workdir.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from mha_jax import circuit_survey
 from mha_jax import composition
 from mha_jax import corruption
 from mha_jax import curves
+from mha_jax import explorer
 from mha_jax import runs as runs_lib
 from mha_jax import tasks
+from mha_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/circuits.py", "The experiment's config file; "
@@ -137,6 +140,8 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
   runs = {}
   for r in runs_lib.seed_runs(config, workdir, e.seeds, "seed{seed}",
                               reuse=reuse_runs):
+    if r.seed == e.seeds[0]:
+      shown = r  # kept for the explorer page
     res = circuit_survey.survey(r.state.model(), pairs, position_pairs,
                                 tokens=tokens)
     res["dynamics"] = circuit_survey.checkpoint_scores(r.run_dir, pairs)
@@ -160,7 +165,31 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
              "setup": {"layout": list(layout), "metric": "mean log-prob of "
                        "the targets in the second copy (minus the loss)",
                        "matters": MATTERS}}
-  return common.write_outputs(workdir, results, report)
+  written = common.write_outputs(workdir, results, report)
+  # After results.json: the page reads the patching numbers from it, as
+  # `experiments.explore` does for a seed's folder.
+  _write_explorer(shown, workdir, pairs)
+  return written
+
+
+def _write_explorer(run, workdir, pairs):
+  """explorer.html of `run` (a `runs_lib.SeedRun`) on the clean half of
+  the per-head patching pairs, with each head's activation and
+  attribution patching scores as columns of its table."""
+  model = run.state.model()
+  c = model.config
+  circuits = explorer.circuit_numbers(run.run_dir, c.num_layers, c.num_heads)
+  if circuits is not None:
+    # The page is published beside its results.json: name that file, not
+    # the folder it was read from.
+    circuits = dict(circuits, source="results.json")
+  clean = {k: pairs[k] for k in ("inputs", "targets", "loss_mask")}
+  return explorer.write_explorer(
+      model, clean, workdir / "explorer.html", loss=run.state.loss,
+      init_model=train.create_train_state(run.config).model(),
+      circuits=circuits,
+      title=f"Induction circuit: {c.num_layers}-layer model, seed "
+      f"{run.seed}")
 
 
 def _figures(workdir, runs, baselines, layout):
@@ -615,6 +644,12 @@ def _report(config, runs, summary, per_seed, baselines, figures):
       "## Figures",
       "",
   ] + [f"![{f}]({f})" for f in figures] + [
+      "",
+      f"Every head of seed {seeds[0]}'s model in a browser, on the "
+      f"{e.analysis_examples} clean sequences of the per-head patching, "
+      "with each head's activation and attribution patching scores (both "
+      "directions) beside its attention scores: "
+      "[explorer.html](explorer.html).",
       "",
       "## What this shows",
       "",

@@ -7,8 +7,9 @@ every h (d_k = d_model / h), each at its own learning rate (chosen from a
 grid on a seed that is not reported) and long enough to check a plateau,
 and plots NMSE against steps. Part B fits the query/key maps of ONE head of
 width d_k to a random target attention matrix and reports the error against
-d_k (the low-rank bottleneck of a head). Writes report.md, results.json and
-PNG figures into --workdir.
+d_k (the low-rank bottleneck of a head). Writes report.md, results.json,
+PNG figures and explorer.html (every head of the narrowest setting, in a
+browser) into --workdir.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ import numpy as np
 
 from experiments import common
 from mha_jax import curves
+from mha_jax import explorer
+from mha_jax import held_out
 from mha_jax import low_rank
 from mha_jax import plots
 from mha_jax import stats
+from mha_jax import train
 from mha_jax import two_offsets
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -40,6 +44,39 @@ _REUSE_RUNS = flags.DEFINE_bool(
 
 FIGURES = ("nmse_vs_dk.png", "nmse_curves.png", "low_rank_fit.png",
            "plateau_check.png")
+TASK = "two_offset_continuous"
+
+
+def setting_label(config, h: int) -> str:
+  """Part A's name of the setting with `h` heads."""
+  return f"h={h} (d_k={config.model.d_model // h})"
+
+
+def explorer_run(config) -> tuple[int, int]:
+  """`(h, seed)` of the part A run the explorer page shows: the most
+  heads, so the narrowest ones (the width the report asks about), first
+  seed."""
+  e = config.experiment
+  return max(e.heads), e.seeds[0]
+
+
+def _write_explorer(config, workdir) -> pathlib.Path:
+  """explorer.html of one reported part A run, on the held-out batch its
+  row of the NMSE table was measured on."""
+  h, seed = explorer_run(config)
+  # The sweep keeps numbers, not models: load the run from its folder,
+  # named by the sweep's own rule rather than a copy of it.
+  folder = two_offsets.run_name(
+      TASK, setting_label(config, h), "s").format(seed=seed)
+  state, run_config = train.load_state(workdir / folder)
+  batch = held_out.analysis_batch(run_config,
+                                  config.experiment.analysis_examples,
+                                  seed=held_out.ANALYSIS_SEED + seed)
+  return explorer.write_explorer(
+      state.model(), batch, workdir / "explorer.html", loss=state.loss,
+      init_model=train.create_train_state(run_config).model(),
+      title=f"Head width: one layer, {setting_label(config, h)}, "
+      f"seed {seed}")
 
 
 def run(config, workdir, *, reuse_runs: bool = False) -> dict:
@@ -48,12 +85,11 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
   start = time.time()
   e = config.experiment
   workdir = pathlib.Path(workdir)
-  d = config.model.d_model
-  setting_list = [(f"h={h} (d_k={d // h})",
+  setting_list = [(setting_label(config, h),
                    {"model.num_heads": h, "model.head_dim": 0})
                   for h in e.heads]
-  tuned = two_offsets.tuned_sweep(config, workdir, "two_offset_continuous",
-                                  setting_list, reuse=reuse_runs)
+  tuned = two_offsets.tuned_sweep(config, workdir, TASK, setting_list,
+                                  reuse=reuse_runs)
   cont = tuned["runs"]
   labels = list(cont)
   summary = {}
@@ -77,6 +113,7 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
                             steps=e.fit_steps, lr=e.fit_lr,
                             temperature=e.fit_temperature)
   _figures(config, workdir, cont, summary, fit, tuned["plateau"])
+  _write_explorer(config, workdir)
   wall_s = time.time() - start
   results = {"part_a": cont, "part_a_summary": summary,
              "part_a_best": best, "part_a_vs_best": vs_best,
@@ -139,6 +176,7 @@ def _report(config, results, wall_s):
   best, vs = results["part_a_best"], results["part_a_vs_best"]
   fit = results["part_b"]
   labels = list(cont)
+  shown_h, shown_seed = explorer_run(config)
   rows_a = []
   for k in labels:
     s = summ[k]
@@ -187,6 +225,11 @@ def _report(config, results, wall_s):
       "![nmse_curves.png](nmse_curves.png)",
       ("![plateau_check.png](plateau_check.png)"
        if results["part_a_plateau"] else ""),
+      "",
+      f"Every head of the {setting_label(config, shown_h)} model (seed "
+      f"{shown_seed}) on the held-out batch of the table, in a browser: "
+      "[explorer.html](explorer.html) (the inputs are vectors, so positions "
+      "label them).",
       "",
       f"## Part B: one head of width d_k fitted to a random {e.fit_n}x"
       f"{e.fit_n} attention matrix",

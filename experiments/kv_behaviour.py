@@ -15,7 +15,8 @@ every evaluation (the time until it first drops below
 `experiment.loss_threshold`, per seed, as a survival curve), and at the end
 the eval loss and accuracy and the accuracy of free-running generation with
 the KV cache (`mha_jax.continuations`). Every variant is compared with MHA
-by Welch 95% intervals. Writes report.md, results.json and PNG figures;
+by Welch 95% intervals. Writes report.md, results.json, PNG figures and
+explorer.html (every head of the first seed's MHA model, in a browser);
 results.json is in the format `experiments.kv_cache --behaviour_results`
 reads ("runs": one display row per variant, "variants": the numbers behind
 them).
@@ -36,10 +37,12 @@ from ml_collections import config_flags
 from experiments import common
 from mha_jax import continuations
 from mha_jax import curves
+from mha_jax import explorer
 from mha_jax import held_out
 from mha_jax import kv_variants
 from mha_jax import runs
 from mha_jax import stats
+from mha_jax import train
 
 COMMAND = "python -m experiments.kv_behaviour --workdir=runs/kv_behaviour"
 
@@ -79,6 +82,22 @@ def measure(run) -> dict:
           "attention_params_per_layer": attn_params,
           "cache_bytes_per_token": cache_bytes,
           "curve": {"steps": steps, "loss": losses}}
+
+
+def _write_explorer(run, workdir, title: str):
+  """explorer.html in `workdir` of one trained `runs.SeedRun`.
+
+  On the held-out sequences `measure` cuts its generation prompts from
+  (same size and key), so the page's loss and accuracy are the run's
+  teacher-forced numbers.
+  """
+  batch = held_out.analysis_batch(
+      run.config, run.config.experiment.generate_examples,
+      seed=held_out.ANALYSIS_SEED + run.seed)
+  return explorer.write_explorer(
+      run.state.model(), batch, pathlib.Path(workdir) / "explorer.html",
+      loss=run.state.loss,
+      init_model=train.create_train_state(run.config).model(), title=title)
 
 
 def variant_specs(config) -> list[dict]:
@@ -308,6 +327,14 @@ def _report(config, variants, rows, comparisons, at_steps, wall_s,
       common.md_table(["variant"] + [f"step {s}" for s in e.report_steps],
                       step_rows), "",
       "![loss_curves.png](loss_curves.png)", "",
+      f"Every head of the {ref['name']} model (seed {e.seeds[0]}) in a "
+      f"browser, on the {e.generate_examples} held-out sequences its "
+      "cached-generation prompts are cut from: "
+      "[explorer.html](explorer.html). Another run's page, for example "
+      f"seed {e.seeds[0]} of {variants[-1]['name']}: `python -m "
+      "experiments.explore --workdir=runs/kv_behaviour/"
+      f"{variants[-1]['key']}_seed{e.seeds[0]} --batch_from_task "
+      f"--num_examples={e.generate_examples}`.", "",
       "## What this shows", ""] + _conclusions(config, variants,
                                                 comparisons)
   return "\n".join(text)
@@ -349,6 +376,10 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
                             **{"model.num_kv_heads": v["num_kv_heads"],
                                "model.head_dim": v["head_dim"]}):
       per_seed[r.run_dir.name] = measure(r)
+      if v is specs[0] and r.seed == e.seeds[0]:
+        # The reference every variant is compared with, in a browser.
+        _write_explorer(r, workdir, f"{v['name']} ({r.config.model.num_heads} "
+                        f"query heads), seed {r.seed}")
   variants = kv_variants.summarise(specs, e.seeds, per_seed,
                                    config.train.num_steps)
   comparisons = [kv_variants.compare(r, v)

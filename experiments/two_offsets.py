@@ -7,7 +7,8 @@ attention layer at fixed d_model for every h in the config, plus two
 single-head controls with more capacity (a 4x wider model; an added MLP),
 each setting at its own learning rate (chosen from a grid on a separate
 seed) and checked for a plateau; then the token version (class of
-(x_{t-1}, x_{t-3})). Writes report.md, results.json and PNG figures into
+(x_{t-1}, x_{t-3})). Writes report.md, results.json, PNG figures and
+explorer.html (every head of one continuous model, in a browser) into
 --workdir.
 """
 
@@ -23,8 +24,11 @@ import numpy as np
 
 from experiments import common
 from mha_jax import curves
+from mha_jax import explorer
+from mha_jax import held_out
 from mha_jax import plots
 from mha_jax import stats
+from mha_jax import train
 from mha_jax import two_offsets
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -43,6 +47,36 @@ FLOOR = 0.5  # NMSE of the best linear read-out of one fixed blend
 
 def summarise(runs, key) -> dict:
   return stats.summary([r[key] for r in runs])
+
+
+def explorer_run(config) -> tuple[int, int]:
+  """`(h, seed)` of the continuous run the explorer page shows: the
+  fewest heads above one (each head can own one offset), first seed."""
+  e = config.experiment
+  return next((h for h in e.heads if h > 1), e.heads[0]), e.seeds[0]
+
+
+def _run_folder(task: str, h: int, seed: int) -> str:
+  """The folder of the reported run of `h` heads on `task`."""
+  # The sweep names its folders; reuse its rule rather than a copy of it.
+  return two_offsets.run_name(
+      task, f"h={h}", "s").format(seed=seed)
+
+
+def _write_explorer(config, workdir) -> pathlib.Path:
+  """explorer.html of one reported continuous run, on the held-out batch
+  its row of the NMSE table was measured on."""
+  h, seed = explorer_run(config)
+  # The sweep keeps numbers, not models: load the run from its folder.
+  state, run_config = train.load_state(
+      workdir / _run_folder("two_offset_continuous", h, seed))
+  batch = held_out.analysis_batch(run_config,
+                                  config.experiment.analysis_examples,
+                                  seed=held_out.ANALYSIS_SEED + seed)
+  return explorer.write_explorer(
+      state.model(), batch, workdir / "explorer.html", loss=state.loss,
+      init_model=train.create_train_state(run_config).model(),
+      title=f"Two offsets, continuous task: one layer, h={h}, seed {seed}")
 
 
 def run(config, workdir, *, reuse_runs: bool = False) -> dict:
@@ -77,6 +111,7 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
                                                            "h=1"),
   }
   _figures(config, workdir, cont)
+  _write_explorer(config, workdir)
   wall_s = time.time() - start
   results = {"continuous": cont, "token": tok, "summary": summary,
              "selection": tuned["selection"], "plateau": tuned["plateau"],
@@ -199,6 +234,8 @@ def _report(config, results, wall_s):
       "![nmse_curves.png](nmse_curves.png)",
       "![attention.png](attention.png)",
       "",
+      _explorer_text(config),
+      "",
       "## Token version: class of the pair (x_{t-1}, x_{t-3}), "
       f"{config.task.vocab_size} symbols, chance accuracy "
       f"1/{config.task.vocab_size ** 2}",
@@ -217,6 +254,20 @@ def _report(config, results, wall_s):
       "",
   ] + _conclusions(config, results)
   return "\n".join(lines)
+
+
+def _explorer_text(config) -> str:
+  """The report's line that links explorer.html."""
+  e = config.experiment
+  h, seed = explorer_run(config)
+  text = (f"Every head of the h={h} model (seed {seed}) on the held-out "
+          "batch of the table, in a browser: [explorer.html](explorer.html) "
+          "(the inputs are vectors, so positions label them).")
+  if h in e.token_heads:
+    text += (f" The token version's h={h} model (seed {seed}) gets its page "
+             "from `python -m experiments.explore --workdir=runs/two_offsets/"
+             f"{_run_folder('two_offset_token', h, seed)} --batch_from_task`.")
+  return text
 
 
 def _ival(summ):

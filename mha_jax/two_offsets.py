@@ -76,7 +76,8 @@ def offset_profile(weights) -> list[np.ndarray]:
   return [np.asarray(x) for x in _profile(weights[0])]
 
 
-def _run_name(task, label, suffix):
+def run_name(task, label, suffix):
+  """The folder name of one sweep run, with a `{seed}` field to format."""
   return re.sub(r"[^A-Za-z0-9]+", "_", f"{task}_{label}_{suffix}") + "{seed}"
 
 
@@ -107,7 +108,7 @@ def sweep(config, workdir, task: str, setting_list, *, seeds=None,
   for label, overrides in setting_list:
     out[label] = []
     for r in runs.seed_runs(base, workdir, seeds,
-                            _run_name(task, label, suffix), reuse=reuse,
+                            run_name(task, label, suffix), reuse=reuse,
                             **overrides):
       batch = batches[r.seed]
       model = r.state.model()

@@ -18,6 +18,7 @@ import importlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -80,6 +81,33 @@ def _row(rows, first_cell):
   matches = [r for r in rows if r[0] == str(first_cell)]
   assert len(matches) == 1, (first_cell, rows)
   return matches[0]
+
+
+def _explorer_page(workdir, report) -> dict:
+  """The explorer page the report links, as the page's script reads it
+  ("title", "info" pairs, one entry per attention kind in "kinds")."""
+  assert "[explorer.html](explorer.html)" in report
+  text = (pathlib.Path(workdir) / "explorer.html").read_text()
+  found = re.search(r'<script type="application/json" id="data">(.*?)'
+                    r"</script>", text, re.S)
+  assert found, "explorer.html holds no page data"
+  return json.loads(found.group(1))
+
+
+def _page_eval(page) -> dict:
+  """{metric: value} the page states for its batch (4 decimals)."""
+  text = dict(page["info"])["loss on the batch"]
+  return {k: float(v) for k, v in (p.split() for p in text.split(" | "))}
+
+
+def _explore_command_run(workdir, report, experiment):
+  """The run folder a report's `experiments.explore` command names: it
+  must be one of this workdir's runs."""
+  found = re.search(rf"--workdir=runs/{experiment}/(\S+) --batch_from_task",
+                    report)
+  assert found, report
+  assert (pathlib.Path(workdir) / found.group(1) / "config.json").is_file()
+  return found.group(1)
 
 
 def test_induction(tmp_path):
@@ -175,6 +203,18 @@ def test_two_offsets(tmp_path):
   acc = summary["token"]["h=2"]["accuracy"]
   assert acc["values"] == [r["accuracy"] for r in results["token"]["h=2"]]
   assert _row(tok, "h=2")[1] == common.fmt(acc["mean"], acc["std"])
+  # The browser page: the h=2 continuous model of seed 0 on the batch of
+  # its table row (the same loss), positions as labels.
+  page = _explorer_page(tmp_path, report)
+  assert page["title"] == ("Two offsets, continuous task: one layer, h=2, "
+                           "seed 0")
+  (kind,) = page["kinds"]
+  assert (kind["num_layers"], kind["num_heads"]) == (1, 2)
+  assert kind["query_labels"][:2] == ["@0", "@1"]
+  assert _page_eval(page)["loss"] == pytest.approx(
+      results["continuous"]["h=2"][0]["loss"], abs=1e-4)
+  assert _explore_command_run(tmp_path, report, "two_offsets") == (
+      "two_offset_token_h_2_s0")
 
 
 def test_head_dim(tmp_path):
@@ -197,6 +237,14 @@ def test_head_dim(tmp_path):
   for row, kl, err in zip(part_b, fit["kl"], fit["max_error"]):
     m, s = common.mean_std(kl)
     assert row[1:] == [f"{m:.2e} ± {s:.1e}", f"{np.mean(err):.3f}"]
+  # The browser page: the narrowest heads (h=2, d_k=4 here), seed 0, on
+  # the batch of their table row.
+  page = _explorer_page(tmp_path, report)
+  assert page["title"] == "Head width: one layer, h=2 (d_k=4), seed 0"
+  (kind,) = page["kinds"]
+  assert kind["num_heads"] == max(config.experiment.heads) == 2
+  assert _page_eval(page)["loss"] == pytest.approx(
+      results["part_a"]["h=2 (d_k=4)"][0]["loss"], abs=1e-4)
 
 
 def test_cross_attention(tmp_path):
@@ -324,6 +372,18 @@ def test_kv_behaviour_then_kv_cache(tmp_path):
       f"{loss:.3f} ({acc:.3f})" for loss, acc in zip(
           mha["eval_loss"]["values"],
           mha["generation_token_accuracy"]["values"])]
+  # The browser page: MHA, seed 0, on the sequences its generation prompts
+  # are cut from, so its accuracy is the teacher-forced one.
+  page = _explorer_page(tmp_path / "behaviour", report)
+  assert page["title"].startswith("MHA (") and page["title"].endswith(
+      ", seed 0")
+  (kind,) = page["kinds"]
+  assert kind["num_heads"] == config.model.num_heads
+  assert _page_eval(page)["accuracy"] == pytest.approx(
+      behaviour["per_seed"][f"{mha['key']}_seed0"]["teacher_forced_accuracy"],
+      abs=1e-4)
+  assert _explore_command_run(tmp_path / "behaviour", report,
+                              "kv_behaviour") == f"{mqa['key']}_seed0"
 
   cfg = _config("kv_cache")
   workdir = tmp_path / "kv_cache"
@@ -461,3 +521,16 @@ def test_circuits(tmp_path):
   np.testing.assert_allclose(run["dynamics"]["loss"][-1],
                              -run["heads"]["noise"]["reference"][0],
                              rtol=1e-5)  # the same batch, the same model
+  # The browser page: seed 0 on the clean pairs (its loss is minus the
+  # clean metric), each head's patching numbers beside its scores.
+  page = _explorer_page(tmp_path, report)
+  assert _page_eval(page)["loss"] == pytest.approx(
+      -run["heads"]["noise"]["reference"][0], abs=1e-4)
+  (kind,) = page["kinds"]
+  table = kind["table"]
+  keys = [c["key"] for c in table["columns"]]
+  for d in ("denoise", "noise"):
+    for m in ("activation", "attribution"):
+      col = keys.index(f"{d} {m} patching")
+      assert [r["values"][col] for r in table["rows"]] == [
+          v for layer in run["heads"][d][m] for v in layer]
