@@ -9,7 +9,9 @@ About 5 minutes on 2 idle cores with the defaults. Shape sets: "standard"
 and "bf16" time `shape` in float32 and bfloat16 (forward and
 forward+backward, not causal); "long" times B=1, D and h of `long_shape` at
 every n of `long_n`, causal and not, plus forward-only causal runs at every
-n of `long_fwd_n`. `:smoke` times two paths on one tiny shape (seconds).
+n of `long_fwd_n`; "window" times a causal sliding window of `window`
+keys at every n of `window_n` (B, D and h of `long_shape`). `:smoke`
+times two paths on one tiny shape (seconds).
 """
 
 import ml_collections
@@ -27,6 +29,10 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.long_shape = ml_collections.ConfigDict(dict(B=1, D=512, h=8))
   c.long_n = (2048,)  # "long": causal and not, fwd and fwd+bwd
   c.long_fwd_n = ()  # "long": forward-only causal lengths (none)
+  # "window" (not in the default sets: --config.sets=window): causal
+  # sliding window of `window` keys back at every n of `window_n`.
+  c.window = 512
+  c.window_n = (1024, 16384)
   # Paths to time, comma-separated; empty: all of them. Ours: default, vmap,
   # einsum, flash, xla, auto; the anchors that ratios divide by (the fastest
   # anchor of a shape is 1x): flax.linen, flax.nnx, jax.nn, torch.

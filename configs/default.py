@@ -59,7 +59,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   m.head_dim = 0  # Dh, per-head width; 0 means d_model // num_heads
   m.mlp_dim = 0  # MLP hidden width; 0 means 4 * d_model
   m.attention_only = True  # drop the MLPs (attention + residuals only)
-  m.positions = "learned"  # learned | sinusoidal | rotary | none
+  m.positions = "learned"  # learned | sinusoidal | rotary | alibi | none
   m.max_len = 0  # longest sequence; 0 means the task's seq_len
   m.final_ln = True  # LayerNorm before the readout (decoder models)
   m.use_bias = False  # biases on the attention projections
@@ -68,6 +68,12 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # einsum | flash | xla | cudnn | auto. Only vmap and einsum form the
   # weights that return_weights and the head analyses read.
   m.implementation = "einsum"
+  # Attention variants (mha_jax.score_rules; 0 / "" / False: off).
+  m.local_window = 0  # W > 0: keys at most W positions away (sliding)
+  m.logit_soft_cap = 0.0  # c > 0: scores -> c * tanh(scores / c)
+  m.attn_scale = 0.0  # > 0: the q.k multiplier instead of 1 / sqrt(Dh)
+  m.attention_sinks = False  # a learned sink logit per head
+  m.qk_norm = ""  # "" | rms | layer: QK-norm on q and k per head
   m.dtype = "float32"  # compute dtype (softmax stays float32)
   m.param_dtype = "float32"  # parameter storage dtype
 

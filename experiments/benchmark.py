@@ -50,8 +50,9 @@ def markdown(rows, mm, matmul_n=2048):
     group = [r for r in rows if (r["set"], r["n"], r["causal"], r["dtype"],
                                  tuple(r["modes"])) == key]
     s = group[0]
+    window = f" window={s['window']}" if s.get("window") else ""
     out.append(f"### {s['set']}: B={s['B']} n={s['n']} D={s['D']} h={s['h']}"
-               f" {s['dtype']} causal={s['causal']}")
+               f" {s['dtype']} causal={s['causal']}{window}")
     out.append("")
     head = "| path |"
     for m in s["modes"]:
@@ -75,7 +76,30 @@ def markdown(rows, mm, matmul_n=2048):
                f" {_fmt(temp and temp / 2**20, '.0f')} |")
       out.append(line)
     out.append("")
+  out += window_scaling(rows)
   return "\n".join(out)
+
+
+def window_scaling(rows) -> list[str]:
+  """Lines comparing each path's sliding-window time at the longest n
+  with its time at the shortest scaled by the length ratio (1.0 = linear
+  in n), for time and peak RSS."""
+  timed = [r for r in rows if r["set"] == "window" and "fwdbwd_ms" in r]
+  lines = []
+  for path in dict.fromkeys(r["path"] for r in timed):
+    mine = sorted((r for r in timed if r["path"] == path),
+                  key=lambda r: r["n"])
+    if len(mine) < 2:
+      continue
+    lo, hi = mine[0], mine[-1]
+    grow = hi["n"] / lo["n"]
+    lines.append(
+        f"- {path}: fwd+bwd at n={hi['n']} is "
+        f"{hi['fwdbwd_ms'] / (grow * lo['fwdbwd_ms']):.2f}x its n={lo['n']} "
+        f"time scaled by {grow:g} (1.00 = linear in n); peak RSS grew "
+        f"{hi['fwdbwd_rss'] / lo['fwdbwd_rss']:.2f}x.")
+  return (["### window: time against length", ""] + lines + [""]
+          if lines else [])
 
 
 def run(config, workdir) -> dict:

@@ -6,6 +6,9 @@ Dh per-head query/key width, Dv per-head value width.
 
     Attention(Q, K, V) = softmax(Q K^T / sqrt(Dh) + bias + M) V
 
+and the variants of `mha_jax.score_rules` (local windows, packed segments,
+soft-capping, sinks, another scale, ALiBi), passed as `rules=`.
+
 Policies that hold on every path:
   * The boolean mask is applied BEFORE the softmax, as -inf on forbidden keys,
     so they get exactly zero weight (after the softmax would leak mass).
@@ -27,7 +30,7 @@ import jax.numpy as jnp
 from mha_jax import auto_select
 from mha_jax import flash
 from mha_jax import hooks as hooks_lib
-from mha_jax import masks as masks_lib
+from mha_jax import score_rules
 from mha_jax import xla_attention
 
 
@@ -54,6 +57,17 @@ def _softmax_rows_jvp(primals, tangents):
   (x,), (x_dot,) = primals, tangents
   y = _softmax_rows(x)
   return y, y * (x_dot - jnp.sum(y * x_dot, axis=-1, keepdims=True))
+
+
+def softmax_with_sink(scores: jax.Array, sinks: jax.Array | None):
+  """The softmax of rows of `scores [..., Tk]` with one extra column of
+  logit `sinks` (broadcast to `[..., 1]`) that is dropped afterwards: the
+  weights of the real keys, summing to 1 minus the sink's share."""
+  if sinks is None:
+    return _softmax_rows(scores)
+  column = jnp.broadcast_to(sinks.astype(jnp.float32),
+                            scores.shape[:-1] + (1,))
+  return _softmax_rows(jnp.concatenate([scores, column], axis=-1))[..., :-1]
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
@@ -102,22 +116,28 @@ def _check_broadcast(name, arr, target, *, boolean, fn):
                      f"{list(target)}")
 
 
-def _head_scores(q, k, mask, bias, *, is_causal):
+def _head_scores(q, k, mask, bias, slope, q_pos, q_seg, k_seg, *,
+                 is_causal, rules):
   """One head: q [Tq,Dh], k [Tk,Dh] -> float32 scores [Tq,Tk].
 
-  Scaled dot products plus `bias`, and -inf where `mask` (or the causal
-  rule) forbids a key: the softmax's input, as the `scores` hook sees it.
+  Scaled dot products plus `bias` (and ALiBi's `slope` term, soft-capped
+  by `rules`), and -inf where `mask`, the causal rule, the window or the
+  segments `q_seg [Tq]`, `k_seg [Tk]` forbid a key: the softmax's input,
+  as the `scores` hook sees it. `q_pos [Tq]`: the queries' key positions
+  (None: bottom-right).
   """
-  scale = q.shape[-1] ** -0.5
-  logits = jnp.einsum("qd,kd->qk", q, k,
-                      preferred_element_type=jnp.float32) * scale  # [Tq, Tk]
-  if bias is not None:
-    logits = logits + bias.astype(jnp.float32)
-  if is_causal:
-    mask = masks_lib.combine_masks(
-        mask, masks_lib.causal_mask(q.shape[0], k.shape[0]))
-  # -inf rather than a large negative number: exp(-inf) is exactly 0.
-  return logits if mask is None else jnp.where(mask, logits, -jnp.inf)
+  tq, tk = q.shape[0], k.shape[0]
+  if q_pos is None:
+    q_pos = score_rules.default_q_positions(tq, tk)
+  k_pos = jnp.arange(tk)
+  qk = jnp.einsum("qd,kd->qk", q, k,
+                  preferred_element_type=jnp.float32)  # [Tq, Tk]
+  ok = score_rules.allowed(q_pos, k_pos, mask=mask, is_causal=is_causal,
+                           rules=rules, q_seg=q_seg, k_seg=k_seg)
+  s, _ = score_rules.scores(qk, q_pos, k_pos,
+                            scale=score_rules.scale_of(rules, q.shape[-1]),
+                            rules=rules, bias=bias, slopes=slope, ok=ok)
+  return s
 
 
 def _head_mix(weights, v):
@@ -140,8 +160,9 @@ def scaled_dot_product_attention(q, k, v, *, mask=None, bias=None):
   _check_broadcast("bias", bias, target, boolean=False, fn=fn)
   as_2d = lambda x: None if x is None else jnp.reshape(
       x, (1,) * (2 - jnp.ndim(x)) + jnp.shape(x))
-  weights = _softmax_rows(_head_scores(q, k, as_2d(mask), as_2d(bias),
-                                       is_causal=False))
+  weights = _softmax_rows(_head_scores(
+      q, k, as_2d(mask), as_2d(bias), None, None, None, None,
+      is_causal=False, rules=score_rules.NO_RULES))
   return _head_mix(weights, v), weights
 
 
@@ -154,21 +175,24 @@ def _to_4d(x):
   return None if x is None else jnp.reshape(x, (1,) * (4 - x.ndim) + x.shape)
 
 
-def _weights(scores, keep, dropout_rate, hooks):
+def _weights(scores, keep, dropout_rate, hooks, sinks=None):
   """scores `[B,H,Tq,Tk]` -> the `pattern` `[B,H,Tq,Tk]` and the weights
-  the values are mixed with (the pattern after dropout).
+  the values are mixed with (the pattern after dropout). `sinks [H]`: each
+  head's sink logit, a softmax column that is not part of the pattern.
 
   The hook sites of stage 3 on the paths that form weights: `scores` may
   be read or replaced before the softmax, `pattern` after it.
   """
-  pattern = hooks("pattern", _softmax_rows(hooks("scores", scores)))
+  sinks = None if sinks is None else sinks[None, :, None, None]
+  pattern = hooks("pattern", softmax_with_sink(hooks("scores", scores),
+                                               sinks))
   if keep is None:
     return pattern, pattern
   return pattern, jnp.where(keep, pattern / (1.0 - dropout_rate), 0.0)
 
 
 def _attend_vmap(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
-                 hooks):
+                 hooks, rules=score_rules.NO_RULES):
   """Reference path: the one-head functions mapped with jax.vmap over G,
   K, then B (scores, then mixing the values); the softmax between them
   is elementwise over rows, so it runs on all heads at once."""
@@ -197,14 +221,24 @@ def _attend_vmap(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   mask, mb, mk, mg = split_heads_axis(_to_4d(mask))
   bias, bb, bk, bg = split_heads_axis(_to_4d(bias))
 
-  head = functools.partial(_head_scores, is_causal=is_causal)
+  # Per-head and per-row vectors of the score rules, and the axes they map.
+  slope = (None if rules.alibi_slopes is None
+           else rules.alibi_slopes.reshape(kh, g))  # [K, G]
+  sk = sg = None if slope is None else 0
+  per_row = lambda x: (None, None) if x is None else (x, 0)  # [B, T]
+  q_pos, pb = per_row(rules.q_positions)
+  q_seg, qsb = per_row(rules.q_segment_ids)
+  k_seg, ksb = per_row(rules.kv_segment_ids)
+
+  head = functools.partial(_head_scores, is_causal=is_causal, rules=rules)
   # Over the G query heads that share one kv head: q is [Tq, G, Dh].
-  over_g = jax.vmap(head, in_axes=(1, None, mg, bg))
+  over_g = jax.vmap(head, in_axes=(1, None, mg, bg, sg, None, None, None))
   # Over the K kv heads: q [Tq, K, G, Dh], k [Tk, K, Dh].
-  over_k = jax.vmap(over_g, in_axes=(1, 1, mk, bk))
-  over_b = jax.vmap(over_k, in_axes=(0, 0, mb, bb))
-  scores = over_b(q, k, mask, bias).reshape(b, h, tq, tk)  # from [B,K,G,..]
-  pattern, weights = _weights(scores, keep, dropout_rate, hooks)
+  over_k = jax.vmap(over_g, in_axes=(1, 1, mk, bk, sk, None, None, None))
+  over_b = jax.vmap(over_k, in_axes=(0, 0, mb, bb, None, pb, qsb, ksb))
+  scores = over_b(q, k, mask, bias, slope, q_pos, q_seg, k_seg).reshape(
+      b, h, tq, tk)  # from [B, K, G, Tq, Tk]
+  pattern, weights = _weights(scores, keep, dropout_rate, hooks, rules.sinks)
 
   mix_g = jax.vmap(_head_mix, in_axes=(0, None), out_axes=1)  # [Tq, G, Dv]
   mix_k = jax.vmap(mix_g, in_axes=(0, 1), out_axes=1)  # [Tq, K, G, Dv]
@@ -214,7 +248,7 @@ def _attend_vmap(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
 
 
 def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
-                   hooks):
+                   hooks, rules=score_rules.NO_RULES):
   """Fused path: batched einsums; GQA by grouping q, never repeating k/v."""
   b, tq, h, dh = q.shape
   tk, kh = k.shape[1], k.shape[2]
@@ -224,8 +258,8 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   # CPU transposed the whole score matrix after the matmul (compiled HLO).
   qg = q.reshape(b, tq, kh, g, dh).transpose(0, 2, 3, 1, 4)  # [B,K,G,Tq,Dh]
   kt = k.transpose(0, 2, 1, 3)  # [B, K, Tk, Dh]
-  logits = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt,
-                      preferred_element_type=jnp.float32) * dh ** -0.5
+  qk = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt,
+                  preferred_element_type=jnp.float32)
 
   def to_5d(x):  # [b?, h?, tq?, tk?] -> [b?, K?, G?, tq?, tk?]
     if x is None:
@@ -234,16 +268,21 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
       return x.reshape(x.shape[0], kh, g, *x.shape[2:])
     return x[:, :, None]
 
-  if bias is not None:
-    logits = logits + to_5d(_to_4d(bias)).astype(jnp.float32)
-  mask = to_5d(_to_4d(mask))
-  if is_causal:
-    causal = masks_lib.causal_mask(tq, tk)[None, None, None]  # [1,1,1,Tq,Tk]
-    mask = masks_lib.combine_masks(mask, causal)
-  if mask is not None:
-    logits = jnp.where(mask, logits, -jnp.inf)
+  rows = lambda x: None if x is None else x[:, None, None]  # [B,1,1,T]
+  q_pos = (score_rules.default_q_positions(tq, tk)[None, None, None]
+           if rules.q_positions is None else rows(rules.q_positions))
+  k_pos = jnp.arange(tk)
+  ok = score_rules.allowed(
+      q_pos, k_pos, mask=to_5d(_to_4d(mask)), is_causal=is_causal,
+      rules=rules, q_seg=rows(rules.q_segment_ids),
+      k_seg=rows(rules.kv_segment_ids))
+  slopes = (None if rules.alibi_slopes is None else
+            rules.alibi_slopes.reshape(1, kh, g, 1, 1))
+  logits, _ = score_rules.scores(
+      qk, q_pos, k_pos, scale=score_rules.scale_of(rules, dh), rules=rules,
+      bias=to_5d(_to_4d(bias)), slopes=slopes, ok=ok)
   pattern, weights = _weights(logits.reshape(b, h, tq, tk), keep,
-                              dropout_rate, hooks)
+                              dropout_rate, hooks, rules.sinks)
   weights = weights.reshape(b, kh, g, tq, tk).astype(v.dtype)
   # Weights on the left, output [B, K, G, Tq, Dv]: asking einsum for
   # "bqkgd" directly made XLA compute (W V)^T as V^T W^T, which took twice
@@ -277,16 +316,18 @@ def choose_implementation(q, k, *, dropout=False, backend=None):
                                 backend=backend).implementation
 
 
-def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
+def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
+                 rules=score_rules.NO_RULES):
   """The path `auto_select` picks for this call (`mha_jax.explain_auto`
   says which and why); on CPU "flash", or "einsum" under dropout."""
   impl = auto_select.select_for(q, k, v, mask=mask, bias=bias,
-                                is_causal=is_causal,
-                                dropout=keep is not None).implementation
+                                is_causal=is_causal, dropout=keep is not None,
+                                rules=rules.active()).implementation
   extra = {} if impl in WEIGHTLESS else {"hooks": hooks_lib.NO_HOOKS}
   out, _ = IMPLEMENTATIONS[impl](q, k, v, mask, bias, keep,
                                  is_causal=is_causal,
-                                 dropout_rate=dropout_rate, **extra)
+                                 dropout_rate=dropout_rate, rules=rules,
+                                 **extra)
   return out, None
 
 
@@ -306,7 +347,8 @@ def weightless_reason(implementation: str) -> str:
           "weights)")
 
 
-def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend"):
+def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend",
+                        rules=score_rules.NO_RULES):
   """Validate head-split inputs; raise naming the argument. Returns nothing."""
   for name, arr in (("q", q), ("k", k), ("v", v)):
     if jnp.ndim(arr) != 4:
@@ -334,11 +376,15 @@ def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend"):
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"{fn}: unknown `implementation`={implementation!r}; "
                      f"expected one of {sorted(IMPLEMENTATIONS)}")
+  score_rules.check(rules, batch=b, q_len=tq, kv_len=k.shape[1],
+                    num_heads=h, fn=fn)
+  if implementation in ("xla", "cudnn"):
+    xla_attention.check_rules(rules, implementation, fn)
 
 
 def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
            implementation="vmap", dropout_rate=0.0, dropout_rng=None,
-           hooks=hooks_lib.NO_HOOKS):
+           hooks=hooks_lib.NO_HOOKS, rules=score_rules.NO_RULES):
   """Stage 3 for all heads: q `[B,Tq,H,Dh]`, k `[B,Tk,K,Dh]`, v `[B,Tk,K,Dv]`.
 
   Query head i reads kv head `i // (H // K)`. `mask` (bool) and `bias`
@@ -347,11 +393,14 @@ def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
   needs `dropout_rng`) zeroes weights after the softmax and rescales the rest;
   the same keep pattern is used by every implementation. `hooks` (see
   `mha_jax.hooks`) may read or replace the `scores` and `pattern` sites on
-  the paths that form them.
+  the paths that form them. `rules` (`score_rules.ScoreRules`): local
+  window, segment ids, soft cap, sinks, scale, ALiBi, query positions; all
+  of them on "vmap", "einsum" and "flash", what jax.nn supports natively
+  on "xla"/"cudnn" (the rest is refused naming the option).
   Returns `(out [B, Tq, H, Dv], pattern [B, H, Tq, Tk] float32)`; the
   pattern is None on the paths in `WEIGHTLESS`.
   """
-  check_attend_inputs(q, k, v, mask, bias, implementation)
+  check_attend_inputs(q, k, v, mask, bias, implementation, rules=rules)
   if implementation in WEIGHTLESS and any(
       hooks.wants(s) for s in hooks_lib.WEIGHT_SITES):
     raise ValueError(f"attend: {weightless_reason(implementation)}")
@@ -367,4 +416,4 @@ def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
   extra = {} if implementation in WEIGHTLESS else {"hooks": hooks}
   return IMPLEMENTATIONS[implementation](
       q, k, v, mask, bias, keep, is_causal=is_causal,
-      dropout_rate=dropout_rate, **extra)
+      dropout_rate=dropout_rate, rules=rules, **extra)

@@ -194,7 +194,7 @@ def select(backend: str, *, q_dtype, k_dtype=None, v_dtype=None,
            num_kv_heads: int | None = None, mask=False, bias=False,
            is_causal: bool = False, dropout: bool = False,
            weights: bool = False, gpu_capability=None, cudnn: bool = True,
-           available=ADAPTED) -> AutoChoice:
+           available=ADAPTED, rules=()) -> AutoChoice:
   """The implementation `auto` uses for one call, and why.
 
   Args:
@@ -213,6 +213,9 @@ def select(backend: str, *, q_dtype, k_dtype=None, v_dtype=None,
       (the cuDNN head-width limit of older GPUs is used).
     cudnn: the GPU is a CUDA device with cuDNN.
     available: the implementations that may be returned.
+    rules: names of the `score_rules.ScoreRules` options in use
+      (`ScoreRules.active()`); those jax.nn or Pallas cannot express send
+      the call to the blockwise path.
   Returns:
     `AutoChoice(implementation, reason, ruled_out)`.
   """
@@ -257,6 +260,21 @@ def select(backend: str, *, q_dtype, k_dtype=None, v_dtype=None,
         "faster" + ("; `attend(implementation='auto')` refuses weight hooks, "
                     "pass implementation='einsum'" if weights else ""),
         tuple((n, why) for n in weightless))
+
+  # Options only mha_jax's own paths implement (jax.nn has scale and a
+  # window; the adapters to fused kernels are verified without the rest).
+  foreign = [r for r in rules if r not in ("scale", "local_window")]
+  if backend != "cpu" and (foreign or "local_window" in rules):
+    names = ", ".join(foreign or ["local_window"])
+    fused = [n for n in weightless if n != "flash"]
+    why = (f"the score rules {names} have no counterpart in it" if foreign
+           else "mha_jax has not verified its sliding window on a device")
+    if not foreign and "xla" in fused and "xla" in available:
+      return AutoChoice("xla", "jax.nn.dot_product_attention takes the local"
+                        " window natively", tuple(
+                            (n, why) for n in fused if n != "xla"))
+    return AutoChoice("flash", f"the blockwise path implements {names}",
+                      tuple((n, why) for n in fused))
 
   if backend == "cpu":
     return AutoChoice("flash", "on CPU the blockwise path measured fastest at "
@@ -314,7 +332,8 @@ def _shape(x):
 
 
 def select_for(q, k, v, *, mask=None, bias=None, is_causal=False,
-               dropout=False, weights=False, backend=None) -> AutoChoice:
+               dropout=False, weights=False, backend=None,
+               rules=()) -> AutoChoice:
   """`select` for arrays (or `jax.ShapeDtypeStruct`s) laid out as `attend`
   takes them: q `[B,Tq,H,Dh]`, k `[B,Tk,K,Dh]`, v `[B,Tk,K,Dv]`, mask/bias
   broadcastable to `[B,H,Tq,Tk]`. `backend` defaults to JAX's default; on a
@@ -335,7 +354,7 @@ def select_for(q, k, v, *, mask=None, bias=None, is_causal=False,
       batch=b, num_heads=h, num_kv_heads=k.shape[2],
       mask=_shape(mask), bias=_shape(bias),
       is_causal=is_causal, dropout=dropout, weights=weights,
-      gpu_capability=capability, cudnn=cudnn)
+      gpu_capability=capability, cudnn=cudnn, rules=tuple(rules))
 
 
 def explain_auto(q, k, v=None, *, mask=None, bias=None, is_causal=False,

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from mha_jax import flops
 from mha_jax import multi_head
 from mha_jax import params as params_lib
+from mha_jax import score_rules
 from mha_jax import timing
 
 ANCHORS = ["flax.linen", "flax.nnx", "jax.nn", "torch"]
@@ -64,14 +65,24 @@ def shape_sets(config) -> dict:
               + [dict(B=long.B, n=int(n), D=long.D, h=long.h,
                       dtype="float32", causal=True, modes=["fwd"])
                  for n in config.long_fwd_n],
+      # Causal sliding-window attention: the blockwise path visits only
+      # the key blocks inside the window, so its time should grow like n.
+      "window": [dict(B=long.B, n=int(n), D=long.D, h=long.h,
+                      dtype="float32", causal=True, window=config.window,
+                      modes=both) for n in config.window_n],
   }
   return sets
+
+
+# Anchors with no sliding window: a window shape skips them.
+_NO_WINDOW = ("flax.linen", "flax.nnx", "torch")
 
 
 def _build(path, shape):
   """(fn(state, x) -> y, state, x) for one path on one shape."""
   b, n, d, h = shape["B"], shape["n"], shape["D"], shape["h"]
   dtype, causal = jnp.dtype(shape["dtype"]), shape["causal"]
+  window = shape.get("window")  # keys at most this far back, or None
   x = jax.random.normal(jax.random.PRNGKey(1), (b, n, d), jnp.float32)
   x = x.astype(dtype)
   if path in OURS or path == "jax.nn":
@@ -80,10 +91,14 @@ def _build(path, shape):
     if path == "jax.nn":  # the same projections around jax.nn's kernel
       def fn(p, x):
         q, k, v = multi_head.project_qkv(p, x)
-        o = jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+        o = jax.nn.dot_product_attention(
+            q, k, v, is_causal=causal,
+            local_window_size=None if window is None else (window, 0))
         return multi_head.project_out(multi_head.merge_heads(o), p["w_o"])
       return fn, params, x
     kw = {} if path == "default" else {"implementation": path}
+    if window is not None:
+      kw["rules"] = score_rules.ScoreRules(local_window=(window, 0))
     return (lambda p, x: multi_head.multi_head_attention(
         p, x, is_causal=causal, **kw)), params, x
   if path == "flax.linen":
@@ -204,7 +219,9 @@ def measure(config, set_name, shape, paths, mm_gflops):
     row = {"set": set_name, "path": path, **shape,
            "kind": "anchor" if path in ANCHORS else "ours"}
     score_gib = 4 * shape["B"] * shape["h"] * shape["n"] ** 2 / _GIB
-    if _materialises_scores(path) and score_gib > config.max_score_gib:
+    if shape.get("window") is not None and path in _NO_WINDOW:
+      row["skipped"] = f"{path} has no sliding-window attention"
+    elif _materialises_scores(path) and score_gib > config.max_score_gib:
       row["skipped"] = (f"would materialise [B,H,n,n] float32 scores of "
                         f"{score_gib:.1f} GiB > config.max_score_gib="
                         f"{config.max_score_gib}")

@@ -89,16 +89,21 @@ class TransformerBlock(nnx.Module):
         num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
         use_bias=config.use_bias, dropout_rate=config.dropout_rate,
         rotary_base=config.rotary_base,
-        implementation=config.implementation, **common)
+        implementation=config.implementation, soft_cap=config.logit_soft_cap,
+        scale=config.attn_scale, sinks=config.attention_sinks,
+        qk_norm=config.qk_norm, **common)
     self.ln_attn = nnx.LayerNorm(config.d_model, **common)
     self.attn = modules.MultiHeadAttention(
         config.d_model, config.num_heads,
-        rotary=config.positions == "rotary", **attn_kwargs)
+        rotary=config.positions == "rotary",
+        alibi=config.positions == "alibi",
+        local_window=config.local_window, **attn_kwargs)
     self.cross_attention = cross_attention
     if cross_attention:
       self.ln_cross = nnx.LayerNorm(config.d_model, **common)
       # Cross-attention queries and keys live in different sequences, so
-      # rotating them by their own positions would be meaningless.
+      # rotating them by their own positions (or windowing or ALiBi by
+      # them) would be meaningless.
       self.cross = modules.MultiHeadAttention(
           config.d_model, config.num_heads, rotary=False, **attn_kwargs)
     self.attention_only = config.attention_only
@@ -125,15 +130,17 @@ class TransformerBlock(nnx.Module):
   def __call__(self, x, *, positions=None, mask=None, is_causal=False,
                context=None, context_mask=None, cache=None, lengths=None,
                hooks=hooks_lib.NO_HOOKS, deterministic=True,
-               dropout_rng=None):
-    """`x [B,T,D]` -> `(y [B,T,D], new cache or None)`."""
+               dropout_rng=None, segment_ids=None):
+    """`x [B,T,D]` -> `(y [B,T,D], new cache or None)`; `segment_ids
+    [B, T]` keep packed sequences apart in self-attention."""
     rng = (lambda i: None if dropout_rng is None
            else jax.random.fold_in(dropout_rng, i))
     x = hooks("resid_pre", x)
     out = self.attn(
         self.ln_attn(x), mask=mask, is_causal=is_causal, positions=positions,
         cache=cache, lengths=lengths, hooks=hooks.scope("attn"),
-        deterministic=deterministic, dropout_rng=rng(0))
+        deterministic=deterministic, dropout_rng=rng(0),
+        segment_ids=segment_ids)
     y, cache = out if cache is not None else (out, None)
     x = x + hooks("attn_out", y)
     if self.cross_attention:

@@ -92,6 +92,16 @@ def model_config(config) -> model_config_lib.ModelConfig:
       use_bias=m.use_bias, dropout_rate=m.dropout_rate,
       implementation=m.implementation,
       dtype=jnp.dtype(m.dtype), param_dtype=jnp.dtype(m.param_dtype))
+  # The variants: absent from older configs, 0 / "" / False mean off. A
+  # window of W is W keys back (and, bidirectional, W ahead: causal
+  # models never see ahead).
+  window = m.get("local_window", 0)
+  kwargs.update(
+      local_window=(window, window) if window else None,
+      logit_soft_cap=m.get("logit_soft_cap", 0.0) or None,
+      attn_scale=m.get("attn_scale", 0.0) or None,
+      attention_sinks=bool(m.get("attention_sinks", False)),
+      qk_norm=m.get("qk_norm", "") or None)
   if task.model == "decoder":
     kwargs.update(input_dim=io["input_dim"], final_ln=m.final_ln)
   return model_config_lib.ModelConfig(**kwargs)

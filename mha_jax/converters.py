@@ -11,11 +11,16 @@ order, so the conversion is a renaming, not a reshape:
     value.kernel       [D, K, Dh]    w_v          (value.bias [K, Dh] -> b_v)
     out.kernel         [H, Dh, D]    w_o          (out.bias   [D]     -> b_o)
 
+    query_ln.scale     [Dh]          q_norm       (normalize_qk=True)
+    key_ln.scale       [Dh]          k_norm
+
 `flax.linen.MultiHeadDotProductAttention` has no key/value heads (K = H);
-`flax.nnx.MultiHeadAttention` has `num_kv_heads`. Features that mha_jax does
-not model (QK layer-norm, an output width different from the input width,
-key/value inputs of another width) are refused with an error, so a converted
-layer computes exactly what the Flax layer computed.
+`flax.nnx.MultiHeadAttention` has `num_kv_heads`. Flax's QK-norm is a
+LayerNorm without bias (eps 1e-6): run converted params with
+`qk_norm="layer"`. Features that mha_jax does not model (an output width
+different from the input width, key/value inputs of another width) are
+refused with an error, so a converted layer computes exactly what the
+Flax layer computed.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from flax import nnx
 from mha_jax import params as params_lib
 
 _NAMES = (("query", "q"), ("key", "k"), ("value", "v"), ("out", "o"))
+_NORMS = (("query_ln", "q_norm"), ("key_ln", "k_norm"))
 _NON_PARAMS = ("rngs", "cached_key", "cached_value", "cache_index")
 
 
@@ -44,15 +50,21 @@ def _from_tree(tree: Mapping[str, Any], source: str) -> dict[str, Any]:
     if name not in tree or "kernel" not in tree[name]:
       raise ValueError(f"{source}: expected a `{name}` entry with a `kernel`; "
                        f"got keys {sorted(tree)}")
-  extra = sorted(set(tree) - {n for n, _ in _NAMES})
+  extra = sorted(set(tree) - {n for n, _ in _NAMES + _NORMS})
   if extra:
-    raise ValueError(f"{source}: unsupported sub-layers {extra} (for example "
-                     "QK layer-norm); mha_jax has no equivalent")
+    raise ValueError(f"{source}: unsupported sub-layers {extra}; mha_jax has"
+                     " no equivalent")
   params = {}
   for name, short in _NAMES:
     params[f"w_{short}"] = _leaf(tree[name]["kernel"])
     if "bias" in tree[name]:
       params[f"b_{short}"] = _leaf(tree[name]["bias"])
+  for name, short in _NORMS:
+    if name in tree:
+      if set(tree[name]) != {"scale"}:
+        raise ValueError(f"{source}: `{name}` must hold only a `scale` (a "
+                         f"LayerNorm without bias), got {sorted(tree[name])}")
+      params[short] = _leaf(tree[name]["scale"])
   # w_o must map back to the input width D: mha_jax's output is [B, T, D].
   d_in, d_out = params["w_q"].shape[0], params["w_o"].shape[-1]
   if params["w_k"].shape[0] != d_in or d_out != d_in:
@@ -77,17 +89,17 @@ def from_linen_mha(variables: Mapping[str, Any]) -> dict[str, Any]:
 def from_nnx_mha(module_or_state: Any) -> dict[str, Any]:
   """`flax.nnx.MultiHeadAttention` (module, its nnx.State, or pure dict).
 
-  For a module the layer's configuration is also checked: QK normalisation
-  has no counterpart in mha_jax and is refused.
+  A layer built with `normalize_qk=True` gives `q_norm`/`k_norm`; run it
+  with `qk_norm="layer"`.
   """
   source = "from_nnx_mha"
   if isinstance(module_or_state, nnx.Module):
     module = module_or_state
-    if getattr(module, "normalize_qk", False):
-      raise ValueError(f"{source}: `normalize_qk=True` is not supported by "
-                       "mha_jax; convert a layer built with normalize_qk=False")
     tree = {name: {"kernel": getattr(module, name).kernel}
             for name, _ in _NAMES}
+    if getattr(module, "normalize_qk", False):
+      tree.update({name: {"scale": getattr(module, name).scale}
+                   for name, _ in _NORMS})
     for name, _ in _NAMES:
       bias = getattr(getattr(module, name), "bias", None)
       if bias is not None:

@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from mha_jax import score_rules
+
 # 128 x 128 blocks ([B, H, 128, 128] float32 = 512 KiB for B=1, H=8) stay in
 # cache on CPU; a sweep over 128..1024 (CPU time, B=8 n=512 and B=1 n=4096
 # causal) found them cheapest or within noise of the cheapest.
@@ -48,6 +50,17 @@ class _Config(NamedTuple):
   bq: int  # query block
   bk: int  # key block
   is_causal: bool
+  rules: score_rules.ScoreRules  # only its static fields are read here
+  scale: float
+
+
+class _Extras(NamedTuple):
+  """Per-call arrays of the score rules, laid out for 5-d blocks."""
+  q_pos: jax.Array | None  # [B, Tq'] int, None: Tk - Tq + i
+  q_seg: jax.Array | None  # [B, Tq'] int
+  k_seg: jax.Array | None  # [B, Tk'] int
+  slopes: jax.Array | None  # [1, K, G, 1, 1] float32 (ALiBi)
+  sinks: jax.Array | None  # [1, K, G, 1] float32
 
 
 def _to_5d(x, h, kh):
@@ -81,39 +94,71 @@ def _slice_block(x, qs, ks, cfg):
   return x
 
 
-def _block_scores(qb, kb, mask, bias, qs, ks, cfg):
-  """float32 scores of one block `[B, K, G, Bq, Bk]`, -inf where forbidden."""
-  scale = qb.shape[-1] ** -0.5
-  s = jnp.einsum("bkgqd,bksd->bkgqs", qb, kb,
-                 preferred_element_type=jnp.float32) * scale
-  if bias is not None:
-    s = s + _slice_block(bias, qs, ks, cfg).astype(jnp.float32)
-  valid = _slice_block(mask, qs, ks, cfg)
-  padded_keys = cfg.tk % cfg.bk != 0
-  if cfg.is_causal or padded_keys:
-    q_pos = qs + jnp.arange(cfg.bq)[:, None]  # [Bq, 1]
-    k_pos = ks + jnp.arange(cfg.bk)[None, :]  # [1, Bk]
-    ok = k_pos < cfg.tk  # keys added by padding are never real
-    if cfg.is_causal:  # bottom-right: query i sits at key position Tk-Tq+i
-      ok = ok & (k_pos <= q_pos + (cfg.tk - cfg.tq))
-    ok = ok[None, None, None]  # [1, 1, 1, Bq, Bk]
-    valid = ok if valid is None else valid & ok
-  if valid is not None:
-    # -inf (not a large negative number) so that a forbidden key gets exactly
-    # zero weight and an empty row is recognisable as max = -inf.
-    s = jnp.where(valid, s, -jnp.inf)
-  return s
+def _block_q_pos(ex, qs, cfg):
+  """Key positions `[B?, 1, 1, Bq]` of the queries of the block at `qs`."""
+  if ex.q_pos is None:
+    return (qs + jnp.arange(cfg.bq) + (cfg.tk - cfg.tq))[None, None, None]
+  return lax.dynamic_slice_in_dim(ex.q_pos, qs, cfg.bq, axis=1)[
+      :, None, None]
 
 
-def _num_kv_blocks(i, nk, cfg):
-  """Key blocks query block i must visit; causality hides the later ones."""
-  if not cfg.is_causal:
-    return nk
-  last_key = (i + 1) * cfg.bq - 1 + (cfg.tk - cfg.tq)  # last visible key
-  return jnp.clip(last_key // cfg.bk + 1, 0, nk)
+def _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg):
+  """float32 scores of one block `[B, K, G, Bq, Bk]`, -inf where forbidden,
+  and the soft cap's derivative (None without one): `score_rules.scores`
+  on the block."""
+  qk = jnp.einsum("bkgqd,bksd->bkgqs", qb, kb,
+                  preferred_element_type=jnp.float32)
+  q_pos = _block_q_pos(ex, qs, cfg)
+  k_pos = ks + jnp.arange(cfg.bk)
+  cut_q = lambda x: lax.dynamic_slice_in_dim(x, qs, cfg.bq, axis=1)[
+      :, None, None]
+  cut_k = lambda x: lax.dynamic_slice_in_dim(x, ks, cfg.bk, axis=1)[
+      :, None, None]
+  segs = ex.q_seg is not None
+  ok = score_rules.allowed(
+      q_pos, k_pos, mask=_slice_block(mask, qs, ks, cfg),
+      is_causal=cfg.is_causal, rules=cfg.rules,
+      q_seg=cut_q(ex.q_seg) if segs else None,
+      k_seg=cut_k(ex.k_seg) if segs else None,
+      # Keys added by padding are never real.
+      kv_len=cfg.tk if cfg.tk % cfg.bk else None)
+  return score_rules.scores(
+      qk, q_pos, k_pos, scale=cfg.scale, rules=cfg.rules,
+      bias=_slice_block(bias, qs, ks, cfg), slopes=ex.slopes, ok=ok)
 
 
-def _forward(q, k, v, mask, bias, cfg):
+def _kv_block_range(i, nk, ex, cfg):
+  """`(first, end)` key blocks query block i must visit: the causal rule
+  hides the later ones and a local window the earlier ones too, so a
+  windowed call costs O(T * window), not O(T^2)."""
+  window = cfg.rules.local_window
+  if not cfg.is_causal and window is None:
+    return 0, nk
+  q_pos = _block_q_pos(ex, i * cfg.bq, cfg)
+  first_q, last_q = jnp.min(q_pos), jnp.max(q_pos)
+  last_key, first_key = last_q, 0
+  if window is not None:
+    last_key = last_q + window[1]
+    first_key = first_q - window[0]
+  if cfg.is_causal:
+    last_key = jnp.minimum(last_key, last_q)
+  end = jnp.clip(last_key // cfg.bk + 1, 0, nk)
+  return jnp.clip(first_key // cfg.bk, 0, nk), end
+
+
+def _visit(ex, qs, ks, cfg, body, carry):
+  """`body(carry)` for the block at (qs, ks), skipped when packed segments
+  rule it out: no segment id of the query block lies in the key block's
+  range (a sufficient test whatever the ids' order)."""
+  if ex.q_seg is None:
+    return body(carry)
+  q = lax.dynamic_slice_in_dim(ex.q_seg, qs, cfg.bq, axis=1)
+  k = lax.dynamic_slice_in_dim(ex.k_seg, ks, cfg.bk, axis=1)
+  shared = (jnp.min(q) <= jnp.max(k)) & (jnp.min(k) <= jnp.max(q))
+  return lax.cond(shared, body, lambda c: c, carry)
+
+
+def _forward(q, k, v, mask, bias, ex, cfg):
   """q `[B,K,G,Tq',Dh]`, k `[B,K,Tk',Dh]`, v `[B,K,Tk',Dv]` -> out, lse."""
   b, kh, g, tq_pad, _ = q.shape
   dv = v.shape[-1]
@@ -124,27 +169,38 @@ def _forward(q, k, v, mask, bias, cfg):
     qb = lax.dynamic_slice_in_dim(q, qs, cfg.bq, axis=3)  # [B,K,G,Bq,Dh]
 
     def key_block(j, carry):
-      m, l, acc = carry
       ks = j * cfg.bk
-      kb = lax.dynamic_slice_in_dim(k, ks, cfg.bk, axis=2)  # [B,K,Bk,Dh]
-      vb = lax.dynamic_slice_in_dim(v, ks, cfg.bk, axis=2)  # [B,K,Bk,Dv]
-      s = _block_scores(qb, kb, mask, bias, qs, ks, cfg)
-      m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-      # Rows that have seen no allowed key yet have m = -inf; shifting them
-      # by 0 keeps exp() at exactly 0 instead of exp(-inf + inf) = NaN.
-      shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-      p = jnp.exp(s - shift[..., None])
-      rescale = jnp.exp(m - shift)  # old rows' correction factor
-      l = rescale * l + jnp.sum(p, axis=-1)
-      acc = rescale[..., None] * acc + jnp.einsum(
-          "bkgqs,bksd->bkgqd", p.astype(v.dtype), vb,
-          preferred_element_type=jnp.float32)
-      return m_new, l, acc
 
-    init = (jnp.full((b, kh, g, cfg.bq), -jnp.inf, jnp.float32),
-            jnp.zeros((b, kh, g, cfg.bq), jnp.float32),
+      def visit(carry):
+        m, l, acc = carry
+        kb = lax.dynamic_slice_in_dim(k, ks, cfg.bk, axis=2)  # [B,K,Bk,Dh]
+        vb = lax.dynamic_slice_in_dim(v, ks, cfg.bk, axis=2)  # [B,K,Bk,Dv]
+        s, _ = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        # Rows that have seen no allowed key yet have m = -inf; shifting
+        # them by 0 keeps exp() at exactly 0 instead of exp(-inf + inf).
+        shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        p = jnp.exp(s - shift[..., None])
+        rescale = jnp.exp(m - shift)  # old rows' correction factor
+        l = rescale * l + jnp.sum(p, axis=-1)
+        acc = rescale[..., None] * acc + jnp.einsum(
+            "bkgqs,bksd->bkgqd", p.astype(v.dtype), vb,
+            preferred_element_type=jnp.float32)
+        return m_new, l, acc
+
+      return _visit(ex, qs, ks, cfg, visit, carry)
+
+    rows = (b, kh, g, cfg.bq)
+    if ex.sinks is None:
+      m0, l0 = jnp.full(rows, -jnp.inf, jnp.float32), jnp.zeros(rows)
+    else:
+      # The sink is a column with logit `sink` and no value: start the
+      # running max there, with its exp(0) = 1 already in the row sum.
+      m0, l0 = jnp.broadcast_to(ex.sinks, rows), jnp.ones(rows)
+    init = (m0, l0.astype(jnp.float32),
             jnp.zeros((b, kh, g, cfg.bq, dv), jnp.float32))
-    m, l, acc = lax.fori_loop(0, _num_kv_blocks(i, nk, cfg), key_block, init)
+    m, l, acc = lax.fori_loop(*_kv_block_range(i, nk, ex, cfg), key_block,
+                              init)
     # Empty rows have l = 0 and acc = 0: output 0, the reference's policy.
     out = acc / jnp.where(l > 0, l, 1.0)[..., None]
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
@@ -165,59 +221,77 @@ def _reduce_to(x, shape):
 
 def _backward(cfg, residuals, d_out):
   """Recompute each block's probabilities from lse; accumulate in float32."""
-  q, k, v, mask, bias, out, lse = residuals
+  q, k, v, mask, bias, ex, out, lse = residuals
   nq, nk = q.shape[3] // cfg.bq, k.shape[2] // cfg.bk
-  scale = q.shape[-1] ** -0.5
   # delta_i = sum_j P_ij dP_ij = dO_i . O_i (the softmax Jacobian's row term).
   delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1)
   # Empty rows have lse = -inf; any finite shift gives exp(-inf) = 0 there.
   lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
   f32 = functools.partial(jnp.zeros, dtype=jnp.float32)
   grads = (f32(q.shape), f32(k.shape), f32(v.shape),
-           None if bias is None else f32(bias.shape))
+           None if bias is None else f32(bias.shape),
+           None if ex.slopes is None else f32(ex.slopes.shape))
 
   def query_block(i, grads):
-    dq, dk, dv, dbias = grads
+    dq, dk, dv, dbias, dslopes = grads
     qs = i * cfg.bq
     cut = functools.partial(lax.dynamic_slice_in_dim, start_index=qs,
                             slice_size=cfg.bq, axis=3)
     qb, dob, lseb, deltab = cut(q), cut(d_out), cut(lse), cut(delta)
 
     def key_block(j, carry):
-      dqb, dk, dv, dbias = carry
       ks = j * cfg.bk
-      kb = lax.dynamic_slice_in_dim(k, ks, cfg.bk, axis=2)
-      vb = lax.dynamic_slice_in_dim(v, ks, cfg.bk, axis=2)
-      s = _block_scores(qb, kb, mask, bias, qs, ks, cfg)
-      p = jnp.exp(s - lseb[..., None])  # [B, K, G, Bq, Bk], exact softmax
-      dp = jnp.einsum("bkgqd,bksd->bkgqs", dob, vb,
-                      preferred_element_type=jnp.float32)
-      ds = p * (dp - deltab[..., None])  # d loss / d (scaled score + bias)
-      # The G query heads of a group share k and v: sum their gradients.
-      dv_j = jnp.einsum("bkgqs,bkgqd->bksd", p.astype(dob.dtype), dob,
+
+      def visit(carry):
+        dqb, dk, dv, dbias, dslopes = carry
+        kb = lax.dynamic_slice_in_dim(k, ks, cfg.bk, axis=2)
+        vb = lax.dynamic_slice_in_dim(v, ks, cfg.bk, axis=2)
+        s, dcap = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg)
+        p = jnp.exp(s - lseb[..., None])  # [B, K, G, Bq, Bk], exact softmax
+        dp = jnp.einsum("bkgqd,bksd->bkgqs", dob, vb,
                         preferred_element_type=jnp.float32)
-      dk_j = jnp.einsum("bkgqs,bkgqd->bksd", ds, qb.astype(jnp.float32))
-      dqb = dqb + jnp.einsum("bkgqs,bksd->bkgqd", ds,
-                             kb.astype(jnp.float32)) * scale
-      add = lambda acc, x: lax.dynamic_update_slice_in_dim(
-          acc, lax.dynamic_slice_in_dim(acc, ks, cfg.bk, axis=2) + x, ks, 2)
-      dk, dv = add(dk, dk_j * scale), add(dv, dv_j)
-      if dbias is not None:
-        dbias = _add_bias_block(dbias, _reduce_to(ds, bias.shape), qs, ks,
-                                cfg)
-      return dqb, dk, dv, dbias
+        ds = p * (dp - deltab[..., None])  # d loss / d (softmax input)
+        if dcap is not None:  # through c * tanh(x / c)
+          ds = ds * dcap
+        # The G query heads of a group share k and v: sum their gradients.
+        dv_j = jnp.einsum("bkgqs,bkgqd->bksd", p.astype(dob.dtype), dob,
+                          preferred_element_type=jnp.float32)
+        dk_j = jnp.einsum("bkgqs,bkgqd->bksd", ds, qb.astype(jnp.float32))
+        dqb = dqb + jnp.einsum("bkgqs,bksd->bkgqd", ds,
+                               kb.astype(jnp.float32)) * cfg.scale
+        add = lambda acc, x: lax.dynamic_update_slice_in_dim(
+            acc, lax.dynamic_slice_in_dim(acc, ks, cfg.bk, axis=2) + x, ks, 2)
+        dk, dv = add(dk, dk_j * cfg.scale), add(dv, dv_j)
+        if dbias is not None:
+          dbias = _add_bias_block(dbias, _reduce_to(ds, bias.shape), qs, ks,
+                                  cfg)
+        if dslopes is not None:  # s -= slope * |pos_q - pos_k|
+          dist = score_rules.distance(_block_q_pos(ex, qs, cfg),
+                                      ks + jnp.arange(cfg.bk))
+          dslopes = dslopes - _reduce_to(ds * dist, dslopes.shape)
+        return dqb, dk, dv, dbias, dslopes
 
-    init = (jnp.zeros(qb.shape, jnp.float32), dk, dv, dbias)
-    dqb, dk, dv, dbias = lax.fori_loop(0, _num_kv_blocks(i, nk, cfg),
-                                       key_block, init)
+      return _visit(ex, qs, ks, cfg, visit, carry)
+
+    init = (jnp.zeros(qb.shape, jnp.float32), dk, dv, dbias, dslopes)
+    dqb, dk, dv, dbias, dslopes = lax.fori_loop(
+        *_kv_block_range(i, nk, ex, cfg), key_block, init)
     dq = lax.dynamic_update_slice_in_dim(dq, dqb, qs, axis=3)
-    return dq, dk, dv, dbias
+    return dq, dk, dv, dbias, dslopes
 
-  dq, dk, dv, dbias = lax.fori_loop(0, nq, query_block, grads)
+  dq, dk, dv, dbias, dslopes = lax.fori_loop(0, nq, query_block, grads)
   dbias = None if bias is None else dbias.astype(bias.dtype)
-  # The mask is boolean: no cotangent (None means zero to custom_vjp).
+  dsinks = None
+  if ex.sinks is not None:
+    # The sink column's probability is exp(sink - lse) and its dP is 0
+    # (it has no value), so d sink = -sum over rows of P_sink * delta.
+    p_sink = jnp.exp(ex.sinks - lse)  # [B, K, G, Tq']
+    dsinks = -jnp.sum(p_sink * delta, axis=(0, 3), keepdims=True)
+  # Masks, positions and segment ids are not differentiable (None: zero).
+  d_ex = _Extras(q_pos=None, q_seg=None, k_seg=None, slopes=dslopes,
+                 sinks=dsinks)
   return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None,
-          dbias)
+          dbias, d_ex)
 
 
 def _add_bias_block(dbias, block, qs, ks, cfg):
@@ -228,22 +302,23 @@ def _add_bias_block(dbias, block, qs, ks, cfg):
   return lax.dynamic_update_slice(dbias, current + block, starts)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _flash(q, k, v, mask, bias, cfg):
-  return _forward(q, k, v, mask, bias, cfg)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _flash(q, k, v, mask, bias, ex, cfg):
+  return _forward(q, k, v, mask, bias, ex, cfg)[0]
 
 
-def _flash_fwd(q, k, v, mask, bias, cfg):
-  out, lse = _forward(q, k, v, mask, bias, cfg)
+def _flash_fwd(q, k, v, mask, bias, ex, cfg):
+  out, lse = _forward(q, k, v, mask, bias, ex, cfg)
   # Residuals: the inputs and O(T) statistics, never a [Tq, Tk] array.
-  return out, (q, k, v, mask, bias, out, lse)
+  return out, (q, k, v, mask, bias, ex, out, lse)
 
 
 _flash.defvjp(_flash_fwd, _backward)
 
 
 def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
-                    block_q=DEFAULT_BLOCK_Q, block_k=DEFAULT_BLOCK_K):
+                    rules=score_rules.NO_RULES, block_q=DEFAULT_BLOCK_Q,
+                    block_k=DEFAULT_BLOCK_K):
   """Blockwise attention; same contract as `attend` but returns only `out`.
 
   Args:
@@ -253,6 +328,10 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
     mask: bool broadcastable to `[B, H, Tq, Tk]`, True = may attend.
     bias: float broadcastable to `[B, H, Tq, Tk]` (differentiable).
     is_causal: bottom-right aligned causal rule; hidden key blocks are skipped.
+    rules: `score_rules.ScoreRules`; windows, segment ids and positions
+      are applied per block from their vectors (no `[Tq, Tk]` array), key
+      blocks outside a window are never visited and blocks with no shared
+      segment are skipped.
     block_q, block_k: block lengths (clipped to the sequence lengths). Lengths
       that are not multiples are padded internally and the padding masked.
 
@@ -267,7 +346,11 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
   tk, kh, dv = k.shape[1], k.shape[2], v.shape[3]
   g = h // kh
   cfg = _Config(tq=tq, tk=tk, bq=min(block_q, tq), bk=min(block_k, tk),
-                is_causal=bool(is_causal))
+                is_causal=bool(is_causal),
+                rules=score_rules.ScoreRules(
+                    local_window=rules.local_window, soft_cap=rules.soft_cap,
+                    scale=rules.scale),
+                scale=score_rules.scale_of(rules, dh))
   tq_pad = -(-tq // cfg.bq) * cfg.bq
   tk_pad = -(-tk // cfg.bk) * cfg.bk
   # Head-major layout once, so that every block is a contiguous slice of T
@@ -286,12 +369,25 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
   if bias is not None:
     bias = _pad_axis(bias, 3, tq_pad, 0) if bias.shape[3] != 1 else bias
     bias = _pad_axis(bias, 4, tk_pad, 0) if bias.shape[4] != 1 else bias
-  out = _flash(qt, kt, vt, mask, bias, cfg)  # [B, K, G, Tq', Dv]
+  # Padded query rows repeat the last real row's position and segment (their
+  # output is dropped; the repeat keeps the block ranges tight).
+  edge = lambda x, size: None if x is None else jnp.pad(
+      jnp.asarray(x, jnp.int32), ((0, 0), (0, size - x.shape[1])),
+      mode="edge")
+  per_head = lambda x, tail: None if x is None else jnp.asarray(
+      x, jnp.float32).reshape((1, kh, g) + tail)
+  ex = _Extras(q_pos=edge(rules.q_positions, tq_pad),
+               q_seg=edge(rules.q_segment_ids, tq_pad),
+               k_seg=edge(rules.kv_segment_ids, tk_pad),
+               slopes=per_head(rules.alibi_slopes, (1, 1)),
+               sinks=per_head(rules.sinks, (1,)))
+  out = _flash(qt, kt, vt, mask, bias, ex, cfg)  # [B, K, G, Tq', Dv]
   out = out[:, :, :, :tq].transpose(0, 3, 1, 2, 4)  # [B, Tq, K, G, Dv]
   return out.reshape(b, tq, h, dv)
 
 
-def attend_flash(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
+def attend_flash(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
+                 rules=score_rules.NO_RULES):
   """`attention.IMPLEMENTATIONS` entry: flash output, weights None."""
   del dropout_rate
   if keep is not None:
@@ -299,4 +395,4 @@ def attend_flash(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
                      "attention dropout (it never forms the weights to drop);"
                      " use dropout_rate=0 or implementation='einsum'")
   return flash_attention(q, k, v, mask=mask, bias=bias,
-                         is_causal=is_causal), None
+                         is_causal=is_causal, rules=rules), None

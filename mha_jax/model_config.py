@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from mha_jax import attention
 
-POSITIONS = ("learned", "sinusoidal", "rotary", "none")
+POSITIONS = ("learned", "sinusoidal", "rotary", "alibi", "none")
 
 
 class ModelConfigError(ValueError):
@@ -56,6 +56,12 @@ class ModelConfig:
   use_bias: bool = False  # biases on the attention projections
   dropout_rate: float = 0.0  # attention-weight dropout when training
   implementation: str = "vmap"  # key of attention.IMPLEMENTATIONS
+  # Attention variants (mha_jax.score_rules); "alibi" is a `positions`.
+  local_window: tuple[int, int] | None = None  # (left, right) sliding window
+  logit_soft_cap: float | None = None  # c: scores -> c tanh(s / c)
+  attn_scale: float | None = None  # q.k multiplier (None: 1 / sqrt(Dh))
+  attention_sinks: bool = False  # a learned sink logit per head
+  qk_norm: str | None = None  # None, "rms" or "layer"
   dtype: Any = None  # compute dtype (None: param_dtype)
   param_dtype: Any = jnp.float32  # parameter storage dtype
 
@@ -99,6 +105,30 @@ class ModelConfig:
     need(self.implementation in attention.IMPLEMENTATIONS, "implementation",
          f"expected one of {sorted(attention.IMPLEMENTATIONS)}, got "
          f"{self.implementation!r}")
+    if self.local_window is not None:
+      w = self.local_window
+      need(isinstance(w, tuple) and len(w) == 2 and all(
+          isinstance(x, int) and x >= 0 for x in w), "local_window",
+           f"must be None or a pair (left, right) of ints >= 0, got {w!r}")
+    for name in ("logit_soft_cap", "attn_scale"):
+      val = getattr(self, name)
+      need(val is None or (isinstance(val, (int, float)) and val > 0), name,
+           f"must be None or a number > 0, got {val!r}")
+    need(self.qk_norm in (None, "rms", "layer"), "qk_norm",
+         f"expected None, 'rms' or 'layer', got {self.qk_norm!r}")
+    if self.positions == "alibi":
+      h = self.num_heads
+      need(h & (h - 1) == 0, "num_heads",
+           f"ALiBi's slopes are defined for a power-of-two head count, got "
+           f"{h}")
+    if self.implementation in ("xla", "cudnn"):
+      refused = [n for n, on in (
+          ("logit_soft_cap", self.logit_soft_cap is not None),
+          ("attention_sinks", self.attention_sinks),
+          ("positions", self.positions == "alibi")) if on]
+      need(not refused, "implementation",
+           f"{self.implementation!r} (jax.nn.dot_product_attention) cannot "
+           f"run {refused}; use 'flash', 'einsum' or 'vmap'")
     for name in ("dtype", "param_dtype"):
       val = getattr(self, name)
       if val is None and name == "dtype":

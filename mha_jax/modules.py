@@ -23,8 +23,10 @@ from mha_jax import hooks as hooks_lib
 from mha_jax import kv_cache
 from mha_jax import multi_head
 from mha_jax import params as params_lib
+from mha_jax import score_rules
 
-_PARAM_NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
+_PARAM_NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o",
+                "q_norm", "k_norm", "sinks")
 
 
 class MultiHeadAttention(nnx.Module):
@@ -43,6 +45,17 @@ class MultiHeadAttention(nnx.Module):
     rotary_base: the RoPE frequency base.
     implementation: the core's `attend` path (a key of
       `attention.IMPLEMENTATIONS`; only "vmap" and "einsum" form weights).
+    local_window: `(left, right)`: sliding-window attention (keys at most
+      `left` before and `right` after the query's position).
+    soft_cap: c > 0: scores become `c * tanh(s / c)` (Gemma 2).
+    scale: the multiplier of q.k (None: 1 / sqrt(Dh)).
+    sinks: learn one sink logit per head (`sinks [H]`, starting at 0): an
+      "attend to nothing" softmax column (gpt-oss).
+    qk_norm: None, "rms" (RMSNorm, OLMo 2 / Gemma 3) or "layer" (LayerNorm
+      without bias, Flax's `normalize_qk`) on q and k per head, with a
+      learned scale `[Dh]` shared by the heads (`q_norm`, `k_norm`).
+    alibi: add ALiBi's `-slope_h |i - j|` with the paper's slopes (H must
+      be a power of two).
     dtype: compute dtype (params and inputs are cast to it; the core keeps
       the softmax in float32). None: the param dtype.
     param_dtype: storage dtype of the parameters.
@@ -53,7 +66,9 @@ class MultiHeadAttention(nnx.Module):
                num_kv_heads: int | None = None, head_dim: int | None = None,
                use_bias: bool = False, dropout_rate: float = 0.0,
                rotary: bool = False, rotary_base: float = 10000.0,
-               implementation: str = "vmap",
+               implementation: str = "vmap", local_window=None,
+               soft_cap=None, scale=None, sinks: bool = False,
+               qk_norm: str | None = None, alibi: bool = False,
                dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
     if implementation not in attention.IMPLEMENTATIONS:
       raise ValueError(f"MultiHeadAttention: unknown `implementation`="
@@ -62,12 +77,31 @@ class MultiHeadAttention(nnx.Module):
     if not 0.0 <= dropout_rate < 1.0:
       raise ValueError(f"MultiHeadAttention: `dropout_rate` must be in [0, 1),"
                        f" got {dropout_rate}")
+    if qk_norm is not None and qk_norm not in multi_head.QK_NORMS:
+      raise ValueError(f"MultiHeadAttention: `qk_norm` must be None or one "
+                       f"of {multi_head.QK_NORMS}, got {qk_norm!r}")
     core = params_lib.init_mha_params(
         rngs.params(), d_model, num_heads, num_kv_heads=num_kv_heads,
         head_dim=head_dim, use_bias=use_bias, dtype=param_dtype)
+    dh = core["w_q"].shape[-1]
+    if qk_norm is not None:
+      core["q_norm"] = jnp.ones((dh,), param_dtype)
+      core["k_norm"] = jnp.ones((dh,), param_dtype)
+    if sinks:
+      core["sinks"] = jnp.zeros((num_heads,), param_dtype)
     for name, arr in core.items():
       setattr(self, name, nnx.Param(arr))
     self.dims = params_lib.mha_dims(core)
+    # The static score rules, checked now so that a bad option fails at
+    # construction (the arrays come per call).
+    self.local_window = None if local_window is None else tuple(local_window)
+    self.soft_cap, self.scale = soft_cap, scale
+    if alibi:
+      score_rules.alibi_slopes(num_heads)  # raises for a head count it lacks
+    self.alibi = alibi
+    score_rules.check(self._rules(), batch=1, q_len=1, kv_len=1,
+                      num_heads=num_heads, fn="MultiHeadAttention")
+    self.qk_norm = qk_norm
     if rotary and self.dims.head_dim % 2:
       raise ValueError(f"MultiHeadAttention: rotary positions need an even "
                        f"`head_dim`, got {self.dims.head_dim}")
@@ -76,6 +110,15 @@ class MultiHeadAttention(nnx.Module):
     self.rotary_base = rotary_base
     self.implementation = implementation
     self.dtype = dtype
+
+  def _rules(self, segment_ids=None, kv_segment_ids=None):
+    """This layer's `ScoreRules` for one call."""
+    return score_rules.ScoreRules(
+        local_window=self.local_window, soft_cap=self.soft_cap,
+        scale=self.scale, q_segment_ids=segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        alibi_slopes=(score_rules.alibi_slopes(self.dims.num_heads)
+                      if self.alibi else None))
 
   def core_params(self) -> dict[str, jax.Array]:
     """The plain params dict (`init_mha_params` layout), in compute dtype."""
@@ -95,7 +138,8 @@ class MultiHeadAttention(nnx.Module):
   def __call__(self, x_q, x_kv=None, *, mask=None, is_causal=False,
                positions=None, kv_positions=None, head_mask=None,
                cache=None, lengths=None, hooks=None, deterministic=True,
-               dropout_rng=None, return_weights=False):
+               dropout_rng=None, return_weights=False, segment_ids=None,
+               kv_segment_ids=None):
     """Attend from `x_q [B,Tq,D]` to `x_kv [B,Tk,D]` (None: self-attention).
 
     `mask` (bool, True = may attend) broadcasts to `[B, H, Tq, Tk]`;
@@ -106,6 +150,9 @@ class MultiHeadAttention(nnx.Module):
     each head's output `z` (ablation / importance). `cache`: this layer's
     `KVCache` for causal self-attention over it (`lengths [B]`: real new
     tokens per row). `hooks`: a `mha_jax.hooks.Hooks` view of this layer.
+    `segment_ids [B, Tq]` (int): packed sequences, each token attends only
+    within its segment; `kv_segment_ids [B, Tk]` for cross-attention
+    (default: `segment_ids`).
 
     Returns `y [B,Tq,D]`, then the new cache when one was passed, then the
     weights `[B,H,Tq,Tk]` (the `pattern`) with `return_weights`.
@@ -137,7 +184,9 @@ class MultiHeadAttention(nnx.Module):
         rotary_base=self.rotary_base if self.rotary else None,
         positions=positions, kv_positions=kv_positions, cache=cache,
         lengths=lengths, dropout_rate=rate, dropout_rng=dropout_rng,
-        hooks=hooks)
+        hooks=hooks, qk_norm=self.qk_norm or "rms", rules=self._rules(
+            segment_ids, segment_ids if kv_segment_ids is None
+            else kv_segment_ids))
     out = (y,) + ((new_cache,) if cache is not None else ())
     if return_weights:
       out += (hooks.read("pattern"),)

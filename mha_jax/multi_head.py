@@ -27,6 +27,28 @@ from mha_jax import kv_cache
 from mha_jax import masks as masks_lib
 from mha_jax import params as params_lib
 from mha_jax import rotary
+from mha_jax import score_rules
+
+QK_NORMS = ("rms", "layer")
+_NORM_EPS = 1e-6  # Flax's LayerNorm/RMSNorm default
+
+
+def qk_normalize(x: jax.Array, scale: jax.Array, kind: str) -> jax.Array:
+  """QK-norm of q or k `[B, T, heads, Dh]` over Dh, times `scale [Dh]`.
+
+  "rms": x / rms(x) (OLMo 2, Gemma 3); "layer": (x - mean) / std, no bias
+  (ViT-22B; Flax's `normalize_qk`). Statistics in float32, eps 1e-6.
+  """
+  xf = x.astype(jnp.float32)
+  if kind == "layer":
+    xf = xf - jnp.mean(xf, axis=-1, keepdims=True)
+  elif kind != "rms":
+    raise ValueError(f"qk_normalize: `kind` must be one of {QK_NORMS}, got "
+                     f"{kind!r}")
+  xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True)
+                          + _NORM_EPS)
+  scale = jnp.reshape(scale.astype(jnp.float32), (1,) * (x.ndim - 1) + (-1,))
+  return (xf * scale).astype(x.dtype)
 
 
 def project(x: jax.Array, w: jax.Array, b: jax.Array | None = None):
@@ -99,11 +121,13 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
                     is_causal=False, implementation="vmap",
                     rotary_base=None, positions=None, kv_positions=None,
                     cache=None, lengths=None, dropout_rate=0.0,
-                    dropout_rng=None, hooks=hooks_lib.NO_HOOKS):
+                    dropout_rng=None, hooks=hooks_lib.NO_HOOKS,
+                    rules=score_rules.NO_RULES, qk_norm="rms"):
   """Every attention call, cached or not, rotary or not: one sequence.
 
-  project q, k, v (stages 1-2) -> rotate q and k (the one place for
-  per-head transforms of q and k) -> [write k, v into the cache] -> attend
+  project q, k, v (stages 1-2) -> [QK-norm] -> rotate q and k (the one
+  place for per-head transforms of q and k) -> [write k, v into the
+  cache] -> attend
   (stage 3) -> merge and project out (stages 4-5), with the hook sites
   `q`, `k`, `v`, `scores`, `pattern`, `z`, `result` on the way.
 
@@ -120,12 +144,23 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
     cache: this layer's `KVCache` (self-attention only); lengths: `[B]`
       real new tokens per row (see `kv_cache.update`).
     hooks: a `mha_jax.hooks.Hooks` view scoped to this layer.
+    rules: `score_rules.ScoreRules` (window, segments, soft cap, scale,
+      ALiBi); `params["sinks"]`, when present, are the heads' sink logits.
+      With a cache the window and ALiBi use the tokens' true positions;
+      segment ids are refused (a cache row holds one sequence).
+    qk_norm: the kind of QK-norm ("rms" or "layer") applied when `params`
+      hold `q_norm`/`k_norm` scales.
 
   Returns:
     `(y [B, Tq, D], new cache or None)`. Rows of a sequence that ran past
     the cache are NaN, so an ignored overflow cannot go unnoticed.
   """
   q, k, v = project_qkv(params, x_q, x_kv)  # [B,Tq,H,Dh], [B,Tk,K,D*]
+  if "q_norm" in params:
+    q = qk_normalize(q, params["q_norm"], qk_norm)
+    k = qk_normalize(k, params["k_norm"], qk_norm)
+  if "sinks" in params:
+    rules = rules.replace(sinks=params["sinks"])
   if cache is not None and positions is None:
     positions = kv_cache.positions(cache, q.shape[1])
   if rotary_base is not None:
@@ -137,6 +172,13 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
     k = rotary.apply_rotary(k, kv_positions, base=rotary_base)
   q, k, v = hooks("q", q), hooks("k", k), hooks("v", v)
   if cache is not None:
+    if rules.segments:
+      raise ValueError("attention_layer: segment ids do not apply with a "
+                       "KV cache (a cache row holds one sequence; use "
+                       "`lengths` for ragged rows)")
+    if rules.local_window is not None or rules.alibi_slopes is not None:
+      # Slot j holds the token at position j; the queries sit at theirs.
+      rules = rules.replace(q_positions=kv_cache.positions(cache, q.shape[1]))
     # Attend over every slot; the cache's mask holds the causal rule.
     cache, visible = kv_cache.update(cache, k, v, lengths)
     k, v = cache.k, cache.v  # [B, S, K, D*]
@@ -145,7 +187,7 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
   z, _ = attention.attend(  # stage 3: [B, Tq, H, Dv]
       q, k, v, mask=mask, bias=bias, is_causal=is_causal,
       implementation=implementation, dropout_rate=dropout_rate,
-      dropout_rng=dropout_rng, hooks=hooks)
+      dropout_rng=dropout_rng, hooks=hooks, rules=rules)
   y = project_heads(params, hooks("z", z), hooks)  # stages 4-5
   if cache is not None:
     y = jnp.where(kv_cache.overflowed(cache)[:, None, None], jnp.nan, y)
@@ -153,10 +195,13 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
 
 
 def check_inputs(params, x_q, x_kv=None, head_mask=None,
-                 fn="multi_head_attention"):
+                 fn="multi_head_attention", qk_norm="rms"):
   """Validate everything that shapes can tell before tracing; returns the
   layer's `MHADims`. Errors name `fn`, the argument and what came."""
   dims = params_lib.mha_dims(params)
+  if qk_norm not in QK_NORMS:
+    raise ValueError(f"{fn}: `qk_norm` must be one of {QK_NORMS}, got "
+                     f"{qk_norm!r}")
   for name, x in (("x_q", x_q), ("x_kv", x_kv)):
     if x is None:
       continue
@@ -219,7 +264,8 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
                          is_causal=False, implementation="vmap",
                          return_weights=False, head_mask=None,
                          dropout_rate=0.0, dropout_rng=None, capture=(),
-                         patch=None):
+                         patch=None, rules=score_rules.NO_RULES,
+                         qk_norm="rms"):
   """The seed's MultiHead(X_q, X_kv) = Concat(head_1..head_h) W^O.
 
   Args:
@@ -244,12 +290,16 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
     dropout_rate, dropout_rng: attention-weight dropout (training only).
     capture: site names to return (`"q"`, `"pattern"`, `"z"`, ... see
       `mha_jax.hooks`); patch: site name -> array or function.
+    rules: `score_rules.ScoreRules`: local window, segment ids, soft cap,
+      scale, ALiBi (sink logits come from `params["sinks"]`).
+    qk_norm: "rms" or "layer": the QK-norm applied when `params` hold
+      `q_norm`/`k_norm` scales (Flax's `normalize_qk` is "layer").
 
   Returns:
     out `[B, Tq, D]`; then, when asked, the dict of captured arrays, then
     the weights.
   """
-  check_inputs(params, x_q, x_kv, head_mask)
+  check_inputs(params, x_q, x_kv, head_mask, qk_norm=qk_norm)
   capture = (capture,) if isinstance(capture, str) else tuple(capture)
   valid, unavailable = site_names(implementation)
   hooks_lib.check_names(set(capture) | set(patch or {}), valid, unavailable)
@@ -263,12 +313,13 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
     x_q = x_q[None]
     x_kv = None if x_kv is None else x_kv[None]
   q, k, v = jax.eval_shape(project_qkv, params, x_q, x_kv)
-  attention.check_attend_inputs(q, k, v, mask, bias, implementation,
-                                fn="multi_head_attention")
+  attention.check_attend_inputs(
+      q, k, v, mask, bias, implementation, fn="multi_head_attention",
+      rules=rules.replace(sinks=params.get("sinks")))
   y, _ = attention_layer(
       params, x_q, x_kv, mask=mask, bias=bias, is_causal=is_causal,
       implementation=implementation, dropout_rate=dropout_rate,
-      dropout_rng=dropout_rng, hooks=hooks)
+      dropout_rng=dropout_rng, hooks=hooks, rules=rules, qk_norm=qk_norm)
   captured = dict(hooks.captured)
   if unbatched:
     y = y[0]
@@ -282,14 +333,16 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
 
 
 def cached_attention(params, x, cache, *, lengths=None, rotary_base=None,
-                     implementation="einsum"):
+                     implementation="einsum", rules=score_rules.NO_RULES,
+                     qk_norm="rms"):
   """Causal self-attention of new tokens `x [B, T, D]` over a `KVCache`.
 
   The pure form of what `MultiHeadAttention(..., cache=)` runs. Token t of
   row b goes to slot `cache.length[b] + t`, which is also its position for
   `rotary_base`; `lengths [B]` (None: all T) counts each row's real new
   tokens (the rest is right padding, never written; its output is 0
-  before the output projection).
+  before the output projection). `rules`, `qk_norm`: as in
+  `multi_head_attention` (no segment ids: a cache row is one sequence).
 
   Returns `(y [B, T, D], new_cache, CacheStatus)`; rows of a sequence that
   ran past `max_len` are NaN and flagged in the status.
@@ -298,5 +351,6 @@ def cached_attention(params, x, cache, *, lengths=None, rotary_base=None,
   kv_cache.check_cache(cache, x, dims, lengths, "cached_attention")
   y, cache = attention_layer(params, x, cache=cache, lengths=lengths,
                              is_causal=True, rotary_base=rotary_base,
-                             implementation=implementation)
+                             implementation=implementation, rules=rules,
+                             qk_norm=qk_norm)
   return y, cache, kv_cache.status(cache)

@@ -87,7 +87,10 @@ def init_mha_params(key: jax.Array, d_model: int, num_heads: int, *,
 
 
 _RANKS = {"w_q": 3, "w_k": 3, "w_v": 3, "w_o": 3,
-          "b_q": 2, "b_k": 2, "b_v": 2, "b_o": 1}
+          "b_q": 2, "b_k": 2, "b_v": 2, "b_o": 1,
+          # Optional variants: QK-norm scales (shared by the heads, as in
+          # Flax's normalize_qk) and each head's sink logit.
+          "q_norm": 1, "k_norm": 1, "sinks": 1}
 
 
 def mha_dims(params) -> MHADims:
@@ -112,7 +115,8 @@ def mha_dims(params) -> MHADims:
   kh = params["w_k"].shape[1]
   dv = params["w_v"].shape[2]
   expected = {"w_k": (d, kh, dh), "w_v": (d, kh, dv), "w_o": (h, dv, d),
-              "b_q": (h, dh), "b_k": (kh, dh), "b_v": (kh, dv), "b_o": (d,)}
+              "b_q": (h, dh), "b_k": (kh, dh), "b_v": (kh, dv), "b_o": (d,),
+              "q_norm": (dh,), "k_norm": (dh,), "sinks": (h,)}
   for name, shape in expected.items():
     if name in params and tuple(params[name].shape) != shape:
       raise ValueError(f"`params[{name!r}]` must have shape {shape} to match "
@@ -125,4 +129,7 @@ def mha_dims(params) -> MHADims:
   if biases and len(biases) != 4:
     raise ValueError(f"`params` has biases {biases}; give all of b_q, b_k, b_v,"
                      " b_o or none")
+  if ("q_norm" in params) != ("k_norm" in params):
+    raise ValueError("`params` must have both q_norm and k_norm (QK-norm) "
+                     "or neither")
   return MHADims(d, h, kh, dh, dv, bool(biases))

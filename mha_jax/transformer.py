@@ -174,7 +174,8 @@ class DecoderLM(_HookNames, nnx.Module):
 
   def __call__(self, inputs, *, positions=None, mask=None, cache=None,
                lengths=None, head_mask=None, capture=(), patch=None,
-               deterministic=True, dropout_rng=None, return_weights=False):
+               deterministic=True, dropout_rng=None, return_weights=False,
+               segment_ids=None):
     """`inputs [B,T]` (or `[B,T,F]`) -> logits `[B, T, V or O]`.
 
     `positions [B, T]` default to 0..T-1, or with a `cache` to each row's
@@ -184,7 +185,10 @@ class DecoderLM(_HookNames, nnx.Module):
     the causal rule. `cache`: from `init_cache`; `lengths [B]` (None: all
     T) counts each row's real tokens, the rest is right padding that is
     never written (its logits are junk). `head_mask [L, H]`; `capture`,
-    `patch`: hook sites (see the module docstring).
+    `patch`: hook sites (see the module docstring). `segment_ids [B, T]`
+    (int, no cache): packed sequences; a token attends only within its
+    segment (pass `positions` that restart per segment where the position
+    scheme should).
 
     Returns logits, then the new cache, the captured dict and
     `{"self": [L, B, H, T, T or S]}` when asked for (in that order).
@@ -210,7 +214,8 @@ class DecoderLM(_HookNames, nnx.Module):
     x, new_cache = _run_blocks(
         self.blocks, x, hooks, positions=positions, mask=mask,
         is_causal=True, cache=cache, lengths=lengths,
-        deterministic=deterministic, dropout_rng=dropout_rng)
+        deterministic=deterministic, dropout_rng=dropout_rng,
+        segment_ids=segment_ids)
     if self.final_ln is not None:
       x = self.final_ln(x)
     weights = ({"self": _patterns("blocks.{}.attn.pattern", c.num_layers)}

@@ -15,6 +15,12 @@ places, and the adapter below bridges both:
     forbidden keys as `mask=`, not as a -inf bias, on these paths.
 It also needs Dv == Dh and one dtype for q, k and v; other inputs raise.
 Neither path can return the weights, nor apply attention dropout.
+
+Of the `score_rules` options, `scale` and `local_window` pass through
+(jax.nn's `scale` and `local_window_size`; a window with Tq != Tk, query
+positions or a user mask becomes an explicit mask, since jax's window is
+top-left aligned and the empty rows must be found); segment ids, soft
+caps, sinks and ALiBi have no jax.nn counterpart and are refused.
 """
 
 from __future__ import annotations
@@ -23,6 +29,25 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax import masks as masks_lib
+from mha_jax import score_rules
+
+# ScoreRules fields jax.nn.dot_product_attention cannot express.
+UNSUPPORTED = {
+    "q_segment_ids": "segment ids (pass a mask built from them instead)",
+    "soft_cap": "logit soft-capping",
+    "sinks": "attention sinks",
+    "alibi_slopes": "ALiBi (pass the bias instead)",
+}
+
+
+def check_rules(rules, backend, fn):
+  """Refuse the score rules jax.nn has no counterpart for, by name."""
+  for name in rules.active():
+    if name in UNSUPPORTED:
+      raise ValueError(
+          f"{fn}: implementation={backend!r} (jax.nn.dot_product_attention) "
+          f"has no {UNSUPPORTED[name]}: `{name}` is not supported there; "
+          "use implementation='flash', 'einsum' or 'vmap'")
 
 
 def _check(q, k, v, keep, backend):
@@ -43,12 +68,28 @@ def _check(q, k, v, keep, backend):
                      "'xla' here")
 
 
-def _attend_jax_nn(q, k, v, mask, bias, keep, *, is_causal, backend):
+def _attend_jax_nn(q, k, v, mask, bias, keep, *, is_causal, backend,
+                   rules=score_rules.NO_RULES):
   """Shared body of the "xla" and "cudnn" entries."""
   _check(q, k, v, keep, backend)
+  check_rules(rules, backend, f"attend(implementation={backend!r})")
   tq, tk = q.shape[1], k.shape[1]
   mask = None if mask is None else jnp.reshape(
       mask, (1,) * (4 - mask.ndim) + mask.shape)  # [b?, h?, tq?, tk?]
+  window = rules.local_window
+  if window is not None and (tq != tk or mask is not None or
+                             rules.q_positions is not None):
+    # The window (and causality) from true positions, as an explicit mask.
+    q_pos = (score_rules.default_q_positions(tq, tk)[None, None]
+             if rules.q_positions is None else rules.q_positions[:, None])
+    mask = score_rules.allowed(q_pos, jnp.arange(tk), mask=mask,
+                               is_causal=is_causal, rules=rules)
+    window, is_causal = None, False
+  elif rules.q_positions is not None and is_causal:
+    q_pos = rules.q_positions[:, None]  # [B, 1, Tq]
+    mask = score_rules.allowed(q_pos, jnp.arange(tk), mask=mask,
+                               is_causal=True)
+    is_causal = False
   native_causal = is_causal
   if is_causal and (tq != tk or mask is not None):
     # Bottom-right causality as an explicit mask (also needed to find the
@@ -60,7 +101,7 @@ def _attend_jax_nn(q, k, v, mask, bias, keep, *, is_causal, backend):
     bias = jnp.reshape(bias, (1,) * (4 - bias.ndim) + bias.shape)
   out = jax.nn.dot_product_attention(
       q, k, v, bias=bias, mask=mask, is_causal=native_causal,
-      implementation=backend)
+      scale=rules.scale, local_window_size=window, implementation=backend)
   if mask is not None:
     # Zero the rows with no allowed key (jax averages V there).
     has_key = jnp.any(mask, axis=-1, keepdims=True)  # [b?, h?, tq?, 1]
@@ -68,15 +109,17 @@ def _attend_jax_nn(q, k, v, mask, bias, keep, *, is_causal, backend):
   return out, None
 
 
-def attend_xla(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
+def attend_xla(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
+               rules=score_rules.NO_RULES):
   """`attention.IMPLEMENTATIONS["xla"]`: XLA's fused-friendly reference."""
   del dropout_rate
   return _attend_jax_nn(q, k, v, mask, bias, keep, is_causal=is_causal,
-                        backend="xla")
+                        backend="xla", rules=rules)
 
 
-def attend_cudnn(q, k, v, mask, bias, keep, *, is_causal, dropout_rate):
+def attend_cudnn(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
+                 rules=score_rules.NO_RULES):
   """`attention.IMPLEMENTATIONS["cudnn"]`: cuDNN flash attention (GPU only)."""
   del dropout_rate
   return _attend_jax_nn(q, k, v, mask, bias, keep, is_causal=is_causal,
-                        backend="cudnn")
+                        backend="cudnn", rules=rules)

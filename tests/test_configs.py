@@ -108,7 +108,7 @@ def test_unknown_key_and_wrong_type_fail():
 @pytest.mark.parametrize("field,value,message", [
     ("model.num_heads", 3, "config.model.d_model: d_model=64 is not divisible"),
     ("model.num_kv_heads", 3, "config.model.num_kv_heads"),
-    ("model.positions", "alibi", "config.model.positions"),
+    ("model.positions", "relative", "config.model.positions"),
     ("model.implementation", "cuda", "config.model.implementation"),
     ("model.dtype", "int8", "config.model.dtype"),
     ("model.dropout_rate", 1.5, "config.model.dropout_rate"),

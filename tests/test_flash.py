@@ -18,6 +18,7 @@ from mha_jax import flash
 from mha_jax import masks
 from mha_jax import multi_head
 from mha_jax import params as params_lib
+from mha_jax import score_rules
 
 _SETTINGS = dict(max_examples=4, deadline=None, derandomize=True,
                  suppress_health_check=[hypothesis.HealthCheck.too_slow])
@@ -273,18 +274,35 @@ def test_bf16_forward_and_backward_within_two_roundings_of_float32():
     assert _norm_rel_err(f32(g), w) <= 2 * BF16_U, name
 
 
+@pytest.mark.parametrize("window", [None, (3, 2), (0, 6), (9, 0)])
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("tq,tk,bq,bk", [(16, 16, 4, 4), (7, 19, 3, 5),
                                          (19, 7, 5, 3), (8, 8, 8, 2)])
-def test_causal_visits_exactly_the_blocks_with_a_visible_key(tq, tk, bq, bk):
-  cfg = flash._Config(tq=tq, tk=tk, bq=bq, bk=bk, is_causal=True)
+def test_visits_exactly_the_blocks_with_a_visible_key(tq, tk, bq, bk, causal,
+                                                      window):
+  # Visibility written from the definitions, for every row the kernel
+  # runs (padded rows continue the positions: query i sits at Tk - Tq + i).
+  rules = score_rules.ScoreRules(local_window=window)
+  cfg = flash._Config(tq=tq, tk=tk, bq=bq, bk=bk, is_causal=causal,
+                      rules=rules, scale=1.0)
+  ex = flash._Extras(None, None, None, None, None)
   nq, nk = -(-tq // bq), -(-tk // bk)
-  visible = np.zeros((nq * bq, nk * bk), bool)
-  visible[:tq, :tk] = np.asarray(masks.causal_mask(tq, tk))
+  q_pos = np.arange(nq * bq)[:, None] + (tk - tq)
+  k_pos = np.arange(nk * bk)[None, :]
+  visible = np.broadcast_to(k_pos < tk, (nq * bq, nk * bk))
+  if causal:
+    visible = visible & (k_pos <= q_pos)
+  if window is not None:
+    visible = visible & (k_pos >= q_pos - window[0]) & (
+        k_pos <= q_pos + window[1])
   for i in range(nq):
-    rows = visible[i * bq:(i + 1) * bq].reshape(bq, nk, bk).any(axis=(0, 2))
-    want = 0 if not rows.any() else int(np.nonzero(rows)[0].max()) + 1
-    assert int(flash._num_kv_blocks(i, nk, cfg)) == want
-    assert not rows[want:].any()  # nothing visible is skipped
+    blocks = visible[i * bq:(i + 1) * bq].reshape(bq, nk, bk).any(axis=(0, 2))
+    lo, hi = (int(x) for x in flash._kv_block_range(i, nk, ex, cfg))
+    if not blocks.any():
+      assert hi <= lo
+      continue
+    seen = np.nonzero(blocks)[0]
+    assert (lo, hi) == (seen.min(), seen.max() + 1)
 
 
 def _largest_intermediate(fn, *args):
@@ -424,3 +442,25 @@ def test_auto_picks_a_correct_path():
       q, k, v, implementation=impl, dropout_rate=0.3,
       dropout_rng=jax.random.PRNGKey(3))[0]
   np.testing.assert_allclose(drop("auto"), drop("einsum"), atol=1e-6)
+
+
+def test_window_and_segments_build_no_score_matrix_and_skip_blocks():
+  # A sliding window and packed segments: the mask comes from positions
+  # and ids per block, so no [Tq, Tk] array exists in forward or backward
+  # (the largest is a q/k/v-sized array or one block).
+  t, dh = 1024, 16
+  x = jnp.ones((2, t, 2, dh), jnp.float32)
+  seg = jnp.repeat(jnp.arange(4), t // 4)[None].repeat(2, 0)
+  rules = score_rules.ScoreRules(local_window=(64, 0), q_segment_ids=seg,
+                                 kv_segment_ids=seg)
+  loss = lambda q, k, v: jnp.sum(attention.attend(
+      q, k, v, is_causal=True, implementation="flash", rules=rules)[0])
+  assert _largest_intermediate(jax.grad(loss, (0, 1, 2)), x, x, x) < t * t
+  # With a window of 64 each query block of 128 visits at most 2 key
+  # blocks (not up to 8).
+  cfg = flash._Config(tq=t, tk=t, bq=128, bk=128, is_causal=True,
+                      rules=rules, scale=1.0)
+  ex = flash._Extras(None, None, None, None, None)
+  spans = [int(hi - lo) for lo, hi in
+           (flash._kv_block_range(i, t // 128, ex, cfg) for i in range(8))]
+  assert max(spans) == 2 and spans[0] == 1

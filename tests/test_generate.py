@@ -90,7 +90,7 @@ def check_cached_equals_full(model):
 # every scheme; schemes differ only in the embedding or the q/k rotation.
 CASES = [("mha", "learned", "einsum"), ("gqa", "sinusoidal", "vmap"),
          ("mqa", "rotary", "einsum"), ("gqa", "none", "einsum"),
-         ("mqa", "learned", "flash"), ("mha", "rotary", "xla"),
+         ("mqa", "alibi", "flash"), ("mha", "rotary", "xla"),
          ("gqa", "rotary", "auto"), ("mqa", "sinusoidal", "cudnn")]
 
 

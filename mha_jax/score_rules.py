@@ -1,0 +1,242 @@
+"""The rules that turn q.k into the softmax input, in one place for every path.
+
+Shape letters: B batch, Tq query length, Tk key/value length, H query heads,
+Dh per-head query/key width.
+
+Modern models change the attention rule beyond a boolean mask. `ScoreRules`
+holds those changes; every `attend` implementation that supports them
+builds its scores with `scores` and `allowed` below, on a whole `[Tq, Tk]`
+matrix (vmap, einsum) or one block at a time (flash), so the rule is
+written once:
+
+    s = scale * q.k + bias - slope_h * |pos_q - pos_k|     (ALiBi)
+    s = cap * tanh(s / cap)                                (soft cap)
+    s = -inf where the key is not allowed                  (masks)
+    weights = softmax over [s, sink_h], the sink column dropped
+
+A key is allowed when the boolean `mask` allows it, and the causal rule
+(`pos_k <= pos_q`), the local window (`pos_q - left <= pos_k <= pos_q +
+right`) and the segment rule (`seg_q == seg_k`) hold. Positions are key
+indices: key j sits at j and query i at `Tk - Tq + i` (bottom-right, as
+`masks.causal_mask`) unless `q_positions` says otherwise (decoding with a
+cache passes each new token's true position).
+
+The sink (Xiao et al. 2023, gpt-oss) is a per-head logit that joins every
+row's softmax as an "attend to nothing" column: its weight multiplies no
+value, so a row's weights sum to 1 minus the sink's share. A row with no
+allowed key then gives its whole weight to the sink and outputs 0, the
+same output the project's empty-row policy gives without a sink.
+
+The soft cap (Gemma 2) applies to the scaled scores plus bias, before the
+masks, so forbidden keys stay at exactly -inf. ALiBi (Press et al. 2022)
+uses `-slope * |pos_q - pos_k|`, which is the paper's `slope * (pos_k -
+pos_q)` on every key a causal query sees and stays symmetric without the
+causal rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ScoreRules:
+  """Options of the attention rule beyond `mask`, `bias` and `is_causal`.
+
+  Static (part of the compiled program): `local_window`, `soft_cap`,
+  `scale`. Arrays (traced): the rest.
+
+  Attributes:
+    local_window: `(left, right)` ints >= 0: query at position p sees keys
+      at p - left .. p + right. With `is_causal` the right side is 0.
+    soft_cap: c > 0: scores become `c * tanh(s / c)` before masking.
+    scale: multiplier of q.k (None: 1 / sqrt(Dh)).
+    q_segment_ids, kv_segment_ids: int `[B, Tq]` / `[B, Tk]`: packed
+      sequences; a query sees only keys of its own segment. Give both
+      (for self-attention the same array twice).
+    sinks: float `[H]`: each head's sink logit.
+    alibi_slopes: float `[H]`: each head's ALiBi slope (>= 0).
+    q_positions: int `[B, Tq]`: the key position each query sits at, for
+      the causal, window and ALiBi rules (None: `Tk - Tq + i`).
+  """
+  local_window: tuple[int, int] | None = dataclasses.field(
+      default=None, metadata=dict(static=True))
+  soft_cap: float | None = dataclasses.field(
+      default=None, metadata=dict(static=True))
+  scale: float | None = dataclasses.field(
+      default=None, metadata=dict(static=True))
+  q_segment_ids: jax.Array | None = None
+  kv_segment_ids: jax.Array | None = None
+  sinks: jax.Array | None = None
+  alibi_slopes: jax.Array | None = None
+  q_positions: jax.Array | None = None
+
+  @property
+  def segments(self) -> bool:
+    return self.q_segment_ids is not None
+
+  def active(self) -> tuple[str, ...]:
+    """Names of the options in use (for errors and `auto`'s reasons)."""
+    names = ("local_window", "soft_cap", "scale", "q_segment_ids", "sinks",
+             "alibi_slopes", "q_positions")
+    return tuple(n for n in names if getattr(self, n) is not None)
+
+  def replace(self, **changes) -> ScoreRules:
+    return dataclasses.replace(self, **changes)
+
+
+NO_RULES = ScoreRules()
+
+
+def _fail(fn, exc, message):
+  raise exc(f"{fn}: {message}")
+
+
+def _is_known(x):
+  return not isinstance(x, jax.core.Tracer)
+
+
+def check(rules: ScoreRules, *, batch: int, q_len: int, kv_len: int,
+          num_heads: int, fn: str = "attend") -> None:
+  """Validate `rules` for one call before tracing; errors name the field."""
+  if not isinstance(rules, ScoreRules):
+    _fail(fn, TypeError, f"`rules` must be a ScoreRules, got "
+          f"{type(rules).__name__}")
+  w = rules.local_window
+  if w is not None:
+    ok = (isinstance(w, tuple) and len(w) == 2 and
+          all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+              and x >= 0 for x in w))
+    if not ok:
+      _fail(fn, ValueError, "`local_window` must be a pair (left, right) of "
+            f"ints >= 0, got {w!r}")
+  for name in ("soft_cap", "scale"):
+    val = getattr(rules, name)
+    if val is not None and not (isinstance(val, (int, float)) and
+                                math.isfinite(val) and val > 0):
+      _fail(fn, ValueError, f"`{name}` must be a finite number > 0, got "
+            f"{val!r}")
+  qs, ks = rules.q_segment_ids, rules.kv_segment_ids
+  if (qs is None) != (ks is None):
+    _fail(fn, ValueError, "`q_segment_ids` and `kv_segment_ids` go together"
+          " (for self-attention pass the same ids twice)")
+  for name, arr, length in (("q_segment_ids", qs, q_len),
+                            ("kv_segment_ids", ks, kv_len),
+                            ("q_positions", rules.q_positions, q_len)):
+    if arr is None:
+      continue
+    if tuple(jnp.shape(arr)) != (batch, length):
+      _fail(fn, ValueError, f"`{name}` must have shape [B, T] = "
+            f"[{batch}, {length}], got {tuple(jnp.shape(arr))}")
+    if not jnp.issubdtype(jnp.result_type(arr), jnp.integer):
+      _fail(fn, TypeError, f"`{name}` must be integer, got "
+            f"{jnp.result_type(arr)}")
+  for name in ("sinks", "alibi_slopes"):
+    arr = getattr(rules, name)
+    if arr is None:
+      continue
+    if tuple(jnp.shape(arr)) != (num_heads,):
+      _fail(fn, ValueError, f"`{name}` must have shape [H] = [{num_heads}] "
+            f"(one per query head), got {tuple(jnp.shape(arr))}")
+    if not jnp.issubdtype(jnp.result_type(arr), jnp.floating):
+      _fail(fn, TypeError, f"`{name}` must be floating, got "
+            f"{jnp.result_type(arr)}")
+  slopes = rules.alibi_slopes
+  if slopes is not None and _is_known(slopes):
+    if np.any(~np.isfinite(np.asarray(slopes))) or np.any(
+        np.asarray(slopes) < 0):
+      _fail(fn, ValueError, f"`alibi_slopes` must be finite and >= 0, got "
+            f"{np.asarray(slopes)}")
+
+
+def alibi_slopes(num_heads: int) -> jax.Array:
+  """ALiBi's fixed slopes `[H]`: the geometric sequence 2^(-8 i / H), i =
+  1..H (Press et al. 2022). For a head count that is not a power of two
+  the paper interleaves two such sequences; that choice is not made for
+  the user here: pass your own slopes to `ScoreRules(alibi_slopes=...)`."""
+  if not isinstance(num_heads, int) or num_heads < 1:
+    raise ValueError(f"alibi_slopes: `num_heads` must be a positive int, "
+                     f"got {num_heads!r}")
+  if num_heads & (num_heads - 1):
+    raise ValueError(f"alibi_slopes: `num_heads`={num_heads} is not a power"
+                     " of two, for which the paper's slopes are defined; "
+                     "pass explicit slopes instead")
+  i = jnp.arange(1, num_heads + 1, dtype=jnp.float32)
+  return 2.0 ** (-8.0 * i / num_heads)
+
+
+def default_q_positions(q_len: int, kv_len: int) -> jax.Array:
+  """`[Tq]` key positions of the queries when none are given: bottom-right."""
+  return jnp.arange(q_len) + (kv_len - q_len)
+
+
+def scale_of(rules: ScoreRules, head_dim: int) -> float:
+  return head_dim ** -0.5 if rules.scale is None else float(rules.scale)
+
+
+def _grid(q_pos, k_pos):
+  """`q_pos [..., Tq]`, `k_pos [Tk]` -> `[..., Tq, 1]`, `[1.., 1, Tk]` of
+  equal rank (explicit: the project runs with rank promotion off)."""
+  qp = q_pos[..., :, None]
+  return qp, jnp.reshape(k_pos, (1,) * (qp.ndim - 1) + (-1,))
+
+
+def distance(q_pos, k_pos):
+  """float32 `|pos_q - pos_k|`, `[..., Tq, Tk]` (ALiBi's distance)."""
+  qp, kp = _grid(q_pos, k_pos)
+  return jnp.abs(qp - kp).astype(jnp.float32)
+
+
+def allowed(q_pos, k_pos, *, mask=None, is_causal=False, rules=NO_RULES,
+            q_seg=None, k_seg=None, kv_len=None):
+  """Boolean "may attend" from positions and ids; None when all may.
+
+  q_pos `[..., Tq]`, k_pos `[Tk]` (ints), q_seg `[..., Tq]`, k_seg
+  `[..., Tk]`, mask broadcastable to `[..., Tq, Tk]`; the leading axes of
+  the arguments broadcast together. `kv_len`: keys at positions >= kv_len
+  are padding (the blockwise path's last block) and never allowed.
+  """
+  qp, kp = _grid(q_pos, k_pos)
+  ok = mask
+  def both(a, b):
+    return b if a is None else a & b
+  if kv_len is not None:
+    ok = both(ok, kp < kv_len)
+  if is_causal:
+    ok = both(ok, kp <= qp)
+  if rules.local_window is not None:
+    left, right = rules.local_window
+    ok = both(ok, (kp >= qp - left) & (kp <= qp + right))
+  if q_seg is not None:
+    ok = both(ok, q_seg[..., :, None] == k_seg[..., None, :])
+  return ok
+
+
+def scores(qk, q_pos, k_pos, *, scale, rules=NO_RULES, bias=None,
+           slopes=None, ok=None):
+  """float32 dot products `qk [..., Tq, Tk]` -> the softmax input.
+
+  `slopes` broadcasts to qk's leading axes (`[..., 1, 1]`); `ok` is
+  `allowed(...)`. Returns `(s, dcap)`: `s` the scores (-inf where not
+  allowed) and `dcap` = d s / d (pre-cap score) = 1 - tanh^2, or None
+  without a soft cap (the blockwise backward needs it).
+  """
+  s = qk * scale
+  if bias is not None:
+    s = s + bias.astype(jnp.float32)
+  if slopes is not None:
+    s = s - slopes.astype(jnp.float32) * distance(q_pos, k_pos)
+  dcap = None
+  if rules.soft_cap is not None:
+    t = jnp.tanh(s / rules.soft_cap)
+    s, dcap = rules.soft_cap * t, 1.0 - t * t
+  if ok is not None:
+    # -inf rather than a large negative number: exp(-inf) is exactly 0.
+    s = jnp.where(ok, s, -jnp.inf)
+  return s, dcap
