@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from mha_jax import auto_select
 from mha_jax import flash
 from mha_jax import hooks as hooks_lib
+from mha_jax import pallas_attention
 from mha_jax import score_rules
 from mha_jax import xla_attention
 
@@ -297,7 +298,9 @@ IMPLEMENTATIONS = {"vmap": _attend_vmap, "einsum": _attend_einsum,
                    # Paths that never form the weights (attend returns None):
                    "flash": flash.attend_flash,  # blockwise, O(T) memory
                    "xla": xla_attention.attend_xla,
-                   "cudnn": xla_attention.attend_cudnn}
+                   "cudnn": xla_attention.attend_cudnn,
+                   # JAX's Pallas TPU splash kernel (interpreted off TPU).
+                   "pallas_tpu": pallas_attention.attend_pallas_tpu}
 
 
 def choose_implementation(q, k, *, dropout=False, backend=None):
@@ -334,7 +337,7 @@ def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
 IMPLEMENTATIONS["auto"] = _attend_auto
 # Implementations whose `attend` returns weights=None ("auto" may pick one)
 # and that have no `scores` / `pattern` hook sites.
-WEIGHTLESS = frozenset({"flash", "xla", "cudnn", "auto"})
+WEIGHTLESS = frozenset({"flash", "xla", "cudnn", "pallas_tpu", "auto"})
 
 
 def weightless_reason(implementation: str) -> str:

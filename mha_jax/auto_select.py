@@ -21,9 +21,12 @@ them). The limits below are JAX's own (jax 0.10):
     `check_layout` and `check_is_flash_attention` in
     jax/_src/cudnn/fused_attention_stablehlo.py, and `is_causal` of
     `dot_product_attention` in jax/_src/nn/functions.py.
-  * Pallas TPU flash attention: `flash_attention`, `BlockSizes.get_default`
-    and `_flash_attention_kernel_single_batch` in
-    jax/experimental/pallas/ops/tpu/flash_attention.py.
+  * Pallas TPU splash attention (jax/experimental/pallas/ops/tpu/
+    splash_attention), through `mha_jax.pallas_attention`, whose
+    `unsupported` states what the adapter takes.
+The score-rule options (`ScoreRules.active()`, passed as `rules`) each
+kernel's adapter takes are in `RULES_SUPPORTED`; any other option sends
+the call to the blockwise path, which takes them all.
 """
 
 from __future__ import annotations
@@ -33,10 +36,30 @@ import functools
 
 import numpy as np
 
-# The implementations `auto` may dispatch to today (attention.IMPLEMENTATIONS
-# less "vmap"). "pallas_tpu" is a candidate whose limits are checked but that
-# has no adapter yet, so on TPU it is reported and passed over.
-ADAPTED = frozenset({"einsum", "flash", "xla", "cudnn"})
+from mha_jax import pallas_attention
+
+# The implementations `auto` may dispatch to (attention.IMPLEMENTATIONS less
+# "vmap").
+ADAPTED = frozenset({"einsum", "flash", "xla", "cudnn", "pallas_tpu"})
+# The score-rule options (`ScoreRules.active()`) each fused kernel takes
+# through mha_jax's adapter; the blockwise path takes all of them. cuDNN's
+# window is passed by the same jax.nn call as XLA's but has not been run on
+# a GPU here, so `auto` does not send windows to it.
+RULES_SUPPORTED = {
+    "cudnn": frozenset({"scale"}),
+    "xla": frozenset({"scale", "local_window"}),
+    "pallas_tpu": frozenset({"scale", "local_window", "q_segment_ids",
+                             "soft_cap", "sinks"}),
+}
+
+
+def _rules_reason(candidate, rules) -> str | None:
+  """Why `candidate` cannot take the score rules in use (None: it can)."""
+  missing = [r for r in rules if r not in RULES_SUPPORTED[candidate]]
+  if not missing:
+    return None
+  return (f"mha_jax's adapter to it does not take {', '.join(missing)} "
+          "(the blockwise path does)")
 # Above this many bytes of float32 scores [B, H, Tq, Tk], a path that forms
 # them (xla) gives way to the blockwise one, whose memory is O(T).
 SCORE_BYTES_LIMIT = 2 ** 30
@@ -98,12 +121,14 @@ def _scores_fit(batch, num_heads, q_len, kv_len) -> bool:
 
 
 def _fallback(ruled_out, *, batch, num_heads, q_len, kv_len, same_width,
-              one_dtype, available) -> AutoChoice:
+              one_dtype, available, rules=()) -> AutoChoice:
   """The accelerator rule without a fused kernel: xla while the float32
   scores fit in 1 GiB, flash beyond (and where jax.nn cannot take the call).
   """
   gib = 4 * batch * num_heads * q_len * kv_len / 2 ** 30
-  if not _scores_fit(batch, num_heads, q_len, kv_len):
+  if _rules_reason("xla", rules):
+    ruled_out.append(("xla", _rules_reason("xla", rules)))
+  elif not _scores_fit(batch, num_heads, q_len, kv_len):
     ruled_out.append(("xla", f"it forms the float32 scores [B, H, Tq, Tk] "
                       f"({gib:.1f} GiB > 1 GiB)"))
   elif not same_width:
@@ -161,31 +186,16 @@ def _cudnn_rules(*, dtypes, head_dim, value_dim, q_len, kv_len, trailing,
 
 
 def _pallas_tpu_rules(*, dtypes, head_dim, value_dim, q_len, kv_len,
-                      num_heads, num_kv_heads, is_causal, has_mask, has_bias):
-  """Why Pallas TPU flash attention cannot take the call (None when it can)."""
-  if len(set(dtypes)) != 1:
-    return f"q, k, v must share one dtype, got {', '.join(dtypes)}"
-  if num_kv_heads != num_heads:
-    return (f"it needs as many kv heads as query heads (flash_attention); "
-            f"GQA H={num_heads}, K={num_kv_heads} would repeat k/v")
-  if value_dim != head_dim:
-    return (f"it needs Dv == Dh (flash_attention), got Dv={value_dim}, "
-            f"Dh={head_dim}")
-  if head_dim > _TPU_BLOCK and head_dim % _TPU_BLOCK:
-    return (f"head width Dh={head_dim} above {_TPU_BLOCK} must be a multiple "
-            f"of {_TPU_BLOCK} (_flash_attention_kernel_single_batch)")
-  if q_len % _TPU_BLOCK or kv_len % _TPU_BLOCK:
-    return (f"Tq={q_len} and Tk={kv_len} must be multiples of its default "
-            f"block of {_TPU_BLOCK} (BlockSizes.get_default, _verify_block)")
-  if has_mask:
-    return ("it takes no boolean mask (only segment ids), and a masked row "
-            "would get a finite mask value, not our zero output")
-  if has_bias:
-    return "it needs the bias `ab` materialised as a full [B, H, Tq, Tk] array"
-  if is_causal and q_len != kv_len:
-    return (f"its causal mask is top-left aligned (col <= row); ours is "
-            f"bottom-right, which differs when Tq={q_len} != Tk={kv_len}")
-  return None
+                      has_mask, has_bias):
+  """Why the splash attention adapter cannot take the call (None: it can)."""
+  why = pallas_attention.unsupported(
+      q_len=q_len, kv_len=kv_len, head_dim=head_dim, value_dim=value_dim,
+      one_dtype=len(set(dtypes)) == 1, mask=has_mask, bias=has_bias,
+      dropout=False)
+  if why is None and head_dim > _TPU_BLOCK and head_dim % _TPU_BLOCK:
+    why = (f"head width Dh={head_dim} above {_TPU_BLOCK} must be a multiple "
+           f"of {_TPU_BLOCK} (the TPU's lane width)")
+  return why
 
 
 def select(backend: str, *, q_dtype, k_dtype=None, v_dtype=None,
@@ -261,21 +271,6 @@ def select(backend: str, *, q_dtype, k_dtype=None, v_dtype=None,
                     "pass implementation='einsum'" if weights else ""),
         tuple((n, why) for n in weightless))
 
-  # Options only mha_jax's own paths implement (jax.nn has scale and a
-  # window; the adapters to fused kernels are verified without the rest).
-  foreign = [r for r in rules if r not in ("scale", "local_window")]
-  if backend != "cpu" and (foreign or "local_window" in rules):
-    names = ", ".join(foreign or ["local_window"])
-    fused = [n for n in weightless if n != "flash"]
-    why = (f"the score rules {names} have no counterpart in it" if foreign
-           else "mha_jax has not verified its sliding window on a device")
-    if not foreign and "xla" in fused and "xla" in available:
-      return AutoChoice("xla", "jax.nn.dot_product_attention takes the local"
-                        " window natively", tuple(
-                            (n, why) for n in fused if n != "xla"))
-    return AutoChoice("flash", f"the blockwise path implements {names}",
-                      tuple((n, why) for n in fused))
-
   if backend == "cpu":
     return AutoChoice("flash", "on CPU the blockwise path measured fastest at "
                       "every shape tried (python -m experiments.benchmark)")
@@ -283,29 +278,29 @@ def select(backend: str, *, q_dtype, k_dtype=None, v_dtype=None,
   ruled_out = []
   same_width, one_dtype = value_dim == head_dim, len(set(dtypes)) == 1
   if backend == "gpu":
-    why = _cudnn_rules(dtypes=dtypes, head_dim=head_dim, value_dim=value_dim,
-                       q_len=q_len, kv_len=kv_len, trailing=trailing,
-                       is_causal=is_causal, masked=masked,
-                       gpu_capability=gpu_capability, cudnn=cudnn)
+    why = _rules_reason("cudnn", rules) or _cudnn_rules(
+        dtypes=dtypes, head_dim=head_dim, value_dim=value_dim, q_len=q_len,
+        kv_len=kv_len, trailing=trailing, is_causal=is_causal, masked=masked,
+        gpu_capability=gpu_capability, cudnn=cudnn)
     if why is None and "cudnn" in available:
       return AutoChoice("cudnn", "cuDNN's fused attention supports this "
                         "call (dtype, head width, mask/bias, causal)")
     ruled_out.append(("cudnn", why or "not among the available "
                       "implementations"))
   elif backend == "tpu":
-    why = _pallas_tpu_rules(dtypes=dtypes, head_dim=head_dim,
-                            value_dim=value_dim, q_len=q_len, kv_len=kv_len,
-                            num_heads=num_heads, num_kv_heads=num_kv_heads,
-                            is_causal=is_causal, has_mask=mask_t is not None,
-                            has_bias=bias_t is not None)
+    why = _rules_reason("pallas_tpu", rules) or _pallas_tpu_rules(
+        dtypes=dtypes, head_dim=head_dim, value_dim=value_dim, q_len=q_len,
+        kv_len=kv_len, has_mask=mask_t is not None,
+        has_bias=bias_t is not None)
     if why is None and "pallas_tpu" in available:
-      return AutoChoice("pallas_tpu", "JAX's Pallas TPU flash attention "
-                        "supports this call")
-    ruled_out.append(("pallas_tpu", why or "mha_jax has no adapter for "
-                      "jax.experimental.pallas.ops.tpu.flash_attention yet"))
+      return AutoChoice("pallas_tpu", "JAX's Pallas TPU splash attention "
+                        "supports this call (causal/window masks skip "
+                        "blocks, GQA without repeating k/v)")
+    ruled_out.append(("pallas_tpu", why or "not among the available "
+                      "implementations"))
   return _fallback(ruled_out, batch=batch, num_heads=num_heads, q_len=q_len,
                    kv_len=kv_len, same_width=same_width, one_dtype=one_dtype,
-                   available=available)
+                   available=available, rules=rules)
 
 
 @functools.lru_cache(maxsize=None)

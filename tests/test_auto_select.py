@@ -10,9 +10,10 @@ function under test:
     (jax/_src/cudnn/fused_attention_stablehlo.py: check_layout,
     check_is_flash_attention); `is_causal` is tril of [Tq, Tk], top-left
     (jax/_src/nn/functions.py: _get_causal_mask).
-  * Pallas TPU flash attention: H == K, Dv == Dh, Tq and Tk multiples of 128,
-    Dh < 128 or a multiple of 128, no boolean mask, causal `col <= row`
-    (jax/experimental/pallas/ops/tpu/flash_attention.py).
+  * Pallas TPU splash attention through mha_jax's adapter: Dv == Dh, Tq
+    and Tk multiples of its block of 128, Dh <= 128 or a multiple of 128,
+    no dense mask or bias (jax/experimental/pallas/ops/tpu/
+    splash_attention; the adapter's own tests are tests/test_pallas.py).
 Pure Python: nothing is compiled.
 """
 
@@ -89,25 +90,26 @@ CASES = [
      "cudnn", {}),
     ("gpu-dropout", "gpu", _call(q_dtype=BF16, dropout=True), "einsum",
      {"cudnn": "no dropout", "xla": "no dropout", "flash": "no dropout"}),
-    # TPU: the Pallas kernel's limits hold here, but no adapter exists yet.
-    ("tpu-bf16", "tpu", _call(q_dtype=BF16), "xla",
-     {"pallas_tpu": "no adapter"}),
-    ("tpu-gqa", "tpu", _call(q_dtype=BF16, num_kv_heads=2), "xla",
-     {"pallas_tpu": "GQA"}),
+    # TPU: the splash kernel where its adapter takes the call (GQA and
+    # bottom-right causality included), XLA or flash where it does not.
+    ("tpu-bf16", "tpu", _call(q_dtype=BF16), "pallas_tpu", {}),
+    ("tpu-gqa", "tpu", _call(q_dtype=BF16, num_kv_heads=2), "pallas_tpu",
+     {}),
     ("tpu-len-100", "tpu", _call(q_dtype=F32, q_len=100, kv_len=100), "xla",
-     {"pallas_tpu": "multiples of its default block of 128"}),
+     {"pallas_tpu": "multiples of its block of 128"}),
     ("tpu-dh-192", "tpu", _call(q_dtype=F32, head_dim=192), "xla",
      {"pallas_tpu": "multiple of 128"}),
     ("tpu-mask", "tpu", _call(q_dtype=F32, mask=True), "xla",
-     {"pallas_tpu": "no boolean mask"}),
+     {"pallas_tpu": "no dense boolean mask"}),
     ("tpu-bias", "tpu", _call(q_dtype=F32, bias=(1, 1, 512, 512)), "xla",
-     {"pallas_tpu": "full [B, H, Tq, Tk]"}),
+     {"pallas_tpu": "no additive bias"}),
     ("tpu-causal-tq-ne-tk", "tpu",
-     _call(q_dtype=F32, q_len=256, is_causal=True), "xla",
-     {"pallas_tpu": "top-left"}),
+     _call(q_dtype=F32, q_len=256, is_causal=True), "pallas_tpu", {}),
     ("tpu-long", "tpu", _call(q_dtype=F32, batch=1, q_len=32768,
-                              kv_len=32768), "flash",
-     {"pallas_tpu": "no adapter", "xla": "GiB > 1 GiB"}),
+                              kv_len=32768), "pallas_tpu", {}),
+    ("tpu-long-dv", "tpu", _call(q_dtype=F32, batch=1, q_len=32768,
+                                 kv_len=32768, value_dim=64), "flash",
+     {"pallas_tpu": "Dv == Dh", "xla": "GiB > 1 GiB"}),
 ]
 
 
@@ -123,17 +125,16 @@ def test_choice_and_reasons(backend, call, expected, why):
   assert expected in str(choice)
 
 
-# Where the limits allow the Pallas kernel, it is chosen once an adapter is
-# registered (`available`): the limit checks themselves are tested above.
+# Without the adapter among the available implementations, TPU falls back.
 @pytest.mark.parametrize("call,expected", [
-    (_call(q_dtype=BF16), "pallas_tpu"),
-    (_call(q_dtype=F32, head_dim=256, is_causal=True), "pallas_tpu"),
-    (_call(q_dtype=F32, num_kv_heads=4), "xla"),
+    (_call(q_dtype=BF16), "xla"),
+    (_call(q_dtype=F32, batch=1, q_len=32768, kv_len=32768), "flash"),
 ])
-def test_tpu_picks_pallas_once_adapted(call, expected):
-  available = auto_select.ADAPTED | {"pallas_tpu"}
+def test_tpu_without_the_adapter_falls_back(call, expected):
+  available = auto_select.ADAPTED - {"pallas_tpu"}
   choice = auto_select.select("tpu", available=available, **call)
   assert choice.implementation == expected, str(choice)
+  assert "not among the available" in dict(choice.ruled_out)["pallas_tpu"]
 
 
 def test_without_cudnn_in_available_gpu_falls_back():
