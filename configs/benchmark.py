@@ -28,14 +28,16 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.shape = ml_collections.ConfigDict(dict(B=8, n=512, D=256, h=8))
   c.long_shape = ml_collections.ConfigDict(dict(B=1, D=512, h=8))
   c.long_n = (2048,)  # "long": causal and not, fwd and fwd+bwd
+  c.long_dtypes = "float32"  # "long": comma-separated dtypes to time
   c.long_fwd_n = ()  # "long": forward-only causal lengths (none)
   # "window" (not in the default sets: --config.sets=window): causal
   # sliding window of `window` keys back at every n of `window_n`.
   c.window = 512
   c.window_n = (1024, 16384)
   # Paths to time, comma-separated; empty: all of them. Ours: default, vmap,
-  # einsum, flash, xla, auto; the anchors that ratios divide by (the fastest
-  # anchor of a shape is 1x): flax.linen, flax.nnx, jax.nn, torch.
+  # einsum, flash, xla, cudnn, auto; the anchors that ratios divide by (the
+  # fastest anchor of a shape is 1x): flax.linen, flax.nnx, jax.nn,
+  # jax.nn.cudnn, torch. cudnn paths run only on a GPU (skipped elsewhere).
   c.paths = ""
   c.repeats = 3  # timed calls per figure (the median is reported)
   c.warmup = 1  # untimed calls after compiling

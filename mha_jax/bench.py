@@ -39,8 +39,10 @@ from mha_jax import params as params_lib
 from mha_jax import score_rules
 from mha_jax import timing
 
-ANCHORS = ["flax.linen", "flax.nnx", "jax.nn", "torch"]
-OURS = ["default", "vmap", "einsum", "flash", "xla", "auto"]
+ANCHORS = ["flax.linen", "flax.nnx", "jax.nn", "jax.nn.cudnn", "torch"]
+OURS = ["default", "vmap", "einsum", "flash", "xla", "cudnn", "auto"]
+# Paths that run only on one backend (skipped elsewhere, saying why).
+_BACKEND_ONLY = {"cudnn": "gpu", "jax.nn.cudnn": "gpu"}
 _GIB = 2 ** 30
 _ROOT = pathlib.Path(__file__).resolve().parents[1]  # holds mha_jax/
 
@@ -59,8 +61,9 @@ def shape_sets(config) -> dict:
                         causal=False, modes=both)],
       "bf16": [dict(B=std.B, n=std.n, D=std.D, h=std.h, dtype="bfloat16",
                     causal=False, modes=both)],
-      "long": [dict(B=long.B, n=int(n), D=long.D, h=long.h, dtype="float32",
+      "long": [dict(B=long.B, n=int(n), D=long.D, h=long.h, dtype=dtype,
                     causal=c, modes=both)
+               for dtype in names(config.long_dtypes)
                for n in config.long_n for c in (True, False)]
               + [dict(B=long.B, n=int(n), D=long.D, h=long.h,
                       dtype="float32", causal=True, modes=["fwd"])
@@ -85,14 +88,15 @@ def _build(path, shape):
   window = shape.get("window")  # keys at most this far back, or None
   x = jax.random.normal(jax.random.PRNGKey(1), (b, n, d), jnp.float32)
   x = x.astype(dtype)
-  if path in OURS or path == "jax.nn":
+  if path in OURS or path.startswith("jax.nn"):
     params = params_lib.init_mha_params(jax.random.PRNGKey(0), d, h,
                                         dtype=dtype)
-    if path == "jax.nn":  # the same projections around jax.nn's kernel
+    if path.startswith("jax.nn"):  # the same projections around jax.nn
+      kernel = "cudnn" if path == "jax.nn.cudnn" else None
       def fn(p, x):
         q, k, v = multi_head.project_qkv(p, x)
         o = jax.nn.dot_product_attention(
-            q, k, v, is_causal=causal,
+            q, k, v, is_causal=causal, implementation=kernel,
             local_window_size=None if window is None else (window, 0))
         return multi_head.project_out(multi_head.merge_heads(o), p["w_o"])
       return fn, params, x
@@ -219,7 +223,11 @@ def measure(config, set_name, shape, paths, mm_gflops):
     row = {"set": set_name, "path": path, **shape,
            "kind": "anchor" if path in ANCHORS else "ours"}
     score_gib = 4 * shape["B"] * shape["h"] * shape["n"] ** 2 / _GIB
-    if shape.get("window") is not None and path in _NO_WINDOW:
+    if _BACKEND_ONLY.get(path, jax.default_backend()) != (
+        jax.default_backend()):
+      row["skipped"] = (f"needs a {_BACKEND_ONLY[path].upper()} (backend "
+                        f"here: {jax.default_backend()})")
+    elif shape.get("window") is not None and path in _NO_WINDOW:
       row["skipped"] = f"{path} has no sliding-window attention"
     elif _materialises_scores(path) and score_gib > config.max_score_gib:
       row["skipped"] = (f"would materialise [B,H,n,n] float32 scores of "

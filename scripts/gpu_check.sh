@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make gpu-check`: on a machine with a GPU, run the test suite there and the
-# attend benchmark (every path against flax.linen, flax.nnx and jax.nn; the
-# standard shape in float32 and bfloat16; long context at n = 8192 and
-# 32768), then write a dated table, with what `auto` chose for each shape
+# attend benchmark (every path against flax.linen, flax.nnx, jax.nn and
+# jax.nn with cuDNN; the standard shape in float32 and bfloat16; long
+# context at n = 8192 and 32768 in both), then write a dated table, with what `auto` chose for each shape
 # and why, into docs/gpu.md. Installs nothing: it uses the Python given
 # (PY, default .venv/bin/python), which must already have a JAX with CUDA.
 #
@@ -62,9 +62,11 @@ if [ "$smoke" = 1 ]; then
   runs=(smoke)
 else
   bench standard --config.sets=standard,bf16
-  bench long_8192 --config.sets=long --config.long_n=8192
+  bench long_8192 --config.sets=long --config.long_n=8192 \
+      --config.long_dtypes=float32,bfloat16
   bench long_32768 --config.sets=long --config.long_n=32768 \
-      --config.repeats=1 --config.warmup=0
+      --config.long_dtypes=float32,bfloat16 --config.repeats=1 \
+      --config.warmup=0
   runs=(standard long_8192 long_32768)
 fi
 
@@ -90,8 +92,9 @@ shapes = [("standard float32", std.B, std.n, std.D,
            std.h, jnp.float32, False),
           ("standard bfloat16", std.B, std.n, std.D, std.h, jnp.bfloat16,
            False)]
-shapes += [(f"long causal n={n} float32", long.B, n, long.D, long.h,
-            jnp.float32, True) for n in (8192, 32768)]
+shapes += [(f"long causal n={n} {jnp.dtype(t).name}", long.B, n, long.D,
+            long.h, t, True)
+           for n in (8192, 32768) for t in (jnp.float32, jnp.bfloat16)]
 for name, b, n, dm, h, dtype, causal in shapes:
   q = jax.ShapeDtypeStruct((b, n, h, dm // h), dtype)
   print(f"- {name}: `{mha_jax.explain_auto(q, q, is_causal=causal)}`"
