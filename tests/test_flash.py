@@ -283,7 +283,8 @@ def test_visits_exactly_the_blocks_with_a_visible_key(tq, tk, bq, bk, causal,
   # Visibility written from the definitions, for every row the kernel
   # runs (padded rows continue the positions: query i sits at Tk - Tq + i).
   rules = score_rules.ScoreRules(local_window=window)
-  cfg = flash._Config(tq=tq, tk=tk, bq=bq, bk=bk, is_causal=causal,
+  cfg = flash._Config(tq=tq, tk=tk, bq=bq, bk=bk, padded_keys=tk % bk != 0,
+                      is_causal=causal,
                       rules=rules, scale=1.0)
   ex = flash._Extras(None, None, None, None, None)
   nq, nk = -(-tq // bq), -(-tk // bk)
@@ -458,9 +459,31 @@ def test_window_and_segments_build_no_score_matrix_and_skip_blocks():
   assert _largest_intermediate(jax.grad(loss, (0, 1, 2)), x, x, x) < t * t
   # With a window of 64 each query block of 128 visits at most 2 key
   # blocks (not up to 8).
-  cfg = flash._Config(tq=t, tk=t, bq=128, bk=128, is_causal=True,
+  cfg = flash._Config(tq=t, tk=t, bq=128, bk=128, padded_keys=False,
+                      is_causal=True,
                       rules=rules, scale=1.0)
   ex = flash._Extras(None, None, None, None, None)
   spans = [int(hi - lo) for lo, hi in
            (flash._kv_block_range(i, t // 128, ex, cfg) for i in range(8))]
   assert max(spans) == 2 and spans[0] == 1
+
+
+@pytest.mark.parametrize("tq,tk,causal", [(200, 200, True),
+                                          (130, 192, False)])
+def test_default_blocks_backward_on_halved_blocks_with_padding(tq, tk,
+                                                               causal):
+  # The forward runs on blocks of 128 and the backward on blocks of 64
+  # (BACKWARD_BLOCK), over arrays padded to whole forward blocks: whole
+  # backward blocks of padding must get no weight, and the float32 scale
+  # folded into q must give the reference's gradients.
+  ks = jax.random.split(jax.random.key(3), 4)
+  q = jax.random.normal(ks[0], (1, tq, 2, 8))
+  k = jax.random.normal(ks[1], (1, tk, 1, 8))
+  v = jax.random.normal(ks[2], (1, tk, 1, 8))
+  bias = jax.random.normal(ks[3], (1, 2, tq, tk))
+  loss = lambda impl: lambda q, k, v, bias: jnp.sum(jnp.sin(attention.attend(
+      q, k, v, bias=bias, is_causal=causal, implementation=impl)[0]))
+  want = jax.grad(loss("vmap"), (0, 1, 2, 3))(q, k, v, bias)
+  got = jax.grad(loss("flash"), (0, 1, 2, 3))(q, k, v, bias)
+  for name, g, w in zip(("dq", "dk", "dv", "dbias"), got, want, strict=True):
+    np.testing.assert_allclose(g, w, atol=2e-5, err_msg=name)
