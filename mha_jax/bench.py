@@ -33,6 +33,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from mha_jax import auto_select
 from mha_jax import flops
 from mha_jax import multi_head
 from mha_jax import params as params_lib
@@ -183,8 +184,18 @@ def _torch_case(shape, warmup, repeats):
   return out
 
 
-def _materialises_scores(path):
-  return path not in ("flash", "torch")
+def _materialises_scores(path, shape):
+  """Whether `path` forms the [B, H, n, n] scores on `shape` ("auto":
+  whether the implementation it picks here does)."""
+  if path == "auto":
+    path = auto_select.select(
+        jax.default_backend(), q_dtype=shape["dtype"],
+        head_dim=shape["D"] // shape["h"], q_len=shape["n"],
+        kv_len=shape["n"], batch=shape["B"], num_heads=shape["h"],
+        is_causal=shape["causal"],
+        rules=("local_window",) if shape.get("window") else ()
+    ).implementation
+  return path not in ("flash", "pallas_tpu", "torch")
 
 
 def _spawn(case, timeout_s):
@@ -229,7 +240,8 @@ def measure(config, set_name, shape, paths, mm_gflops):
                         f"here: {jax.default_backend()})")
     elif shape.get("window") is not None and path in _NO_WINDOW:
       row["skipped"] = f"{path} has no sliding-window attention"
-    elif _materialises_scores(path) and score_gib > config.max_score_gib:
+    elif (_materialises_scores(path, shape) and
+          score_gib > config.max_score_gib):
       row["skipped"] = (f"would materialise [B,H,n,n] float32 scores of "
                         f"{score_gib:.1f} GiB > config.max_score_gib="
                         f"{config.max_score_gib}")
