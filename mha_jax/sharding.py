@@ -101,6 +101,8 @@ def param_spec(path: tuple[str, ...], shape: tuple[int, ...],
     return split(0)
   if name == "w_o" and ndim == 3:
     return split(0)
+  if name == "sinks" and ndim == 1:
+    return split(0)  # [H]: each device holds its own heads' sink logits
   up = any(p in _MLP_UP for p in path[:-1])
   down = any(p in _MLP_DOWN for p in path[:-1])
   if up and name == "kernel" and ndim == 2:

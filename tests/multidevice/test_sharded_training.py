@@ -89,6 +89,27 @@ def test_whole_model_forward_and_grads_equal_one_device(mesh):
     assert g.sharding.is_equivalent_to(p.sharding, g.ndim), path
 
 
+@pytest.mark.parametrize("implementation", ["einsum", "flash"])
+def test_attention_variants_sharded_equal_one_device(mesh, implementation):
+  # Sliding window, learned sinks (split over heads with the heads), soft
+  # cap, QK-norm and ALiBi under the head-parallel rules.
+  c = _config()
+  c.model.update(positions="alibi", local_window=4, logit_soft_cap=3.0,
+                 attention_sinks=True, qk_norm="rms",
+                 implementation=implementation)
+  state = train.create_train_state(c)
+  batch = train.batch_fn(c)(jax.random.PRNGKey(4))
+  l1, g1 = _loss_and_grad(state.params, state.graphdef, batch)
+  params = sharding.shard_tree(state.params, mesh)
+  sinks = params["blocks"][0]["attn"]["sinks"]
+  assert sinks.sharding.is_equivalent_to(
+      sharding.NamedSharding(mesh, sharding.P("model")), 1)
+  l2, g2 = _loss_and_grad(params, state.graphdef,
+                          sharding.shard_batch(batch, mesh))
+  np.testing.assert_allclose(l2, l1, rtol=1e-6)
+  _assert_trees_close(g2, g1, rtol=1e-4, atol=1e-6)
+
+
 def test_per_device_bytes_are_total_over_model_axis(mesh):
   state = sharding.shard_tree(train.create_train_state(_config()), mesh)
   split = replicated = 0
