@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test run experiments results publish benchmark mesh_check mutation gpu-check clean
+.PHONY: install test run experiments results publish benchmark mesh_check mutation gpu-check clean text_heads
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,14 @@ run: install
 	$(BIN)/python -m experiments.induction --workdir=runs/induction
 	@echo "Report: runs/induction/report.md (figures beside it)"
 
+# Heads on real text (docs/text.md): byte-level models of the standard
+# library's code, 3 models x 3 seeds (about 11 min on 2 shared cores),
+# writing runs/text_heads/report.md.
+text_heads: install
+	$(BIN)/python -m experiments.text_heads --workdir=runs/text_heads
+
 # All six head experiments, each writing runs/<name>/report.md.
-EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits
+EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits text_heads sinks
 experiments: install
 	for e in $(EXPERIMENTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \
@@ -35,7 +41,7 @@ experiments: install
 # hand; tests check the README's numbers against them). About 45 minutes
 # on 2 idle cores; RESULTS=induction limits it to one experiment, and
 # `make publish` copies finished runs without running them again.
-RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits
+RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks
 results: install
 	for e in $(RESULTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \

@@ -14,15 +14,20 @@ A batch holds:
     targets); "inputs" is then the source sequence.
 Token ids: 0 = PAD, 1 = BOS, 2 = SEP, data symbols are 3..V-1 (the
 two-offset token task has no special tokens: its symbols are 0..V-1).
+The `text` task reads real files (`mha_jax.text_corpus`): byte b is id
+b + 3, so V = 259.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+
+from mha_jax import text_corpus
 
 PAD, BOS, SEP = 0, 1, 2
 NUM_SPECIAL = 3
@@ -81,22 +86,36 @@ def induction_batch(key, cfg):
   predicts the repeat; only "find the earlier occurrence, copy what
   followed" (an induction head) does. The loss counts the targets inside
   the second copy after its first token (the first is unpredictable).
+
+  `cfg.bos` (default False): every sequence starts with BOS (input 0 is
+  BOS) and the pattern above fills the T tokens after it, so every
+  position, and the loss mask with it, shifts right by one. Without it the
+  batch is exactly what it was before the option existed.
   """
   b, t = cfg.batch_size, cfg.seq_len
   total = t + 1  # inputs and targets are the sequence shifted by one
+  bos = bool(cfg.get("bos", False))  # configs saved before the field: off
+  body = total - 1 if bos else total  # tokens the random pattern fills
+  if bos and 2 * cfg.max_segment > body:
+    raise ValueError(f"config.task.max_segment: with bos, two copies of "
+                     f"{cfg.max_segment} tokens must fit in seq_len = {t}")
 
   def one(k):
     k_seq, k_len, k_s1, k_s2 = jax.random.split(k, 4)
-    seq = _symbols(k_seq, (total,), cfg)
+    seq = _symbols(k_seq, (body,), cfg)
     seg = jax.random.randint(k_len, (), cfg.min_segment, cfg.max_segment + 1)
-    s1 = jax.random.randint(k_s1, (), 0, total - 2 * seg + 1)
-    s2 = jax.random.randint(k_s2, (), s1 + seg, total - seg + 1)
-    pos = jnp.arange(total)
+    s1 = jax.random.randint(k_s1, (), 0, body - 2 * seg + 1)
+    s2 = jax.random.randint(k_s2, (), s1 + seg, body - seg + 1)
+    pos = jnp.arange(body)
     in_repeat = (pos >= s2) & (pos < s2 + seg)
-    seq = jnp.where(in_repeat, seq[jnp.clip(pos - s2 + s1, 0, total - 1)],
+    seq = jnp.where(in_repeat, seq[jnp.clip(pos - s2 + s1, 0, body - 1)],
                     seq)
-    target_pos = pos[1:]  # position in seq of each target
+    # Position in the pattern of each of the T targets: target j is token
+    # j + 1 of the full sequence, pattern token j + 1 (no BOS) or j (BOS).
+    target_pos = jnp.arange(t) + (0 if bos else 1)
     mask = (target_pos > s2) & (target_pos < s2 + seg)
+    if bos:
+      seq = jnp.concatenate([jnp.full((1,), BOS, seq.dtype), seq])
     return seq, mask.astype(jnp.float32)
 
   seq, mask = jax.vmap(one)(jax.random.split(key, b))
@@ -129,6 +148,57 @@ def two_offset_token_batch(key, cfg):
   x = jax.random.randint(key, (b, t), 0, v)
   target = _shift(x, 1) * v + _shift(x, 3)
   return {"inputs": x, "targets": target, "loss_mask": _offsets_valid(b, t)}
+
+
+TEXT_VOCAB = NUM_SPECIAL + text_corpus.NUM_BYTES  # 256 bytes + PAD/BOS/SEP
+# The text task's own fields (configs/text.py documents them); a task
+# config without them (configs/default.py's) reads the standard library.
+TEXT_DEFAULTS = {"corpus": text_corpus.STDLIB, "corpus_glob": "*.py",
+                 "pieces": 20, "split": "train", "split_seed": 0,
+                 "held_out_fraction": 0.1}
+
+
+def _text_field(cfg, name):
+  return cfg.get(name, TEXT_DEFAULTS[name])
+
+
+def text_corpus_of(cfg) -> text_corpus.Corpus:
+  """The split corpus of the text task config `cfg` (cached per fields)."""
+  f = functools.partial(_text_field, cfg)
+  return text_corpus.load(
+      f("corpus"), window=cfg.seq_len + 1, split_seed=f("split_seed"),
+      held_out_fraction=f("held_out_fraction"), glob=f("corpus_glob"),
+      pieces=f("pieces"))
+
+
+def text_split(cfg) -> text_corpus.Split:
+  """The side `cfg.split` ("train" / "held_out") of `text_corpus_of(cfg)`."""
+  return text_corpus_of(cfg).split(_text_field(cfg, "split"))
+
+
+def text_batch(key, cfg):
+  """Windows of T + 1 bytes of real text from split `cfg.split`.
+
+  inputs = window[:-1], targets = window[1:] (next-byte prediction), loss
+  on every position; ids are bytes + NUM_SPECIAL. Which windows: 64
+  random bits per example from `key`, so the batch is a pure function of
+  (key, cfg) given the corpus files, and a resumed run sees the same
+  batches. The bytes are gathered on the host from memory-mapped files
+  through `jax.pure_callback`: `train.batch_fn` jits every task's sampler,
+  and a callback keeps the corpus out of the compiled program (no constant
+  of tens of MB, and corpora larger than memory work), at the cost of one
+  host round trip per batch, small next to a training step.
+  """
+  b, t = cfg.batch_size, cfg.seq_len
+  bits = jax.random.bits(key, (b, 2), jnp.uint32)
+
+  def read(bits_host):
+    return text_split(cfg).windows_from_bits(bits_host, first_id=NUM_SPECIAL)
+
+  seq = jax.pure_callback(read, jax.ShapeDtypeStruct((b, t + 1), jnp.int32),
+                          bits, vmap_method="sequential")  # [B, T+1]
+  return {"inputs": seq[:, :-1], "targets": seq[:, 1:],
+          "loss_mask": jnp.ones((b, t), jnp.float32)}
 
 
 def _need(cond, field, msg):
@@ -167,6 +237,17 @@ def _check_offsets(cfg):
   _need(cfg.seq_len > 3, "seq_len", f"must be > 3, got {cfg.seq_len}")
 
 
+def _check_text(cfg):
+  _need(cfg.vocab_size == TEXT_VOCAB, "vocab_size",
+        f"the text task has {TEXT_VOCAB} ids (256 bytes + PAD, BOS, SEP), "
+        f"got {cfg.vocab_size}")
+  _need(cfg.seq_len >= 2, "seq_len", f"must be >= 2, got {cfg.seq_len}")
+  split = _text_field(cfg, "split")
+  _need(split in ("train", "held_out"), "split",
+        f"expected 'train' or 'held_out', got {split!r}")
+  text_split(cfg)  # the corpus exists, decodes and has windows: fail now
+
+
 def _token_io(cfg):
   return dict(vocab_size=cfg.vocab_size, input_dim=0, output_dim=0)
 
@@ -189,6 +270,10 @@ TASKS = {
         lambda c: dict(vocab_size=c.vocab_size, input_dim=0,
                        output_dim=c.vocab_size ** 2),
         "decoder", "xent", _check_offsets),
+    "text": Task(text_batch,
+                 lambda c: dict(vocab_size=TEXT_VOCAB, input_dim=0,
+                                output_dim=0),
+                 "decoder", "xent", _check_text),
 }
 
 
