@@ -65,8 +65,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   m.use_bias = False  # biases on the attention projections
   m.dropout_rate = 0.0  # attention-weight dropout while training
   # Core attend path, a key of mha_jax.attention.IMPLEMENTATIONS: vmap |
-  # einsum | flash | xla | cudnn | auto. Only vmap and einsum form the
-  # weights that return_weights and the head analyses read.
+  # einsum | flash | xla | cudnn | pallas_tpu | auto. Only vmap and einsum
+  # form the weights that return_weights and the head analyses read.
   m.implementation = "einsum"
   # Attention variants (mha_jax.score_rules; 0 / "" / False: off).
   m.local_window = 0  # W > 0: keys at most W positions away (sliding)
@@ -84,6 +84,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   t.vocab_size = 16  # V, ids incl. PAD/BOS/SEP (two_offset_token: symbols)
   t.min_segment = 3  # induction: shortest repeated segment
   t.max_segment = 8  # induction: longest repeated segment
+  t.bos = False  # induction: every sequence starts with BOS (tasks.BOS)
   t.min_len = 4  # reverse: shortest source sequence
   t.feature_dim = 8  # two_offset_continuous: F, width of each u_t
 

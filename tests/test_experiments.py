@@ -484,7 +484,10 @@ def test_every_entry_point_has_an_end_to_end_test():
   tested = {"induction", "two_offsets", "head_dim", "cross_attention",
             "pruning", "train", "generate", "kv_behaviour", "kv_cache",
             "cost_scaling", "benchmark", "mesh_check", "toy_example",
-            "explore", "circuits"}  # explore: tests/test_explore.py
+            "explore", "circuits",
+            # explore: tests/test_explore.py; text_heads: tests/test_text.py;
+            # sinks: tests/test_sinks.py
+            "text_heads", "sinks"}
   helpers = {"__init__", "common", "kv_cache_report",
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
   found = {p.stem for p in (ROOT / "experiments").glob("*.py")} - helpers

@@ -66,7 +66,9 @@ def test_site_names_follow_transformer_lens():
   assert "blocks.0.resid_post" in attn_only.hook_names()
 
 
-@pytest.mark.parametrize("implementation", sorted(attention.IMPLEMENTATIONS))
+# "pallas_tpu" needs lengths in whole blocks of 128; tests/test_pallas.py.
+@pytest.mark.parametrize("implementation", sorted(
+    set(attention.IMPLEMENTATIONS) - {"pallas_tpu"}))
 def test_capture_is_bit_identical_on_every_implementation(implementation):
   if implementation == "cudnn" and jax.default_backend() != "gpu":
     pytest.skip("'cudnn' needs a CUDA GPU (see mha_jax/xla_attention.py)")
