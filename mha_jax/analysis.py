@@ -107,6 +107,7 @@ def confidence(weights: jax.Array) -> jax.Array:
   return _mean_over_rows(jnp.max(w, axis=-1), valid_rows(w))
 
 
+@jax.jit  # `offset` traced: one program serves every offset
 def offset_score(weights: jax.Array, offset: int) -> jax.Array:
   """Mean weight on the key `offset` positions back, `[H]`.
 
@@ -333,6 +334,9 @@ def _mean_over_pairs(values, w):
   return jnp.where(n > 0, total / jnp.maximum(n, 1), 0.0)
 
 
+# One compiled program for all the metrics: called eagerly, each of their
+# few dozen operations compiled on its own for every new shape (seconds).
+@jax.jit
 def head_metrics(weights: jax.Array,
                  tokens: jax.Array | None = None) -> dict[str, jax.Array]:
   """Every per-head metric at once: a dict of `[H]` arrays.

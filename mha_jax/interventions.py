@@ -33,6 +33,8 @@ math.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,45 +69,64 @@ def gate_shape(model, mask_arg="head_mask"):
   return len(z_sites(model, mask_arg)), model.config.num_heads
 
 
+def _gated(graphdef, state, batch, gates, loss, mask_arg):
+  """The loss of the model `(graphdef, state)` on `batch` with its heads
+  gated by `gates [L, H]` (through the `mask_arg` call argument)."""
+  m = nnx.merge(graphdef, state)
+  return train.compute_loss(m, batch, loss, **{mask_arg: gates})[0]
+
+
+# Compiled at module level with the model's structure static, so that every
+# model of one structure (seeds, checkpoints, pruned copies) and every batch
+# of one shape share one program; a closure jitted per call compiled anew
+# each time.
+_STATIC = ("graphdef", "loss", "mask_arg")
+_gated_loss = jax.jit(_gated, static_argnames=_STATIC)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _gate_gradient(graphdef, state, batch, gates, loss, mask_arg):
+  return jax.grad(_gated, argnums=3)(graphdef, state, batch, gates, loss,
+                                     mask_arg)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _mean_abs_example_gradient(graphdef, state, batch, gates, loss,
+                               mask_arg):
+  def one(example):  # a batch of one
+    example = jax.tree.map(lambda x: x[None], example)
+    return jax.grad(_gated, argnums=3)(graphdef, state, example, gates, loss,
+                                       mask_arg)
+  return jnp.mean(jnp.abs(jax.vmap(one)(batch)), 0)
+
+
 def loss_fn(model, batch, loss, mask_arg="head_mask"):
   """A jitted `(gates [L, H], state=None) -> loss` for `model` on `batch`.
 
   `state` (from `nnx.state`) swaps in other values of the same model's
   variables without recompiling; None uses the model's current ones.
   """
+  gate_shape(model, mask_arg)  # a bad `mask_arg` fails here, by name
   graphdef, state0 = nnx.split(model)
-
-  def f(gates, state):
-    m = nnx.merge(graphdef, state)
-    return train.compute_loss(m, batch, loss, **{mask_arg: gates})[0]
-
-  jitted = jax.jit(f)
-  return lambda gates, state=None: jitted(
-      gates, state0 if state is None else state)
+  return lambda gates, state=None: _gated_loss(
+      graphdef, state0 if state is None else state, batch, gates, loss=loss,
+      mask_arg=mask_arg)
 
 
 def gradient_importance(model, batch, loss, mask_arg="head_mask"):
   """`d loss / d gate` at all gates 1, `[L, H]` (negative: head helps)."""
   graphdef, state = nnx.split(model)
-
-  def f(gates):
-    m = nnx.merge(graphdef, state)
-    return train.compute_loss(m, batch, loss, **{mask_arg: gates})[0]
-
-  return np.asarray(jax.jit(jax.grad(f))(jnp.ones(gate_shape(model, mask_arg))))
+  gates = jnp.ones(gate_shape(model, mask_arg))
+  return np.asarray(_gate_gradient(graphdef, state, batch, gates, loss=loss,
+                                   mask_arg=mask_arg))
 
 
 def _per_example_abs_grad(model, batch, loss, mask_arg):
   """A jitted `gates [L, H] -> mean_b |d loss_b / d gate| [L, H]`."""
+  gate_shape(model, mask_arg)
   graphdef, state = nnx.split(model)
-
-  def f(gates, example):
-    m = nnx.merge(graphdef, state)
-    one = jax.tree.map(lambda x: x[None], example)  # a batch of one
-    return train.compute_loss(m, one, loss, **{mask_arg: gates})[0]
-
-  grads = jax.vmap(jax.grad(f), in_axes=(None, 0))
-  return jax.jit(lambda gates: jnp.mean(jnp.abs(grads(gates, batch)), 0))
+  return lambda gates: _mean_abs_example_gradient(
+      graphdef, state, batch, gates, loss=loss, mask_arg=mask_arg)
 
 
 def per_example_gradient_importance(model, batch, loss,
@@ -177,21 +198,10 @@ def replacement_ablation(model, batch, loss, replace, mask_arg="head_mask"):
   replace is an array, not a Python int.
   """
   n_layers, n_heads = gate_shape(model, mask_arg)
-  sites = z_sites(model, mask_arg)
+  sites = tuple(z_sites(model, mask_arg))
   graphdef, state = nnx.split(model)
-
-  def f(select):  # select [L, H]: 1 where the head is replaced
-    def swap(l):
-      def fn(z):  # [B, T, H, Dv]
-        sel = select[l].astype(z.dtype)[None, None, :, None]
-        return z * (1 - sel) + replace(z) * sel
-      return fn
-
-    m = nnx.merge(graphdef, state)
-    patch = {site: swap(l) for l, site in enumerate(sites)}
-    return train.compute_loss(m, batch, loss, patch=patch)[0]
-
-  f = jax.jit(f)
+  f = lambda select: _replaced_loss(graphdef, state, batch, select, loss=loss,
+                                    replace=replace, sites=sites)
   zeros = jnp.zeros((n_layers, n_heads))
   clean = float(f(zeros))
   out = np.zeros((n_layers, n_heads))
@@ -199,6 +209,22 @@ def replacement_ablation(model, batch, loss, replace, mask_arg="head_mask"):
     for h in range(n_heads):
       out[l, h] = float(f(zeros.at[l, h].set(1.0))) - clean
   return out
+
+
+@functools.partial(jax.jit,
+                   static_argnames=("graphdef", "loss", "replace", "sites"))
+def _replaced_loss(graphdef, state, batch, select, loss, replace, sites):
+  """The loss with the heads where `select [L, H]` is 1 replaced by
+  `replace(z)` at their `z` hook `sites` (one per layer)."""
+  def swap(l):
+    def fn(z):  # [B, T, H, Dv]
+      sel = select[l].astype(z.dtype)[None, None, :, None]
+      return z * (1 - sel) + replace(z) * sel
+    return fn
+
+  m = nnx.merge(graphdef, state)
+  patch = {site: swap(l) for l, site in enumerate(sites)}
+  return train.compute_loss(m, batch, loss, patch=patch)[0]
 
 
 def mean_ablation(model, batch, loss, mask_arg="head_mask"):

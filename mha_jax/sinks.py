@@ -267,21 +267,6 @@ def uniform_floor(tokens) -> dict:
   return {k: float(v[0, 0]) for k, v in head_shares(w, tokens).items()}
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _gated_loss(graphdef, state, batch, loss, gates):
-  return train.compute_loss(nnx.merge(graphdef, state), batch, loss,
-                            head_mask=gates)[0]
-
-
-def _zero_ablation(model, batch, loss):
-  """`interventions.zero_ablation` with its loss compiled once per model
-  structure (every seed of a setting shares it), not once per model."""
-  graphdef, state = nnx.split(model)
-  return interventions.zero_ablation(
-      model, batch, loss,
-      f=lambda gates: _gated_loss(graphdef, state, batch, loss, gates))
-
-
 def _measure(model, batch, loss, cap):
   logits, pattern = attention_arrays(model, batch["inputs"])
   out = {"shares": head_shares(pattern, batch["inputs"]),
@@ -307,7 +292,8 @@ def survey(model, batch, loss: str, *, init_model=None, ablate: bool = True,
   profile, logit range, eval and sink logits.
   """
   out = _measure(model, batch, loss, cap)
-  out["ablation"] = _zero_ablation(model, batch, loss) if ablate else None
+  out["ablation"] = (interventions.zero_ablation(model, batch, loss)
+                     if ablate else None)
   out["uniform"] = uniform_floor(batch["inputs"])
   if init_model is not None:
     out["init"] = _measure(init_model, batch, loss, cap)

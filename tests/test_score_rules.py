@@ -130,14 +130,19 @@ def test_every_path_matches_the_float64_reference(call):
   want = _reference_for(q, k, v, opts, rules)
   sr = score_rules.ScoreRules(**{n: (jnp.asarray(x) if isinstance(
       x, np.ndarray) else x) for n, x in rules.items()})
+  # Each path is jitted whole: one compile per example instead of one per
+  # eager operation (the values are the same; this is most of the time).
   for impl in ("vmap", "einsum"):
-    out, _ = attention.attend(q, k, v, implementation=impl, rules=sr, **opts)
-    np.testing.assert_allclose(out, want, atol=2e-5, err_msg=impl)
+    fn = jax.jit(lambda q, k, v, sr, impl=impl: attention.attend(
+        q, k, v, implementation=impl, rules=sr, **opts)[0])
+    np.testing.assert_allclose(fn(q, k, v, sr), want, atol=2e-5,
+                               err_msg=impl)
   # Blocks of 4 (not the default 128) so that windows and segments cross
   # block edges and whole blocks are skipped.
-  out = flash.flash_attention(q, k, v, rules=sr, block_q=4, block_k=3,
-                              **opts)
-  np.testing.assert_allclose(out, want, atol=2e-5, err_msg="flash")
+  fn = jax.jit(lambda q, k, v, sr: flash.flash_attention(
+      q, k, v, rules=sr, block_q=4, block_k=3, **opts))
+  np.testing.assert_allclose(fn(q, k, v, sr), want, atol=2e-5,
+                             err_msg="flash")
 
 
 def _grads(fn, q, k, v, sinks, slopes):
@@ -325,6 +330,11 @@ def test_rms_qk_norm_known_answer():
   np.testing.assert_allclose(out[0, 0, 0], [3 / rms, -8 / rms], rtol=1e-6)
 
 
+# A model's forward as one compiled program: the same values as calling it
+# eagerly, without compiling each operation on its own (most of the time).
+_forward = nnx.jit(lambda m, x: m(x))
+
+
 @pytest.mark.parametrize("opts", [
     dict(local_window=(3, 3), attention_sinks=True),
     dict(logit_soft_cap=0.7, qk_norm="rms", num_kv_heads=1),
@@ -346,7 +356,7 @@ def test_cached_decoding_equals_the_full_forward(opts):
   call = nnx.jit(lambda m, x, c, n: m(x, cache=c, lengths=n))
   for impl in ("vmap", "einsum", "flash"):
     m = transformer.with_implementation(model, impl)
-    full = m(tokens)
+    full = _forward(m, tokens)
     # A ragged prompt (5 and 3 real tokens), then one token per row per
     # step: row 0 at positions 5.., row 1 at 3.. (windows, ALiBi and the
     # causal rule all read the true positions).
@@ -370,9 +380,10 @@ def test_segment_ids_through_the_model_keep_packed_sequences_apart():
   packed = jnp.concatenate([a, bb], axis=1)
   seg = jnp.array([[0] * 5 + [1] * 7])
   pos = jnp.array([list(range(5)) + list(range(7))])
-  got = model(packed, segment_ids=seg, positions=pos)
-  np.testing.assert_allclose(got[:, :5], model(a), atol=1e-5)
-  np.testing.assert_allclose(got[:, 5:], model(bb), atol=1e-5)
+  got = nnx.jit(lambda m, x, s, p: m(x, segment_ids=s, positions=p))(
+      model, packed, seg, pos)
+  np.testing.assert_allclose(got[:, :5], _forward(model, a), atol=1e-5)
+  np.testing.assert_allclose(got[:, 5:], _forward(model, bb), atol=1e-5)
   with pytest.raises(ValueError, match="segment ids do not apply"):
     model(packed, segment_ids=seg, cache=model.init_cache(1))
 
