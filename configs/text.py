@@ -53,6 +53,11 @@ def get_config(arg=None):
   t.split = "train"  # which side of the split batches come from
   t.split_seed = 0  # shuffles the documents before the split
   t.held_out_fraction = 0.1  # share of documents held out of training
+  # Share of training windows given a repeated span (0: the text as it
+  # is; variants marked "+rep" set it to experiment.repeat_prob). Held-out
+  # windows are never altered.
+  t.repeat_prob = 0.0
+  t.repeat_span = (16, 64)  # bytes per repeated span, (min, max)
 
   tr = c.train
   tr.num_steps = 400  # 0.8 MB of text per model: 12 models fit in minutes
@@ -68,11 +73,14 @@ def get_config(arg=None):
 
   c.experiment = e = ml_collections.ConfigDict()
   e.seeds = (0, 1, 2)  # training seeds per model
-  # Models: "L<layers>" attention-only, "+MLP" with an MLP in each block.
+  # Models: "L<layers>" attention-only, "+MLP" with an MLP in each block,
+  # "+rep" trained with repeated spans (task.repeat_prob below).
   # "L4" (4 layers, attention-only) is left out of the default run: with
   # it, 12 models took 24.6 min on 2 shared cores (it alone 8 min); add it
   # with --config.experiment.variants="('L2','L2+MLP','L4','L4+MLP')".
   e.variants = ("L2", "L2+MLP", "L4+MLP")
+  # Share of training windows with a repeated span in "+rep" variants.
+  e.repeat_prob = 0.5
   # Held-out windows per seed for every score; their first T/2 bytes,
   # given twice, are the repeated text of the induction test.
   e.analysis_examples = 32

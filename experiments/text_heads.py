@@ -78,7 +78,8 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
   train_s = 0.0
   last = e.variants[-1]
   for variant in e.variants:
-    overrides = text_survey.parse_variant(variant)
+    overrides = text_survey.parse_variant(variant,
+                                          repeat_prob=e.repeat_prob)
     by_variant[variant] = []
     seed_runs = runs_lib.seed_runs(config, workdir, e.seeds,
                                    f"{variant}_seed{{seed}}",

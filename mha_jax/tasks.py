@@ -155,7 +155,8 @@ TEXT_VOCAB = NUM_SPECIAL + text_corpus.NUM_BYTES  # 256 bytes + PAD/BOS/SEP
 # config without them (configs/default.py's) reads the standard library.
 TEXT_DEFAULTS = {"corpus": text_corpus.STDLIB, "corpus_glob": "*.py",
                  "pieces": 20, "split": "train", "split_seed": 0,
-                 "held_out_fraction": 0.1}
+                 "held_out_fraction": 0.1, "repeat_prob": 0.0,
+                 "repeat_span": (16, 64)}
 
 
 def _text_field(cfg, name):
@@ -188,6 +189,10 @@ def text_batch(key, cfg):
   and a callback keeps the corpus out of the compiled program (no constant
   of tens of MB, and corpora larger than memory work), at the cost of one
   host round trip per batch, small next to a training step.
+
+  `cfg.repeat_prob` (default 0: off): that share of windows gets a span
+  of `cfg.repeat_span` bytes repeated later in the window
+  (`_repeat_spans`), a training signal for induction heads in real text.
   """
   b, t = cfg.batch_size, cfg.seq_len
   bits = jax.random.bits(key, (b, 2), jnp.uint32)
@@ -197,8 +202,35 @@ def text_batch(key, cfg):
 
   seq = jax.pure_callback(read, jax.ShapeDtypeStruct((b, t + 1), jnp.int32),
                           bits, vmap_method="sequential")  # [B, T+1]
+  p = float(_text_field(cfg, "repeat_prob"))
+  if p > 0:  # off: the batch is exactly what it was before the option
+    seq = _repeat_spans(jax.random.fold_in(key, 1), seq, p,
+                        tuple(_text_field(cfg, "repeat_span")))
   return {"inputs": seq[:, :-1], "targets": seq[:, 1:],
           "loss_mask": jnp.ones((b, t), jnp.float32)}
+
+
+def _repeat_spans(key, seq, prob, span):
+  """With probability `prob` per window, a span of L bytes (L uniform in
+  `span = (min, max)`) copied over a later stretch of the same window.
+
+  `seq [B, N]`. The copy starts at s2 >= s1 + L, so both copies are whole
+  and real text surrounds them: what follows the first copy is the
+  answer an induction head reads at the second.
+  """
+  n = seq.shape[1]
+
+  def one(k, row):
+    k_on, k_len, k_s1, k_s2 = jax.random.split(k, 4)
+    seg = jax.random.randint(k_len, (), span[0], span[1] + 1)
+    s1 = jax.random.randint(k_s1, (), 0, n - 2 * seg + 1)
+    s2 = jax.random.randint(k_s2, (), s1 + seg, n - seg + 1)
+    pos = jnp.arange(n)
+    copied = ((pos >= s2) & (pos < s2 + seg)
+              & jax.random.bernoulli(k_on, prob))
+    return jnp.where(copied, row[jnp.clip(pos - s2 + s1, 0, n - 1)], row)
+
+  return jax.vmap(one)(jax.random.split(key, seq.shape[0]), seq)
 
 
 def _need(cond, field, msg):
@@ -245,6 +277,13 @@ def _check_text(cfg):
   split = _text_field(cfg, "split")
   _need(split in ("train", "held_out"), "split",
         f"expected 'train' or 'held_out', got {split!r}")
+  p = _text_field(cfg, "repeat_prob")
+  _need(0.0 <= p <= 1.0, "repeat_prob", f"must be in [0, 1], got {p}")
+  lo, hi = _text_field(cfg, "repeat_span")
+  _need(p == 0 or (1 <= lo <= hi and 2 * hi <= cfg.seq_len + 1),
+        "repeat_span",
+        f"needs 1 <= min <= max and two copies of max bytes within seq_len "
+        f"+ 1 = {cfg.seq_len + 1}, got ({lo}, {hi})")
   text_split(cfg)  # the corpus exists, decodes and has windows: fail now
 
 

@@ -47,21 +47,26 @@ LN2 = math.log(2.0)
 _FIRST = tasks.NUM_SPECIAL
 
 
-def parse_variant(name: str) -> dict:
-  """`"L4+MLP"` -> `{"model.num_layers": 4, "model.attention_only": False}`
-  (`"L<layers>"`: attention-only; `"+MLP"`: an MLP in every block)."""
-  m = re.fullmatch(r"L(\d+)(\+MLP)?", name)
+def parse_variant(name: str, *, repeat_prob: float) -> dict:
+  """`"L4+MLP"` -> `{"model.num_layers": 4, "model.attention_only": False,
+  "task.repeat_prob": 0.0}` (`"L<layers>"`: attention-only; `"+MLP"`: an
+  MLP in every block; `"+rep"`: `repeat_prob` of the training windows
+  hold a repeated span, see `tasks.text_batch`)."""
+  m = re.fullmatch(r"L(\d+)(\+MLP)?(\+rep)?", name)
   if not m or int(m.group(1)) < 1:
     raise ValueError(f"config.experiment.variants: {name!r} is not "
-                     "'L<layers>' or 'L<layers>+MLP' (e.g. 'L2', 'L4+MLP')")
+                     "'L<layers>', optionally followed by '+MLP' and '+rep' "
+                     "(e.g. 'L2', 'L4+MLP', 'L2+rep')")
   return {"model.num_layers": int(m.group(1)),
-          "model.attention_only": m.group(2) is None}
+          "model.attention_only": m.group(2) is None,
+          "task.repeat_prob": repeat_prob if m.group(3) else 0.0}
 
 
 def held_out_config(config) -> ml_collections.ConfigDict:
   """A copy of `config` whose batches come from the held-out files."""
   c = ml_collections.ConfigDict(config.to_dict())
   c.task.split = "held_out"
+  c.task.repeat_prob = 0.0  # held-out text as it is, whatever trained on
   return c
 
 

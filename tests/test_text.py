@@ -49,7 +49,7 @@ def _letter_corpus(folder, n=10, size=40):
 
 def _task(corpus, **kw):
   c = text_config.get_config("smoke").task
-  c.update(corpus=str(corpus), seq_len=7, **kw)
+  c.update({"corpus": str(corpus), "seq_len": 7, **kw})
   return c
 
 
@@ -129,6 +129,59 @@ def test_text_task_batch_shifts_and_keeps_held_out_apart(tmp_path):
       jax.random.key(0))["inputs"])
   assert {chr(v - FIRST) for v in held.ravel()} <= letters(corpus.held_out)
   assert {chr(v - FIRST) for v in x.ravel()} <= letters(corpus.train)
+
+
+def test_repeated_spans_copy_earlier_bytes_and_leave_the_rest(tmp_path):
+  # Distinct bytes everywhere, so a copied byte is told from the original.
+  _write(tmp_path, {f"f{i}.py": bytes(range(1 + 40 * i, 41 + 40 * i))
+                    for i in range(3)})  # ASCII: UTF-8 text
+  cfg = _task(tmp_path, seq_len=31, held_out_fraction=0.2)
+  make = lambda c: np.asarray(jax.jit(lambda k: tasks.text_batch(
+      k, ml_collections.FrozenConfigDict(c)))(jax.random.key(3))["inputs"])
+  plain = make(cfg)
+  # Off (the default) is the batch of a config without the fields.
+  bare = ml_collections.ConfigDict(cfg.to_dict())
+  del bare["repeat_prob"], bare["repeat_span"]
+  np.testing.assert_array_equal(make(bare), plain)
+  np.testing.assert_array_equal(make(dict(cfg.to_dict(), repeat_prob=0.0)),
+                                plain)
+  lo, hi = 3, 6
+  rep = make(dict(cfg.to_dict(), repeat_prob=1.0, repeat_span=(lo, hi)))
+  for row, (new, old) in enumerate(zip(rep, plain)):
+    changed = np.flatnonzero(new != old)
+    # One stretch of lo..hi positions (the bytes are all distinct, so
+    # every copied byte differs), holding the bytes d >= its length back.
+    assert lo <= changed.size <= hi, (row, changed)
+    assert changed[-1] - changed[0] + 1 == changed.size
+    shift = {int(i - np.flatnonzero(old == new[i])[0]) for i in changed}
+    assert len(shift) == 1 and shift.pop() >= changed.size, row
+  # Half the windows, about: a Bernoulli draw per window.
+  half = make(dict(cfg.to_dict(), repeat_prob=0.5, repeat_span=(lo, hi),
+                   batch_size=64))
+  base = make(dict(cfg.to_dict(), batch_size=64))
+  assert 16 <= np.any(half != base, axis=1).sum() <= 48
+  # Held-out windows stay as they are whatever the training side gets.
+  config = text_config.get_config("smoke")
+  config.task.repeat_prob = 1.0
+  assert text_survey.held_out_config(config).task.repeat_prob == 0.0
+  assert text_survey.parse_variant("L2+MLP+rep", repeat_prob=0.3) == {
+      "model.num_layers": 2, "model.attention_only": False,
+      "task.repeat_prob": 0.3}
+  with pytest.raises(ValueError, match="'L2', 'L4\\+MLP', 'L2\\+rep'"):
+    text_survey.parse_variant("L2+rep+MLP", repeat_prob=0.3)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("repeat_prob", 1.5, r"repeat_prob: must be in \[0, 1\], got 1.5"),
+    ("repeat_span", (5, 4), r"repeat_span: .*got \(5, 4\)"),
+    ("repeat_span", (2, 17), r"repeat_span: .*seq_len \+ 1 = 33"),
+])
+def test_bad_repeat_fields_fail_naming_them(tmp_path, field, value, match):
+  config = text_config.get_config("smoke")
+  config.task.repeat_prob = 0.5  # the span is checked where it is used
+  config.task[field] = value
+  with pytest.raises(ValueError, match="config.task." + match):
+    config_lib.validate_config(config)
 
 
 def test_single_file_is_cut_into_pieces_at_line_ends(tmp_path):
