@@ -28,7 +28,7 @@ run: install
 text_heads: install
 	$(BIN)/python -m experiments.text_heads --workdir=runs/text_heads
 
-# All six head experiments, each writing runs/<name>/report.md.
+# The head experiments, each writing runs/<name>/report.md.
 EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits text_heads sinks
 experiments: install
 	for e in $(EXPERIMENTS); do \

@@ -263,6 +263,9 @@ def _check_induction(cfg):
   _need(2 * cfg.max_segment <= cfg.seq_len + 1, "max_segment",
         f"two copies of {cfg.max_segment} tokens must fit in seq_len + 1 = "
         f"{cfg.seq_len + 1}")
+  _need(not cfg.get("bos", False) or 2 * cfg.max_segment <= cfg.seq_len,
+        "max_segment", f"with bos, two copies of {cfg.max_segment} tokens "
+        f"must fit in seq_len = {cfg.seq_len}")
 
 
 def _check_offsets(cfg):

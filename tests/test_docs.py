@@ -328,5 +328,6 @@ def test_committed_results_are_complete():
     assert (folder / "report.md").exists() and (
         folder / "results.json").exists(), folder.name
     report = (folder / "report.md").read_text()
-    for figure in re.findall(r"\]\(([\w.-]+\.png)\)", report):
-      assert (folder / figure).exists(), f"{folder.name}: {figure}"
+    # Figures and the explorer page the report links sit beside it.
+    for linked in re.findall(r"\]\(([\w.-]+\.(?:png|html))\)", report):
+      assert (folder / linked).exists(), f"{folder.name}: {linked}"

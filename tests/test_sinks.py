@@ -20,6 +20,7 @@ import pytest
 from configs import default
 from mha_jax import analysis
 from mha_jax import attention
+from mha_jax import config as config_lib
 from mha_jax import model_config
 from mha_jax import score_rules
 from mha_jax import sinks
@@ -208,6 +209,11 @@ def test_bos_with_segments_that_no_longer_fit_names_the_field():
   assert _induction(seq_len=13, max_segment=7)["loss_mask"].sum() > 0
   with pytest.raises(ValueError, match="config.task.max_segment: with bos"):
     _induction(seq_len=13, max_segment=7, bos=True)
+  # Config validation says so too, before anything is built.
+  config = default.get_config()
+  config.task.update(seq_len=13, max_segment=7, bos=True)
+  with pytest.raises(ValueError, match="config.task.max_segment: with bos"):
+    config_lib.validate_config(config)
 
 
 # -------------------------------------------------- the experiment, smoke
