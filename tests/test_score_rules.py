@@ -147,7 +147,8 @@ def test_every_path_matches_the_float64_reference(call):
 
 def _grads(fn, q, k, v, sinks, slopes):
   loss = lambda *a: jnp.sum(jnp.sin(fn(*a)))
-  return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, sinks, slopes)
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(q, k, v, sinks,
+                                                          slopes)
 
 
 @pytest.mark.parametrize("causal,window,segments,cap", [
@@ -222,11 +223,11 @@ def test_sink_known_answer_and_empty_rows():
     r = score_rules.ScoreRules(q_segment_ids=q_seg, kv_segment_ids=k_seg,
                                sinks=sink)
     for impl in ("vmap", "einsum", "flash"):
-      fn = lambda q: attention.attend(q, k, v, rules=r,
-                                      implementation=impl)[0]
+      fn = lambda q, r=r, impl=impl: attention.attend(
+          q, k, v, rules=r, implementation=impl)[0]
       q1 = jnp.ones_like(q)
-      assert np.all(np.asarray(fn(q1))[0, 2] == 0), impl
-      g = jax.grad(lambda q: jnp.sum(fn(q) ** 2))(q1)
+      assert np.all(np.asarray(jax.jit(fn)(q1))[0, 2] == 0), impl
+      g = jax.jit(jax.grad(lambda q, fn=fn: jnp.sum(fn(q) ** 2)))(q1)
       assert np.all(np.isfinite(g)), impl
 
 
