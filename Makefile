@@ -23,7 +23,7 @@ run: install
 	@echo "Report: runs/induction/report.md (figures beside it)"
 
 # Heads on real text (docs/text.md): byte-level models of the standard
-# library's code, 3 models x 3 seeds (about 11 min on 2 shared cores),
+# library's code, 4 models x 3 seeds (about 20 min on 2 shared cores),
 # writing runs/text_heads/report.md.
 text_heads: install
 	$(BIN)/python -m experiments.text_heads --workdir=runs/text_heads
@@ -38,7 +38,7 @@ experiments: install
 
 # The committed results: each experiment's report.md, results.json and
 # figures, copied from its run into docs/results/<name>/ (never edited by
-# hand; tests check the README's numbers against them). About 45 minutes
+# hand; tests check the README's numbers against them). About 55 minutes
 # on 2 idle cores; RESULTS=induction limits it to one experiment, and
 # `make publish` copies finished runs without running them again.
 RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks
