@@ -51,7 +51,6 @@ from mha_jax import tasks
 from mha_jax import transformer
 
 _STATIC = pathlib.Path(__file__).parent / "explorer_static"
-_head_metrics = jax.jit(analysis.head_metrics)
 
 # Token names of the tasks with reserved ids (see mha_jax.tasks).
 SPECIAL_NAMES = {tasks.PAD: "PAD", tasks.BOS: "BOS", tasks.SEP: "SEP"}
@@ -299,7 +298,7 @@ def _token_side(kind: Kind, batch):
 
 def floor_scores(visible, tokens=None) -> dict:
   """name -> the score of uniform attention over `visible [B, Tq, Tk]`."""
-  m = _head_metrics(uniform_weights(visible), tokens)
+  m = analysis.head_metrics(uniform_weights(visible), tokens)
   return {k: float(np.asarray(v)[0]) for k, v in m.items()}
 
 

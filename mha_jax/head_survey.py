@@ -26,7 +26,6 @@ from mha_jax import analysis
 from mha_jax import held_out
 from mha_jax import interventions
 
-_head_metrics = jax.jit(analysis.head_metrics)
 _js_distance = jax.jit(analysis.js_distance)
 # The scores a circuit claim rests on: these get intervals over examples.
 INTERVAL_METRICS = ("previous_token", "induction")
@@ -80,7 +79,7 @@ def layer_metrics(weights, tokens=None) -> dict:
 
   `weights [L, B, H, Tq, Tk]`; `tokens [B, T]` adds the token scores.
   """
-  per_layer = [_head_metrics(w, tokens) for w in np.asarray(weights)]
+  per_layer = [analysis.head_metrics(w, tokens) for w in np.asarray(weights)]
   return {k: np.stack([np.asarray(m[k]) for m in per_layer])
           for k in per_layer[0]}
 
@@ -98,7 +97,8 @@ def uniform_floor(batch) -> dict:
   """name -> score of uniform causal attention on `batch`'s sequences."""
   tokens = np.asarray(batch["inputs"])
   w = analysis.uniform_causal_weights(*tokens.shape)
-  return {k: float(v[0]) for k, v in _head_metrics(w, tokens).items()}
+  metrics = analysis.head_metrics(w, tokens)
+  return {k: float(v[0]) for k, v in metrics.items()}
 
 
 def survey(model, batch, loss: str, *, ablate: bool = True,

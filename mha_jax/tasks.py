@@ -101,15 +101,9 @@ def induction_batch(key, cfg):
                      f"{cfg.max_segment} tokens must fit in seq_len = {t}")
 
   def one(k):
-    k_seq, k_len, k_s1, k_s2 = jax.random.split(k, 4)
-    seq = _symbols(k_seq, (body,), cfg)
-    seg = jax.random.randint(k_len, (), cfg.min_segment, cfg.max_segment + 1)
-    s1 = jax.random.randint(k_s1, (), 0, body - 2 * seg + 1)
-    s2 = jax.random.randint(k_s2, (), s1 + seg, body - seg + 1)
-    pos = jnp.arange(body)
-    in_repeat = (pos >= s2) & (pos < s2 + seg)
-    seq = jnp.where(in_repeat, seq[jnp.clip(pos - s2 + s1, 0, body - 1)],
-                    seq)
+    k_seq, *k_span = jax.random.split(k, 4)
+    seq, s2, seg = _copy_span(k_span, _symbols(k_seq, (body,), cfg),
+                              cfg.min_segment, cfg.max_segment)
     # Position in the pattern of each of the T targets: target j is token
     # j + 1 of the full sequence, pattern token j + 1 (no BOS) or j (BOS).
     target_pos = jnp.arange(t) + (0 if bos else 1)
@@ -120,6 +114,23 @@ def induction_batch(key, cfg):
 
   seq, mask = jax.vmap(one)(jax.random.split(key, b))
   return {"inputs": seq[:, :-1], "targets": seq[:, 1:], "loss_mask": mask}
+
+
+def _copy_span(keys, row, lo, hi):
+  """`row [N]` with a span of L tokens (L uniform in [lo, hi]) copied from
+  a random s1 to a random s2 >= s1 + L, both copies whole.
+
+  `keys`: three keys, for L, s1 and s2. Returns `(row, s2, L)`.
+  """
+  k_len, k_s1, k_s2 = keys
+  n = row.shape[0]
+  seg = jax.random.randint(k_len, (), lo, hi + 1)
+  s1 = jax.random.randint(k_s1, (), 0, n - 2 * seg + 1)
+  s2 = jax.random.randint(k_s2, (), s1 + seg, n - seg + 1)
+  pos = jnp.arange(n)
+  in_repeat = (pos >= s2) & (pos < s2 + seg)
+  return jnp.where(in_repeat, row[jnp.clip(pos - s2 + s1, 0, n - 1)],
+                   row), s2, seg
 
 
 def _offsets_valid(b, t):
@@ -212,23 +223,13 @@ def text_batch(key, cfg):
 
 def _repeat_spans(key, seq, prob, span):
   """With probability `prob` per window, a span of L bytes (L uniform in
-  `span = (min, max)`) copied over a later stretch of the same window.
-
-  `seq [B, N]`. The copy starts at s2 >= s1 + L, so both copies are whole
-  and real text surrounds them: what follows the first copy is the
-  answer an induction head reads at the second.
-  """
-  n = seq.shape[1]
-
+  `span = (min, max)`) copied over a later stretch of the same window
+  (`_copy_span`): what follows the first copy is the answer an induction
+  head reads at the second. `seq [B, N]`."""
   def one(k, row):
-    k_on, k_len, k_s1, k_s2 = jax.random.split(k, 4)
-    seg = jax.random.randint(k_len, (), span[0], span[1] + 1)
-    s1 = jax.random.randint(k_s1, (), 0, n - 2 * seg + 1)
-    s2 = jax.random.randint(k_s2, (), s1 + seg, n - seg + 1)
-    pos = jnp.arange(n)
-    copied = ((pos >= s2) & (pos < s2 + seg)
-              & jax.random.bernoulli(k_on, prob))
-    return jnp.where(copied, row[jnp.clip(pos - s2 + s1, 0, n - 1)], row)
+    k_on, *k_span = jax.random.split(k, 4)
+    copied, _, _ = _copy_span(k_span, row, *span)
+    return jnp.where(jax.random.bernoulli(k_on, prob), copied, row)
 
   return jax.vmap(one)(jax.random.split(key, seq.shape[0]), seq)
 
