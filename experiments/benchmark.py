@@ -54,9 +54,12 @@ def markdown(rows, mm, matmul_n=2048):
     out.append(f"### {s['set']}: B={s['B']} n={s['n']} D={s['D']} h={s['h']}"
                f" {s['dtype']} causal={s['causal']}{window}")
     out.append("")
+    # A "x torch" column only where torch was timed (it is optional).
+    torch = [m for m in s["modes"] if any(m + "_x_torch" in r for r in group)]
     head = "| path |"
     for m in s["modes"]:
       head += f" {m} ms | {m} GFLOP/s | {m} % mm | {m} x anchor |"
+      head += f" {m} x torch |" if m in torch else ""
     head += " peak RSS MiB | RSS x anchor | XLA temp MiB |"
     out += [head, "|" + "---|" * (head.count("|") - 1)]
     last = s["modes"][-1]
@@ -69,6 +72,8 @@ def markdown(rows, mm, matmul_n=2048):
         line += (f" {_fmt(r.get(m + '_ms'))} | {_fmt(r.get(m + '_gflops'))} |"
                  f" {_fmt(r.get(m + '_pct_mm'), '.0f')} |"
                  f" {_fmt(r.get(m + '_x_anchor'), '.2f')} |")
+        if m in torch:
+          line += f" {_fmt(r.get(m + '_x_torch'), '.2f')} |"
       rss = r.get(f"{last}_rss")
       temp = r.get(f"{last}_xla_temp")
       line += (f" {_fmt(rss and rss / 2**20, '.0f')} |"

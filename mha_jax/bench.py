@@ -12,11 +12,16 @@ figure is the median. GFLOP/s use the dense closed form of FORMULAS.md
 (8BnD^2 + 4Bn^2D forward, x3 for forward+backward) for every path, causal
 or not, so they compare speed, not work; "% mm" divides by a plain matmul's
 GFLOP/s measured in the same run. XLA's `memory_analysis` temp bytes are
-recorded too. Ratios are to the fastest anchor of the same shape.
+recorded too. Ratios are to the fastest JAX anchor of the same shape, and
+to torch when it was timed (`ratios`).
 
 Every worker imports the same modules (JAX, Flax, mha_jax), so the
 runtime's share of the peak RSS is the same for every path; torch, an
-optional anchor, runs in the parent process.
+optional anchor, runs in the parent process. One process per path is
+also what a training loop sees: timing the paths in turn inside one
+process (tried on 2026-12-01) raised flash's forward+backward ratio to
+flax.linen from 0.72-0.83x to 0.84-0.96x at the standard shape, for a
+reason not found (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -262,16 +267,37 @@ def measure(config, set_name, shape, paths, mm_gflops):
               f"{m}={row.get(m + '_ms', float('nan')):.1f}ms"
               for m in shape["modes"])), flush=True)
     rows.append(row)
-  for mode in shape["modes"]:
-    timed = [r for r in rows if r["kind"] == "anchor" and f"{mode}_ms" in r]
-    if not timed:
-      continue
-    best = min(timed, key=lambda r: r[f"{mode}_ms"])
+  return ratios(rows, shape["modes"])
+
+
+def ratios(rows, modes):
+  """Add each row's time ratios for one shape, in place; returns `rows`.
+
+  `{mode}_x_anchor` divides by the fastest JAX anchor (flax.linen,
+  flax.nnx, jax.nn, jax.nn.cudnn) named in `{mode}_anchor`; torch is kept
+  out of that minimum, so that the ratio means the same whether or not
+  torch is installed, and gets its own `{mode}_x_torch` when it was timed.
+  `{mode}_rss_x_anchor` compares peak RSS with that anchor's worker (torch
+  runs in the parent process, so its RSS is not comparable and has no
+  ratio).
+  """
+  for mode in modes:
+    key = f"{mode}_ms"
+    jax_anchors = [r for r in rows if r["kind"] == "anchor" and key in r
+                   and r["path"] != "torch"]
+    torch_row = next((r for r in rows if r["path"] == "torch" and key in r),
+                     None)
+    best = min(jax_anchors, key=lambda r: r[key]) if jax_anchors else None
     for r in rows:
-      r[f"{mode}_anchor"] = best["path"]
-      if f"{mode}_ms" in r:
-        r[f"{mode}_x_anchor"] = r[f"{mode}_ms"] / best[f"{mode}_ms"]
-        r[f"{mode}_rss_x_anchor"] = r[f"{mode}_rss"] / best[f"{mode}_rss"]
+      if key not in r:
+        continue
+      if best is not None:
+        r[f"{mode}_anchor"] = best["path"]
+        r[f"{mode}_x_anchor"] = r[key] / best[key]
+        if r["path"] != "torch":
+          r[f"{mode}_rss_x_anchor"] = r[f"{mode}_rss"] / best[f"{mode}_rss"]
+      if torch_row is not None:
+        r[f"{mode}_x_torch"] = r[key] / torch_row[key]
   return rows
 
 
