@@ -20,15 +20,3 @@ import os
 collect_ignore = []
 if os.environ.get("MHA_JAX_MULTIDEVICE") != "1":
   collect_ignore.append("multidevice")
-
-
-def pytest_collection_modifyitems(config, items):
-  """Start the tests marked `slow` first, keeping the order otherwise.
-
-  With two xdist workers, a long end-to-end run collected late (most of
-  them live in files late in the alphabet) left one worker running it
-  alone at the end; started first, they overlap with each other and the
-  short tests fill in around them.
-  """
-  del config
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -110,7 +110,6 @@ def _explore_command_run(workdir, report, experiment):
   return found.group(1)
 
 
-@pytest.mark.slow
 def test_induction(tmp_path):
   config = _config("induction")
   results = _entry_point("induction").run(config, tmp_path)
@@ -185,7 +184,6 @@ def _check_nmse_table(report, sweep, summary, selection):
       f"{selection[k]['chosen']:g}" for k in sweep]
 
 
-@pytest.mark.slow
 def test_two_offsets(tmp_path):
   results = _entry_point("two_offsets").run(_config("two_offsets"), tmp_path)
   report, saved = _outputs(tmp_path, ["nmse_vs_heads.png", "nmse_curves.png",
@@ -249,7 +247,6 @@ def test_head_dim(tmp_path):
       results["part_a"]["h=2 (d_k=4)"][0]["loss"], abs=1e-4)
 
 
-@pytest.mark.slow
 def test_cross_attention(tmp_path):
   results = _entry_point("cross_attention").run(_config("cross_attention"),
                                                 tmp_path)
@@ -328,7 +325,6 @@ def test_train_then_generate(tmp_path, capsys):
   assert printed.count("expected:") == 2
 
 
-@pytest.mark.slow
 def test_kv_behaviour_then_kv_cache(tmp_path):
   """kv_behaviour, then kv_cache with its results as --behaviour_results."""
   config = _config("kv_behaviour")
@@ -452,7 +448,6 @@ def test_benchmark(tmp_path, monkeypatch):
   assert _row(table, "jax.nn")[4] == "1.00"  # the only anchor is 1x itself
 
 
-@pytest.mark.slow
 def test_mesh_check_command_line(tmp_path):
   """The real command line: flags, config file and smoke argument, the two
   training subprocesses (experiments.train), the comparison."""
@@ -499,7 +494,6 @@ def test_every_entry_point_has_an_end_to_end_test():
   assert found == tested
 
 
-@pytest.mark.slow
 def test_circuits(tmp_path):
   config = _config("circuits")
   results = _entry_point("circuits").run(config, tmp_path)

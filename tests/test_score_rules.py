@@ -123,7 +123,6 @@ def _reference_for(q, k, v, opts, rules):
 
 
 @hypothesis.settings(**_SETTINGS)
-@pytest.mark.slow
 @hypothesis.given(_calls())
 def test_every_path_matches_the_float64_reference(call):
   (b, tq, tk, h, kh), opts, rules = call

@@ -19,7 +19,6 @@ HERE = pathlib.Path(__file__).parent
 
 
 @pytest.mark.multidevice
-@pytest.mark.slow
 def test_multidevice_suite_on_8_simulated_cpu_devices():
   env = dict(os.environ)
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +

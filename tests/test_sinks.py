@@ -243,7 +243,6 @@ def _table(report, header_start):
   return {r[0]: r[1:] for r in rows}
 
 
-@pytest.mark.slow
 def test_smoke_run_writes_what_it_measured(tmp_path):
   exp = _entry_point()
   config = importlib.import_module("configs.sinks").get_config("smoke")

@@ -422,7 +422,6 @@ def _entry_point():
   return importlib.import_module(module)
 
 
-@pytest.mark.slow
 def test_smoke_run_reports_what_results_json_holds(tmp_path):
   corpus = _write(tmp_path / "corpus", {
       f"m{i}.py": "".join(f"def f{j}(x):\n    return x + {i * j}\n"
