@@ -179,11 +179,9 @@ def checkpoint_scores(run_dir, batch) -> dict:
   L, H]}`.
   """
   steps, _ = curves.read(run_dir)
-  config = train.load_config(run_dir)
   rows = []
   for step in [0] + list(steps):
-    state = (train.create_train_state(config) if step == 0
-             else train.load_state(run_dir, step)[0])
+    state = train.load_state(run_dir, step)[0]  # step 0: the initial state
     rows.append(_checkpoint_row(state.graphdef, state.params, batch,
                                 state.loss))
   out = {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}

@@ -340,13 +340,11 @@ def dynamics(run_dir, batch, rep_batch, *, early, late) -> dict:
   """
   steps = sorted(int(p.name) for p in (pathlib.Path(run_dir) / "checkpoints")
                  .iterdir() if p.name.isdigit())
-  config = train.load_config(run_dir)
   n = np.shape(rep_batch["inputs"])[1] // 2
   out = {k: [] for k in ("steps", "bpb", "icl", "repeat_gain",
                          "max_induction", "max_previous_token")}
   for step in [0] + list(steps):
-    state = (train.create_train_state(config) if step == 0
-             else train.load_state(run_dir, step)[0])
+    state = train.load_state(run_dir, step)[0]  # step 0: the initial state
     model = state.model()
     loss = per_position_loss(model, batch)
     rep_loss, w = _loss_and_weights(state.graphdef, state.params,

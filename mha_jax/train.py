@@ -311,16 +311,28 @@ def load_config(workdir) -> ml_collections.ConfigDict:
 
 
 def load_state(workdir, step: int | None = None):
-  """`(TrainState, config)` of a run, from checkpoint `step` (None: latest)."""
+  """`(TrainState, config)` of a run, from checkpoint `step` (None: latest).
+
+  Step 0 is the state the run started from: runs save no checkpoint there,
+  so unless one exists it is rebuilt from the config's seed, as
+  `train_and_evaluate` built it (the untrained baseline of an analysis).
+  """
   config = load_config(workdir)
   tr = config.train
   state = create_train_state(config)
   manager = checkpoint.make_manager(workdir, tr.checkpoint_every,
                                     tr.max_checkpoints)
+  saved = sorted(manager.all_steps())
   step = manager.latest_step() if step is None else step
   if step is None:
+    checkpoint.close(manager)
     raise FileNotFoundError(f"load_state: no checkpoint in {workdir}")
-  state = checkpoint.restore(manager, state, step)
+  if step not in saved and step != 0:
+    checkpoint.close(manager)
+    raise FileNotFoundError(f"load_state: `step` {step} has no checkpoint "
+                            f"in {workdir}; saved steps: {saved}")
+  if step in saved:
+    state = checkpoint.restore(manager, state, step)
   checkpoint.close(manager)
   return state, config
 

@@ -150,6 +150,15 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch):
   model, config = train.load_model(tmp_path / "resumed")
   assert config.model.d_model == 16
   assert _equal_trees(nnx.state(model), resumed.params)
+  # Step 0 is the state a run starts from (no checkpoint is saved there);
+  # a step without a checkpoint is refused, naming the saved ones.
+  start = train.train_and_evaluate(c, tmp_path / "start", stop_at=0)
+  initial, _ = train.load_state(tmp_path / "full", 0)
+  assert int(initial.step) == 0
+  assert _equal_trees(initial.params, start.params)
+  assert not _equal_trees(initial.params, full.params)
+  with pytest.raises(FileNotFoundError, match=r"`step` 7 .*\[10, 12\]"):
+    train.load_state(tmp_path / "full", 7)
 
 
 def test_dropout_key_of_step_s_is_the_state_key_folded_with_s():
