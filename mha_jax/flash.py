@@ -16,6 +16,9 @@ per query (the online softmax):
 so live memory is O(Bq Bk) per head and O(T) overall. The backward pass
 (`jax.custom_vjp`) saves only `out` and `lse` and recomputes each block's
 probabilities as `exp(S - lse)`: O(T) memory for training too.
+On CPU the (batch, kv head) pairs run one after another (`head_loop`),
+so that each block product is a plain 2-d matmul, which XLA's CPU backend
+runs several times faster than a batch of small ones.
 
 Semantics match `attention._attend_vmap` (the reference): boolean masks are
 -inf before the softmax, `is_causal` is bottom-right aligned like
@@ -48,6 +51,15 @@ DEFAULT_BLOCK_K = 128
 # against 0.76x for 128 throughout and 0.68x for 64 throughout (one
 # interleaved run, 7 rounds; docs/performance.md).
 BACKWARD_BLOCK = 64
+# On CPU the kernel runs one (batch, kv head) at a time (`head_loop`), on
+# blocks of 512 forward and backward. XLA's CPU backend runs a batched dot
+# over the B*K heads of small blocks at 32-50 GFLOP/s, against 115-143 for
+# a large matmul, while one head's plain 2-d block matmuls run near the
+# latter. Forward+backward of the attention alone at B=8 n=512 h=8 Dh=32:
+# 0.43x the batched kernel's time; at B=1 n=2048 h=8 Dh=64, 0.74x (0.97x
+# causal). Backward blocks of 128 or 256 kept less of the gain (0.62x and
+# 0.70x at n=512); docs/performance.md.
+HEAD_LOOP_BLOCK = 512
 
 
 class _Config(NamedTuple):
@@ -56,6 +68,8 @@ class _Config(NamedTuple):
   tk: int  # true key length
   bq: int  # query block
   bk: int  # key block
+  bwd_bq: int  # the backward's blocks
+  bwd_bk: int
   padded_keys: bool  # Tk is padded up to a whole number of forward blocks
   is_causal: bool
   rules: score_rules.ScoreRules  # only its static fields are read here
@@ -236,7 +250,7 @@ def _backward_block(block):
 
 def _backward(cfg, residuals, d_out):
   """Recompute each block's probabilities from lse; accumulate in float32."""
-  cfg = cfg._replace(bq=_backward_block(cfg.bq), bk=_backward_block(cfg.bk))
+  cfg = cfg._replace(bq=cfg.bwd_bq, bk=cfg.bwd_bk)
   q, k, v, mask, bias, ex, out, lse = residuals
   nq, nk = q.shape[3] // cfg.bq, k.shape[2] // cfg.bk
   # delta_i = sum_j P_ij dP_ij = dO_i . O_i (the softmax Jacobian's row term).
@@ -332,9 +346,43 @@ def _flash_fwd(q, k, v, mask, bias, ex, cfg):
 _flash.defvjp(_flash_fwd, _backward)
 
 
+def _flash_by_head(q, k, v, mask, bias, ex, cfg):
+  """`_flash` for one (batch, kv head) at a time, in sequence (`lax.map`).
+
+  Each array is cut to its `[1, 1, ...]` slice where it has the batch or
+  kv-head axis at full size; where it broadcasts it passes whole, and the
+  map's derivative sums its gradient over the slices.
+  """
+  b, kh = q.shape[:2]
+  if b * kh == 1:
+    return _flash(q, k, v, mask, bias, ex, cfg)
+
+  def cut(x, i, j, head_axis=True):
+    if x is None:
+      return None
+    if b > 1 and x.shape[0] == b:
+      x = lax.dynamic_slice_in_dim(x, i, 1, axis=0)
+    if head_axis and kh > 1 and x.shape[1] == kh:
+      x = lax.dynamic_slice_in_dim(x, j, 1, axis=1)
+    return x
+
+  def one(index):
+    i, j = index // kh, index % kh
+    ex_ij = _Extras(q_pos=cut(ex.q_pos, i, j, head_axis=False),
+                    q_seg=cut(ex.q_seg, i, j, head_axis=False),
+                    k_seg=cut(ex.k_seg, i, j, head_axis=False),
+                    slopes=cut(ex.slopes, i, j), sinks=cut(ex.sinks, i, j))
+    out = _flash(cut(q, i, j), cut(k, i, j), cut(v, i, j), cut(mask, i, j),
+                 cut(bias, i, j), ex_ij, cfg)
+    return out[0, 0]  # [G, Tq', Dv]
+
+  out = lax.map(one, jnp.arange(b * kh))  # [B*K, G, Tq', Dv]
+  return out.reshape(b, kh, *out.shape[1:])
+
+
 def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
-                    rules=score_rules.NO_RULES, block_q=DEFAULT_BLOCK_Q,
-                    block_k=DEFAULT_BLOCK_K):
+                    rules=score_rules.NO_RULES, block_q=None, block_k=None,
+                    head_loop=None):
   """Blockwise attention; same contract as `attend` but returns only `out`.
 
   Args:
@@ -350,14 +398,25 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
       segment are skipped.
     block_q, block_k: block lengths (clipped to the sequence lengths). Lengths
       that are not multiples are padded internally and the padding masked.
+      None: `HEAD_LOOP_BLOCK` with `head_loop`, else `DEFAULT_BLOCK_Q/K`
+      forward and `BACKWARD_BLOCK` backward (where it divides them).
+    head_loop: run one (batch, kv head) at a time; None: on CPU only, where
+      it is faster (see `HEAD_LOOP_BLOCK`). On GPU and TPU the batched
+      kernel keeps the device busy.
 
   Returns:
     out `[B, Tq, H, Dv]` in v's dtype.
   """
   for name, val in (("block_q", block_q), ("block_k", block_k)):
-    if not isinstance(val, int) or val < 1:
-      raise ValueError(f"flash_attention: `{name}` must be a positive int, "
-                       f"got {val!r}")
+    if val is not None and (not isinstance(val, int) or val < 1):
+      raise ValueError(f"flash_attention: `{name}` must be a positive int "
+                       f"or None, got {val!r}")
+  if head_loop is None:
+    head_loop = jax.default_backend() == "cpu"
+  default = (HEAD_LOOP_BLOCK, HEAD_LOOP_BLOCK) if head_loop else (
+      DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K)
+  block_q = default[0] if block_q is None else block_q
+  block_k = default[1] if block_k is None else block_k
   b, tq, h, dh = q.shape
   tk, kh, dv = k.shape[1], k.shape[2], v.shape[3]
   g = h // kh
@@ -369,7 +428,12 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
   # time for forward+backward at the standard shape. Lower precisions keep
   # the product in float32 on the scores, where it does not round q.
   prescale = q.dtype == jnp.float32
-  cfg = _Config(tq=tq, tk=tk, bq=bq, bk=bk, padded_keys=tk_pad != tk,
+  # The batched kernel's backward runs on halved blocks (BACKWARD_BLOCK);
+  # one head at a time it keeps the forward's.
+  cfg = _Config(tq=tq, tk=tk, bq=bq, bk=bk,
+                bwd_bq=bq if head_loop else _backward_block(bq),
+                bwd_bk=bk if head_loop else _backward_block(bk),
+                padded_keys=tk_pad != tk,
                 is_causal=bool(is_causal),
                 rules=score_rules.ScoreRules(
                     local_window=rules.local_window, soft_cap=rules.soft_cap,
@@ -405,7 +469,8 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
                k_seg=edge(rules.kv_segment_ids, tk_pad),
                slopes=per_head(rules.alibi_slopes, (1, 1)),
                sinks=per_head(rules.sinks, (1,)))
-  out = _flash(qt, kt, vt, mask, bias, ex, cfg)  # [B, K, G, Tq', Dv]
+  kernel = _flash_by_head if head_loop else _flash
+  out = kernel(qt, kt, vt, mask, bias, ex, cfg)  # [B, K, G, Tq', Dv]
   out = out[:, :, :, :tq].transpose(0, 3, 1, 2, 4)  # [B, Tq, K, G, Dv]
   return out.reshape(b, tq, h, dv)
 

@@ -86,7 +86,8 @@ def _loss_and_grads(fn, q, k, v, bias, ct):
   return both(q, k, v, bias)
 
 
-def _flash_and_reference(q, k, v, mask, bias, ct, *, is_causal, block):
+def _flash_and_reference(q, k, v, mask, bias, ct, *, is_causal, block,
+                         head_loop):
   """(flash, reference) values and gradients, in ONE compiled program."""
   def value_and_grads(fn):
     def f(q, k, v, bias):
@@ -96,7 +97,7 @@ def _flash_and_reference(q, k, v, mask, bias, ct, *, is_causal, block):
     return f
   fl = lambda q, k, v, bias=None: flash.flash_attention(
       q, k, v, mask=mask, bias=bias, is_causal=is_causal, block_q=block[0],
-      block_k=block[1])
+      block_k=block[1], head_loop=head_loop)
   ref = lambda q, k, v, bias=None: _reference(q, k, v, mask, bias, is_causal)
   return jax.jit(lambda *a: (value_and_grads(fl)(*a),
                              value_and_grads(ref)(*a)))(q, k, v, bias)
@@ -136,9 +137,12 @@ GRID = [
 ]
 
 
+@pytest.mark.parametrize("head_loop", [False, True],
+                         ids=["batched", "head_loop"])
 @pytest.mark.parametrize("case", GRID, ids=[c[0] for c in GRID])
-def test_flash_grid_values_and_all_four_grads(case):
-  """Values, dq, dk, dv and dbias against the vmap reference."""
+def test_flash_grid_values_and_all_four_grads(case, head_loop):
+  """Values, dq, dk, dv and dbias against the vmap reference, for the
+  batched kernel and for one (batch, kv head) at a time."""
   _, is_causal, (b, tq, tk), (h, kh), (dh, dv), block, mask_kind, \
       bias_kind = case
   q, k, v, mask, bias = _inputs(GRID.index(case), b, tq, tk, h, kh, dh,
@@ -146,7 +150,8 @@ def test_flash_grid_values_and_all_four_grads(case):
   ct = jnp.asarray(np.random.default_rng(1).normal(size=(b, tq, h, dv)),
                    jnp.float32)
   (got, got_grads), (want, want_grads) = _flash_and_reference(
-      q, k, v, mask, bias, ct, is_causal=is_causal, block=block)
+      q, k, v, mask, bias, ct, is_causal=is_causal, block=block,
+      head_loop=head_loop)
   assert got.shape == (b, tq, h, dv)
   assert len(got_grads) == (3 if bias is None else 4)
   _assert_tree_close(got, want, atol=1e-5)
@@ -181,9 +186,11 @@ def test_grid_covers_what_it_claims():
     is_causal=st.booleans(),
     mask_kind=st.sampled_from(["none", "padding", "full", "2d", "rows"]),
     bias_kind=st.sampled_from(["none", "heads", "keys", "2d", "head_keys"]),
+    head_loop=st.booleans(),
 )
 def test_flash_matches_reference_values_and_grads(
-    seed, b, tq, tk, heads, widths, block, is_causal, mask_kind, bias_kind):
+    seed, b, tq, tk, heads, widths, block, is_causal, mask_kind, bias_kind,
+    head_loop):
   """Random lengths that do and do not divide the blocks; Tq != Tk. (The
   grid above pins the combinations; this varies lengths and blocks.)"""
   h, kh = heads
@@ -193,7 +200,8 @@ def test_flash_matches_reference_values_and_grads(
   ct = jnp.asarray(np.random.default_rng(seed + 1).normal(
       size=(b, tq, h, dv)), jnp.float32)
   (got, got_grads), (want, want_grads) = _flash_and_reference(
-      q, k, v, mask, bias, ct, is_causal=is_causal, block=block)
+      q, k, v, mask, bias, ct, is_causal=is_causal, block=block,
+      head_loop=head_loop)
   _assert_tree_close(got, want, atol=1e-5)
   _assert_tree_close(got_grads, want_grads, atol=1e-4)
 
@@ -211,7 +219,7 @@ def test_fully_masked_rows_under_gqa_with_bias_match_the_reference():
   ct = jnp.asarray(np.random.default_rng(2).normal(size=(b, tq, h, 3)),
                    jnp.float32)
   (out, grads), (want, want_grads) = _flash_and_reference(
-      q, k, v, mask, bias, ct, is_causal=True, block=(4, 2))
+      q, k, v, mask, bias, ct, is_causal=True, block=(4, 2), head_loop=True)
   dq, dk, dv, dbias = grads
   # Tq > Tk with bottom-right causality: queries 0..3 see no key.
   empty = [(slice(None), slice(0, 4)), (slice(None), 6), (3, 7)]
@@ -283,7 +291,8 @@ def test_visits_exactly_the_blocks_with_a_visible_key(tq, tk, bq, bk, causal,
   # Visibility written from the definitions, for every row the kernel
   # runs (padded rows continue the positions: query i sits at Tk - Tq + i).
   rules = score_rules.ScoreRules(local_window=window)
-  cfg = flash._Config(tq=tq, tk=tk, bq=bq, bk=bk, padded_keys=tk % bk != 0,
+  cfg = flash._Config(tq=tq, tk=tk, bq=bq, bk=bk, bwd_bq=bq, bwd_bk=bk,
+                      padded_keys=tk % bk != 0,
                       is_causal=causal,
                       rules=rules, scale=1.0)
   ex = flash._Extras(None, None, None, None, None)
@@ -320,16 +329,21 @@ def _largest_intermediate(fn, *args):
   return max(sizes)
 
 
-def test_no_score_matrix_in_forward_or_backward():
-  t, dh = 2048, 16
-  x = jnp.ones((1, t, 1, dh), jnp.float32)
+@pytest.mark.parametrize("head_loop,block", [
+    (False, flash.DEFAULT_BLOCK_Q * flash.DEFAULT_BLOCK_K),
+    (True, flash.HEAD_LOOP_BLOCK ** 2)])
+def test_no_score_matrix_in_forward_or_backward(head_loop, block):
+  t, dh = 4096, 16
+  x = jnp.ones((2, t, 2, dh), jnp.float32)
   loss = lambda impl: lambda q, k, v: jnp.sum(attention.attend(
       q, k, v, is_causal=True, implementation=impl)[0])
-  grad_flash = jax.grad(loss("flash"), (0, 1, 2))
+  grad_flash = jax.grad(lambda q, k, v: jnp.sum(flash.flash_attention(
+      q, k, v, is_causal=True, head_loop=head_loop)), (0, 1, 2))
   biggest = _largest_intermediate(grad_flash, x, x, x)
-  # The largest arrays are q/k/v-sized ([T, Dh]) or one [Bq, Bk] block, both
-  # far below one [Tq, Tk] score matrix.
-  assert biggest <= max(t * dh, flash.DEFAULT_BLOCK_Q * flash.DEFAULT_BLOCK_K)
+  # The largest arrays are q/k/v-sized ([B, T, H, Dh]) or one block (of
+  # all B*H heads batched, or of one head at a time), both far below one
+  # [Tq, Tk] score matrix.
+  assert biggest <= max(x.size, 4 * block if not head_loop else block)
   assert biggest * 16 <= t * t
   # The check can fail: the einsum path does build [Tq, Tk].
   assert _largest_intermediate(jax.grad(loss("einsum"), (0, 1, 2)),
@@ -459,7 +473,8 @@ def test_window_and_segments_build_no_score_matrix_and_skip_blocks():
   assert _largest_intermediate(jax.grad(loss, (0, 1, 2)), x, x, x) < t * t
   # With a window of 64 each query block of 128 visits at most 2 key
   # blocks (not up to 8).
-  cfg = flash._Config(tq=t, tk=t, bq=128, bk=128, padded_keys=False,
+  cfg = flash._Config(tq=t, tk=t, bq=128, bk=128, bwd_bq=64, bwd_bk=64,
+                      padded_keys=False,
                       is_causal=True,
                       rules=rules, scale=1.0)
   ex = flash._Extras(None, None, None, None, None)
@@ -484,6 +499,9 @@ def test_default_blocks_backward_on_halved_blocks_with_padding(tq, tk,
   loss = lambda impl: lambda q, k, v, bias: jnp.sum(jnp.sin(attention.attend(
       q, k, v, bias=bias, is_causal=causal, implementation=impl)[0]))
   want = jax.grad(loss("vmap"), (0, 1, 2, 3))(q, k, v, bias)
-  got = jax.grad(loss("flash"), (0, 1, 2, 3))(q, k, v, bias)
+  # The batched kernel's defaults (one head at a time is the CPU default).
+  batched = lambda q, k, v, bias: jnp.sum(jnp.sin(flash.flash_attention(
+      q, k, v, bias=bias, is_causal=causal, head_loop=False)))
+  got = jax.grad(batched, (0, 1, 2, 3))(q, k, v, bias)
   for name, g, w in zip(("dq", "dk", "dv", "dbias"), got, want, strict=True):
     np.testing.assert_allclose(g, w, atol=2e-5, err_msg=name)
