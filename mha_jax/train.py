@@ -322,18 +322,18 @@ def load_state(workdir, step: int | None = None):
   state = create_train_state(config)
   manager = checkpoint.make_manager(workdir, tr.checkpoint_every,
                                     tr.max_checkpoints)
-  saved = sorted(manager.all_steps())
-  step = manager.latest_step() if step is None else step
-  if step is None:
+  try:
+    saved = sorted(manager.all_steps())
+    if step is None and not saved:
+      raise FileNotFoundError(f"load_state: no checkpoint in {workdir}")
+    step = saved[-1] if step is None else step
+    if step in saved:
+      state = checkpoint.restore(manager, state, step)
+    elif step != 0:
+      raise FileNotFoundError(f"load_state: `step` {step} has no checkpoint "
+                              f"in {workdir}; saved steps: {saved}")
+  finally:
     checkpoint.close(manager)
-    raise FileNotFoundError(f"load_state: no checkpoint in {workdir}")
-  if step not in saved and step != 0:
-    checkpoint.close(manager)
-    raise FileNotFoundError(f"load_state: `step` {step} has no checkpoint "
-                            f"in {workdir}; saved steps: {saved}")
-  if step in saved:
-    state = checkpoint.restore(manager, state, step)
-  checkpoint.close(manager)
   return state, config
 
 

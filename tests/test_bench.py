@@ -6,8 +6,8 @@ from experiments import benchmark
 from mha_jax import bench
 
 
-def _row(path, fwd_ms, rss=100, kind=None):
-  kind = kind or ("anchor" if path in bench.ANCHORS else "ours")
+def _row(path, fwd_ms, rss=100):
+  kind = "anchor" if path in bench.ANCHORS else "ours"
   return {"set": "standard", "path": path, "kind": kind, "B": 8, "n": 512,
           "D": 256, "h": 8, "dtype": "float32", "causal": False,
           "modes": ["fwd"], "fwd_ms": fwd_ms, "fwd_rss": rss}
