@@ -25,6 +25,7 @@ from mha_jax.masks import causal_mask
 from mha_jax.masks import combine_masks
 from mha_jax.masks import padding_mask
 from mha_jax.model_config import ModelConfig
+from mha_jax.model_config import ModelConfigError
 from mha_jax.modules import MultiHeadAttention
 from mha_jax.multi_head import attention_layer
 from mha_jax.multi_head import cached_attention
@@ -38,6 +39,9 @@ from mha_jax.multi_head import split_heads
 from mha_jax.params import init_mha_params
 from mha_jax.params import mha_dims
 from mha_jax.params import MHADims
+from mha_jax.pretrained import load_pretrained
+from mha_jax.pretrained import load_tokenizer
+from mha_jax.pretrained import save_pretrained
 from mha_jax.rotary import apply_rotary
 from mha_jax.transformer import DecoderLM
 from mha_jax.transformer import Encoder
