@@ -62,8 +62,8 @@ class RMSNorm(nnx.Module):
     xf = x.astype(jnp.float32)
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True)
                             + self.eps)
-    return (xf * (self.offset + self.scale[...].astype(jnp.float32))
-            ).astype(dtype)
+    scale = self.offset + self.scale[...].astype(jnp.float32)  # [D]
+    return (xf * scale.reshape((1,) * (x.ndim - 1) + (-1,))).astype(dtype)
 
 
 def make_norm(config: ModelConfig, rngs: nnx.Rngs):

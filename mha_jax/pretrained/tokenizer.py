@@ -37,13 +37,17 @@ def encode(tokenizer: tokenizers.Tokenizer, texts, *, max_len=None):
   right-padded with the tokenizer's pad id (0 without one); `max_len`
   truncates."""
   texts = [texts] if isinstance(texts, str) else list(texts)
+  pad = tokenizer.padding["pad_id"] if tokenizer.padding else 0
+  # A copy without the file's own padding (MiniLM's pads every text to
+  # 128): this pads to the batch's longest text only.
+  tokenizer = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+  tokenizer.no_padding()
   encs = tokenizer.encode_batch(texts)
   if max_len is not None:
     encs = [e.ids[:max_len] for e in encs]
   else:
     encs = [e.ids for e in encs]
   t = max(len(e) for e in encs)
-  pad = tokenizer.padding["pad_id"] if tokenizer.padding else 0
   ids = np.full((len(encs), t), pad, np.int32)
   mask = np.zeros((len(encs), t), bool)
   for i, e in enumerate(encs):
