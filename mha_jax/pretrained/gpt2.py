@@ -63,7 +63,10 @@ def _to_hf(c):
   return dict(vocab_size=c.vocab_size, n_embd=c.d_model, n_layer=c.num_layers,
               n_head=c.num_heads, n_positions=c.max_len, n_inner=c.mlp_width,
               layer_norm_epsilon=c.norm_eps,
-              activation_function=F.ACTIVATION_NAMES[c.mlp_activation],
+              # GPT-2's own name for gelu (tanh): transformers' code for
+              # it rounds differently from "gelu_pytorch_tanh".
+              activation_function=dict(F.ACTIVATION_NAMES,
+                                       gelu_tanh="gelu_new")[c.mlp_activation],
               scale_attn_weights=c.attn_scale is None,
               tie_word_embeddings=c.tie_embeddings)
 

@@ -35,21 +35,35 @@ _DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
            np.dtype(np.float64): "float64"}
 
 
-def hf_config(config: ModelConfig, family) -> tuple[dict | None, list[str]]:
-  """(config.json fields, []) when `family` holds `config` exactly, else
-  (None, the differing fields as 'name: model X, family gives Y')."""
+def canonical(config: ModelConfig) -> ModelConfig:
+  """`config` with every default that stands for a value resolved (K,
+  Dh, F, b_o, one window per layer), so equal models compare equal."""
+  windows = tuple(config.window_of(l) for l in range(config.num_layers))
+  return config.replace(
+      num_kv_heads=config.num_kv_heads or config.num_heads,
+      head_dim=config.head_width, mlp_dim=config.mlp_width,
+      out_bias=config.has_out_bias, local_window=None,
+      layer_windows=None if all(w is None for w in windows) else windows)
+
+
+def hf_config(config: ModelConfig, family):
+  """`(config.json fields or None, differences, written)`: the fields
+  when `family` holds `config` exactly; else the differing fields as
+  'name: model X, family gives Y' (`written` False when the family could
+  not even write the config)."""
   try:
     fields = dict(family.to_hf(config), model_type=family.model_types[0],
                   architectures=[family.architecture])
     kwargs = family.from_hf(HFConfig(fields, "config.json"))
     back = ModelConfig(**kwargs, **{n: getattr(config, n) for n in _RUNTIME})
-  except (ValueError, TypeError) as e:
-    return None, [str(e)]
-  diff = [f"{f.name}: model {getattr(config, f.name)!r}, {family.name} "
-          f"gives {getattr(back, f.name)!r}"
+  except (ValueError, TypeError) as e:  # a field the family cannot write
+    return None, [str(e)], False
+  ours, theirs = canonical(config), canonical(back)
+  diff = [f"{f.name}: model {getattr(ours, f.name)!r}, {family.name} "
+          f"gives {getattr(theirs, f.name)!r}"
           for f in dataclasses.fields(ModelConfig)
-          if getattr(config, f.name) != getattr(back, f.name)]
-  return (None, diff) if diff else (fields, [])
+          if getattr(ours, f.name) != getattr(theirs, f.name)]
+  return (None if diff else fields), diff, True
 
 
 def choose_family(config: ModelConfig, kind: str, name: str | None = None):
@@ -66,11 +80,12 @@ def choose_family(config: ModelConfig, kind: str, name: str | None = None):
     if family.model != kind:
       raise PretrainedError("save_pretrained", f"`family`={name!r} is a(n) "
                             f"{family.model}, the model is a(n) {kind}")
-    fields, diff = hf_config(config, family)
+    fields, diff, written = hf_config(config, family)
     if fields is not None:
       return family, fields
-    misses.append((len(diff), family.name, diff))
-  _, closest, diff = min(misses)
+    # A family that could not even write the config ranks last.
+    misses.append((not written, len(diff), family.name, diff))
+  *_, closest, diff = min(misses)
   raise PretrainedError("save_pretrained", f"no family holds this "
                         f"ModelConfig; the closest, {closest}, differs in: "
                         + "; ".join(diff))
