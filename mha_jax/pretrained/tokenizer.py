@@ -35,18 +35,16 @@ def load_tokenizer(path) -> tokenizers.Tokenizer:
 def encode(tokenizer: tokenizers.Tokenizer, texts, *, max_len=None):
   """`texts` (a str or a list) -> `(ids [B, T] int32, mask [B, T] bool)`,
   right-padded with the tokenizer's pad id (0 without one); `max_len`
-  truncates."""
+  truncates each text (special tokens kept)."""
   texts = [texts] if isinstance(texts, str) else list(texts)
   pad = tokenizer.padding["pad_id"] if tokenizer.padding else 0
   # A copy without the file's own padding (MiniLM's pads every text to
   # 128): this pads to the batch's longest text only.
   tokenizer = tokenizers.Tokenizer.from_str(tokenizer.to_str())
   tokenizer.no_padding()
-  encs = tokenizer.encode_batch(texts)
-  if max_len is not None:
-    encs = [e.ids[:max_len] for e in encs]
-  else:
-    encs = [e.ids for e in encs]
+  if max_len is not None:  # the tokenizer's own: keeps [SEP] and the like
+    tokenizer.enable_truncation(max_length=max_len)
+  encs = [e.ids for e in tokenizer.encode_batch(texts)]
   t = max(len(e) for e in encs)
   ids = np.full((len(encs), t), pad, np.int32)
   mask = np.zeros((len(encs), t), bool)
