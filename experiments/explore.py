@@ -11,7 +11,7 @@ any browser; it loads nothing from the network. It shows one example's
 tokens, a layer x head grid of patterns, the chosen head's heatmap with
 token labels and the weight under the pointer, where each head sends a
 chosen query in the text, and a sortable table of each head's scores
-(`mha_jax.explorer`, docs/explorer.md).
+(`mha_jax.interp.explorer`, docs/explorer.md).
 
 Input, one of:
   --batch_from_task  held-out examples of the run's own task, drawn as the
@@ -30,11 +30,11 @@ import pathlib
 from absl import app
 from absl import flags
 
-from experiments import common
-from mha_jax import explorer
-from mha_jax import held_out
-from mha_jax import tasks
-from mha_jax import train
+from mha_jax.measure import report as report_lib
+from mha_jax.interp import explorer
+from mha_jax.training import held_out
+from mha_jax.training import tasks
+from mha_jax.training import train
 
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "A run of experiments.train, or one seed's folder of an "
@@ -142,7 +142,7 @@ def run(workdir, *, text: str | None = None, batch_from_task: bool = False,
 
 
 def main(argv):
-  common.check_no_arguments(argv)
+  report_lib.check_no_arguments(argv)
   try:
     run(_WORKDIR.value, text=_TEXT.value,
         batch_from_task=_BATCH_FROM_TASK.value,

@@ -1,7 +1,7 @@
 """Agreement with independent implementations on the same weights.
 
 `jax.nn.dot_product_attention` for stage 3, `flax.linen` and `flax.nnx`
-attention layers (through `mha_jax.converters`) for the whole layer. All in
+attention layers (through `mha_jax.core.converters`) for the whole layer. All in
 float32; the relative error ||ours - theirs|| / ||theirs|| is compared on
 the query rows that are not fully masked (there the libraries differ on
 purpose: mha_jax returns 0, others NaN or the mean of V).

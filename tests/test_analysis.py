@@ -14,14 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import mha_jax
-from mha_jax import analysis
-from mha_jax import plots
+from mha_jax.interp import head_metrics
+from mha_jax.measure import plots
 
 T = 8
 # Jitted once: op-by-op dispatch of the unjitted metrics is slow on 2 cores.
-_js_distance = jax.jit(analysis.js_distance)
-_entropy = jax.jit(analysis.entropy)
-_confidence = jax.jit(analysis.confidence)
+_js_distance = jax.jit(head_metrics.js_distance)
+_entropy = jax.jit(head_metrics.entropy)
+_confidence = jax.jit(head_metrics.confidence)
 
 
 def _batch(*patterns):
@@ -55,7 +55,7 @@ class MetricTest(parameterized.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_previous_token_pattern(self):
     w = _batch(previous_token_pattern())
-    m = self.variant(analysis.head_metrics)(w)
+    m = self.variant(head_metrics.head_metrics)(w)
     np.testing.assert_allclose(m["previous_token"], [1.0])
     np.testing.assert_allclose(m["entropy"], [0.0], atol=1e-7)
     np.testing.assert_allclose(m["confidence"], [1.0])
@@ -69,32 +69,32 @@ class MetricTest(parameterized.TestCase):
     w = _batch(uniform_causal_pattern())
     # Query i sees i+1 keys; the mean over queries of log(i+1) = log(T!)/T.
     expected = math.lgamma(T + 1) / T
-    got = self.variant(analysis.entropy)(w)
+    got = self.variant(head_metrics.entropy)(w)
     np.testing.assert_allclose(got, [expected], rtol=1e-6)
-    got_bits = self.variant(lambda x: analysis.entropy(x, base=2.0))(w)
+    got_bits = self.variant(lambda x: head_metrics.entropy(x, base=2.0))(w)
     np.testing.assert_allclose(got_bits, [expected / math.log(2)], rtol=1e-6)
     # Previous-token weight of a uniform row is 1/(i+1) for i >= 1.
     expected_prev = np.mean([1 / (i + 1) for i in range(1, T)])
-    np.testing.assert_allclose(analysis.previous_token_score(w),
+    np.testing.assert_allclose(head_metrics.previous_token_score(w),
                                [expected_prev], rtol=1e-6)
 
   def test_uniform_full_row_entropy_is_log_n(self):
     w = jnp.full((2, 3, 5, 7), 1 / 7)
-    np.testing.assert_allclose(analysis.entropy(w), [math.log(7)] * 3,
+    np.testing.assert_allclose(head_metrics.entropy(w), [math.log(7)] * 3,
                                rtol=1e-6)
-    np.testing.assert_allclose(analysis.confidence(w), [1 / 7] * 3, rtol=1e-6)
+    np.testing.assert_allclose(head_metrics.confidence(w), [1 / 7] * 3, rtol=1e-6)
 
   def test_positional_at_other_offsets(self):
     w = _batch(shifted_pattern(T, 3), uniform_causal_pattern())
-    offset, share, is_pos = analysis.positional_heads(w)
+    offset, share, is_pos = head_metrics.positional_heads(w)
     self.assertEqual(int(offset[0]), 3)
     np.testing.assert_allclose(share[0], 1.0)
     np.testing.assert_array_equal(is_pos, [True, False])
-    values, frac = analysis.offset_histogram(w)
+    values, frac = head_metrics.offset_histogram(w)
     np.testing.assert_allclose(jnp.sum(frac, axis=-1), [1.0, 1.0], rtol=1e-6)
     # Queries 0..2 cannot reach offset 3 and fall back to key 0 (offset i).
     np.testing.assert_allclose(frac[0, list(values).index(3)], (T - 3) / T)
-    np.testing.assert_allclose(analysis.offset_score(w, 3)[0], 1.0)
+    np.testing.assert_allclose(head_metrics.offset_score(w, 3)[0], 1.0)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_induction_and_duplicate_patterns(self):
@@ -105,14 +105,14 @@ class MetricTest(parameterized.TestCase):
     duplicate = shifted_pattern(t, seg)  # key i-seg: the earlier copy
     prev = previous_token_pattern(t)
     w = _batch(induction, duplicate, prev)
-    ind = self.variant(analysis.induction_score)(w, tokens)
-    dup = self.variant(analysis.duplicate_token_score)(w, tokens)
+    ind = self.variant(head_metrics.induction_score)(w, tokens)
+    dup = self.variant(head_metrics.duplicate_token_score)(w, tokens)
     np.testing.assert_allclose(ind, [1.0, 0.0, 0.0])
     np.testing.assert_allclose(dup, [0.0, 1.0, 0.0])
 
   def test_induction_targets_known(self):
     tokens = jnp.array([[5, 6, 5, 7, 5]])
-    targets = analysis.induction_targets(tokens)[0]
+    targets = head_metrics.induction_targets(tokens)[0]
     expected = np.zeros((5, 5), bool)
     expected[2, 1] = True  # 5 at 2: earlier 5 at 0, next key 1
     expected[4, 1] = expected[4, 3] = True  # 5 at 4: after 0 and after 2
@@ -124,34 +124,34 @@ class MetricTest(parameterized.TestCase):
     expected = np.zeros((5, 5), bool)
     expected[3, 1] = expected[3, 2] = True  # after the 3s at 0 and 1
     expected[4, 1] = expected[4, 2] = True  # (key 4, itself, left out)
-    np.testing.assert_array_equal(analysis.induction_targets(tokens)[0],
+    np.testing.assert_array_equal(head_metrics.induction_targets(tokens)[0],
                                   expected)
     # A current-token head scores 0, not the 2/3 that crediting rows 1
     # and 4 for attending to themselves would give.
     self_head = _batch(np.eye(5, dtype=np.float32))
-    np.testing.assert_allclose(analysis.induction_score(self_head, tokens),
+    np.testing.assert_allclose(head_metrics.induction_score(self_head, tokens),
                                [0.0])
 
   def test_uniform_causal_floor(self):
-    w = analysis.uniform_causal_weights(2, T)
+    w = head_metrics.uniform_causal_weights(2, T)
     assert w.shape == (2, 1, T, T)
     np.testing.assert_allclose(jnp.sum(w, -1), 1.0, rtol=1e-6)
     # Query i sees i + 1 keys; rows 1..T-1 count for the previous token.
     expected = np.mean([1 / (i + 1) for i in range(1, T)])
-    np.testing.assert_allclose(analysis.previous_token_score(w), [expected],
+    np.testing.assert_allclose(head_metrics.previous_token_score(w), [expected],
                                rtol=1e-6)
-    np.testing.assert_allclose(analysis.entropy(w),
+    np.testing.assert_allclose(head_metrics.entropy(w),
                                [np.mean(np.log(np.arange(1, T + 1)))],
                                rtol=1e-5)
 
   def test_token_metrics_reject_bad_shapes(self):
     w = _batch(uniform_causal_pattern())
     with self.assertRaisesRegex(ValueError, "tokens"):
-      analysis.induction_score(w, jnp.zeros((1, T + 1), jnp.int32))
+      head_metrics.induction_score(w, jnp.zeros((1, T + 1), jnp.int32))
     with self.assertRaisesRegex(ValueError, "Tq == Tk"):
-      analysis.induction_score(w[:, :, :3], jnp.zeros((1, T), jnp.int32))
+      head_metrics.induction_score(w[:, :, :3], jnp.zeros((1, T), jnp.int32))
     with self.assertRaisesRegex(ValueError, r"\[B, H, Tq, Tk\]"):
-      analysis.entropy(w[0])
+      head_metrics.entropy(w[0])
 
   def test_alignment_of_anti_diagonal(self):
     # Reversal of a length-5 source padded to 6: query t should read 4 - t.
@@ -168,7 +168,7 @@ class MetricTest(parameterized.TestCase):
     for t in range(s):
       off_by_one[t, min(max(src_len - 1 - t, 0) + 1, s - 1)] = 1.0
     w = jnp.concatenate([w, _batch(off_by_one)], axis=1)
-    acc, mass, near = analysis.alignment_scores(w, target, valid)
+    acc, mass, near = head_metrics.alignment_scores(w, target, valid)
     # Uniform rows put their argmax on key 0: right only for t = 4.
     np.testing.assert_allclose(acc, [1.0, 1 / src_len, 0.0], rtol=1e-6)
     np.testing.assert_allclose(mass, [1.0, 1 / s, 0.0], rtol=1e-6)
@@ -179,7 +179,7 @@ class MetricTest(parameterized.TestCase):
 
   def test_aligned_source_of_a_reversal(self):
     src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])  # 0 = PAD
-    target, valid = analysis.aligned_source(src)
+    target, valid = head_metrics.aligned_source(src)
     np.testing.assert_array_equal(target[0, :3], [2, 1, 0])
     np.testing.assert_array_equal(valid[0], [1, 1, 1, 0, 0])
     np.testing.assert_array_equal(target[1], [4, 3, 2, 1, 0])
@@ -187,18 +187,18 @@ class MetricTest(parameterized.TestCase):
     tgt = np.take_along_axis(src, np.asarray(target), axis=1)
     np.testing.assert_array_equal(tgt[0, :3], [7, 6, 5])
     # Another padding id; a source that is not [B, S] names the argument.
-    target, valid = analysis.aligned_source(src + 1, pad_id=1)
+    target, valid = head_metrics.aligned_source(src + 1, pad_id=1)
     np.testing.assert_array_equal(target[0, :3], [2, 1, 0])
     with self.assertRaisesRegex(ValueError, "`src` must be"):
-      analysis.aligned_source(src[0])
+      head_metrics.aligned_source(src[0])
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_js_self_zero_and_disjoint_one_bit(self):
     a = shifted_pattern(T, 0)  # attend to self
     b = shifted_pattern(T, 1)
     w = _batch(a, a, b)
-    jsd = self.variant(analysis.js_divergence)(w)
-    dist = self.variant(analysis.js_distance)(w)
+    jsd = self.variant(head_metrics.js_divergence)(w)
+    dist = self.variant(head_metrics.js_distance)(w)
     # Rows 1.. are disjoint one-hots (1 bit = log 2 nats); row 0 coincides.
     disjoint = (T - 1) / T
     expected = np.array([[0, 0, disjoint], [0, 0, disjoint],
@@ -209,7 +209,7 @@ class MetricTest(parameterized.TestCase):
   def test_js_disjoint_is_log2_nats(self):
     p = jnp.array([[1.0, 0.0]])
     q = jnp.array([[0.0, 1.0]])
-    jsd_bits = analysis.js_divergence(_batch(p, q))[0, 1]
+    jsd_bits = head_metrics.js_divergence(_batch(p, q))[0, 1]
     np.testing.assert_allclose(jsd_bits * math.log(2), math.log(2), rtol=1e-6)
 
   def test_empty_rows_are_skipped_without_nan(self):
@@ -221,7 +221,7 @@ class MetricTest(parameterized.TestCase):
     _, w = mha_jax.attend(q, q, q, mask=mask, is_causal=True)
     toks = repeated_tokens(4)
     toks = jnp.concatenate([toks, toks])
-    metrics = jax.jit(analysis.head_metrics)
+    metrics = jax.jit(head_metrics.head_metrics)
     full = metrics(w[:1], toks[:1])
     both = metrics(w, toks)
     for name in full:
@@ -229,8 +229,8 @@ class MetricTest(parameterized.TestCase):
       np.testing.assert_allclose(both[name], full[name], rtol=1e-6,
                                  err_msg=name)
     # Gradients of a metric through the empty rows stay finite.
-    grad = jax.jit(jax.grad(lambda x: jnp.sum(analysis.entropy(x))
-                    + jnp.sum(analysis.js_distance(x))))(w)
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(head_metrics.entropy(x))
+                    + jnp.sum(head_metrics.js_distance(x))))(w)
     self.assertTrue(np.all(np.isfinite(grad)))
 
   def test_js_matches_independent_numpy(self):
@@ -275,7 +275,7 @@ class PropertyTest(absltest.TestCase):
     self.assertTrue(np.all(ent >= -1e-6) and np.all(ent <= math.log(6) + 1e-5))
     self.assertTrue(np.all(conf >= 1 / 6 - 1e-6) and np.all(conf <= 1 + 1e-6))
     # Max weight m bounds entropy from below: H >= -log m (min-entropy).
-    row_ent = np.asarray(analysis.row_entropy(jnp.asarray(w, jnp.float32)))
+    row_ent = np.asarray(head_metrics.row_entropy(jnp.asarray(w, jnp.float32)))
     self.assertTrue(np.all(row_ent >= -np.log(w.max(-1)) - 1e-5))
 
 

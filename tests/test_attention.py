@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha_jax import attention
-from mha_jax import worked_example as wx
+from mha_jax.core import attention
+from mha_jax.core import worked_example as wx
 
 IMPLS = ("vmap", "einsum")
 SETTINGS = hypothesis.settings(max_examples=20, deadline=None)

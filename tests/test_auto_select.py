@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import pytest
 
 import mha_jax
-from mha_jax import attention
-from mha_jax import auto_select
+from mha_jax.core import attention
+from mha_jax.core.kernels import auto
 
 BF16, F16, F32 = "bfloat16", "float16", "float32"
 # The standard benchmark shape, per head: B=8, n=512, h=8, Dh=32.
@@ -116,7 +116,7 @@ CASES = [
 @pytest.mark.parametrize("backend,call,expected,why",
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_choice_and_reasons(backend, call, expected, why):
-  choice = auto_select.select(backend, **call)
+  choice = auto.select(backend, **call)
   assert choice.implementation == expected, str(choice)
   ruled_out = dict(choice.ruled_out)
   assert set(ruled_out) == set(why), str(choice)
@@ -131,14 +131,14 @@ def test_choice_and_reasons(backend, call, expected, why):
     (_call(q_dtype=F32, batch=1, q_len=32768, kv_len=32768), "flash"),
 ])
 def test_tpu_without_the_adapter_falls_back(call, expected):
-  available = auto_select.ADAPTED - {"pallas_tpu"}
-  choice = auto_select.select("tpu", available=available, **call)
+  available = auto.ADAPTED - {"pallas_tpu"}
+  choice = auto.select("tpu", available=available, **call)
   assert choice.implementation == expected, str(choice)
   assert "not among the available" in dict(choice.ruled_out)["pallas_tpu"]
 
 
 def test_without_cudnn_in_available_gpu_falls_back():
-  choice = auto_select.select("gpu", available={"xla", "flash"},
+  choice = auto.select("gpu", available={"xla", "flash"},
                               **_call(q_dtype=BF16))
   assert choice.implementation == "xla"
   assert "not among the available" in dict(choice.ruled_out)["cudnn"]
@@ -150,8 +150,8 @@ def test_cpu_choice_matches_the_measured_rule():
   for call in (_call(q_dtype=F32), _call(q_dtype=BF16, head_dim=512),
                _call(q_dtype=F16, mask=True, bias=True, num_kv_heads=1),
                _call(q_dtype=F32, batch=1, q_len=65536, kv_len=65536)):
-    assert auto_select.select("cpu", **call).implementation == "flash"
-    assert auto_select.select("cpu", dropout=True,
+    assert auto.select("cpu", **call).implementation == "flash"
+    assert auto.select("cpu", dropout=True,
                               **call).implementation == "einsum"
 
 
@@ -174,15 +174,15 @@ def test_explain_auto_reads_arrays_and_agrees_with_attend():
 
 def test_errors_name_the_argument():
   with pytest.raises(TypeError, match="`backend`"):
-    auto_select.select(None, **_call(q_dtype=F32))
+    auto.select(None, **_call(q_dtype=F32))
   with pytest.raises(ValueError, match="`num_kv_heads`"):
-    auto_select.select("gpu", **_call(q_dtype=F32, num_kv_heads=3))
+    auto.select("gpu", **_call(q_dtype=F32, num_kv_heads=3))
   with pytest.raises(ValueError, match="`q_len`"):
-    auto_select.select("gpu", **_call(q_dtype=F32, q_len=0))
+    auto.select("gpu", **_call(q_dtype=F32, q_len=0))
   with pytest.raises(TypeError, match="`q_dtype`"):
-    auto_select.select("gpu", **_call(q_dtype="not-a-dtype"))
+    auto.select("gpu", **_call(q_dtype="not-a-dtype"))
   with pytest.raises(TypeError, match="`mask`"):
-    auto_select.select("gpu", **_call(q_dtype=F32, mask="yes"))
+    auto.select("gpu", **_call(q_dtype=F32, mask="yes"))
   q = jax.ShapeDtypeStruct((2, 8, 4), jnp.float32)
   with pytest.raises(ValueError, match="`q`"):
     mha_jax.explain_auto(q, q)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from experiments import benchmark
-from mha_jax import bench
+from experiments.benchmark import __main__ as benchmark
+from experiments.benchmark import bench
 
 
 def _row(path, fwd_ms, rss=100):

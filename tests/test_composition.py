@@ -1,9 +1,9 @@
-"""Weight-based circuit scores (mha_jax.composition): known answers.
+"""Weight-based circuit scores (mha_jax.interp.composition): known answers.
 
 The pure ratios on matrices whose answer is known by hand; the circuits
 against what the model itself computes (scores and head outputs, with
 LayerNorm scales and rotary positions); every score of the hand-wired
-circuit of `mha_jax.wired_circuit`, worked out from its wiring below.
+circuit of `mha_jax.interp.wired_circuit`, worked out from its wiring below.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha_jax import composition
-from mha_jax import wired_circuit as wc
-from mha_jax.model_config import ModelConfig
-from mha_jax.transformer import DecoderLM
+from mha_jax.interp import composition
+from mha_jax.interp import wired_circuit as wc
+from mha_jax.models.model_config import ModelConfig
+from mha_jax.models.transformer import DecoderLM
 
 
 def _isometry(d, rows, cols):

@@ -11,8 +11,8 @@ from flax import nnx
 from ml_collections import config_flags
 
 from configs import default
-from mha_jax import attention
-from mha_jax import config as config_lib
+from mha_jax.core import attention
+from mha_jax.training import config as config_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.py")

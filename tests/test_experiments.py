@@ -27,30 +27,11 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import common
+from mha_jax.measure import report as report_lib
+
+import entry_points
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _config(name):
-  return importlib.import_module(f"configs.{name}").get_config("smoke")
-
-
-def _entry_point(name):
-  """`experiments.<name>`, importable next to the other entry points.
-
-  Entry points define their flags (--config, --workdir, ...) at import, and
-  absl refuses a flag name that another module already defined. The tests
-  call `run` directly and never read the flags, so before a new entry point
-  is imported the flags of those imported earlier are dropped.
-  """
-  module = f"experiments.{name}"
-  if module not in sys.modules:
-    for flag in list(flags.FLAGS):
-      owner = flags.FLAGS.find_module_defining_flag(flag) or ""
-      if owner.startswith("experiments."):
-        delattr(flags.FLAGS, flag)
-  return importlib.import_module(module)
 
 
 def _outputs(workdir, figures, report="report.md"):
@@ -61,20 +42,6 @@ def _outputs(workdir, figures, report="report.md"):
     assert (workdir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
   return ((workdir / report).read_text(),
           json.loads((workdir / "results.json").read_text()))
-
-
-def _table(report, header_start):
-  """Cells of the Markdown table whose header row starts `header_start`."""
-  lines = report.splitlines()
-  for i, line in enumerate(lines):
-    if line.startswith(header_start):
-      rows = []
-      for row in lines[i + 2:]:
-        if not row.startswith("|"):
-          break
-        rows.append([c.strip() for c in row.strip().strip("|").split("|")])
-      return rows
-  raise AssertionError(f"no table starting {header_start!r} in:\n{report}")
 
 
 def _row(rows, first_cell):
@@ -111,8 +78,8 @@ def _explore_command_run(workdir, report, experiment):
 
 
 def test_induction(tmp_path):
-  config = _config("induction")
-  results = _entry_point("induction").run(config, tmp_path)
+  config = entry_points.config("induction")
+  results = entry_points.load("induction").run(config, tmp_path)
   report, saved = _outputs(tmp_path, ["loss_curves.png", "attention.png",
                                       "head_metrics.png", "ablation.png"])
   assert saved == results
@@ -122,22 +89,22 @@ def test_induction(tmp_path):
   values = [results["runs"][f"L2_seed{s}"]["eval"]["loss"] for s in (0, 1)]
   assert loss["values"] == values
   assert loss["std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5)
-  summary = _table(report, "| model | final loss |")
+  summary = entry_points.table(report, "| model | final loss |")
   assert _row(summary, "2-layer")[1] == (
       f"{loss['mean']:.3f} ± {loss['std']:.3f} "
       f"[{loss['ci95'][0]:.3f}, {loss['ci95'][1]:.3f}]")
-  assert _row(summary, "1-layer")[3] == common.fmt(
+  assert _row(summary, "1-layer")[3] == report_lib.fmt(
       ctrl["init_loss"]["mean"], ctrl["init_loss"]["std"])
   run = results["runs"]["L2_seed0"]
   # Floors: uniform attention on the run's own held-out batch, and the
   # untrained model; the 1-layer model has no across-layer pairs.
-  floors = _table(report, "| score | 2-layer trained |")
+  floors = entry_points.table(report, "| score | 2-layer trained |")
   ind = _row(floors, "best last-layer induction score")
-  assert ind[-1] == common.fmt(deep["uniform_induction"]["mean"],
+  assert ind[-1] == report_lib.fmt(deep["uniform_induction"]["mean"],
                                deep["uniform_induction"]["std"], 2)
   assert _row(floors, "JS distance, heads across layers")[3:5] == ["-", "-"]
   pc = run["phase_change"]
-  per_run = _table(report, "| layers | seed | loss |")
+  per_run = entry_points.table(report, "| layers | seed | loss |")
   assert per_run[0][:5] == [
       "2", "0", f"{run['eval']['loss']:.3f}", f"{run['eval']['accuracy']:.3f}",
       f"{pc['from_step']}→{pc['to_step']}: {pc['loss_before']:.2f}→"
@@ -147,7 +114,7 @@ def test_induction(tmp_path):
           (tmp_path / "L2_seed0" / "metrics.jsonl").read_text().splitlines()]
   assert run["curve"] == {"steps": [3, 6], "loss": [
       r["loss"] for r in rows if r["split"] == "eval"]}
-  heads = _table(report, "| head | previous_token |")
+  heads = entry_points.table(report, "| head | previous_token |")
   assert len(heads) == 2 * config.model.num_heads + 2  # L * H + 2 floors
   lo, hi = run["intervals"]["induction"][1][0]
   assert _row(heads, "L2 H1")[2] == (
@@ -164,28 +131,28 @@ def _check_nmse_table(report, sweep, summary, selection):
   """The two-offset sweep's tables: one row per setting, NMSE mean ± sample
   std [95% interval] of the per-seed values results.json holds, and each
   setting's learning-rate choice."""
-  from mha_jax import stats  # pylint: disable=g-import-not-at-top
-  from mha_jax import two_offsets  # pylint: disable=g-import-not-at-top
-  rows = _table(report, "| setting | NMSE |")
+  from mha_jax.measure import stats  # pylint: disable=g-import-not-at-top
+  from mha_jax.interp import offset_sweep  # pylint: disable=g-import-not-at-top
+  rows = entry_points.table(report, "| setting | NMSE |")
   assert [r[0] for r in rows] == list(sweep)
   for label, runs in sweep.items():
     nmse = [r["nmse"] for r in runs]
     assert summary[label]["nmse"]["values"] == nmse
-    assert _row(rows, label)[1] == two_offsets.summary_cell(
+    assert _row(rows, label)[1] == offset_sweep.summary_cell(
         stats.summary(nmse))
     # NMSE is the held-out MSE over the targets' variance, exactly 1.
     np.testing.assert_allclose(runs[0]["nmse"], runs[0]["loss"], rtol=1e-12)
     # Every reported run trained at the rate its setting chose.
     assert {r["learning_rate"] for r in runs} == {selection[label]["chosen"]}
     assert runs[0]["curve"]["steps"] == [3, 6]
-  chosen = _table(report, "| setting | NMSE per learning rate |")
+  chosen = entry_points.table(report, "| setting | NMSE per learning rate |")
   assert [r[0] for r in chosen] == list(sweep)
   assert [r[2] for r in chosen] == [
       f"{selection[k]['chosen']:g}" for k in sweep]
 
 
 def test_two_offsets(tmp_path):
-  results = _entry_point("two_offsets").run(_config("two_offsets"), tmp_path)
+  results = entry_points.load("two_offsets").run(entry_points.config("two_offsets"), tmp_path)
   report, saved = _outputs(tmp_path, ["nmse_vs_heads.png", "nmse_curves.png",
                                       "attention.png"])
   assert saved == results
@@ -196,13 +163,13 @@ def test_two_offsets(tmp_path):
   assert list(results["continuous"]) == [
       "h=1", "h=2", "h=1, d_model=16 (d_k=16)", "h=1 + MLP (F=32)"]
   d = summary["continuous_vs_h1"]["h=2"]
-  cont = _table(report, "| setting | NMSE |")
+  cont = entry_points.table(report, "| setting | NMSE |")
   assert _row(cont, "h=2")[2] == (
       f"{d['diff']:+.3g} [{d['ci95'][0]:+.3g}, {d['ci95'][1]:+.3g}]")
-  tok = _table(report, "| setting | accuracy |")
+  tok = entry_points.table(report, "| setting | accuracy |")
   acc = summary["token"]["h=2"]["accuracy"]
   assert acc["values"] == [r["accuracy"] for r in results["token"]["h=2"]]
-  assert _row(tok, "h=2")[1] == common.fmt(acc["mean"], acc["std"])
+  assert _row(tok, "h=2")[1] == report_lib.fmt(acc["mean"], acc["std"])
   # The browser page: the h=2 continuous model of seed 0 on the batch of
   # its table row (the same loss), positions as labels.
   page = _explorer_page(tmp_path, report)
@@ -218,24 +185,24 @@ def test_two_offsets(tmp_path):
 
 
 def test_head_dim(tmp_path):
-  config = _config("head_dim")
-  results = _entry_point("head_dim").run(config, tmp_path)
+  config = entry_points.config("head_dim")
+  results = entry_points.load("head_dim").run(config, tmp_path)
   report, saved = _outputs(tmp_path, ["nmse_vs_dk.png", "nmse_curves.png",
                                       "low_rank_fit.png"])
   assert saved == results
   _check_nmse_table(report, results["part_a"], results["part_a_summary"],
                     results["part_a_selection"])
-  rows = _table(report, "| setting | NMSE |")
+  rows = entry_points.table(report, "| setting | NMSE |")
   for label, s in results["part_a_summary"].items():
     first = s["first_step_below_threshold"]["per_seed"]
     assert _row(rows, label)[-1] == ", ".join(
         "-" if f is None else str(f) for f in first)
-  part_b = _table(report, "| d_k | mean KL (nats) |")
+  part_b = entry_points.table(report, "| d_k | mean KL (nats) |")
   fit = results["part_b"]
   assert [int(r[0]) for r in part_b] == fit["d_k"] == list(
       range(1, config.experiment.fit_n + 1))
   for row, kl, err in zip(part_b, fit["kl"], fit["max_error"]):
-    m, s = common.mean_std(kl)
+    m, s = report_lib.mean_std(kl)
     assert row[1:] == [f"{m:.2e} ± {s:.1e}", f"{np.mean(err):.3f}"]
   # The browser page: the narrowest heads (h=2, d_k=4 here), seed 0, on
   # the batch of their table row.
@@ -248,16 +215,16 @@ def test_head_dim(tmp_path):
 
 
 def test_cross_attention(tmp_path):
-  results = _entry_point("cross_attention").run(_config("cross_attention"),
+  results = entry_points.load("cross_attention").run(entry_points.config("cross_attention"),
                                                 tmp_path)
   report, saved = _outputs(tmp_path, ["cross_attention.png",
                                       "cross_heads.png"])
   assert saved == results
   run = results["runs"][0]
   assert "cross_example" not in run
-  seeds = _table(report, "| seed | loss |")
+  seeds = entry_points.table(report, "| seed | loss |")
   assert seeds[0][:3] == ["0", f"{run['loss']:.3f}", f"{run['accuracy']:.3f}"]
-  heads = _table(report, "| head | alignment accuracy |")
+  heads = entry_points.table(report, "| head | alignment accuracy |")
   acc, zero = run["alignment_accuracy"], run["importance"]["zero_ablation"]
   near = run["alignment_mass_within_1"]
   assert len(heads) == len(acc) * len(acc[0]) + 2  # + two floor rows
@@ -275,19 +242,19 @@ def test_cross_attention(tmp_path):
 
 
 def test_pruning(tmp_path):
-  config = _config("pruning")
-  results = _entry_point("pruning").run(config, tmp_path)
+  config = entry_points.config("pruning")
+  results = entry_points.load("pruning").run(config, tmp_path)
   report, saved = _outputs(tmp_path, ["prune_curve.png"])
   assert saved == results
   n_heads = config.model.num_layers * config.model.num_heads
   assert results["heads_kept"] == list(range(n_heads, -1, -1))
-  rows = _table(report, "| heads kept |")
+  rows = entry_points.table(report, "| heads kept |")
   assert [int(r[0]) for r in rows] == results["heads_kept"]
   mean, std = results["mean"], results["std"]
   # Columns follow the curves' order; check the first and last ones.
   for col, key in ((1, "zero_ablation"), (-1, "most_important_first")):
     assert [r[col] for r in rows] == [
-        common.fmt(m, s, digits=2) for m, s in zip(mean[key], std[key])]
+        report_lib.fmt(m, s, digits=2) for m, s in zip(mean[key], std[key])]
   # With every head kept, each ranking measures the same full model.
   assert len({round(v[0], 6) for v in mean.values()}) == 1
   # Per seed, two removed: the Taylor ranking against random order, the
@@ -296,7 +263,7 @@ def test_pruning(tmp_path):
   rand = np.asarray(results["curves"]["random"])[:, 2]
   d = results["two_removed_minus_random"]["taylor_estimate"]
   assert d["diff"] == pytest.approx(taylor.mean() - rand.mean())
-  cells = _row(_table(report, "| ranking |"), "taylor estimate")
+  cells = _row(entry_points.table(report, "| ranking |"), "taylor estimate")
   assert cells[2].startswith(f"{d['diff']:+.2f} nats, 95% interval "
                              f"[{d['ci95'][0]:.2f}, {d['ci95'][1]:.2f}]")
 
@@ -304,8 +271,8 @@ def test_pruning(tmp_path):
 def test_train_then_generate(tmp_path, capsys):
   """experiments.train on a smoke config, then experiments.generate on the
   trained run (what `generate` needs: a finished run's workdir)."""
-  config = _config("induction")
-  state = _entry_point("train").run(config, tmp_path)
+  config = entry_points.config("induction")
+  state = entry_points.load("train").run(config, tmp_path)
   assert int(state.step) == config.train.num_steps
   assert (json.loads((tmp_path / "config.json").read_text())
           == json.loads(config.to_json_best_effort()))
@@ -314,7 +281,7 @@ def test_train_then_generate(tmp_path, capsys):
   assert [r["step"] for r in rows if r["split"] == "eval"] == [3, 6]
   assert (tmp_path / "checkpoints" / "6").is_dir()
 
-  res = _entry_point("generate").run(tmp_path, num_examples=8, show=2)
+  res = entry_points.load("generate").run(tmp_path, num_examples=8, show=2)
   printed = capsys.readouterr().out
   assert res["step"] == 6 and "checkpoint at step 6" in printed
   valid = np.arange(res["tokens"].shape[1])[None] < res["counts"][:, None]
@@ -327,13 +294,13 @@ def test_train_then_generate(tmp_path, capsys):
 
 def test_kv_behaviour_then_kv_cache(tmp_path):
   """kv_behaviour, then kv_cache with its results as --behaviour_results."""
-  config = _config("kv_behaviour")
-  behaviour = _entry_point("kv_behaviour").run(config, tmp_path / "behaviour")
+  config = entry_points.config("kv_behaviour")
+  behaviour = entry_points.load("kv_behaviour").run(config, tmp_path / "behaviour")
   report, saved = _outputs(tmp_path / "behaviour",
                            ["time_to_drop.png", "time_to_drop_per_seed.png",
                             "loss_curves.png"])
   assert saved == behaviour
-  table = _table(report, "| variant | K |")
+  table = entry_points.table(report, "| variant | K |")
   assert table == [[str(c) for c in r.values()] for r in behaviour["runs"]]
   variants = behaviour["variants"]
   mha, mqa = variants  # the smoke config trains MHA and the matched MQA
@@ -360,14 +327,14 @@ def test_kv_behaviour_then_kv_cache(tmp_path):
   d = behaviour["comparisons"][0]["eval_loss"]
   assert d["diff"] == pytest.approx(mqa["eval_loss"]["mean"]
                                     - mha["eval_loss"]["mean"])
-  versus = _table(report, "| variant | reference |")
+  versus = entry_points.table(report, "| variant | reference |")
   assert _row(versus, mqa["name"])[3] == (
       f"{d['diff']:+.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]")
-  per_seed = _table(report, "| variant | seed 0 |")
+  per_seed = entry_points.table(report, "| variant | seed 0 |")
   assert _row(per_seed, "MHA")[1:] == [
       "-" if f is None else str(f)
       for f in mha["time_to_drop"]["per_seed"]]
-  finals = _table(report, "| variant | seed 0 final |")
+  finals = entry_points.table(report, "| variant | seed 0 final |")
   assert _row(finals, "MHA")[1:] == [
       f"{loss:.3f} ({acc:.3f})" for loss, acc in zip(
           mha["eval_loss"]["values"],
@@ -385,26 +352,26 @@ def test_kv_behaviour_then_kv_cache(tmp_path):
   assert _explore_command_run(tmp_path / "behaviour", report,
                               "kv_behaviour") == f"{mqa['key']}_seed0"
 
-  cfg = _config("kv_cache")
+  cfg = entry_points.config("kv_cache")
   workdir = tmp_path / "kv_cache"
-  results = _entry_point("kv_cache").run(cfg, workdir, behaviour=json.loads(
+  results = entry_points.load("kv_cache").run(cfg, workdir, behaviour=json.loads(
       (tmp_path / "behaviour" / "results.json").read_text()))
   report, saved = _outputs(workdir, ["decode_time.png", "flops.png",
                                      "cache_bytes.png"])
   assert saved == results
-  timing = _table(report, "| n | cached ms (min) |")
+  timing = entry_points.table(report, "| n | cached ms (min) |")
   assert [int(r[0]) for r in timing] == list(cfg.bench.contexts)
   for row, r in zip(timing, results["timing"]):
     assert row[1] == (f"{1e3 * r['cached_s']:.3f} "
                       f"({1e3 * r['cached_min_s']:.3f})")
     assert row[6] == f"{r['cached_analytic_flops']:.4g}"
-  memory = _table(report, "| K (kv heads) |")
+  memory = entry_points.table(report, "| K (kv heads) |")
   mha, mqa = results["cache_bytes"]
   assert _row(memory, 1)[4] == f"{mqa['fraction_of_first']:.4f}" == "0.5000"
   assert _row(memory, 2)[1] == f"{mha['bytes_per_token']:.0f}"
   # The behaviour section shows kv_behaviour's rows, and the answer quotes
   # its numbers.
-  assert _table(report, "| variant | K |") == table
+  assert entry_points.table(report, "| variant | K |") == table
   assert f"{behaviour['variants'][1]['name']} (K=1): loss" in report
   lo, hi = behaviour["comparisons"][0]["eval_loss"]["ci95"]
   assert f"95% interval [{lo:+.3f}, {hi:+.3f}]" in report
@@ -412,18 +379,18 @@ def test_kv_behaviour_then_kv_cache(tmp_path):
 
 
 def test_cost_scaling(tmp_path):
-  config = _config("cost_scaling")
-  results = _entry_point("cost_scaling").run(config, tmp_path)
+  config = entry_points.config("cost_scaling")
+  results = entry_points.load("cost_scaling").run(config, tmp_path)
   report, saved = _outputs(tmp_path, [
       "time_vs_heads.png", "memory_vs_heads.png", "time_vs_n.png",
       "memory_vs_n.png"])
   assert saved == results
-  heads = _table(report, "| path | h | time ms |")
+  heads = entry_points.table(report, "| path | h | time ms |")
   assert len(heads) == len(results["heads"]) == 4  # 2 paths x 2 head counts
   for row, p in zip(heads, results["heads"]):
     assert row[:3] == [p["path"], str(p["h"]), f"{p['time_ms']:.1f}"]
     assert row[4] == f"{p['analytic_flops'] / 1e9:.3f}"
-  lengths = _table(report, "| path | n | time ms |")
+  lengths = entry_points.table(report, "| path | n | time ms |")
   assert [int(r[1]) for r in lengths] == [p["n"] for p in results["length"]]
   for path, s in results["slopes"].items():
     assert (f"- {path}: time slope {s['time']:.2f} (claim: about 2 at large "
@@ -431,16 +398,16 @@ def test_cost_scaling(tmp_path):
 
 
 def test_benchmark(tmp_path, monkeypatch):
-  """Each case runs in its own worker process (`mha_jax.bench`), as in a real
+  """Each case runs in its own worker process (`experiments.benchmark.bench`), as in a real
   run; the smoke config times two paths on one tiny shape."""
   monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")  # the workers
-  results = _entry_point("benchmark").run(_config("benchmark"), tmp_path)
+  results = entry_points.load("benchmark").run(entry_points.config("benchmark"), tmp_path)
   report, saved = _outputs(tmp_path, [], report="table.md")
   assert saved == json.loads(json.dumps(results))
   rows = results["rows"]
   assert [r["path"] for r in rows] == ["einsum", "jax.nn"]
   assert not any("skipped" in r for r in rows), rows
-  table = _table(report, "| path | fwd ms |")
+  table = entry_points.table(report, "| path | fwd ms |")
   for r in rows:
     cells = _row(table, r["path"])
     assert cells[1] == f"{r['fwd_ms']:.1f}"
@@ -469,7 +436,7 @@ def test_mesh_check_command_line(tmp_path):
   assert "--config.experiment.steps=3" in results["runs"]["mesh"]["command"]
   ev = results["eval"]
   assert ev["steps"] == [1, 2, 3]
-  rows = _table(report, "| step | one device |")
+  rows = entry_points.table(report, "| step | one device |")
   assert rows == [[str(s), f"{a:.6f}", f"{b:.6f}", f"{d:.2e}"] for s, a, b, d
                   in zip(ev["steps"], ev["loss_one_device"], ev["loss_mesh"],
                          ev["abs_diff"])]
@@ -488,35 +455,36 @@ def test_every_entry_point_has_an_end_to_end_test():
             # explore: tests/test_explore.py; text_heads: tests/test_text.py;
             # sinks: tests/test_sinks.py
             "text_heads", "sinks"}
-  helpers = {"__init__", "common", "kv_cache_report",
+  helpers = {"__init__",
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
-  found = {p.stem for p in (ROOT / "experiments").glob("*.py")} - helpers
+  found = {p.stem for p in (ROOT / "experiments").iterdir()
+           if p.suffix == ".py" or (p / "__main__.py").exists()} - helpers
   assert found == tested
 
 
 def test_circuits(tmp_path):
-  config = _config("circuits")
-  results = _entry_point("circuits").run(config, tmp_path)
+  config = entry_points.config("circuits")
+  results = entry_points.load("circuits").run(config, tmp_path)
   report, saved = _outputs(tmp_path, [
       "composition.png", "path_patching.png", "head_patching.png",
       "position_patching.png", "copying_dla.png", "dynamics.png"])
   assert saved == results
-  summary = _table(report, "| key | mean ± std |")
+  summary = entry_points.table(report, "| key | mean ± std |")
   assert [r[0] for r in summary] == list(results["summary"])
   for key, (mean, std) in results["summary"].items():
     digits = 0 if key.endswith("_step") else 3
-    assert _row(summary, key)[1] == common.fmt(mean, std, digits=digits)
+    assert _row(summary, key)[1] == report_lib.fmt(mean, std, digits=digits)
     assert _row(summary, key)[3] == ", ".join(
         f"{v:.{digits}f}" for v in results["per_seed"][key])
   run = results["runs"]["seed0"]
   noise = run["heads"]["noise"]["path"]
-  paths = _table(report, "| seed, head | prev-token |")
+  paths = entry_points.table(report, "| seed, head | prev-token |")
   assert len(paths) == len(config.experiment.seeds) * config.model.num_heads
   assert _row(paths, "0 L1H2")[3:6] == [f"{noise[f'{k}_all'][1]:.2f}"
                                        for k in "qkv"]
-  comp = _table(report, "| seed, head | prev / current score |")
+  comp = entry_points.table(report, "| seed, head | prev / current score |")
   assert _row(comp, "random")[2:5] == [
-      common.fmt(*results["baselines"]["composition"][k]) for k in "qkv"]
+      report_lib.fmt(*results["baselines"]["composition"][k]) for k in "qkv"]
   assert _row(comp, "0 L1H1")[3] == (
       f"{np.mean(run['composition']['k'][0]):.3f}")
   # The dynamics: step 0 and every evaluation, read from the checkpoints.

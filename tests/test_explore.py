@@ -25,31 +25,21 @@ from flax import nnx
 import numpy as np
 import pytest
 
-from mha_jax import checkpoint
-from mha_jax import config as config_lib
-from mha_jax import explorer
-from mha_jax import head_survey
-from mha_jax import held_out
-from mha_jax import interventions
-from mha_jax import train
-from mha_jax import transformer
+from mha_jax.training import checkpoint
+from mha_jax.training import config as config_lib
+from mha_jax.interp import explorer
+from mha_jax.interp import survey as head_survey
+from mha_jax.training import held_out
+from mha_jax.interp import interventions
+from mha_jax.training import train
+from mha_jax.models import transformer
+
+import entry_points
 
 INSTALL_HINT = ("no headless Chromium found: install it with `apt-get "
                 "install chromium chromium-driver` (Debian; .ci/run does) "
                 "and Selenium with `pip install -e '.[test]'`, or point "
                 "CHROMIUM and CHROMEDRIVER at the binaries")
-
-
-def _explore_module():
-  """`experiments.explore`, importable beside other entry points whose
-  flags (--workdir, ...) another test module defined first."""
-  name = "experiments.explore"
-  if name not in sys.modules:
-    for flag in list(flags.FLAGS):
-      owner = flags.FLAGS.find_module_defining_flag(flag) or ""
-      if owner.startswith("experiments."):
-        delattr(flags.FLAGS, flag)
-  return importlib.import_module(name)
 
 
 def _smoke_config(name="default"):
@@ -75,7 +65,7 @@ def run_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def explored(run_dir):
   """`experiments.explore.run` on the run's held-out task batch."""
-  return _explore_module().run(run_dir, batch_from_task=True)
+  return entry_points.load("explore").run(run_dir, batch_from_task=True)
 
 
 def _page_data(path) -> dict:
@@ -208,7 +198,7 @@ def test_explore_batch_page_holds_the_models_numbers(run_dir, explored):
 
 def test_explore_text_page(run_dir, tmp_path):
   model, _ = train.load_model(run_dir)
-  out = _explore_module().run(run_dir, text="BOS 3 4 5 3 4 SEP",
+  out = entry_points.load("explore").run(run_dir, text="BOS 3 4 5 3 4 SEP",
                               output=tmp_path / "text.html", ablate=False)
   (kind,) = _page_data(out["path"])["kinds"]
   assert kind["query_labels"] == ["BOS", "3", "4", "5", "3", "4", "SEP"]
@@ -227,11 +217,11 @@ def test_explore_text_page(run_dir, tmp_path):
 ])
 def test_explore_bad_text(run_dir, kwargs, error, message):
   with pytest.raises(error, match=message):
-    _explore_module().run(run_dir, **kwargs)
+    entry_points.load("explore").run(run_dir, **kwargs)
 
 
 def test_explore_bad_workdir(tmp_path):
-  explore = _explore_module()
+  explore = entry_points.load("explore")
   with pytest.raises(FileNotFoundError, match="no such directory"):
     explore.run(tmp_path / "missing", text="3")
   (tmp_path / "seed0").mkdir()

@@ -13,12 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha_jax import attention
-from mha_jax import flash
-from mha_jax import masks
-from mha_jax import multi_head
-from mha_jax import params as params_lib
-from mha_jax import score_rules
+from mha_jax.core import attention
+from mha_jax.core.kernels import flash
+from mha_jax.core import masks
+from mha_jax.core import multi_head
+from mha_jax.core import params as params_lib
+from mha_jax.core import score_rules
 
 _SETTINGS = dict(max_examples=4, deadline=None, derandomize=True,
                  suppress_health_check=[hypothesis.HealthCheck.too_slow])

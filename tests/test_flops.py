@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import mha_jax
-from mha_jax import flops
+from mha_jax.core import flops
 
 B, N, D = 2, 8, 32
 HEADS = (1, 2, 4, 8, 16)

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
-from mha_jax import attention
-from mha_jax import continuations
-from mha_jax import generate
-from mha_jax import tasks
-from mha_jax import transformer
+from mha_jax.core import attention
+from mha_jax.measure import continuations
+from mha_jax.models import generate
+from mha_jax.training import tasks
+from mha_jax.models import transformer
 
 V, D, H, MAX_LEN = 16, 16, 4, 12
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # name -> K for H = 4
@@ -105,7 +105,7 @@ def test_cases_cover_every_layout_position_and_implementation():
 @pytest.mark.parametrize("layout,positions,implementation", CASES)
 def test_cached_logits_equal_full_forward(layout, positions, implementation):
   if implementation == "cudnn" and jax.default_backend() != "gpu":
-    pytest.skip("'cudnn' needs a CUDA GPU (see mha_jax/xla_attention.py)")
+    pytest.skip("'cudnn' needs a CUDA GPU (see mha_jax/core/kernels/xla.py)")
   check_cached_equals_full(
       make_model(LAYOUTS[layout], positions, implementation))
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from mha_jax import analysis
-from mha_jax import head_survey
+from mha_jax.interp import head_metrics
+from mha_jax.interp import survey
 
 
 def test_js_by_layer_splits_pairs():
@@ -12,10 +12,10 @@ def test_js_by_layer_splits_pairs():
                  [0.2, 0.0, 0.9, 0.3],
                  [0.5, 0.9, 0.0, 0.4],
                  [0.7, 0.3, 0.4, 0.0]])
-  got = head_survey.js_by_layer(js, 2)
+  got = survey.js_by_layer(js, 2)
   assert got["within_layer"] == np.mean([0.2, 0.4])
   assert got["across_layer"] == np.mean([0.5, 0.7, 0.9, 0.3])
-  assert head_survey.js_by_layer(js[:2, :2], 1)["across_layer"] is None
+  assert survey.js_by_layer(js[:2, :2], 1)["across_layer"] is None
 
 
 def _previous_token_weights(b, t):
@@ -27,7 +27,7 @@ def _previous_token_weights(b, t):
 
 def test_bootstrap_of_identical_examples_is_a_point():
   tokens = np.tile(np.arange(6), (5, 1))
-  ci = head_survey.bootstrap_metrics(_previous_token_weights(5, 6), tokens,
+  ci = survey.bootstrap_metrics(_previous_token_weights(5, 6), tokens,
                                      resamples=20)
   np.testing.assert_allclose(ci["previous_token"], [[[1.0, 1.0]]])
 
@@ -37,16 +37,16 @@ def test_bootstrap_interval_brackets_the_score_and_varies():
   # between, and resampling examples moves it.
   b, t = 40, 8
   prev = _previous_token_weights(b, t)[0]
-  uni = np.asarray(analysis.uniform_causal_weights(b, t))
+  uni = np.asarray(head_metrics.uniform_causal_weights(b, t))
   w = np.concatenate([prev[: b // 2], uni[b // 2:]])[None]
   tokens = np.tile(np.arange(t), (b, 1))
-  lo, hi = head_survey.bootstrap_metrics(w, tokens)["previous_token"][0, 0]
-  score = float(analysis.previous_token_score(w[0])[0])
+  lo, hi = survey.bootstrap_metrics(w, tokens)["previous_token"][0, 0]
+  score = float(head_metrics.previous_token_score(w[0])[0])
   assert lo < score < hi and hi - lo > 0.05
 
 
 def test_uniform_floor_of_a_batch():
   tokens = np.tile(np.arange(4), (2, 1))
-  floor = head_survey.uniform_floor({"inputs": tokens})
+  floor = survey.uniform_floor({"inputs": tokens})
   np.testing.assert_allclose(floor["previous_token"],
                              np.mean([1 / 2, 1 / 3, 1 / 4]), rtol=1e-6)

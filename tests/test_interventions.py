@@ -7,9 +7,9 @@ import numpy as np
 from flax import nnx
 
 from mha_jax import hooks
-from mha_jax import interventions
-from mha_jax import train
-from mha_jax import transformer
+from mha_jax.interp import interventions
+from mha_jax.training import train
+from mha_jax.models import transformer
 
 L, H, T, V = 2, 2, 6, 11
 

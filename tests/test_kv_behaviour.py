@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from configs import kv_behaviour
-from experiments import kv_cache_report
-from mha_jax import curves
-from mha_jax import kv_variants
-from mha_jax import runs
+from experiments.kv_cache import report as kv_cache_report
+from mha_jax.measure import curves
+from experiments.kv_behaviour import variants
+from mha_jax.measure import runs
 
 STEPS = [100, 200, 300]
 
@@ -40,11 +40,11 @@ def _variants():
       "K8_seed2": _seed(0.3, 100, 8, 1000),
       "K1_seed0": _seed(1.0, None, 1, 800), "K1_seed1": _seed(1.2, 300, 1, 800),
       "K1_seed2": _seed(1.1, 300, 1, 800)}
-  return kv_variants.summarise(SPECS, (0, 1, 2), per_seed, num_steps=300)
+  return variants.summarise(SPECS, (0, 1, 2), per_seed, num_steps=300)
 
 
 def test_variant_names():
-  assert [kv_variants.variant_name(8, k) for k in (8, 4, 2, 1)] == [
+  assert [variants.variant_name(8, k) for k in (8, 4, 2, 1)] == [
       "MHA", "GQA (H/2)", "GQA (H/4)", "MQA"]
 
 
@@ -61,7 +61,7 @@ def test_summary_keeps_every_seed_with_sample_std_and_interval():
   assert t["median"] == 300 and t["censored_at"] == 300
   assert t["survival"] == {"steps": STEPS,
                            "fraction_above": [1.0, 1.0, 1 / 3]}
-  rows = kv_variants.table_rows([mha, mqa], loss_threshold=1.0)
+  rows = variants.table_rows([mha, mqa], loss_threshold=1.0)
   assert rows[0]["eval loss"] == "0.300 ± 0.100 [0.052, 0.548]"
   assert rows[1]["first eval step with loss < 1"] == "median 300 (2/3 seeds)"
   assert rows[0]["first eval step with loss < 1"] == "median 100 (3/3 seeds)"
@@ -69,12 +69,12 @@ def test_summary_keeps_every_seed_with_sample_std_and_interval():
 
 def test_compare_uses_welch_and_skips_means_over_censored_runs():
   mha, mqa = _variants()
-  c = kv_variants.compare(mha, mqa)
+  c = variants.compare(mha, mqa)
   d = c["eval_loss"]
   np.testing.assert_allclose(d["diff"], 0.8)
   assert d["excludes_0"] and d["ci95"][0] > 0
   # Equal sample stds (0.1): the pooled std is 0.1.
-  from mha_jax import stats  # pylint: disable=g-import-not-at-top
+  from mha_jax.measure import stats  # pylint: disable=g-import-not-at-top
   np.testing.assert_allclose(d["detectable"],
                              stats.detectable_difference(0.1, 3))
   # An MQA seed never dropped: no mean difference, but a log-rank p.
@@ -85,7 +85,7 @@ def test_compare_uses_welch_and_skips_means_over_censored_runs():
 def test_behaviour_answer_quotes_the_interval():
   mha, mqa = _variants()
   behaviour = {"variants": [mha, mqa],
-               "comparisons": [kv_variants.compare(mha, mqa)]}
+               "comparisons": [variants.compare(mha, mqa)]}
   answer = kv_cache_report._behaviour_answer  # pylint: disable=protected-access
   text = answer(behaviour)
   lo, hi = behaviour["comparisons"][0]["eval_loss"]["ci95"]
@@ -108,13 +108,13 @@ def test_survival_helpers():
 
 def test_matched_head_dim_is_closest_even_width():
   config = kv_behaviour.get_config()
-  dh, params, ref = kv_variants.matched_head_dim(config, 1)
+  dh, params, ref = variants.matched_head_dim(config, 1)
   assert dh % 2 == 0
   # MQA at Dh = 8 is far smaller; the matched width is within a few %.
-  small = kv_variants.config_param_count(
+  small = variants.config_param_count(
       runs.variant(config, **{"model.num_kv_heads": 1}))
   assert small < 0.7 * ref and abs(params - ref) < 0.03 * ref
   for other in (dh - 2, dh + 2):
-    n = kv_variants.config_param_count(runs.variant(
+    n = variants.config_param_count(runs.variant(
         config, **{"model.num_kv_heads": 1, "model.head_dim": other}))
     assert abs(n - ref) >= abs(params - ref)

@@ -21,14 +21,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from mha_jax import attention
-from mha_jax import decode_cost
-from mha_jax import flops
-from mha_jax import generate
-from mha_jax import kv_cache
-from mha_jax import multi_head
-from mha_jax import params as params_lib
-from mha_jax import transformer
+from mha_jax.core import attention
+from experiments.kv_cache import decode_cost
+from mha_jax.core import flops
+from mha_jax.models import generate
+from mha_jax.core import kv_cache
+from mha_jax.core import multi_head
+from mha_jax.core import params as params_lib
+from mha_jax.models import transformer
 
 D, H = 16, 4
 HEAD_LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # name -> K for H = 4
@@ -89,7 +89,7 @@ def numpy_causal_layer(params, x, rotary_base=None):
 def skip_if_cannot_run(implementation):
   """The one expected skip: 'cudnn' needs a CUDA GPU."""
   if implementation == "cudnn" and jax.default_backend() != "gpu":
-    pytest.skip("'cudnn' needs a CUDA GPU (see mha_jax/xla_attention.py)")
+    pytest.skip("'cudnn' needs a CUDA GPU (see mha_jax/core/kernels/xla.py)")
 
 
 def make_inputs(seed, b=len(PROMPT_LENS), steps=STEPS):

@@ -2,7 +2,7 @@
 
 import jax
 
-from mha_jax import low_rank
+from experiments.head_dim import low_rank
 
 
 def test_low_rank_fit_exact_at_full_width_not_at_width_one():

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha_jax import masks
+from mha_jax.core import masks
 
 T, F = True, False
 

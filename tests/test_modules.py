@@ -9,7 +9,7 @@ from absl.testing import parameterized
 from flax import nnx
 
 import mha_jax
-from mha_jax import modules
+from mha_jax.models import modules
 
 D, H = 16, 4
 

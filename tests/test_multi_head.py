@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import mha_jax
-from mha_jax import multi_head
-from mha_jax import worked_example as wx
+from mha_jax.core import multi_head
+from mha_jax.core import worked_example as wx
 
 IMPLS = ("vmap", "einsum")
 SETTINGS = hypothesis.settings(max_examples=20, deadline=None)

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha_jax import attention
-from mha_jax import auto_select
-from mha_jax import score_rules
+from mha_jax.core import attention
+from mha_jax.core.kernels import auto
+from mha_jax.core import score_rules
 
 
 def _qkv(b, tq, tk, h, kh, dh=16):
@@ -70,15 +70,15 @@ def test_splash_adapter_refuses_what_it_cannot_keep(kwargs, match):
 def test_auto_on_tpu_takes_splash_where_it_applies():
   q = jax.ShapeDtypeStruct((2, 1024, 8, 128), jnp.bfloat16)
   kv = jax.ShapeDtypeStruct((2, 1024, 2, 128), jnp.bfloat16)
-  choice = auto_select.select_for(q, kv, kv, is_causal=True, backend="tpu",
+  choice = auto.select_for(q, kv, kv, is_causal=True, backend="tpu",
                                   rules=("local_window", "sinks"))
   assert choice.implementation == "pallas_tpu"
   # ALiBi is a bias the kernel lacks: the blockwise path takes it.
-  choice = auto_select.select_for(q, kv, kv, backend="tpu",
+  choice = auto.select_for(q, kv, kv, backend="tpu",
                                   rules=("alibi_slopes",))
   assert choice.implementation == "flash"
   assert "alibi_slopes" in dict(choice.ruled_out)["pallas_tpu"]
   # Lengths off the block grid go to XLA while the scores fit.
   odd = jax.ShapeDtypeStruct((2, 1000, 8, 128), jnp.bfloat16)
-  assert auto_select.select_for(odd, odd, odd, backend="tpu").implementation \
+  assert auto.select_for(odd, odd, odd, backend="tpu").implementation \
       == "xla"

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from configs import two_offsets as two_offsets_config
-from experiments import common
-from mha_jax import curves
-from mha_jax import runs
+from mha_jax.measure import report as report_lib
+from mha_jax.measure import curves
+from mha_jax.measure import runs
 
 
 def test_variant_overrides_and_validates():
@@ -48,15 +48,15 @@ def test_first_below_and_read(tmp_path):
 
 
 def test_md_table_mean_std_and_write_outputs(tmp_path):
-  table = common.md_table(["a", "b"], [[1, 2]])
+  table = report_lib.md_table(["a", "b"], [[1, 2]])
   assert table == "| a | b |\n|---|---|\n| 1 | 2 |"
-  m, s = common.mean_std([1.0, 3.0, 5.0])  # the sample std: ddof 1
+  m, s = report_lib.mean_std([1.0, 3.0, 5.0])  # the sample std: ddof 1
   assert (m, s) == (3.0, 2.0)
-  assert common.fmt(m, s, digits=1) == "3.0 ± 2.0"
-  assert common.fmt(*common.mean_std([4.0])) == "4.000"  # no spread
+  assert report_lib.fmt(m, s, digits=1) == "3.0 ± 2.0"
+  assert report_lib.fmt(*report_lib.mean_std([4.0])) == "4.000"  # no spread
   results = {"runs": [{"loss": np.float32(0.5), "big": np.ones((2, 2)),
                        "heads": np.arange(2)}], "n": np.int64(3)}
-  written = common.write_outputs(tmp_path, results, "# Title\n\n",
+  written = report_lib.write_outputs(tmp_path, results, "# Title\n\n",
                                  drop=("big",))
   assert written == {"runs": [{"loss": 0.5, "heads": [0, 1]}], "n": 3}
   assert json.loads((tmp_path / "results.json").read_text()) == written

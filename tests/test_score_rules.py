@@ -12,16 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha_jax import attention
-from mha_jax import auto_select
-from mha_jax import converters
-from mha_jax import flash
+from mha_jax.core import attention
+from mha_jax.core.kernels import auto
+from mha_jax.core import converters
+from mha_jax.core.kernels import flash
 from mha_jax import hooks as hooks_lib
-from mha_jax import model_config
-from mha_jax import modules
-from mha_jax import multi_head
-from mha_jax import score_rules
-from mha_jax import transformer
+from mha_jax.models import model_config
+from mha_jax.models import modules
+from mha_jax.core import multi_head
+from mha_jax.core import score_rules
+from mha_jax.models import transformer
 
 _SETTINGS = dict(max_examples=10, deadline=None, derandomize=True,
                  suppress_health_check=[hypothesis.HealthCheck.too_slow])
@@ -293,17 +293,17 @@ def test_xla_refuses_what_jax_nn_lacks_by_name(name, value):
 
 def test_auto_sends_rules_jax_nn_lacks_to_the_blockwise_path():
   q, k, v = _qkv(7, 1, 8, 8, 4, 4, 4)
-  choice = auto_select.select_for(q, k, v, backend="gpu",
+  choice = auto.select_for(q, k, v, backend="gpu",
                                   rules=("soft_cap",))
   assert choice.implementation == "flash"
   assert [n for n, _ in choice.ruled_out] == ["cudnn", "xla"]
   assert "soft_cap" in choice.ruled_out[0][1]
-  assert auto_select.select_for(q, k, v, backend="gpu",
+  assert auto.select_for(q, k, v, backend="gpu",
                                 rules=("local_window",)).implementation == (
                                     "xla")
   # cuDNN takes a scale (in bfloat16 with Dh = 64, what it supports).
   half = [jnp.zeros((1, 8, 4, 64), jnp.bfloat16)] * 3
-  assert auto_select.select_for(*half, backend="gpu",
+  assert auto.select_for(*half, backend="gpu",
                                 rules=("scale",)).implementation == "cudnn"
 
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from configs import default
-from mha_jax import config as config_lib
-from mha_jax import sharding
+from mha_jax.training import config as config_lib
+from mha_jax.parallel import sharding
 
 HERE = pathlib.Path(__file__).parent
 

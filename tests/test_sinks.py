@@ -18,21 +18,23 @@ import numpy as np
 import pytest
 
 from configs import default
-from mha_jax import analysis
-from mha_jax import attention
-from mha_jax import config as config_lib
-from mha_jax import model_config
-from mha_jax import score_rules
-from mha_jax import sinks
-from mha_jax import stats
-from mha_jax import tasks
-from mha_jax import transformer
+from mha_jax.interp import head_metrics
+from mha_jax.core import attention
+from mha_jax.training import config as config_lib
+from mha_jax.models import model_config
+from mha_jax.core import score_rules
+from experiments.sinks import survey
+from mha_jax.measure import stats
+from mha_jax.training import tasks
+from mha_jax.models import transformer
+
+import entry_points
 
 B, H, T = 2, 3, 6
 
 
 def _uniform(b=B, h=H, t=T):
-  return jnp.broadcast_to(analysis.uniform_causal_weights(b, t), (b, h, t, t))
+  return jnp.broadcast_to(head_metrics.uniform_causal_weights(b, t), (b, h, t, t))
 
 
 # ------------------------------------------------------------ known answers
@@ -40,21 +42,21 @@ def _uniform(b=B, h=H, t=T):
 
 def test_all_weight_on_key0_scores_1_and_a_self_attending_head_0():
   on_first = jnp.zeros((B, H, T, T)).at[..., 0].set(1.0)
-  np.testing.assert_allclose(sinks.key_share(on_first), np.ones(H))
+  np.testing.assert_allclose(survey.key_share(on_first), np.ones(H))
   on_self = jnp.broadcast_to(jnp.eye(T), (B, H, T, T))
   # Query 0 (which can only see key 0) is not counted, so this is 0.
-  np.testing.assert_allclose(sinks.key_share(on_self), np.zeros(H))
-  np.testing.assert_allclose(sinks.key_share(on_self, 3), np.full(H, 1 / 5))
-  np.testing.assert_allclose(sinks.sink_share(on_first), np.zeros(H))
+  np.testing.assert_allclose(survey.key_share(on_self), np.zeros(H))
+  np.testing.assert_allclose(survey.key_share(on_self, 3), np.full(H, 1 / 5))
+  np.testing.assert_allclose(survey.sink_share(on_first), np.zeros(H))
 
 
 def test_uniform_causal_share_has_the_closed_form():
-  assert sinks.uniform_key0_share(2) == pytest.approx(1 / 2)
-  assert sinks.uniform_key0_share(3) == pytest.approx((1 / 2 + 1 / 3) / 2)
+  assert survey.uniform_key0_share(2) == pytest.approx(1 / 2)
+  assert survey.uniform_key0_share(3) == pytest.approx((1 / 2 + 1 / 3) / 2)
   by_sum = np.mean([1 / (i + 1) for i in range(1, 32)])
-  assert sinks.uniform_key0_share(32) == pytest.approx(by_sum)
-  np.testing.assert_allclose(sinks.key_share(_uniform()),
-                             np.full(H, sinks.uniform_key0_share(T)),
+  assert survey.uniform_key0_share(32) == pytest.approx(by_sum)
+  np.testing.assert_allclose(survey.key_share(_uniform()),
+                             np.full(H, survey.uniform_key0_share(T)),
                              rtol=1e-6)
 
 
@@ -62,9 +64,9 @@ def test_rows_select_the_queries_averaged():
   w = _uniform()
   rows = jnp.zeros((B, T), bool).at[0, 3].set(True).at[1, 0].set(True)
   # Query 0 is never counted; query 3 sees 4 keys.
-  np.testing.assert_allclose(sinks.key_share(w, rows=rows), np.full(H, 0.25))
+  np.testing.assert_allclose(survey.key_share(w, rows=rows), np.full(H, 0.25))
   none = jnp.zeros((B, T), bool)
-  np.testing.assert_allclose(sinks.key_share(w, rows=none), np.zeros(H))
+  np.testing.assert_allclose(survey.key_share(w, rows=none), np.zeros(H))
 
 
 def test_sink_share_is_what_the_sink_takes_from_a_real_pattern():
@@ -77,23 +79,23 @@ def test_sink_share_is_what_the_sink_takes_from_a_real_pattern():
       rules=score_rules.ScoreRules(sinks=logits))
   want = [np.mean([math.exp(s) / (i + 1 + math.exp(s)) for i in range(1, T)])
           for s in logits.tolist()]
-  np.testing.assert_allclose(sinks.sink_share(pattern), want, rtol=1e-5)
+  np.testing.assert_allclose(survey.sink_share(pattern), want, rtol=1e-5)
   want_key0 = [np.mean([1 / (i + 1 + math.exp(s)) for i in range(1, T)])
                for s in logits.tolist()]
-  np.testing.assert_allclose(sinks.key_share(pattern), want_key0, rtol=1e-5)
+  np.testing.assert_allclose(survey.key_share(pattern), want_key0, rtol=1e-5)
 
 
 def test_induction_rows_mark_queries_with_an_earlier_copy():
   tokens = jnp.asarray([[5, 6, 7, 5, 6, 9]])
   # Query 3 (5) has key 1 after the earlier 5; query 4 (6) has key 2.
-  np.testing.assert_array_equal(sinks.induction_rows(tokens),
+  np.testing.assert_array_equal(survey.induction_rows(tokens),
                                 [[0, 0, 0, 1, 1, 0]])
 
 
 def test_logit_range_known_values():
   s = np.zeros((1, 1, 1, 3, 3))
   s[..., 1, 0], s[..., 2, 1], s[..., 0, 2] = 6.0, -8.0, 100.0  # [0, 2]: masked
-  r = sinks.logit_range(s, cap=5.0)
+  r = survey.logit_range(s, cap=5.0)
   assert r["abs_max"][0] == 8.0
   assert r["abs_median"][0] == 0.0
   assert r["frac_above_cap"][0] == pytest.approx(2 / 6)
@@ -102,13 +104,13 @@ def test_logit_range_known_values():
 
 def test_bad_arguments_name_the_argument():
   with pytest.raises(ValueError, match=r"key_share: `pattern` must be"):
-    sinks.key_share(jnp.zeros((H, T, T)))
+    survey.key_share(jnp.zeros((H, T, T)))
   with pytest.raises(ValueError, match=r"sink_share: `rows` must be \[B, T\]"):
-    sinks.sink_share(_uniform(), rows=jnp.ones((B, T + 1), bool))
+    survey.sink_share(_uniform(), rows=jnp.ones((B, T + 1), bool))
   with pytest.raises(ValueError, match=r"key_share: `key`=6"):
-    sinks.key_share(_uniform(), 6)
+    survey.key_share(_uniform(), 6)
   with pytest.raises(ValueError, match="uniform_key0_share: `length`"):
-    sinks.uniform_key0_share(1)
+    survey.uniform_key0_share(1)
 
 
 # ------------------------------------------------------- on a real decoder
@@ -127,7 +129,7 @@ TOKENS = jnp.asarray([[1, 4, 5, 6, 4, 5], [1, 7, 8, 9, 10, 11]])
 def test_logits_are_the_scores_before_the_cap_and_the_pattern_the_hook():
   for cap in (None, 0.5):
     model = _model(logit_soft_cap=cap)
-    logits, pattern = sinks.attention_arrays(model, TOKENS)
+    logits, pattern = survey.attention_arrays(model, TOKENS)
     _, got = model(TOKENS, capture=("blocks.1.attn.scores",
                                     "blocks.1.attn.pattern"))
     seen = np.tril(np.ones((T, T), bool))
@@ -140,23 +142,23 @@ def test_logits_are_the_scores_before_the_cap_and_the_pattern_the_hook():
 
 
 def test_sink_logits_and_shares_of_a_model_with_sinks():
-  assert sinks.sink_logits(_model()) is None
+  assert survey.sink_logits(_model()) is None
   model = _model(attention_sinks=True)
-  np.testing.assert_array_equal(sinks.sink_logits(model), np.zeros((2, 2)))
-  _, pattern = sinks.attention_arrays(model, TOKENS)
-  sh = sinks.head_shares(pattern, TOKENS)
+  np.testing.assert_array_equal(survey.sink_logits(model), np.zeros((2, 2)))
+  _, pattern = survey.attention_arrays(model, TOKENS)
+  sh = survey.head_shares(pattern, TOKENS)
   # Sink logit 0 is one more softmax column: a row keeps under 1.
   assert (sh["sink"] > 0.05).all() and (sh["sink"] < 0.5).all()
   np.testing.assert_allclose(sh["parked"], sh["key0"] + sh["sink"])
-  plain = sinks.head_shares(sinks.attention_arrays(_model(), TOKENS)[1],
+  plain = survey.head_shares(survey.attention_arrays(_model(), TOKENS)[1],
                             TOKENS)
   # Without sinks a row sums to 1 up to float32 rounding.
   np.testing.assert_allclose(plain["sink"], np.zeros((2, 2)), atol=1e-6)
 
 
 def test_uniform_floor_of_the_shares():
-  floor = sinks.uniform_floor(TOKENS)
-  assert floor["key0"] == pytest.approx(sinks.uniform_key0_share(T))
+  floor = survey.uniform_floor(TOKENS)
+  assert floor["key0"] == pytest.approx(survey.uniform_key0_share(T))
   # Queries with a target: 4 (sees 5 keys) and 5 (6 keys), example 0 only.
   assert floor["key0_task"] == pytest.approx((1 / 5 + 1 / 6) / 2)
   assert floor["sink"] == 0.0
@@ -219,32 +221,8 @@ def test_bos_with_segments_that_no_longer_fit_names_the_field():
 # -------------------------------------------------- the experiment, smoke
 
 
-def _entry_point():
-  """`experiments.sinks`, importable after other entry points: their
-  flags (--config, --workdir, ...) are dropped first, as absl refuses a
-  flag name defined twice; the test calls `run` and reads no flag."""
-  module = "experiments.sinks"
-  if module not in sys.modules:
-    for flag in list(flags.FLAGS):
-      owner = flags.FLAGS.find_module_defining_flag(flag) or ""
-      if owner.startswith("experiments."):
-        delattr(flags.FLAGS, flag)
-  return importlib.import_module(module)
-
-
-def _table(report, header_start):
-  lines = report.splitlines()
-  i = next(i for i, l in enumerate(lines) if l.startswith(header_start))
-  rows = []
-  for row in lines[i + 2:]:
-    if not row.startswith("|"):
-      break
-    rows.append([c.strip() for c in row.strip().strip("|").split("|")])
-  return {r[0]: r[1:] for r in rows}
-
-
 def test_smoke_run_writes_what_it_measured(tmp_path):
-  exp = _entry_point()
+  exp = entry_points.load("sinks")
   config = importlib.import_module("configs.sinks").get_config("smoke")
   results = exp.run(config, tmp_path)
   assert json.loads((tmp_path / "results.json").read_text()) == results
@@ -279,20 +257,20 @@ def test_smoke_run_writes_what_it_measured(tmp_path):
                                                config.model.num_heads)
 
   # The tables show the numbers results.json holds.
-  shares = _table(report, "| setting | position 0, largest head |")
+  shares = entry_points.table_by_label(report, "| setting | position 0, largest head |")
   x = summary["sinks+BOS"]["key0_max"]
   assert shares["sinks+BOS"][0] == (
       f"{x['mean']:.3f} ± {x['std']:.3f} "
       f"[{x['ci95'][0]:.3f}, {x['ci95'][1]:.3f}]")
   uni = results["floors"]["uniform_key0_closed_form"]
-  assert uni == pytest.approx(sinks.uniform_key0_share(config.task.seq_len))
+  assert uni == pytest.approx(survey.uniform_key0_share(config.task.seq_len))
   assert shares["uniform causal"][0] == f"{uni:.3f}"
   late = summary["plain"]["key0_late_max"]
   assert shares["plain"][2].startswith(f"{late['mean']:.3f} ± ")
   assert shares["plain"][3] == "-"  # no sink without sinks
   sink = summary["sinks"]["sink_max"]
   assert shares["sinks"][3] == f"{sink['mean']:.3f} ± {sink['std']:.3f}"
-  losses = _table(report, "| setting | loss |")
+  losses = entry_points.table_by_label(report, "| setting | loss |")
   assert losses["soft_cap"][1] == ", ".join(
       f"{v:.3f}" for v in summary["soft_cap"]["loss"]["values"])
   # Welch intervals are recomputed from the per-seed values.
@@ -300,7 +278,7 @@ def test_smoke_run_writes_what_it_measured(tmp_path):
   want = stats.difference(summary["sinks+BOS"]["loss"]["values"],
                           summary["plain+BOS"]["loss"]["values"])
   assert diff["ci95"] == pytest.approx(want["ci95"])
-  comp = _table(report, "| difference |")
+  comp = entry_points.table_by_label(report, "| difference |")
   col = list(exp.COMPARED).index("loss")
   assert comp["sinks+BOS - plain+BOS"][col] == (
       f"{want['diff']:+.3f} [{want['ci95'][0]:.3f}, {want['ci95'][1]:.3f}]")

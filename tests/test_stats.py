@@ -1,4 +1,4 @@
-"""mha_jax.stats against textbook values and scipy's own tests."""
+"""mha_jax.measure.stats against textbook values and scipy's own tests."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sp_stats
 
-from mha_jax import stats
+from mha_jax.measure import stats
 
 
 def test_mean_std_is_the_sample_std():

@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from configs import default
-from mha_jax import tasks
+from mha_jax.training import tasks
 
 
 def _cfg(**overrides):

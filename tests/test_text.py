@@ -22,13 +22,15 @@ import numpy as np
 import pytest
 
 from configs import text as text_config
-from mha_jax import analysis
-from mha_jax import config as config_lib
-from mha_jax import stats
-from mha_jax import tasks
-from mha_jax import text_corpus
-from mha_jax import text_heads
-from mha_jax import text_survey
+from mha_jax.interp import head_metrics
+from mha_jax.training import config as config_lib
+from mha_jax.measure import stats
+from mha_jax.training import tasks
+from mha_jax.training import text_corpus
+from experiments.text_heads import heads
+from experiments.text_heads import survey
+
+import entry_points
 
 FIRST = tasks.NUM_SPECIAL
 
@@ -163,12 +165,12 @@ def test_repeated_spans_copy_earlier_bytes_and_leave_the_rest(tmp_path):
   # Held-out windows stay as they are whatever the training side gets.
   config = text_config.get_config("smoke")
   config.task.repeat_prob = 1.0
-  assert text_survey.held_out_config(config).task.repeat_prob == 0.0
-  assert text_survey.parse_variant("L2+MLP+rep", repeat_prob=0.3) == {
+  assert survey.held_out_config(config).task.repeat_prob == 0.0
+  assert survey.parse_variant("L2+MLP+rep", repeat_prob=0.3) == {
       "model.num_layers": 2, "model.attention_only": False,
       "task.repeat_prob": 0.3}
   with pytest.raises(ValueError, match="'L2', 'L4\\+MLP', 'L2\\+rep'"):
-    text_survey.parse_variant("L2+rep+MLP", repeat_prob=0.3)
+    survey.parse_variant("L2+rep+MLP", repeat_prob=0.3)
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -264,10 +266,10 @@ def _keys(targets, query):
 def test_line_start_and_indentation_targets():
   text = "ab\n  cd\nx"
   #       012 3456 78
-  ls = text_heads.line_start_targets(_ids(text))
+  ls = heads.line_start_targets(_ids(text))
   assert _keys(ls, 1) == []  # no newline in view before the first line
   assert _keys(ls, 6) == [2] and _keys(ls, 3) == [2] and _keys(ls, 8) == [7]
-  ind = text_heads.indentation_targets(_ids(text))
+  ind = heads.indentation_targets(_ids(text))
   assert _keys(ind, 5) == [3, 4] and _keys(ind, 6) == [3, 4]
   assert _keys(ind, 4) == []  # inside the indentation itself
   assert _keys(ind, 8) == []  # an unindented line
@@ -276,7 +278,7 @@ def test_line_start_and_indentation_targets():
 def test_open_bracket_targets_find_the_innermost_open_one():
   text = "f(a[b], {c}) d("
   #       0123456789012345
-  ob = text_heads.open_bracket_targets(_ids(text))
+  ob = heads.open_bracket_targets(_ids(text))
   assert _keys(ob, 2) == [1] and _keys(ob, 4) == [3]
   assert _keys(ob, 6) == [1]  # "]" closed the "[": back to "("
   assert _keys(ob, 9) == [8] and _keys(ob, 11) == [1]
@@ -287,7 +289,7 @@ def test_open_bracket_targets_find_the_innermost_open_one():
 def test_word_start_targets():
   text = "x = foo_bar(a1)"
   #       012345678901234
-  ws = text_heads.word_start_targets(_ids(text))
+  ws = heads.word_start_targets(_ids(text))
   assert _keys(ws, 5) == [3] and _keys(ws, 10) == [3]  # "oo_bar" after " "
   assert _keys(ws, 4) == []  # a word's first byte: that is the previous byte
   assert _keys(ws, 13) == [11]  # "1" of "a1", after "("
@@ -298,9 +300,9 @@ def test_word_start_targets():
 def test_span_induction_targets():
   tokens = _ids("abcxbcab")
   #              01234567
-  k1 = text_heads.span_induction_targets(tokens, 1)
-  np.testing.assert_array_equal(k1, analysis.induction_targets(tokens))
-  k2 = text_heads.span_induction_targets(tokens, 2)
+  k1 = heads.span_induction_targets(tokens, 1)
+  np.testing.assert_array_equal(k1, head_metrics.induction_targets(tokens))
+  k2 = heads.span_induction_targets(tokens, 2)
   assert _keys(k2, 5) == [3]  # "bc" at 1-2 was followed by "x" at 3
   assert _keys(k2, 7) == [2]  # "ab" at 0-1 was followed by "c"
   assert _keys(k2, 4) == []  # "xb" never occurred before
@@ -310,12 +312,12 @@ def test_span_induction_targets():
 def test_rare_and_first_token_and_repeat_targets():
   counts = np.full(256, 100)
   counts[ord("q")] = 1
-  rare = text_heads.rare_byte_targets(_ids("aqbq"), counts)
+  rare = heads.rare_byte_targets(_ids("aqbq"), counts)
   assert _keys(rare, 2) == [1] and _keys(rare, 3) == [1]
   assert _keys(rare, 1) == [0]  # only "a" was before
-  first = text_heads.first_token_targets(1, 4)
+  first = heads.first_token_targets(1, 4)
   assert _keys(first, 0) == [] and _keys(first, 3) == [0]
-  rep = text_heads.repeat_targets(8, 4)
+  rep = heads.repeat_targets(8, 4)
   assert _keys(rep, 3) == [] and _keys(rep, 4) == [1] and _keys(rep, 7) == [4]
 
 
@@ -332,15 +334,15 @@ def test_scores_of_hand_built_heads():
   t = 12
   w = _one_hot_heads([lambda i: 0, lambda i: max(i - 2, 0),
                       lambda i: i], t)
-  score = text_heads.target_score(w, text_heads.first_token_targets(1, t))
+  score = heads.target_score(w, heads.first_token_targets(1, t))
   np.testing.assert_allclose(score, [1.0, 2 / 11, 0.0], atol=1e-6)
-  d, mass = text_heads.fixed_offset(w, 4)
+  d, mass = heads.fixed_offset(w, 4)
   np.testing.assert_array_equal(d[1:], [2, 0])
   np.testing.assert_allclose(mass[1:], [1.0, 1.0])
   # Uniform attention: 1 / (i + 1) on the first token for query i.
-  u = analysis.uniform_causal_weights(1, t)
+  u = head_metrics.uniform_causal_weights(1, t)
   np.testing.assert_allclose(
-      text_heads.target_score(u, text_heads.first_token_targets(1, t)),
+      heads.target_score(u, heads.first_token_targets(1, t)),
       [np.mean([1 / (i + 1) for i in range(1, t)])], rtol=1e-5)
 
 
@@ -351,7 +353,7 @@ def test_text_scores_on_a_line_start_head():
   nl = [i for i, ch in enumerate(text) if ch == "\n"]
   prev_nl = lambda i: max([j for j in nl if j < i], default=0)
   w = _one_hot_heads([prev_nl], t)
-  s = text_heads.text_scores(w, tokens, counts=np.ones(256), max_offset=3)
+  s = heads.text_scores(w, tokens, counts=np.ones(256), max_offset=3)
   assert float(s["line_start"][0]) == pytest.approx(1.0)
   assert float(s["first_token"][0]) == pytest.approx(2 / 15)  # queries 1, 2
 
@@ -359,10 +361,10 @@ def test_text_scores_on_a_line_start_head():
 def test_in_context_score():
   loss = np.tile(np.linspace(3.0, 1.0, 10), (2, 1))
   np.testing.assert_allclose(
-      text_heads.in_context_score(loss, (0, 2), (8, 10)),
+      heads.in_context_score(loss, (0, 2), (8, 10)),
       [np.mean(loss[0, 8:]) - np.mean(loss[0, :2])] * 2)
   with pytest.raises(ValueError, match="position ranges"):
-    text_heads.in_context_score(loss, (0, 2), (8, 12))
+    heads.in_context_score(loss, (0, 2), (8, 12))
 
 
 def test_classify_uses_thresholds_floors_and_order():
@@ -379,7 +381,7 @@ def test_classify_uses_thresholds_floors_and_order():
   scores["indentation"][0] = [0.0, 0.0, 0.0, 0.45, 0.0]
   floors = {k: 0.01 for k in scores}
   floors["first_token"] = 0.35  # head 4 clears 0.5 but not 2 x floor
-  out = text_heads.classify(scores, floors, thr)
+  out = heads.classify(scores, floors, thr)
   assert out["label"][0].tolist() == ["sink", "induction", "positional",
                                       "syntactic", "other"]
   assert out["clears"]["positional"][0].tolist() == [False, True, True,
@@ -392,8 +394,8 @@ def test_ngram_bits_and_repeated_batch(tmp_path):
   _write(tmp_path, {f"{i}.py": "ab" * 30 for i in range(4)})
   config = text_config.get_config("smoke")
   config.task.update(corpus=str(tmp_path), seq_len=8)
-  batch = text_survey.held_out_batch(config, 4, seed=0)
-  bits = text_survey.ngram_bits(config, batch)
+  batch = survey.held_out_batch(config, 4, seed=0)
+  bits = survey.ngram_bits(config, batch)
   # Three training files: 90 "a" and 90 "b"; 90 "ab" pairs and 87 "ba"
   # (29 per file: none across two files).
   p_uni = 91 / (180 + 256)
@@ -402,7 +404,7 @@ def test_ngram_bits_and_repeated_batch(tmp_path):
   x = np.asarray(batch["inputs"]).ravel() - FIRST
   want = np.mean([-math.log2(p_next[chr(b)]) for b in x])
   assert bits["bigram"] == pytest.approx(want)
-  rep = text_survey.repeated_batch(batch, 4)
+  rep = survey.repeated_batch(batch, 4)
   x = np.asarray(rep["inputs"])
   np.testing.assert_array_equal(x[:, :4], x[:, 4:])
   np.testing.assert_array_equal(rep["targets"][:, 4:7], x[:, 5:8])
@@ -412,16 +414,6 @@ def test_ngram_bits_and_repeated_batch(tmp_path):
 # ------------------------------------------------------------ entry point
 
 
-def _entry_point():
-  module = "experiments.text_heads"
-  if module not in sys.modules:
-    for flag in list(flags.FLAGS):
-      owner = flags.FLAGS.find_module_defining_flag(flag) or ""
-      if owner.startswith("experiments."):
-        delattr(flags.FLAGS, flag)
-  return importlib.import_module(module)
-
-
 def test_smoke_run_reports_what_results_json_holds(tmp_path):
   corpus = _write(tmp_path / "corpus", {
       f"m{i}.py": "".join(f"def f{j}(x):\n    return x + {i * j}\n"
@@ -429,7 +421,7 @@ def test_smoke_run_reports_what_results_json_holds(tmp_path):
   config = text_config.get_config("smoke")
   config.task.corpus = str(corpus)
   workdir = tmp_path / "run"
-  results = _entry_point().run(config, workdir)
+  results = entry_points.load("text_heads").run(config, workdir)
   saved = json.loads((workdir / "results.json").read_text())
   assert saved == results
   report = (workdir / "report.md").read_text()

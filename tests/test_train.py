@@ -13,8 +13,8 @@ from flax import nnx
 import ml_collections
 
 from configs import default
-from mha_jax import tasks
-from mha_jax import train
+from mha_jax.training import tasks
+from mha_jax.training import train
 
 
 def _small(**task):

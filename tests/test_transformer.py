@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from mha_jax import transformer
+from mha_jax.models import transformer
 
 V, D, L, H, T = 13, 16, 2, 4, 6
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mha_jax
-from mha_jax import sharding
+from mha_jax.parallel import sharding
 
 
 def _setup(num_kv_heads, b=4, t=16, d=32, h=8):

@@ -22,11 +22,11 @@ import pytest
 from flax import nnx
 
 from configs import default
-from mha_jax import checkpoint
-from mha_jax import generate
-from mha_jax import sharding
-from mha_jax import train
-from mha_jax import transformer
+from mha_jax.training import checkpoint
+from mha_jax.models import generate
+from mha_jax.parallel import sharding
+from mha_jax.training import train
+from mha_jax.models import transformer
 
 STEPS = 6
 
