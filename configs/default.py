@@ -11,7 +11,7 @@ Every experiment config imports this one and overrides a few fields.
 Every config takes one optional argument after a colon:
 `--config=configs/<name>.py:smoke` shrinks the run to seconds (a tiny model,
 a handful of steps, one or two seeds), to check that a command runs end to
-end; tests/test_experiments.py runs every experiment that way.
+end; tests/experiments/test_experiments.py runs every experiment that way.
 """
 
 import ml_collections

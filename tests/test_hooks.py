@@ -66,7 +66,7 @@ def test_site_names_follow_transformer_lens():
   assert "blocks.0.resid_post" in attn_only.hook_names()
 
 
-# "pallas_tpu" needs lengths in whole blocks of 128; tests/test_pallas.py.
+# "pallas_tpu" needs lengths in whole blocks of 128; tests/core/test_pallas.py.
 @pytest.mark.parametrize("implementation", sorted(
     set(attention.IMPLEMENTATIONS) - {"pallas_tpu"}))
 def test_capture_is_bit_identical_on_every_implementation(implementation):

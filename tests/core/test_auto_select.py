@@ -13,7 +13,7 @@ function under test:
   * Pallas TPU splash attention through mha_jax's adapter: Dv == Dh, Tq
     and Tk multiples of its block of 128, Dh <= 128 or a multiple of 128,
     no dense mask or bias (jax/experimental/pallas/ops/tpu/
-    splash_attention; the adapter's own tests are tests/test_pallas.py).
+    splash_attention; the adapter's own tests are tests/core/test_pallas.py).
 Pure Python: nothing is compiled.
 """
 

@@ -153,7 +153,7 @@ def test_flax_nnx_multi_head_attention(num_kv_heads):
 def test_converters_refuse_what_mha_jax_does_not_model():
   layer = nnx.MultiHeadAttention(num_heads=2, in_features=8, decode=False,
                                  normalize_qk=True, rngs=nnx.Rngs(0))
-  # QK-norm converts (tests/test_score_rules.py checks the numbers); a
+  # QK-norm converts (tests/core/test_score_rules.py checks the numbers); a
   # norm with a bias is not Flax's and is refused.
   for source in (layer, nnx.state(layer)):
     assert mha_jax.from_nnx_mha(source)["q_norm"].shape == (4,)

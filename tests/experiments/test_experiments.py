@@ -31,7 +31,7 @@ from mha_jax.measure import report as report_lib
 
 import entry_points
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _outputs(workdir, figures, report="report.md"):
@@ -452,8 +452,8 @@ def test_every_entry_point_has_an_end_to_end_test():
             "pruning", "train", "generate", "kv_behaviour", "kv_cache",
             "cost_scaling", "benchmark", "mesh_check", "toy_example",
             "explore", "circuits",
-            # explore: tests/test_explore.py; text_heads: tests/test_text.py;
-            # sinks: tests/test_sinks.py
+            # explore: tests/interp/test_explore.py; text_heads: tests/training/test_text.py;
+            # sinks: tests/experiments/test_sinks.py
             "text_heads", "sinks"}
   helpers = {"__init__",
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout

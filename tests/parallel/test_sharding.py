@@ -1,4 +1,4 @@
-"""Runs tests/multidevice in a subprocess with 8 simulated CPU devices.
+"""Runs tests/parallel/multidevice in a subprocess with 8 simulated CPU devices.
 
 XLA fixes the device count when JAX starts, so these checks cannot share a
 process with the rest of the suite (which must see one device).
@@ -32,7 +32,7 @@ def test_multidevice_suite_on_8_simulated_cpu_devices():
   proc = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
        "-p", "no:xdist", str(HERE / "multidevice")],
-      env=env, cwd=HERE.parent, capture_output=True, text=True, timeout=900)
+      env=env, cwd=HERE.parents[1], capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
 
 

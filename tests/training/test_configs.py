@@ -14,7 +14,7 @@ from configs import default
 from mha_jax.core import attention
 from mha_jax.training import config as config_lib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.py")
                  if p.name != "__init__.py")
 
@@ -151,7 +151,7 @@ def _run_entry_point(*args, cwd):
 ])
 def test_entry_point_rejects_bad_config_before_training(tmp_path, config,
                                                         override, message):
-  root = pathlib.Path(__file__).parents[1]
+  root = pathlib.Path(__file__).parents[2]
   workdir = tmp_path / "run"
   proc = _run_entry_point(f"--config={config}", f"--workdir={workdir}",
                           override, cwd=root)

@@ -1,7 +1,7 @@
 """The behaviour study's bookkeeping: names, summaries, comparisons, answer.
 
 Synthetic per-seed results with hand-computed means, sample stds and
-intervals; no model is trained here (tests/test_experiments.py runs
+intervals; no model is trained here (tests/experiments/test_experiments.py runs
 experiments.kv_behaviour).
 """
 

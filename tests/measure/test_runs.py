@@ -1,7 +1,7 @@
 """Run plumbing: config variants, loss-curve landmarks and report writing.
 
 The pieces whose mistakes would silently skew a report; whole experiments
-run end to end in tests/test_experiments.py.
+run end to end in tests/experiments/test_experiments.py.
 """
 
 import json
