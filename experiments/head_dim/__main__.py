@@ -273,7 +273,7 @@ def _conclusions(config, results):
   mean = lambda k: summ[k]["nmse"]["mean"]
   near = abs(mean(one) - 0.5) < 0.02
   out = [f"* Part A, one head ({one}): NMSE {mean(one):.3f} "
-         f"{stats.fmt_interval(summ[one]['nmse']['ci95'])}, "
+         f"{report_lib.interval(summ[one]['nmse']['ci95'])}, "
          + ("at" if near else "not at") + " the ~0.5 reference of one "
          "blended value (experiment 2; an approximate floor, not a proven "
          "bound)."]

@@ -188,7 +188,7 @@ def _ms(x, digits=3):
 
 def _with_ci(x, digits=3):
   """`mean ± std [95% t interval]` of a `stats.summary` record."""
-  return f"{_ms(x, digits)} {stats.fmt_interval(x['ci95'], digits)}"
+  return f"{_ms(x, digits)} {report_lib.interval(x['ci95'], digits)}"
 
 
 def _js_sentence(x, pair, where):
@@ -199,7 +199,7 @@ def _js_sentence(x, pair, where):
           f"{_ms(x[f'js_{pair}'], 2)} after training and "
           f"{_ms(x[f'js_{pair}_init'], 2)} at initialisation (difference "
           f"{d['mean']:+.2f}, paired 95% interval "
-          f"{stats.fmt_interval(ci, 2)})")
+          f"{report_lib.interval(ci, 2)})")
   if ci is None:
     return text + "."
   if ci[0] > 0:
@@ -319,7 +319,7 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
            for d, x in ((deep, sd), (ctrl, sc))]),
       "",
       f"Control minus {deep}-layer final loss: {diff['diff']:.3f}, 95% "
-      f"Welch interval {stats.fmt_interval(diff['ci95'])}.",
+      f"Welch interval {report_lib.interval(diff['ci95'])}.",
       "",
       "## Scores beside their floors",
       "",
@@ -397,7 +397,7 @@ def _report(config, runs, summary, figures, deep, ctrl, thr):
          f"{f2(sd['uniform_induction'])}) across seeds."),
       f"* {ctrl}-layer control: final loss {f2(sc['final_loss'])} vs "
       f"{f2(sd['final_loss'])} (difference {diff['diff']:.2f}, 95% "
-      f"interval {stats.fmt_interval(diff['ci95'], 2)}); best induction "
+      f"interval {report_lib.interval(diff['ci95'], 2)}); best induction "
       f"score {f2(sc['max_induction_last_layer'])}"
       + (": as expected, one layer has no earlier head whose output (the "
          "previous token) a query could match against." if not ctrl_ok

@@ -155,11 +155,6 @@ def _pct(n, ref):
   return f"{100 * (n - ref) / ref:+.1f}%"
 
 
-def _diff_cell(d, digits=3):
-  return (f"{d['diff']:+.{digits}f} {stats.fmt_interval(d['ci95'], digits)}"
-          if d["ci95"] is not None else f"{d['diff']:+.{digits}f} (n/a)")
-
-
 def comparison_pairs(variants) -> list[tuple[dict, dict]]:
   """`(reference, variant)` pairs to compare: every variant against the
   first (MHA), and each params-matched variant against the unmatched one
@@ -188,13 +183,13 @@ def _comparison_rows(variants, comparisons):
     md = t["mean_difference"]
     rows.append([
         v["name"], ref["name"], _pct(v["params"], ref["params"]),
-        _diff_cell(loss),
+        report_lib.difference(loss, interval_spec=".3f"),
         f"{loss['detectable']:.3f}" if loss["detectable"] is not None
         else "n/a",
-        _diff_cell(acc),
+        report_lib.difference(acc, interval_spec=".3f"),
         f"{acc['detectable']:.3f}" if acc["detectable"] is not None
         else "n/a",
-        (_diff_cell(md, 0) if md is not None
+        (report_lib.difference(md, 0, interval_spec=".0f") if md is not None
          else "n/a (a seed never dropped)"),
         f"{t['logrank_p']:.3f}" if t["logrank_p"] is not None else "n/a"])
   return rows
@@ -236,7 +231,7 @@ def _conclusions(config, variants, comparisons):
     if md is not None and md["ci95"] is not None:
       drop = (f"mean first step {md['diff']:+.0f} relative to "
               f"{r['name']}, 95% interval "
-              f"{stats.fmt_interval(md['ci95'], 0)}")
+              f"{report_lib.interval(md['ci95'], 0)}")
     else:
       drop = (f"{t['reached']}/{v['seeds']} seeds dropped by step "
               f"{t['censored_at']}, so no mean is taken")

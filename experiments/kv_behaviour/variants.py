@@ -25,6 +25,7 @@ import numpy as np
 
 from mha_jax.training import config as config_lib
 from mha_jax.measure import curves
+from mha_jax.measure import report as report_lib
 from mha_jax.measure import runs
 from mha_jax.measure import stats
 
@@ -163,13 +164,6 @@ def compare(reference: dict, other: dict) -> dict:
   return out
 
 
-def _cell(summ, digits=3):
-  """`mean ± std [lo, hi]` (the 95% interval of the mean)."""
-  return (f"{summ['mean']:.{digits}f} ± {summ['std']:.{digits}f} "
-          f"{stats.fmt_interval(summ['ci95'], digits)}"
-          if summ["std"] is not None else f"{summ['mean']:.{digits}f}")
-
-
 def drop_cell(t: dict) -> str:
   """The time-to-drop cell: median step and how many seeds reached it."""
   med = t["median"]
@@ -188,13 +182,13 @@ def table_rows(variants, loss_threshold: float) -> list[dict]:
         "params": v["params"],
         "attn params/layer": v["attention_params_per_layer"],
         "cache B/token": f"{v['cache_bytes_per_token']:.0f}",
-        "eval loss": _cell(v["eval_loss"]),
-        "eval accuracy": _cell(v["eval_accuracy"]),
-        "teacher-forced acc (same prompts)": _cell(
+        "eval loss": report_lib.summary(v["eval_loss"]),
+        "eval accuracy": report_lib.summary(v["eval_accuracy"]),
+        "teacher-forced acc (same prompts)": report_lib.summary(
             v["teacher_forced_accuracy"]),
-        "cached generation: token acc": _cell(
+        "cached generation: token acc": report_lib.summary(
             v["generation_token_accuracy"]),
-        "whole continuation right": _cell(
+        "whole continuation right": report_lib.summary(
             v["generation_sequence_accuracy"]),
         f"first eval step with loss < {loss_threshold:g}": drop_cell(
             v["time_to_drop"]),

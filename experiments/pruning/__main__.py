@@ -115,7 +115,7 @@ def _report(config, spread, kept, vs_random):
   def versus(k):
     d = vs_random[k]
     text = (f"{d['diff']:+.2f} nats, 95% interval "
-            f"{stats.fmt_interval(d['ci95'], 2)}")
+            f"{report_lib.interval(d['ci95'], 2)}")
     if d["excludes_0"] is None:
       return text + " (one seed: no interval)"
     if not d["excludes_0"]:

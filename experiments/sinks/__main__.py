@@ -380,11 +380,11 @@ def _ms(x, digits=3):
 
 
 def _ci(x, digits=3):
-  return f"{_ms(x, digits)} {stats.fmt_interval(x['ci95'], digits)}"
+  return f"{_ms(x, digits)} {report_lib.interval(x['ci95'], digits)}"
 
 
 def _diff(d, digits=3):
-  return f"{d['diff']:+.{digits}f} {stats.fmt_interval(d['ci95'], digits)}"
+  return f"{d['diff']:+.{digits}f} {report_lib.interval(d['ci95'], digits)}"
 
 
 def _values(x, digits=3):

@@ -280,7 +280,7 @@ def _ms(x, digits=3):
 
 
 def _ci(x, digits=3):
-  return f"{_ms(x, digits)} {stats.fmt_interval(x['ci95'], digits)}"
+  return f"{_ms(x, digits)} {report_lib.interval(x['ci95'], digits)}"
 
 
 def _head_rows(r):
@@ -386,7 +386,7 @@ def _report(config, results) -> str:
           [[v, _ci(x["bpb"]), f"{x['unigram']['mean']:.3f}",
             f"{x['bigram']['mean']:.3f}",
             f"{x['bpb_minus_bigram']['mean']:+.3f} "
-            f"{stats.fmt_interval(x['bpb_minus_bigram']['ci95'])}",
+            f"{report_lib.interval(x['bpb_minus_bigram']['ci95'])}",
             f"{x['init_bpb']['mean']:.3f}",
             ", ".join(f"{b:.3f}" for b in x["bpb"]["values"])]
            for v, x in summary.items()]),
@@ -397,7 +397,7 @@ def _report(config, results) -> str:
     d = stats.difference(summary[b]["bpb"]["values"],
                          summary[a]["bpb"]["values"])
     lines += [f"{b} minus {a}: {d['diff']:+.3f} bits per byte, Welch 95% "
-              f"interval {stats.fmt_interval(d['ci95'])}.", ""]
+              f"interval {report_lib.interval(d['ci95'])}.", ""]
   lines += [
       "## Which heads grew: the best head of each model beside its floors",
       "",
@@ -536,7 +536,7 @@ def _claims(config, summary, variants):
     d = stats.difference(summary[b]["bpb"]["values"],
                          summary[a]["bpb"]["values"])
     out.append(f"* Size: {b} minus {a} is {d['diff']:+.3f} bits per byte "
-               f"(Welch 95% interval {stats.fmt_interval(d['ci95'])}): "
+               f"(Welch 95% interval {report_lib.interval(d['ci95'])}): "
                + _sign_words(d["ci95"], f"{b} is better.",
                              "no difference resolved at 3 seeds.",
                              f"{b} is WORSE."))
@@ -574,7 +574,7 @@ def _claims(config, summary, variants):
           f"* Removing the {cls} heads of {v} ({a['heads']['mean']:.1f} per "
           f"model) costs {_ms(a['bpb'])} bits per byte, as many random heads "
           f"{_ms(a['random_bpb'])} (difference {d['diff']:+.3f}, Welch 95% "
-          f"interval {stats.fmt_interval(d['ci95'])}).")
+          f"interval {report_lib.interval(d['ci95'])}).")
   formed = {v: [s for s in summary[v]["induction_first_step"]
                 if s is not None] for v in variants}
   ind = "; ".join(f"{v} {_ms(summary[v]['best_repeat_induction'], 2)}"

@@ -271,7 +271,7 @@ def _explorer_text(config) -> str:
 
 
 def _ival(summ):
-  return stats.fmt_interval(summ["ci95"], 3)
+  return report_lib.interval(summ["ci95"], 3)
 
 
 def _conclusions(config, results):

@@ -26,6 +26,7 @@ import numpy as np
 from mha_jax.interp import head_metrics
 from mha_jax.measure import curves
 from mha_jax.training import held_out
+from mha_jax.measure import report
 from mha_jax.measure import runs
 from mha_jax.measure import stats
 
@@ -215,17 +216,12 @@ def compare_settings(results: dict, key: str, reference: str) -> dict:
 def summary_cell(summ: dict) -> str:
   """A `stats.summary` as `mean ± std [95% interval]`, 3 significant
   digits (the NMSE of these runs spans 1e-4 to 1)."""
-  if summ["std"] is None:
-    return f"{summ['mean']:.3g}"
-  lo, hi = summ["ci95"]
-  return f"{summ['mean']:.3g} ± {summ['std']:.2g} [{lo:.3g}, {hi:.3g}]"
+  return report.summary(summ, spec=".3g", std_spec=".2g")
 
 
 def difference_cell(d: dict) -> str:
   """A `stats.difference` as `+diff [lo, hi]` (3 significant digits)."""
-  if d["ci95"] is None:
-    return f"{d['diff']:+.3g} (no interval: one seed)"
-  return f"{d['diff']:+.3g} [{d['ci95'][0]:+.3g}, {d['ci95'][1]:+.3g}]"
+  return report.difference(d, spec="+.3g", missing="(no interval: one seed)")
 
 
 def selection_rows(selection: dict, plateau: dict) -> list[list[str]]:

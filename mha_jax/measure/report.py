@@ -1,10 +1,18 @@
-"""Report plumbing of the experiment entry points (not library code).
+"""What every experiment's report writes: its cells, tables and files.
 
-Each entry point defines its flags at module level, computes its results
-through the library (`mha_jax.measure.runs` trains the seeds, the analysis modules
-measure) and then writes them with the helpers here: number formats,
-Markdown tables and the report.md / results.json pair. Only entry points
-write reports, so this stays beside them.
+One module owns the formats a reader compares across reports, so a
+"mean ± std [interval]" cell reads the same everywhere:
+
+  fmt(0.1234, 0.0042)              -> "0.123 ± 0.004"
+  interval((0.12, 0.131))          -> "[0.120, 0.131]"   ("n/a": one seed)
+  summary(stats.summary(values))   -> "0.123 ± 0.004 [0.110, 0.136]"
+  difference(stats.difference(a, b)) -> "+0.050 [0.010, 0.090]"
+  percent(0.25)                    -> "25.0%"
+
+Each takes a format spec (`spec`, and `std_spec` / `interval_spec` where
+the parts differ) for the reports that print significant digits (`.3g`)
+or signs (`+.3f`). `md_table` writes a Markdown table and `write_outputs`
+the report.md / results.json pair of a run folder.
 """
 
 from __future__ import annotations
@@ -28,6 +36,44 @@ def fmt(mean: float, std: float | None = None, digits: int = 3) -> str:
   if std is None:
     return f"{mean:.{digits}f}"
   return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def interval(ci, digits: int = 3, *, spec: str | None = None,
+             missing: str = "n/a") -> str:
+  """`[0.120, 0.131]`, or `missing` where there is no interval (one
+  seed)."""
+  if ci is None:
+    return missing
+  spec = spec or f".{digits}f"
+  return f"[{ci[0]:{spec}}, {ci[1]:{spec}}]"
+
+
+def summary(summ: dict, digits: int = 3, *, spec: str | None = None,
+            std_spec: str | None = None) -> str:
+  """A `stats.summary` as `mean ± std [95% interval]`; the mean alone for
+  one seed (no std)."""
+  spec = spec or f".{digits}f"
+  if summ["std"] is None:
+    return f"{summ['mean']:{spec}}"
+  return (f"{summ['mean']:{spec}} ± {summ['std']:{std_spec or spec}} "
+          f"{interval(summ['ci95'], spec=spec)}")
+
+
+def difference(d: dict, digits: int = 3, *, spec: str | None = None,
+               interval_spec: str | None = None,
+               missing: str = "(n/a)") -> str:
+  """A `stats.difference` as `+diff [lo, hi]` (signed); `+diff missing`
+  without an interval (one seed)."""
+  spec = spec or f"+.{digits}f"
+  if d["ci95"] is None:
+    return f"{d['diff']:{spec}} {missing}"
+  return f"{d['diff']:{spec}} {interval(d['ci95'], spec=interval_spec or spec)}"
+
+
+def percent(fraction: float, digits: int = 1, *, signed: bool = False
+            ) -> str:
+  """`0.25` -> `25.0%` (`+25.0%` with `signed`)."""
+  return f"{100 * fraction:{'+' if signed else ''}.{digits}f}%"
 
 
 def md_table(headers, rows) -> str:

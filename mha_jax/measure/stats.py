@@ -113,10 +113,3 @@ def bootstrap_interval(values, statistic: Callable[[np.ndarray], float]
   tail = (1 - confidence) / 2
   return (float(np.quantile(stats_, tail)),
           float(np.quantile(stats_, 1 - tail)))
-
-
-def fmt_interval(ci: Sequence[float] | None, digits: int = 3) -> str:
-  """`[0.120, 0.131]`, or `n/a` where there is no interval (one seed)."""
-  if ci is None:
-    return "n/a"
-  return f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"

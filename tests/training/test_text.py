@@ -24,6 +24,7 @@ import pytest
 from configs import text as text_config
 from mha_jax.interp import head_metrics
 from mha_jax.training import config as config_lib
+from mha_jax.measure import report as report_lib
 from mha_jax.measure import stats
 from mha_jax.training import tasks
 from mha_jax.training import text_corpus
@@ -436,7 +437,7 @@ def test_smoke_run_reports_what_results_json_holds(tmp_path):
   row = [r for r in report.splitlines() if r.startswith("| L2 |")][0]
   cells = [c.strip() for c in row.strip("|").split("|")]
   assert cells[1] == (f"{bpb['mean']:.3f} ± {bpb['std']:.3f} "
-                      f"{stats.fmt_interval(bpb['ci95'])}")
+                      f"{report_lib.interval(bpb['ci95'])}")
   assert cells[2] == f"{v['unigram']['mean']:.3f}"
   assert cells[3] == f"{v['bigram']['mean']:.3f}"
   # Taxonomy counts add up to the heads of the model.
