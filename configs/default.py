@@ -11,7 +11,7 @@ Every experiment config imports this one and overrides a few fields.
 Every config takes one optional argument after a colon:
 `--config=configs/<name>.py:smoke` shrinks the run to seconds (a tiny model,
 a handful of steps, one or two seeds), to check that a command runs end to
-end; tests/test_experiments.py runs every experiment that way.
+end; tests/experiments/test_experiments.py runs every experiment that way.
 """
 
 import ml_collections
@@ -64,11 +64,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   m.final_ln = True  # LayerNorm before the readout (decoder models)
   m.use_bias = False  # biases on the attention projections
   m.dropout_rate = 0.0  # attention-weight dropout while training
-  # Core attend path, a key of mha_jax.attention.IMPLEMENTATIONS: vmap |
+  # Core attend path, a key of mha_jax.core.attention.IMPLEMENTATIONS: vmap |
   # einsum | flash | xla | cudnn | pallas_tpu | auto. Only vmap and einsum
   # form the weights that return_weights and the head analyses read.
   m.implementation = "einsum"
-  # Attention variants (mha_jax.score_rules; 0 / "" / False: off).
+  # Attention variants (mha_jax.core.score_rules; 0 / "" / False: off).
   m.local_window = 0  # W > 0: keys at most W positions away (sliding)
   m.logit_soft_cap = 0.0  # c > 0: scores -> c * tanh(scores / c)
   m.attn_scale = 0.0  # > 0: the q.k multiplier instead of 1 / sqrt(Dh)
@@ -78,7 +78,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   m.param_dtype = "float32"  # parameter storage dtype
 
   c.task = t = ml_collections.ConfigDict()
-  t.name = "induction"  # see mha_jax.tasks.TASKS
+  t.name = "induction"  # see mha_jax.training.tasks.TASKS
   t.batch_size = 64  # examples per step
   t.seq_len = 32  # T, model input length
   t.vocab_size = 16  # V, ids incl. PAD/BOS/SEP (two_offset_token: symbols)

@@ -89,7 +89,7 @@ def get_config(arg=None):
   e.late_positions = (192, 256)
   e.max_offset = 8  # fixed offsets 0..max_offset tried for positional heads
   # Taxonomy thresholds (weight a head puts on its class's keys, mean over
-  # the queries that have such keys); see mha_jax/text_heads.py. Fixed
+  # the queries that have such keys); see experiments/text_heads/heads.py. Fixed
   # before the first full run; the word-start score (syntactic) was added
   # after it, when its attention patterns showed heads holding on to the
   # byte before the current word.

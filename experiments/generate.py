@@ -5,7 +5,7 @@ r"""Generate from a trained run's latest checkpoint and check the answers.
 
 Prompts come from the run's own task (copy or induction), drawn with a key
 the training loop never uses, and each is cut where its scored span begins
-(`mha_jax.continuations`): the model must continue with the scored targets.
+(`mha_jax.measure.continuations`): the model must continue with the scored targets.
 Prints a few examples and the accuracies of free-running (KV-cache)
 generation and of teacher forcing on the same tokens.
 """
@@ -16,9 +16,9 @@ from absl import app
 from absl import flags
 import jax
 
-from experiments import common
-from mha_jax import continuations
-from mha_jax import train
+from mha_jax.measure import report as report_lib
+from mha_jax.measure import continuations
+from mha_jax.training import train
 
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "A finished run of experiments.train (its config.json "
@@ -63,7 +63,7 @@ def run(workdir, *, num_examples: int = 256, show: int = 4,
 
 
 def main(argv):
-  common.check_no_arguments(argv)
+  report_lib.check_no_arguments(argv)
   run(_WORKDIR.value, num_examples=_EXAMPLES.value, show=_SHOW.value,
       seed=_SEED.value, temperature=_TEMPERATURE.value)
 

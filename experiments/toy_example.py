@@ -6,7 +6,7 @@ Prints the projection, the split into heads, each head's scores, weights and
 outputs for all three query rows (the row of "cat" is marked, its numbers
 are the ones FORMULAS.md derives), the concatenation and the output
 projection. Inputs are one-hot tokens and W^O is the 4x4 identity (see
-`mha_jax.worked_example`), so the final output equals the concatenation.
+`mha_jax.core.worked_example`), so the final output equals the concatenation.
 Every number comes from the library's stage functions; at the end the
 one-call `multi_head_attention` is checked against the stage-by-stage trace.
 """
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import mha_jax
-from mha_jax import worked_example as wx
+from mha_jax.core import worked_example as wx
 
 HIGHLIGHT = "cat"
 

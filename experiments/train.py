@@ -23,9 +23,9 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from experiments import common
-from mha_jax import config as config_lib
-from mha_jax import train
+from mha_jax.measure import report as report_lib
+from mha_jax.training import config as config_lib
+from mha_jax.training import train
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file (configs/*.py).",
@@ -59,7 +59,7 @@ def run(config, workdir) -> train.TrainState:
 
 
 def main(argv):
-  common.check_no_arguments(argv)
+  report_lib.check_no_arguments(argv)
   if _DISTRIBUTED.value:
     # Must run before anything asks JAX for devices: afterwards
     # jax.devices() lists every host's devices and the mesh spans them all.

@@ -44,7 +44,7 @@ mkdir -p "$WORK"
 
 # 1. The test suite on the accelerator. One process: pytest-xdist workers
 # would each grab most of the GPU's memory (JAX preallocates 75 %).
-if [ "$smoke" = 1 ]; then tests=(tests/test_auto_select.py); else tests=(); fi
+if [ "$smoke" = 1 ]; then tests=(tests/core/test_auto_select.py); else tests=(); fi
 set +e
 XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -m pytest -q -p no:xdist \
     "${tests[@]}" 2>&1 | tee "$WORK/tests.log"

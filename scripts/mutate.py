@@ -43,32 +43,32 @@ PYTEST = f"{sys.executable} -m pytest -x -q -p no:cacheprovider"
 # name -> (module, functions mutated, regex of other lines mutated, tests,
 #          whether NumberReplacer runs)
 TARGETS = {
-    "masks": ("mha_jax/masks.py",
+    "masks": ("mha_jax/core/masks.py",
               ["causal_mask", "padding_mask", "combine_masks"], None,
-              "tests/test_masks.py", True),
-    "attention": ("mha_jax/attention.py",
+              "tests/core/test_masks.py", True),
+    "attention": ("mha_jax/core/attention.py",
                   ["_softmax_rows", "_softmax_rows_jvp", "masked_softmax",
                    "_head_scores", "_head_mix", "_weights", "_attend_vmap",
                    "_attend_einsum"], None,
-                  "tests/test_attention.py", False),
+                  "tests/core/test_attention.py", False),
     # The kernel's masking, causal block skipping and backward pass (where
     # the planted bugs of issue 18 sat); the forward's online softmax is
     # also checked by every grid case, but left out to keep a run short.
-    "flash": ("mha_jax/flash.py",
+    "flash": ("mha_jax/core/kernels/flash.py",
               ["_block_scores", "_num_kv_blocks", "_reduce_to", "_backward",
                "_add_bias_block"], None,
-              "tests/test_flash.py -k 'grid or fully_masked or bf16 or "
+              "tests/core/test_flash.py -k 'grid or fully_masked or bf16 or "
               "visits or through_multi_head'", False),
-    "multi_head": ("mha_jax/multi_head.py", ["attention_layer"], None,
-                   "tests/test_kv_cache.py tests/test_multi_head.py", False),
-    "kv_cache": ("mha_jax/kv_cache.py",
+    "multi_head": ("mha_jax/core/multi_head.py", ["attention_layer"], None,
+                   "tests/core/test_kv_cache.py tests/core/test_multi_head.py", False),
+    "kv_cache": ("mha_jax/core/kv_cache.py",
                  ["positions", "update", "overflowed", "status"], None,
-                 "tests/test_kv_cache.py", True),
+                 "tests/core/test_kv_cache.py", True),
     # The training loop's key handling: the streams, the dropout key of a
     # step and the data key of a step (the loop's lines that use it).
-    "train": ("mha_jax/train.py", ["seed_key", "train_step"],
+    "train": ("mha_jax/training/train.py", ["seed_key", "train_step"],
               r"data_key|fold_in|range\(start",
-              "tests/test_train.py -k 'resumed or dropout_key'", True),
+              "tests/training/test_train.py -k 'resumed or dropout_key'", True),
 }
 
 # The operators kept model slips one makes: + for -, * for /, < for <=,

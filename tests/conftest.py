@@ -26,7 +26,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_disable_most_optimizations", True)
 
 # Multi-device checks need 8 simulated CPU devices, which must be configured
-# before JAX starts; tests/test_sharding.py runs them in a subprocess.
+# before JAX starts; tests/parallel/test_sharding.py runs them in a subprocess.
 collect_ignore = []
 if os.environ.get("MHA_JAX_MULTIDEVICE") != "1":
-  collect_ignore.append("multidevice")
+  collect_ignore.append("parallel/multidevice")

@@ -75,7 +75,11 @@ def shell_commands(block: str) -> list[list[str]]:
 
 
 def _module_file(module: str) -> pathlib.Path:
-  return ROOT / (module.replace(".", "/") + ".py")
+  """The file `python -m module` (or `import module`) runs."""
+  path = ROOT / module.replace(".", "/")
+  if (path / "__main__.py").exists():
+    return path / "__main__.py"
+  return path.with_suffix(".py") if not path.is_dir() else path / "__init__.py"
 
 
 def _defined_flags(path: pathlib.Path, seen=None) -> set[str]:
@@ -94,7 +98,7 @@ def _defined_flags(path: pathlib.Path, seen=None) -> set[str]:
       names.add(node.args[0].value)
     if isinstance(node, ast.ImportFrom) and node.module in ("experiments",):
       for alias in node.names:
-        names |= _defined_flags(ROOT / "experiments" / f"{alias.name}.py",
+        names |= _defined_flags(_module_file(f"experiments.{alias.name}"),
                                 seen)
     elif isinstance(node, ast.ImportFrom) and node.module and (
         node.module.startswith("experiments.")):

@@ -16,9 +16,9 @@ import pytest
 from flax import nnx
 
 import mha_jax
-from mha_jax import attention
+from mha_jax.core import attention
 from mha_jax import hooks
-from mha_jax import transformer
+from mha_jax.models import transformer
 
 V, D, L, H, K, T = 11, 16, 2, 4, 2, 6
 
@@ -66,12 +66,12 @@ def test_site_names_follow_transformer_lens():
   assert "blocks.0.resid_post" in attn_only.hook_names()
 
 
-# "pallas_tpu" needs lengths in whole blocks of 128; tests/test_pallas.py.
+# "pallas_tpu" needs lengths in whole blocks of 128; tests/core/test_pallas.py.
 @pytest.mark.parametrize("implementation", sorted(
     set(attention.IMPLEMENTATIONS) - {"pallas_tpu"}))
 def test_capture_is_bit_identical_on_every_implementation(implementation):
   if implementation == "cudnn" and jax.default_backend() != "gpu":
-    pytest.skip("'cudnn' needs a CUDA GPU (see mha_jax/xla_attention.py)")
+    pytest.skip("'cudnn' needs a CUDA GPU (see mha_jax/core/kernels/xla.py)")
   model = _model(implementation)
   sites = model.hook_names()
   if implementation in attention.WEIGHTLESS:

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 import mha_jax
-from mha_jax import timing
+from mha_jax.measure import timing
 from mha_jax.pretrained import llama
 from mha_jax.pretrained import safetensors_files
 from mha_jax.pretrained import weights

@@ -4,7 +4,7 @@ They share one weight table (torch `Linear` weights are `[out, in]`);
 the configs differ: Mistral slides a window over every layer, Qwen2 adds
 biases to q, k and v (not o), Llama 3 rescales the rotary frequencies.
 Rotary needs no permutation: Hugging Face stores q and k for the
-rotate-half pairing that `mha_jax.rotary` uses.
+rotate-half pairing that `mha_jax.core.rotary` uses.
 """
 
 from __future__ import annotations

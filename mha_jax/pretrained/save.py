@@ -20,8 +20,8 @@ import pathlib
 import numpy as np
 from flax import nnx
 
-from mha_jax import transformer
-from mha_jax.model_config import ModelConfig
+from mha_jax.models import transformer
+from mha_jax.models.model_config import ModelConfig
 from mha_jax.pretrained import layout
 from mha_jax.pretrained import safetensors_files
 from mha_jax.pretrained import weights

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import mha_jax
-from mha_jax import generate
+from mha_jax.models import generate
 from mha_jax import hooks
 from tests.pretrained import compare
 from tests.pretrained import hf_models

@@ -21,7 +21,7 @@ import transformers
 from flax import nnx
 
 import mha_jax
-from mha_jax import config as config_lib
+from mha_jax.training import config as config_lib
 from mha_jax.pretrained import PretrainedError
 from mha_jax.pretrained import safetensors_files
 from tests.pretrained import compare

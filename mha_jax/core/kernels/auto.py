@@ -1,0 +1,372 @@
+"""What `implementation="auto"` runs, and why: a pure function of the call.
+
+Shape letters: B batch, Tq query length, Tk key/value length, H query heads,
+K key/value heads (K divides H; K < H is GQA), Dh per-head query/key width,
+Dv per-head value width.
+
+`select` looks only at facts known when a program is traced (backend,
+dtypes, shapes, which of mask/bias/causal/dropout are present, whether the
+weights are wanted), so it runs without a device and is unit-tested on CPU.
+It walks the candidates of a backend from the fastest down and keeps, for
+each one it passes over, the reason in words:
+
+  cpu  flash (measured fastest at every shape tried by experiments.benchmark)
+  gpu  cudnn -> xla, or flash once the float32 scores pass 1 GiB
+  tpu  pallas_tpu -> xla, or flash once the float32 scores pass 1 GiB
+
+Dropout needs the weights, so every backend sends it to "einsum"; asking
+for the weights also means "einsum" (the faster of the two paths that form
+them). The limits below are JAX's own (jax 0.10):
+  * cuDNN (`jax.nn.dot_product_attention(implementation="cudnn")`):
+    `check_layout` and `check_is_flash_attention` in
+    jax/_src/cudnn/fused_attention_stablehlo.py, and `is_causal` of
+    `dot_product_attention` in jax/_src/nn/functions.py.
+  * Pallas TPU splash attention (jax/experimental/pallas/ops/tpu/
+    splash_attention), through `mha_jax.core.kernels.pallas`, whose
+    `unsupported` states what the adapter takes.
+The score-rule options (`ScoreRules.active()`, passed as `rules`) each
+kernel's adapter takes are in `RULES_SUPPORTED`; any other option sends
+the call to the blockwise path, which takes them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from mha_jax.core.kernels import pallas
+
+# The implementations `auto` may dispatch to (attention.IMPLEMENTATIONS less
+# "vmap").
+ADAPTED = frozenset({"einsum", "flash", "xla", "cudnn", "pallas_tpu"})
+# The score-rule options (`ScoreRules.active()`) each fused kernel takes
+# through mha_jax's adapter; the blockwise path takes all of them. cuDNN's
+# window is passed by the same jax.nn call as XLA's but has not been run on
+# a GPU here, so `auto` does not send windows to it.
+RULES_SUPPORTED = {
+    "cudnn": frozenset({"scale"}),
+    "xla": frozenset({"scale", "local_window"}),
+    "pallas_tpu": frozenset({"scale", "local_window", "q_segment_ids",
+                             "soft_cap", "sinks"}),
+}
+
+
+def _rules_reason(candidate, rules) -> str | None:
+  """Why `candidate` cannot take the score rules in use (None: it can)."""
+  missing = [r for r in rules if r not in RULES_SUPPORTED[candidate]]
+  if not missing:
+    return None
+  return (f"mha_jax's adapter to it does not take {', '.join(missing)} "
+          "(the blockwise path does)")
+# Above this many bytes of float32 scores [B, H, Tq, Tk], a path that forms
+# them (xla) gives way to the blockwise one, whose memory is O(T).
+SCORE_BYTES_LIMIT = 2 ** 30
+_HALF = frozenset({"float16", "bfloat16"})
+# Pallas TPU flash attention tiles q and k in blocks of 128
+# (BlockSizes.get_default, MIN_BLOCK_SIZE).
+_TPU_BLOCK = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoChoice:
+  """The answer of `select`.
+
+  Attributes:
+    implementation: the `attend` implementation `auto` runs.
+    reason: why that one, in words.
+    ruled_out: `(candidate, why)` for every faster candidate passed over,
+      fastest first.
+  """
+  implementation: str
+  reason: str
+  ruled_out: tuple[tuple[str, str], ...] = ()
+
+  def __str__(self) -> str:
+    lines = [f"auto -> {self.implementation!r}: {self.reason}"]
+    lines += [f"  not {name!r}: {why}" for name, why in self.ruled_out]
+    return "\n".join(lines)
+
+
+def _dtype_name(dtype, name: str) -> str:
+  try:
+    return np.dtype(dtype).name
+  except TypeError as e:
+    raise TypeError(f"select: `{name}` must be a dtype, got {dtype!r}") from e
+
+
+def _trailing(shape, name: str):
+  """A mask/bias given as False/True/shape -> None, or its (Tq?, Tk?) dims.
+
+  True (shape unknown) is taken as spanning all of [Tq, Tk]: the caller
+  that knows the shape (`attend`) always passes it.
+  """
+  if shape is None or shape is False:
+    return None
+  if shape is True:
+    return "full"
+  try:
+    if isinstance(shape, str):
+      raise TypeError(shape)
+    dims = tuple(int(d) for d in shape)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"select: `{name}` must be a bool or a shape, got "
+                    f"{shape!r}") from e
+  return ((1,) * 2 + dims)[-2:]
+
+
+def _scores_fit(batch, num_heads, q_len, kv_len) -> bool:
+  return 4 * batch * num_heads * q_len * kv_len <= SCORE_BYTES_LIMIT
+
+
+def _fallback(ruled_out, *, batch, num_heads, q_len, kv_len, same_width,
+              one_dtype, available, rules=()) -> AutoChoice:
+  """The accelerator rule without a fused kernel: xla while the float32
+  scores fit in 1 GiB, flash beyond (and where jax.nn cannot take the call).
+  """
+  gib = 4 * batch * num_heads * q_len * kv_len / 2 ** 30
+  if _rules_reason("xla", rules):
+    ruled_out.append(("xla", _rules_reason("xla", rules)))
+  elif not _scores_fit(batch, num_heads, q_len, kv_len):
+    ruled_out.append(("xla", f"it forms the float32 scores [B, H, Tq, Tk] "
+                      f"({gib:.1f} GiB > 1 GiB)"))
+  elif not same_width:
+    ruled_out.append(("xla", "mha_jax's jax.nn.dot_product_attention "
+                      "adapter needs value width Dv == Dh"))
+  elif not one_dtype:
+    ruled_out.append(("xla", "jax.nn.dot_product_attention needs one dtype "
+                      "for q, k and v"))
+  elif "xla" in available:
+    return AutoChoice("xla", "jax.nn.dot_product_attention's XLA path: the "
+                      f"float32 scores ({gib:.2g} GiB) fit in 1 GiB",
+                      tuple(ruled_out))
+  else:
+    ruled_out.append(("xla", "not among the available implementations"))
+  return AutoChoice("flash", "blockwise online softmax: O(T) memory, any "
+                    "shape, mask, bias and GQA", tuple(ruled_out))
+
+
+def _cudnn_rules(*, dtypes, head_dim, value_dim, q_len, kv_len, trailing,
+                 is_causal, masked, gpu_capability, cudnn):
+  """Why cuDNN cannot take the call (None when it can)."""
+  if not cudnn:
+    return "no cuDNN on this GPU (not a CUDA device)"
+  if len(set(dtypes)) != 1:
+    return (f"q, k, v must share one dtype (check_layout), got "
+            f"{', '.join(dtypes)}")
+  if dtypes[0] not in _HALF:
+    return (f"cuDNN's fused attention takes float16/bfloat16 only "
+            f"(check_layout), got {dtypes[0]}")
+  hopper = gpu_capability is not None and tuple(gpu_capability) >= (9, 0)
+  h_max = 256 if hopper else 128
+  if head_dim > h_max or head_dim % 8:
+    where = ("compute capability >= 9.0" if hopper else
+             "before compute capability 9.0" if gpu_capability is not None
+             else "compute capability unknown, so the pre-Hopper limit")
+    return (f"head width Dh={head_dim} must be <= {h_max} and a multiple of "
+            f"8 ({where}; check_is_flash_attention)")
+  if value_dim != head_dim:
+    return ("mha_jax's jax.nn.dot_product_attention adapter needs value "
+            f"width Dv == Dh, got Dv={value_dim}, Dh={head_dim}")
+  if is_causal and q_len != kv_len:
+    return (f"jax's is_causal is top-left aligned (tril of [Tq, Tk]); ours is "
+            f"bottom-right, which differs when Tq={q_len} != Tk={kv_len} and "
+            "would need a dense [Tq, Tk] mask, losing the kernel's causal "
+            "block skipping")
+  if masked:
+    if trailing != (q_len, kv_len):
+      return ("a mask/bias reaches cuDNN as a bias that must span [Tq, Tk] in "
+              f"its last two axes (check_layout); these broadcast to "
+              f"{trailing}")
+    if q_len % 2 or kv_len % 2:
+      return ("with a mask/bias cuDNN's backward needs even Tq and Tk "
+              f"(check_is_flash_attention), got Tq={q_len}, Tk={kv_len}")
+  return None
+
+
+def _pallas_tpu_rules(*, dtypes, head_dim, value_dim, q_len, kv_len,
+                      has_mask, has_bias):
+  """Why the splash attention adapter cannot take the call (None: it can)."""
+  why = pallas.unsupported(
+      q_len=q_len, kv_len=kv_len, head_dim=head_dim, value_dim=value_dim,
+      one_dtype=len(set(dtypes)) == 1, mask=has_mask, bias=has_bias,
+      dropout=False)
+  if why is None and head_dim > _TPU_BLOCK and head_dim % _TPU_BLOCK:
+    why = (f"head width Dh={head_dim} above {_TPU_BLOCK} must be a multiple "
+           f"of {_TPU_BLOCK} (the TPU's lane width)")
+  return why
+
+
+def select(backend: str, *, q_dtype, k_dtype=None, v_dtype=None,
+           head_dim: int, value_dim: int | None = None, q_len: int,
+           kv_len: int, batch: int = 1, num_heads: int = 1,
+           num_kv_heads: int | None = None, mask=False, bias=False,
+           is_causal: bool = False, dropout: bool = False,
+           weights: bool = False, gpu_capability=None, cudnn: bool = True,
+           available=ADAPTED, rules=()) -> AutoChoice:
+  """The implementation `auto` uses for one call, and why.
+
+  Args:
+    backend: "cpu", "gpu" or "tpu" (`jax.default_backend()`); any other
+      name gets the accelerator rule without a fused kernel.
+    q_dtype, k_dtype, v_dtype: dtypes of q, k, v (k, v default to q's).
+    head_dim: Dh; value_dim: Dv (default Dh).
+    q_len, kv_len: Tq, Tk. batch, num_heads: B, H (they size the scores).
+    num_kv_heads: K (default H); K < H is GQA.
+    mask, bias: False/None (absent), True (present, spanning [Tq, Tk]) or
+      the shape (broadcastable to [B, H, Tq, Tk]).
+    is_causal: bottom-right causal (`causal_mask(Tq, Tk)`).
+    dropout: attention dropout is on. weights: the caller wants the
+      weights (scores/pattern).
+    gpu_capability: (major, minor) CUDA compute capability; None: unknown
+      (the cuDNN head-width limit of older GPUs is used).
+    cudnn: the GPU is a CUDA device with cuDNN.
+    available: the implementations that may be returned.
+    rules: names of the `score_rules.ScoreRules` options in use
+      (`ScoreRules.active()`); those jax.nn or Pallas cannot express send
+      the call to the blockwise path.
+  Returns:
+    `AutoChoice(implementation, reason, ruled_out)`.
+  """
+  if not isinstance(backend, str):
+    raise TypeError(f"select: `backend` must be a string such as 'gpu', got "
+                    f"{backend!r}")
+  for name, n in (("head_dim", head_dim), ("q_len", q_len),
+                  ("kv_len", kv_len), ("batch", batch),
+                  ("num_heads", num_heads)):
+    if int(n) < 1:
+      raise ValueError(f"select: `{name}` must be >= 1, got {n}")
+  value_dim = head_dim if value_dim is None else value_dim
+  num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+  if num_kv_heads < 1 or num_heads % num_kv_heads:
+    raise ValueError(f"select: `num_kv_heads`={num_kv_heads} must divide "
+                     f"num_heads={num_heads}")
+  q_name = _dtype_name(q_dtype, "q_dtype")
+  dtypes = (q_name,
+            q_name if k_dtype is None else _dtype_name(k_dtype, "k_dtype"),
+            q_name if v_dtype is None else _dtype_name(v_dtype, "v_dtype"))
+  mask_t, bias_t = _trailing(mask, "mask"), _trailing(bias, "bias")
+  masked = mask_t is not None or bias_t is not None
+  # What reaches jax.nn's last two axes: mask, bias and (when a mask is
+  # given) the causal mask our adapter folds into it, broadcast together.
+  parts = [t for t in (mask_t, bias_t) if t is not None]
+  if mask_t is not None and is_causal:
+    parts.append((q_len, kv_len))
+  trailing = ((q_len, kv_len) if "full" in parts else
+              tuple(np.broadcast_shapes(*parts)) if parts else None)
+
+  # The weightless candidates of this backend, fastest first.
+  weightless = {"cpu": ["flash"], "gpu": ["cudnn", "xla", "flash"],
+                "tpu": ["pallas_tpu", "xla", "flash"]}.get(backend,
+                                                           ["xla", "flash"])
+  if weights or dropout:
+    what = ("the weights (scores/pattern)" if weights else
+            "dropout, which drops entries of the weights")
+    why = "it never forms the weights" + (
+        "" if weights else " (and jax.nn/Pallas kernels have no dropout)")
+    return AutoChoice(
+        "einsum", f"{what} exist only on 'vmap' and 'einsum'; einsum is the "
+        "faster" + ("; `attend(implementation='auto')` refuses weight hooks, "
+                    "pass implementation='einsum'" if weights else ""),
+        tuple((n, why) for n in weightless))
+
+  if backend == "cpu":
+    return AutoChoice("flash", "on CPU the blockwise path measured fastest at "
+                      "every shape tried (python -m experiments.benchmark)")
+
+  ruled_out = []
+  same_width, one_dtype = value_dim == head_dim, len(set(dtypes)) == 1
+  if backend == "gpu":
+    why = _rules_reason("cudnn", rules) or _cudnn_rules(
+        dtypes=dtypes, head_dim=head_dim, value_dim=value_dim, q_len=q_len,
+        kv_len=kv_len, trailing=trailing, is_causal=is_causal, masked=masked,
+        gpu_capability=gpu_capability, cudnn=cudnn)
+    if why is None and "cudnn" in available:
+      return AutoChoice("cudnn", "cuDNN's fused attention supports this "
+                        "call (dtype, head width, mask/bias, causal)")
+    ruled_out.append(("cudnn", why or "not among the available "
+                      "implementations"))
+  elif backend == "tpu":
+    why = _rules_reason("pallas_tpu", rules) or _pallas_tpu_rules(
+        dtypes=dtypes, head_dim=head_dim, value_dim=value_dim, q_len=q_len,
+        kv_len=kv_len, has_mask=mask_t is not None,
+        has_bias=bias_t is not None)
+    if why is None and "pallas_tpu" in available:
+      return AutoChoice("pallas_tpu", "JAX's Pallas TPU splash attention "
+                        "supports this call (causal/window masks skip "
+                        "blocks, GQA without repeating k/v)")
+    ruled_out.append(("pallas_tpu", why or "not among the available "
+                      "implementations"))
+  return _fallback(ruled_out, batch=batch, num_heads=num_heads, q_len=q_len,
+                   kv_len=kv_len, same_width=same_width, one_dtype=one_dtype,
+                   available=available, rules=rules)
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_facts() -> tuple[bool, tuple[int, int] | None]:
+  """(cuDNN present, compute capability) of the first GPU of this process.
+
+  A CUDA device reports its capability as "major.minor"; a ROCm one as a
+  gfx name, and has no cuDNN. Read once: devices do not change in a process.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    text = jax.devices("gpu")[0].compute_capability
+    major, minor = (int(x) for x in str(text).split(".")[:2])
+  except (RuntimeError, AttributeError, ValueError, IndexError):
+    return False, None
+  return True, (major, minor)
+
+
+def _shape(x):
+  """The shape of an array, tracer or `jax.ShapeDtypeStruct` (None: absent)."""
+  if x is None:
+    return None
+  return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def select_for(q, k, v, *, mask=None, bias=None, is_causal=False,
+               dropout=False, weights=False, backend=None,
+               rules=()) -> AutoChoice:
+  """`select` for arrays (or `jax.ShapeDtypeStruct`s) laid out as `attend`
+  takes them: q `[B,Tq,H,Dh]`, k `[B,Tk,K,Dh]`, v `[B,Tk,K,Dv]`, mask/bias
+  broadcastable to `[B,H,Tq,Tk]`. `backend` defaults to JAX's default; on a
+  GPU the cuDNN facts are read from the device."""
+  import jax  # pylint: disable=g-import-not-at-top
+  for name, arr in (("q", q), ("k", k), ("v", v)):
+    if len(getattr(arr, "shape", ())) != 4:
+      raise ValueError(f"explain_auto: `{name}` must have rank 4 ([B, T, "
+                       f"heads, dim]), got shape {getattr(arr, 'shape', arr)}")
+  backend = backend or jax.default_backend()
+  cudnn, capability = True, None  # asked about a GPU from elsewhere
+  if backend == "gpu" and jax.default_backend() == "gpu":
+    cudnn, capability = gpu_facts()
+  b, tq, h, dh = q.shape
+  return select(
+      backend, q_dtype=q.dtype, k_dtype=k.dtype, v_dtype=v.dtype,
+      head_dim=dh, value_dim=v.shape[-1], q_len=tq, kv_len=k.shape[1],
+      batch=b, num_heads=h, num_kv_heads=k.shape[2],
+      mask=_shape(mask), bias=_shape(bias),
+      is_causal=is_causal, dropout=dropout, weights=weights,
+      gpu_capability=capability, cudnn=cudnn, rules=tuple(rules))
+
+
+def explain_auto(q, k, v=None, *, mask=None, bias=None, is_causal=False,
+                 dropout_rate=0.0, weights=False, backend=None) -> AutoChoice:
+  """What `attend(q, k, v, implementation="auto", ...)` would run, and why
+  each faster kernel was ruled out. `print(explain_auto(...))` reads well.
+
+  Takes what `attend` takes (arrays or `jax.ShapeDtypeStruct`s): q
+  `[B,Tq,H,Dh]`, k `[B,Tk,K,Dh]`, v `[B,Tk,K,Dv]` (default: k), mask/bias
+  broadcastable to `[B,H,Tq,Tk]`; `weights=True` asks which path forms the
+  weights. `backend` ("cpu", "gpu", "tpu") defaults to JAX's; asked about a
+  GPU from another machine, a CUDA GPU with cuDNN and an unknown compute
+  capability are assumed.
+  """
+  if not 0.0 <= dropout_rate < 1.0:
+    raise ValueError(f"explain_auto: `dropout_rate` must be in [0, 1), got "
+                     f"{dropout_rate}")
+  return select_for(q, k, k if v is None else v, mask=mask, bias=bias,
+                    is_causal=is_causal, dropout=dropout_rate > 0.0,
+                    weights=weights, backend=backend)

@@ -1,0 +1,487 @@
+"""Blockwise ("flash") attention: an online softmax over key/value blocks.
+
+Shape letters: B batch, Tq query length, Tk key/value length, H query heads,
+K key/value heads, G = H // K query heads per kv head, Dh query/key width,
+Dv value width, Bq / Bk query / key block lengths, Nq / Nk block counts.
+
+The reference paths build the whole score matrix `[B, H, Tq, Tk]`: the seed's
+"O(h n^2)" memory. Here the keys are visited one block at a time while a
+running row maximum `m`, row sum `l` and unnormalised output `acc` are kept
+per query (the online softmax):
+
+    m' = max(m, rowmax(S_j))       p = exp(S_j - m')     a = exp(m - m')
+    l' = a l + rowsum(p)           acc' = a acc + p V_j
+    out = acc / l                  lse = m + log(l)
+
+so live memory is O(Bq Bk) per head and O(T) overall. The backward pass
+(`jax.custom_vjp`) saves only `out` and `lse` and recomputes each block's
+probabilities as `exp(S - lse)`: O(T) memory for training too.
+On CPU the (batch, kv head) pairs run one after another (`head_loop`),
+so that each block product is a plain 2-d matmul, which XLA's CPU backend
+runs several times faster than a batch of small ones.
+
+Semantics match `attention._attend_vmap` (the reference): boolean masks are
+-inf before the softmax, `is_causal` is bottom-right aligned like
+`masks.causal_mask` (and key blocks it hides entirely are never visited), a
+query row with no allowed key gives output 0 with finite gradients, GQA reads
+each kv head once for its G query heads, and scores, softmax and all
+accumulators are float32 whatever the input dtype. It cannot return weights.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from mha_jax.core import score_rules
+
+# 128 x 128 blocks ([B, H, 128, 128] float32 = 512 KiB for B=1, H=8) stay in
+# cache on CPU; a sweep over 128..1024 (CPU time, B=8 n=512 and B=1 n=4096
+# causal) found them cheapest or within noise of the cheapest.
+DEFAULT_BLOCK_Q = 128
+DEFAULT_BLOCK_K = 128
+# The backward pass does five block matmuls per block pair and keeps more
+# blocks live ([Bq, Bk] probabilities and their gradient), so it runs on
+# halved blocks: at the standard CPU shape (B=8 n=512 D=256 h=8) forward
+# 128 / backward 64 took 0.63x flax.linen's forward+backward CPU time
+# against 0.76x for 128 throughout and 0.68x for 64 throughout (one
+# interleaved run, 7 rounds; docs/performance.md).
+BACKWARD_BLOCK = 64
+# On CPU the kernel runs one (batch, kv head) at a time (`head_loop`), on
+# blocks of 512 forward and backward. XLA's CPU backend runs a batched dot
+# over the B*K heads of small blocks at 32-50 GFLOP/s, against 115-143 for
+# a large matmul, while one head's plain 2-d block matmuls run near the
+# latter. Forward+backward of the attention alone at B=8 n=512 h=8 Dh=32:
+# 0.43x the batched kernel's time; at B=1 n=2048 h=8 Dh=64, 0.74x (0.97x
+# causal). Backward blocks of 128 or 256 kept less of the gain (0.62x and
+# 0.70x at n=512); docs/performance.md.
+HEAD_LOOP_BLOCK = 512
+
+
+class _Config(NamedTuple):
+  """Static facts the kernels need (hashable: a nondiff argument)."""
+  tq: int  # true query length
+  tk: int  # true key length
+  bq: int  # query block
+  bk: int  # key block
+  bwd_bq: int  # the backward's blocks
+  bwd_bk: int
+  padded_keys: bool  # Tk is padded up to a whole number of forward blocks
+  is_causal: bool
+  rules: score_rules.ScoreRules  # only its static fields are read here
+  scale: float
+
+
+class _Extras(NamedTuple):
+  """Per-call arrays of the score rules, laid out for 5-d blocks."""
+  q_pos: jax.Array | None  # [B, Tq'] int, None: Tk - Tq + i
+  q_seg: jax.Array | None  # [B, Tq'] int
+  k_seg: jax.Array | None  # [B, Tk'] int
+  slopes: jax.Array | None  # [1, K, G, 1, 1] float32 (ALiBi)
+  sinks: jax.Array | None  # [1, K, G, 1] float32
+
+
+def _to_5d(x, h, kh):
+  """`[b?, h?, tq?, tk?]` (any rank <= 4) -> `[b?, K?, G?, tq?, tk?]`."""
+  if x is None:
+    return None
+  x = jnp.reshape(x, (1,) * (4 - x.ndim) + x.shape)
+  if x.shape[1] == h:
+    return x.reshape(x.shape[0], kh, h // kh, *x.shape[2:])
+  return x[:, :, None]  # one value shared by all heads
+
+
+def _pad_axis(x, axis, size, value):
+  """Pad `x` at the end of `axis` up to `size` (no-op if already there)."""
+  extra = size - x.shape[axis]
+  if extra == 0:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, extra)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def _slice_block(x, qs, ks, cfg):
+  """Cut the `[.., Bq, Bk]` block of a 5-d mask or bias (broadcast axes stay)."""
+  if x is None:
+    return None
+  if x.shape[3] != 1:
+    x = lax.dynamic_slice_in_dim(x, qs, cfg.bq, axis=3)
+  if x.shape[4] != 1:
+    x = lax.dynamic_slice_in_dim(x, ks, cfg.bk, axis=4)
+  return x
+
+
+def _block_q_pos(ex, qs, cfg):
+  """Key positions `[B?, 1, 1, Bq]` of the queries of the block at `qs`."""
+  if ex.q_pos is None:
+    return (qs + jnp.arange(cfg.bq) + (cfg.tk - cfg.tq))[None, None, None]
+  return lax.dynamic_slice_in_dim(ex.q_pos, qs, cfg.bq, axis=1)[
+      :, None, None]
+
+
+def _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg):
+  """float32 scores of one block `[B, K, G, Bq, Bk]`, -inf where forbidden,
+  and the soft cap's derivative (None without one): `score_rules.scores`
+  on the block."""
+  qk = jnp.einsum("bkgqd,bksd->bkgqs", qb, kb,
+                  preferred_element_type=jnp.float32)
+  q_pos = _block_q_pos(ex, qs, cfg)
+  k_pos = ks + jnp.arange(cfg.bk)
+  cut_q = lambda x: lax.dynamic_slice_in_dim(x, qs, cfg.bq, axis=1)[
+      :, None, None]
+  cut_k = lambda x: lax.dynamic_slice_in_dim(x, ks, cfg.bk, axis=1)[
+      :, None, None]
+  segs = ex.q_seg is not None
+  ok = score_rules.allowed(
+      q_pos, k_pos, mask=_slice_block(mask, qs, ks, cfg),
+      is_causal=cfg.is_causal, rules=cfg.rules,
+      q_seg=cut_q(ex.q_seg) if segs else None,
+      k_seg=cut_k(ex.k_seg) if segs else None,
+      # Keys added by padding are never real.
+      kv_len=cfg.tk if cfg.padded_keys else None)
+  return score_rules.scores(
+      qk, q_pos, k_pos, scale=cfg.scale, rules=cfg.rules,
+      bias=_slice_block(bias, qs, ks, cfg), slopes=ex.slopes, ok=ok)
+
+
+def _kv_block_range(i, nk, ex, cfg):
+  """`(first, end)` key blocks query block i must visit: the causal rule
+  hides the later ones and a local window the earlier ones too, so a
+  windowed call costs O(T * window), not O(T^2)."""
+  window = cfg.rules.local_window
+  if not cfg.is_causal and window is None:
+    return 0, nk
+  q_pos = _block_q_pos(ex, i * cfg.bq, cfg)
+  first_q, last_q = jnp.min(q_pos), jnp.max(q_pos)
+  last_key, first_key = last_q, 0
+  if window is not None:
+    last_key = last_q + window[1]
+    first_key = first_q - window[0]
+  if cfg.is_causal:
+    last_key = jnp.minimum(last_key, last_q)
+  end = jnp.clip(last_key // cfg.bk + 1, 0, nk)
+  return jnp.clip(first_key // cfg.bk, 0, nk), end
+
+
+def _visit(ex, qs, ks, cfg, body, carry):
+  """`body(carry)` for the block at (qs, ks), skipped when packed segments
+  rule it out: no segment id of the query block lies in the key block's
+  range (a sufficient test whatever the ids' order)."""
+  if ex.q_seg is None:
+    return body(carry)
+  q = lax.dynamic_slice_in_dim(ex.q_seg, qs, cfg.bq, axis=1)
+  k = lax.dynamic_slice_in_dim(ex.k_seg, ks, cfg.bk, axis=1)
+  shared = (jnp.min(q) <= jnp.max(k)) & (jnp.min(k) <= jnp.max(q))
+  return lax.cond(shared, body, lambda c: c, carry)
+
+
+def _forward(q, k, v, mask, bias, ex, cfg):
+  """q `[B,K,G,Tq',Dh]`, k `[B,K,Tk',Dh]`, v `[B,K,Tk',Dv]` -> out, lse."""
+  b, kh, g, tq_pad, _ = q.shape
+  dv = v.shape[-1]
+  nq, nk = tq_pad // cfg.bq, k.shape[2] // cfg.bk
+
+  def query_block(i):
+    qs = i * cfg.bq
+    qb = lax.dynamic_slice_in_dim(q, qs, cfg.bq, axis=3)  # [B,K,G,Bq,Dh]
+
+    def key_block(j, carry):
+      ks = j * cfg.bk
+
+      def visit(carry):
+        m, l, acc = carry
+        kb = lax.dynamic_slice_in_dim(k, ks, cfg.bk, axis=2)  # [B,K,Bk,Dh]
+        vb = lax.dynamic_slice_in_dim(v, ks, cfg.bk, axis=2)  # [B,K,Bk,Dv]
+        s, _ = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        # Rows that have seen no allowed key yet have m = -inf; shifting
+        # them by 0 keeps exp() at exactly 0 instead of exp(-inf + inf).
+        shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        p = jnp.exp(s - shift[..., None])
+        rescale = jnp.exp(m - shift)  # old rows' correction factor
+        l = rescale * l + jnp.sum(p, axis=-1)
+        acc = rescale[..., None] * acc + jnp.einsum(
+            "bkgqs,bksd->bkgqd", p.astype(v.dtype), vb,
+            preferred_element_type=jnp.float32)
+        return m_new, l, acc
+
+      return _visit(ex, qs, ks, cfg, visit, carry)
+
+    rows = (b, kh, g, cfg.bq)
+    if ex.sinks is None:
+      m0, l0 = jnp.full(rows, -jnp.inf, jnp.float32), jnp.zeros(rows)
+    else:
+      # The sink is a column with logit `sink` and no value: start the
+      # running max there, with its exp(0) = 1 already in the row sum.
+      m0, l0 = jnp.broadcast_to(ex.sinks, rows), jnp.ones(rows)
+    init = (m0, l0.astype(jnp.float32),
+            jnp.zeros((b, kh, g, cfg.bq, dv), jnp.float32))
+    m, l, acc = lax.fori_loop(*_kv_block_range(i, nk, ex, cfg), key_block,
+                              init)
+    # Empty rows have l = 0 and acc = 0: output 0, the reference's policy.
+    out = acc / jnp.where(l > 0, l, 1.0)[..., None]
+    lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
+    return out.astype(v.dtype), lse
+
+  out, lse = lax.map(query_block, jnp.arange(nq))  # [Nq, B, K, G, Bq, ...]
+  out = jnp.moveaxis(out, 0, 3).reshape(b, kh, g, tq_pad, dv)
+  lse = jnp.moveaxis(lse, 0, 3).reshape(b, kh, g, tq_pad)
+  return out, lse
+
+
+def _reduce_to(x, shape):
+  """Sum `x` over the axes where `shape` broadcasts (size 1), keeping them."""
+  axes = tuple(a for a, (n, s) in enumerate(zip(shape, x.shape))
+               if n == 1 and s != 1)
+  return jnp.sum(x, axis=axes, keepdims=True) if axes else x
+
+
+def _backward_block(block):
+  """The backward's block length for a forward block: `BACKWARD_BLOCK`
+  where it divides the forward block (the arrays are padded to whole
+  forward blocks), else the forward block itself."""
+  return BACKWARD_BLOCK if block % BACKWARD_BLOCK == 0 else block
+
+
+def _backward(cfg, residuals, d_out):
+  """Recompute each block's probabilities from lse; accumulate in float32."""
+  cfg = cfg._replace(bq=cfg.bwd_bq, bk=cfg.bwd_bk)
+  q, k, v, mask, bias, ex, out, lse = residuals
+  nq, nk = q.shape[3] // cfg.bq, k.shape[2] // cfg.bk
+  # delta_i = sum_j P_ij dP_ij = dO_i . O_i (the softmax Jacobian's row term).
+  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1)
+  # Empty rows have lse = -inf; any finite shift gives exp(-inf) = 0 there.
+  lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+  f32 = functools.partial(jnp.zeros, dtype=jnp.float32)
+  grads = (f32(q.shape), f32(k.shape), f32(v.shape),
+           None if bias is None else f32(bias.shape),
+           None if ex.slopes is None else f32(ex.slopes.shape))
+
+  def query_block(i, grads):
+    dq, dk, dv, dbias, dslopes = grads
+    qs = i * cfg.bq
+    cut = functools.partial(lax.dynamic_slice_in_dim, start_index=qs,
+                            slice_size=cfg.bq, axis=3)
+    qb, dob, lseb, deltab = cut(q), cut(d_out), cut(lse), cut(delta)
+
+    def key_block(j, carry):
+      ks = j * cfg.bk
+
+      def visit(carry):
+        dqb, dk, dv, dbias, dslopes = carry
+        kb = lax.dynamic_slice_in_dim(k, ks, cfg.bk, axis=2)
+        vb = lax.dynamic_slice_in_dim(v, ks, cfg.bk, axis=2)
+        s, dcap = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg)
+        p = jnp.exp(s - lseb[..., None])  # [B, K, G, Bq, Bk], exact softmax
+        dp = jnp.einsum("bkgqd,bksd->bkgqs", dob, vb,
+                        preferred_element_type=jnp.float32)
+        ds = p * (dp - deltab[..., None])  # d loss / d (softmax input)
+        if dcap is not None:  # through c * tanh(x / c)
+          ds = ds * dcap
+        # The G query heads of a group share k and v: sum their gradients.
+        dv_j = jnp.einsum("bkgqs,bkgqd->bksd", p.astype(dob.dtype), dob,
+                          preferred_element_type=jnp.float32)
+        dk_j = jnp.einsum("bkgqs,bkgqd->bksd", ds, qb.astype(jnp.float32))
+        dqb = dqb + jnp.einsum("bkgqs,bksd->bkgqd", ds,
+                               kb.astype(jnp.float32)) * cfg.scale
+        add = lambda acc, x: lax.dynamic_update_slice_in_dim(
+            acc, lax.dynamic_slice_in_dim(acc, ks, cfg.bk, axis=2) + x, ks, 2)
+        dk, dv = add(dk, dk_j * cfg.scale), add(dv, dv_j)
+        if dbias is not None:
+          dbias = _add_bias_block(dbias, _reduce_to(ds, bias.shape), qs, ks,
+                                  cfg)
+        if dslopes is not None:  # s -= slope * |pos_q - pos_k|
+          dist = score_rules.distance(_block_q_pos(ex, qs, cfg),
+                                      ks + jnp.arange(cfg.bk))
+          dslopes = dslopes - _reduce_to(ds * dist, dslopes.shape)
+        return dqb, dk, dv, dbias, dslopes
+
+      return _visit(ex, qs, ks, cfg, visit, carry)
+
+    init = (jnp.zeros(qb.shape, jnp.float32), dk, dv, dbias, dslopes)
+    dqb, dk, dv, dbias, dslopes = lax.fori_loop(
+        *_kv_block_range(i, nk, ex, cfg), key_block, init)
+    dq = lax.dynamic_update_slice_in_dim(dq, dqb, qs, axis=3)
+    return dq, dk, dv, dbias, dslopes
+
+  dq, dk, dv, dbias, dslopes = lax.fori_loop(0, nq, query_block, grads)
+  dbias = None if bias is None else dbias.astype(bias.dtype)
+  dsinks = None
+  if ex.sinks is not None:
+    # The sink column's probability is exp(sink - lse) and its dP is 0
+    # (it has no value), so d sink = -sum over rows of P_sink * delta.
+    p_sink = jnp.exp(ex.sinks - lse)  # [B, K, G, Tq']
+    dsinks = -jnp.sum(p_sink * delta, axis=(0, 3), keepdims=True)
+  # Masks, positions and segment ids are not differentiable (None: zero).
+  d_ex = _Extras(q_pos=None, q_seg=None, k_seg=None, slopes=dslopes,
+                 sinks=dsinks)
+  return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None,
+          dbias, d_ex)
+
+
+def _add_bias_block(dbias, block, qs, ks, cfg):
+  """dbias[.., qs:qs+Bq, ks:ks+Bk] += block, on the axes bias does not share."""
+  starts = [0, 0, 0, qs if dbias.shape[3] != 1 else 0,
+            ks if dbias.shape[4] != 1 else 0]
+  current = lax.dynamic_slice(dbias, starts, block.shape)
+  return lax.dynamic_update_slice(dbias, current + block, starts)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _flash(q, k, v, mask, bias, ex, cfg):
+  return _forward(q, k, v, mask, bias, ex, cfg)[0]
+
+
+def _flash_fwd(q, k, v, mask, bias, ex, cfg):
+  out, lse = _forward(q, k, v, mask, bias, ex, cfg)
+  # Residuals: the inputs and O(T) statistics, never a [Tq, Tk] array.
+  return out, (q, k, v, mask, bias, ex, out, lse)
+
+
+_flash.defvjp(_flash_fwd, _backward)
+
+
+def _flash_by_head(q, k, v, mask, bias, ex, cfg):
+  """`_flash` for one (batch, kv head) at a time, in sequence (`lax.map`).
+
+  Each array is cut to its `[1, 1, ...]` slice where it has the batch or
+  kv-head axis at full size; where it broadcasts it passes whole, and the
+  map's derivative sums its gradient over the slices.
+  """
+  b, kh = q.shape[:2]
+  if b * kh == 1:
+    return _flash(q, k, v, mask, bias, ex, cfg)
+
+  def cut(x, i, j, head_axis=True):
+    if x is None:
+      return None
+    if b > 1 and x.shape[0] == b:
+      x = lax.dynamic_slice_in_dim(x, i, 1, axis=0)
+    if head_axis and kh > 1 and x.shape[1] == kh:
+      x = lax.dynamic_slice_in_dim(x, j, 1, axis=1)
+    return x
+
+  def one(index):
+    i, j = index // kh, index % kh
+    ex_ij = _Extras(q_pos=cut(ex.q_pos, i, j, head_axis=False),
+                    q_seg=cut(ex.q_seg, i, j, head_axis=False),
+                    k_seg=cut(ex.k_seg, i, j, head_axis=False),
+                    slopes=cut(ex.slopes, i, j), sinks=cut(ex.sinks, i, j))
+    out = _flash(cut(q, i, j), cut(k, i, j), cut(v, i, j), cut(mask, i, j),
+                 cut(bias, i, j), ex_ij, cfg)
+    return out[0, 0]  # [G, Tq', Dv]
+
+  out = lax.map(one, jnp.arange(b * kh))  # [B*K, G, Tq', Dv]
+  return out.reshape(b, kh, *out.shape[1:])
+
+
+def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
+                    rules=score_rules.NO_RULES, block_q=None, block_k=None,
+                    head_loop=None):
+  """Blockwise attention; same contract as `attend` but returns only `out`.
+
+  Args:
+    q: `[B, Tq, H, Dh]`; k: `[B, Tk, K, Dh]`; v: `[B, Tk, K, Dv]`, with K
+      dividing H. Validate with `attention.check_attend_inputs` (or call
+      `attend(..., implementation="flash")`, which does).
+    mask: bool broadcastable to `[B, H, Tq, Tk]`, True = may attend.
+    bias: float broadcastable to `[B, H, Tq, Tk]` (differentiable).
+    is_causal: bottom-right aligned causal rule; hidden key blocks are skipped.
+    rules: `score_rules.ScoreRules`; windows, segment ids and positions
+      are applied per block from their vectors (no `[Tq, Tk]` array), key
+      blocks outside a window are never visited and blocks with no shared
+      segment are skipped.
+    block_q, block_k: block lengths (clipped to the sequence lengths). Lengths
+      that are not multiples are padded internally and the padding masked.
+      None: `HEAD_LOOP_BLOCK` with `head_loop`, else `DEFAULT_BLOCK_Q/K`
+      forward and `BACKWARD_BLOCK` backward (where it divides them).
+    head_loop: run one (batch, kv head) at a time; None: on CPU only, where
+      it is faster (see `HEAD_LOOP_BLOCK`). On GPU and TPU the batched
+      kernel keeps the device busy.
+
+  Returns:
+    out `[B, Tq, H, Dv]` in v's dtype.
+  """
+  for name, val in (("block_q", block_q), ("block_k", block_k)):
+    if val is not None and (not isinstance(val, int) or val < 1):
+      raise ValueError(f"flash_attention: `{name}` must be a positive int "
+                       f"or None, got {val!r}")
+  if head_loop is None:
+    head_loop = jax.default_backend() == "cpu"
+  default = (HEAD_LOOP_BLOCK, HEAD_LOOP_BLOCK) if head_loop else (
+      DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K)
+  block_q = default[0] if block_q is None else block_q
+  block_k = default[1] if block_k is None else block_k
+  b, tq, h, dh = q.shape
+  tk, kh, dv = k.shape[1], k.shape[2], v.shape[3]
+  g = h // kh
+  bq, bk = min(block_q, tq), min(block_k, tk)
+  tq_pad, tk_pad = -(-tq // bq) * bq, -(-tk // bk) * bk
+  scale = score_rules.scale_of(rules, dh)
+  # In float32 the scale is folded into q once ([Tq, Dh]) instead of into
+  # every score block ([Tq, Tk], forward and backward again): 7% less CPU
+  # time for forward+backward at the standard shape. Lower precisions keep
+  # the product in float32 on the scores, where it does not round q.
+  prescale = q.dtype == jnp.float32
+  # The batched kernel's backward runs on halved blocks (BACKWARD_BLOCK);
+  # one head at a time it keeps the forward's.
+  cfg = _Config(tq=tq, tk=tk, bq=bq, bk=bk,
+                bwd_bq=bq if head_loop else _backward_block(bq),
+                bwd_bk=bk if head_loop else _backward_block(bk),
+                padded_keys=tk_pad != tk,
+                is_causal=bool(is_causal),
+                rules=score_rules.ScoreRules(
+                    local_window=rules.local_window, soft_cap=rules.soft_cap,
+                    scale=rules.scale),
+                scale=1.0 if prescale else scale)
+  if prescale:
+    q = q * scale
+  # Head-major layout once, so that every block is a contiguous slice of T
+  # and each block matmul is batched over (B, K) with G*Bq rows.
+  qt = q.reshape(b, tq, kh, g, dh).transpose(0, 2, 3, 1, 4)  # [B,K,G,Tq,Dh]
+  kt = k.transpose(0, 2, 1, 3)  # [B, K, Tk, Dh]
+  vt = v.transpose(0, 2, 1, 3)  # [B, K, Tk, Dv]
+  qt = _pad_axis(qt, 3, tq_pad, 0)
+  kt, vt = _pad_axis(kt, 2, tk_pad, 0), _pad_axis(vt, 2, tk_pad, 0)
+  mask, bias = _to_5d(mask, h, kh), _to_5d(bias, h, kh)
+  # Padding rows/keys of a full-size mask or bias; padded keys are also
+  # excluded by position inside the kernel, so the fill values are moot.
+  if mask is not None:
+    mask = _pad_axis(mask, 3, tq_pad, True) if mask.shape[3] != 1 else mask
+    mask = _pad_axis(mask, 4, tk_pad, False) if mask.shape[4] != 1 else mask
+  if bias is not None:
+    bias = _pad_axis(bias, 3, tq_pad, 0) if bias.shape[3] != 1 else bias
+    bias = _pad_axis(bias, 4, tk_pad, 0) if bias.shape[4] != 1 else bias
+  # Padded query rows repeat the last real row's position and segment (their
+  # output is dropped; the repeat keeps the block ranges tight).
+  edge = lambda x, size: None if x is None else jnp.pad(
+      jnp.asarray(x, jnp.int32), ((0, 0), (0, size - x.shape[1])),
+      mode="edge")
+  per_head = lambda x, tail: None if x is None else jnp.asarray(
+      x, jnp.float32).reshape((1, kh, g) + tail)
+  ex = _Extras(q_pos=edge(rules.q_positions, tq_pad),
+               q_seg=edge(rules.q_segment_ids, tq_pad),
+               k_seg=edge(rules.kv_segment_ids, tk_pad),
+               slopes=per_head(rules.alibi_slopes, (1, 1)),
+               sinks=per_head(rules.sinks, (1,)))
+  kernel = _flash_by_head if head_loop else _flash
+  out = kernel(qt, kt, vt, mask, bias, ex, cfg)  # [B, K, G, Tq', Dv]
+  out = out[:, :, :, :tq].transpose(0, 3, 1, 2, 4)  # [B, Tq, K, G, Dv]
+  return out.reshape(b, tq, h, dv)
+
+
+def attend_flash(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
+                 rules=score_rules.NO_RULES):
+  """`attention.IMPLEMENTATIONS` entry: flash output, weights None."""
+  del dropout_rate
+  if keep is not None:
+    raise ValueError("attend: implementation='flash' does not support "
+                     "attention dropout (it never forms the weights to drop);"
+                     " use dropout_rate=0 or implementation='einsum'")
+  return flash_attention(q, k, v, mask=mask, bias=bias,
+                         is_causal=is_causal, rules=rules), None

@@ -1,0 +1,360 @@
+"""Multi-head attention: the seed's five stages as small pure functions.
+
+Shape letters: B batch, Tq query length, Tk key/value length, D d_model,
+H query heads, K key/value heads, Dh per-head query/key width, Dv per-head
+value width.
+
+    1. project      x [B,T,D] @ W [D, H*Dh]        -> [B, T, H*Dh]
+    2. split_heads  [B, T, H*Dh]                    -> [B, T, H, Dh]
+    3. attend       per head (jax.vmap over heads)  -> [B, Tq, H, Dv]
+    4. merge_heads  [B, Tq, H, Dv]                  -> [B, Tq, H*Dv]
+    5. project_out  [B, Tq, H*Dv] @ W^O [H*Dv, D]   -> [B, Tq, D]
+
+`attention_layer` runs them in that order for every attention call in the
+project (the NNX module, cached decoding, the functions below), with the
+hook sites of `mha_jax.hooks` between the stages. Nothing here is jitted:
+callers apply `jax.jit` at the outside.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from mha_jax.core import attention
+from mha_jax import hooks as hooks_lib
+from mha_jax.core import kv_cache
+from mha_jax.core import masks as masks_lib
+from mha_jax.core import params as params_lib
+from mha_jax.core import rotary
+from mha_jax.core import score_rules
+
+QK_NORMS = ("rms", "layer")
+_NORM_EPS = 1e-6  # Flax's LayerNorm/RMSNorm default
+
+
+def qk_normalize(x: jax.Array, scale: jax.Array, kind: str) -> jax.Array:
+  """QK-norm of q or k `[B, T, heads, Dh]` over Dh, times `scale [Dh]`.
+
+  "rms": x / rms(x) (OLMo 2, Gemma 3); "layer": (x - mean) / std, no bias
+  (ViT-22B; Flax's `normalize_qk`). Statistics in float32, eps 1e-6.
+  """
+  xf = x.astype(jnp.float32)
+  if kind == "layer":
+    xf = xf - jnp.mean(xf, axis=-1, keepdims=True)
+  elif kind != "rms":
+    raise ValueError(f"qk_normalize: `kind` must be one of {QK_NORMS}, got "
+                     f"{kind!r}")
+  xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True)
+                          + _NORM_EPS)
+  scale = jnp.reshape(scale.astype(jnp.float32), (1,) * (x.ndim - 1) + (-1,))
+  return (xf * scale).astype(x.dtype)
+
+
+def project(x: jax.Array, w: jax.Array, b: jax.Array | None = None):
+  """Stage 1: one fused projection `x [B,T,D] @ w [D, heads*dim]`."""
+  d, heads, dim = w.shape
+  y = x @ w.reshape(d, heads * dim)  # [B, T, heads*dim]
+  if b is not None:
+    y = y + b.reshape((1,) * (y.ndim - 1) + (heads * dim,))
+  return y
+
+
+def split_heads(y: jax.Array, num_heads: int) -> jax.Array:
+  """Stage 2: `[B, T, heads*dim] -> [B, T, heads, dim]`, disjoint slices."""
+  return y.reshape(*y.shape[:-1], num_heads, y.shape[-1] // num_heads)
+
+
+def merge_heads(o: jax.Array) -> jax.Array:
+  """Stage 4: concatenate heads, `[B, T, H, Dv] -> [B, T, H*Dv]`."""
+  return o.reshape(*o.shape[:-2], o.shape[-2] * o.shape[-1])
+
+
+def project_out(concat: jax.Array, w_o: jax.Array,
+                b_o: jax.Array | None = None) -> jax.Array:
+  """Stage 5: `[B, T, H*Dv] @ w_o [H*Dv, D]`, mixing information across heads."""
+  h, dv, d = w_o.shape
+  y = concat @ w_o.reshape(h * dv, d)  # [B, T, D]
+  if b_o is not None:
+    y = y + b_o.reshape((1,) * (y.ndim - 1) + (d,))
+  return y
+
+
+def project_qkv(params, x_q, x_kv=None):
+  """Stages 1-2 for Q, K and V: returns q `[B,Tq,H,Dh]`, k, v `[B,Tk,K,D*]`."""
+  x_kv = x_q if x_kv is None else x_kv
+  h = params["w_q"].shape[1]
+  kh = params["w_k"].shape[1]
+  q = split_heads(project(x_q, params["w_q"], params.get("b_q")), h)
+  k = split_heads(project(x_kv, params["w_k"], params.get("b_k")), kh)
+  v = split_heads(project(x_kv, params["w_v"], params.get("b_v")), kh)
+  return q, k, v
+
+
+def project_heads(params, z, hooks=hooks_lib.NO_HOOKS):
+  """Stages 4-5 on each head's output `z [B, Tq, H, Dv]` -> `[B, Tq, D]`.
+
+  The `result` site `[B, Tq, H, D]` (head h's own term z_h @ W^O_h) is
+  formed only when a hook asks for it, beside the usual fused product,
+  which still gives the output. A patch of `result` moves the output by
+  the change of the terms, `sum_h (new_h - clean_h)`: the output is then
+  the sum of the new terms plus b_o, and patching in the clean terms
+  changes no bit.
+  """
+  w_o, b_o = params["w_o"], params.get("b_o")
+  y = project_out(merge_heads(z), w_o, b_o)
+  if not hooks.wants("result"):
+    return y
+  # The barriers keep XLA from fusing this product with its neighbours,
+  # which otherwise changed the rounding of some terms from one compiled
+  # program to another: captured in one program and subtracted in another,
+  # they must have the same bits for a patch with them to be exact.
+  zb, wb = jax.lax.optimization_barrier((z, w_o))
+  clean = jax.lax.optimization_barrier(jnp.einsum("bqhe,hed->bqhd", zb, wb))
+  result = hooks("result", clean)
+  if not hooks.patches("result"):
+    return y
+  return y + jnp.sum(result - clean, axis=2)
+
+
+def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
+                    is_causal=False, implementation="vmap",
+                    rotary_base=None, positions=None, kv_positions=None,
+                    cache=None, lengths=None, dropout_rate=0.0,
+                    dropout_rng=None, hooks=hooks_lib.NO_HOOKS,
+                    rules=score_rules.NO_RULES, qk_norm="rms",
+                    rotary_dim=None, rotary_scaling=None):
+  """Every attention call, cached or not, rotary or not: one sequence.
+
+  project q, k, v (stages 1-2) -> [QK-norm] -> rotate q and k (the one
+  place for per-head transforms of q and k) -> [write k, v into the
+  cache] -> attend
+  (stage 3) -> merge and project out (stages 4-5), with the hook sites
+  `q`, `k`, `v`, `scores`, `pattern`, `z`, `result` on the way.
+
+  Args:
+    params: one layer's dict (`init_mha_params`).
+    x_q: `[B, Tq, D]`; x_kv: `[B, Tk, D]` or None (self-attention).
+    mask, bias, is_causal, implementation, dropout_rate, dropout_rng: as
+      in `multi_head_attention`. With a cache, `mask` broadcasts to the
+      slots `[B, H, Tq, S]` and causality is always by true position.
+    rotary_base: rotate q and k by their positions (RoPE) when not None;
+      rotary_dim, rotary_scaling: as in `rotary.apply_rotary`.
+    positions: `[B, Tq]` or `[Tq]` positions of the queries (default
+      0..Tq-1, or `length[b] + t` with a cache); kv_positions: those of
+      the keys (default: `positions` for self-attention, else 0..Tk-1).
+    cache: this layer's `KVCache` (self-attention only); lengths: `[B]`
+      real new tokens per row (see `kv_cache.update`).
+    hooks: a `mha_jax.hooks.Hooks` view scoped to this layer.
+    rules: `score_rules.ScoreRules` (window, segments, soft cap, scale,
+      ALiBi); `params["sinks"]`, when present, are the heads' sink logits.
+      With a cache the window and ALiBi use the tokens' true positions;
+      segment ids are refused (a cache row holds one sequence).
+    qk_norm: the kind of QK-norm ("rms" or "layer") applied when `params`
+      hold `q_norm`/`k_norm` scales.
+
+  Returns:
+    `(y [B, Tq, D], new cache or None)`. Rows of a sequence that ran past
+    the cache are NaN, so an ignored overflow cannot go unnoticed.
+  """
+  q, k, v = project_qkv(params, x_q, x_kv)  # [B,Tq,H,Dh], [B,Tk,K,D*]
+  if "q_norm" in params:
+    q = qk_normalize(q, params["q_norm"], qk_norm)
+    k = qk_normalize(k, params["k_norm"], qk_norm)
+  if "sinks" in params:
+    rules = rules.replace(sinks=params["sinks"])
+  if cache is not None and positions is None:
+    positions = kv_cache.positions(cache, q.shape[1])
+  if rotary_base is not None:
+    if positions is None:
+      positions = jnp.arange(q.shape[1])
+    if kv_positions is None:
+      kv_positions = positions if x_kv is None else jnp.arange(k.shape[1])
+    rope = dict(base=rotary_base, rotary_dim=rotary_dim,
+                scaling=rotary_scaling)
+    q = rotary.apply_rotary(q, positions, **rope)
+    k = rotary.apply_rotary(k, kv_positions, **rope)
+  q, k, v = hooks("q", q), hooks("k", k), hooks("v", v)
+  if cache is not None:
+    if rules.segments:
+      raise ValueError("attention_layer: segment ids do not apply with a "
+                       "KV cache (a cache row holds one sequence; use "
+                       "`lengths` for ragged rows)")
+    if rules.local_window is not None or rules.alibi_slopes is not None:
+      # Slot j holds the token at position j; the queries sit at theirs.
+      rules = rules.replace(q_positions=kv_cache.positions(cache, q.shape[1]))
+    # Attend over every slot; the cache's mask holds the causal rule.
+    cache, visible = kv_cache.update(cache, k, v, lengths)
+    k, v = cache.k, cache.v  # [B, S, K, D*]
+    mask = masks_lib.combine_masks(mask, visible)
+    is_causal = False
+  z, _ = attention.attend(  # stage 3: [B, Tq, H, Dv]
+      q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+      implementation=implementation, dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng, hooks=hooks, rules=rules)
+  y = project_heads(params, hooks("z", z), hooks)  # stages 4-5
+  if cache is not None:
+    y = jnp.where(kv_cache.overflowed(cache)[:, None, None], jnp.nan, y)
+  return y, cache
+
+
+def check_inputs(params, x_q, x_kv=None, head_mask=None,
+                 fn="multi_head_attention", qk_norm="rms"):
+  """Validate everything that shapes can tell before tracing; returns the
+  layer's `MHADims`. Errors name `fn`, the argument and what came."""
+  dims = params_lib.mha_dims(params)
+  if qk_norm not in QK_NORMS:
+    raise ValueError(f"{fn}: `qk_norm` must be one of {QK_NORMS}, got "
+                     f"{qk_norm!r}")
+  for name, x in (("x_q", x_q), ("x_kv", x_kv)):
+    if x is None:
+      continue
+    if jnp.ndim(x) not in (2, 3):
+      raise ValueError(f"{fn}: `{name}` must have shape [B, T, D] or [T, D], "
+                       f"got {jnp.shape(x)}")
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+      raise TypeError(f"{fn}: `{name}` must be floating (embed integer tokens "
+                      f"first), got {jnp.result_type(x)}")
+    if jnp.shape(x)[-1] != dims.d_model:
+      raise ValueError(f"{fn}: `{name}` has feature size {jnp.shape(x)[-1]} "
+                       f"but params expect d_model={dims.d_model} (w_q shape "
+                       f"{params['w_q'].shape})")
+  if x_kv is not None:
+    if jnp.ndim(x_kv) != jnp.ndim(x_q):
+      raise ValueError(f"{fn}: `x_q` {jnp.shape(x_q)} and `x_kv` "
+                       f"{jnp.shape(x_kv)} must both be batched or both not")
+    if jnp.ndim(x_q) == 3 and x_q.shape[0] != x_kv.shape[0]:
+      raise ValueError(f"{fn}: batch sizes differ: `x_q` {x_q.shape}, `x_kv` "
+                       f"{x_kv.shape}")
+  if head_mask is not None:
+    hm = jnp.shape(head_mask)
+    b = jnp.shape(x_q)[0] if jnp.ndim(x_q) == 3 else 1
+    if hm not in ((dims.num_heads,), (b, dims.num_heads)):
+      raise ValueError(f"{fn}: `head_mask` must have shape [H]=[{dims.num_heads}]"
+                       f" or [B, H]=[{b}, {dims.num_heads}], got {hm}")
+  return dims
+
+
+def with_layer_options(hooks, implementation, head_mask=None,
+                       return_weights=False, fn="multi_head_attention"):
+  """`hooks` plus what two call options mean in hook terms: `head_mask`
+  is a patch of `z` (applied before a user's own patch of z) and
+  `return_weights` a capture of `pattern` (read back with
+  `hooks.read("pattern")`)."""
+  if head_mask is not None:
+    hooks = hooks.extend(patch={"z": hooks_lib.ScaleHeads(head_mask)})
+  if return_weights:
+    if implementation in attention.WEIGHTLESS:
+      raise ValueError(f"{fn}: return_weights=True is not possible: "
+                       f"{attention.weightless_reason(implementation)}")
+    hooks = hooks.extend(capture=("pattern",))
+  return hooks
+
+
+def site_names(implementation, prefix=""):
+  """`(valid, unavailable)` hook names of one attention layer: the sites
+  it forms, and the weight sites a weightless path lacks (with why)."""
+  valid = tuple(f"{prefix}{s}" for s in hooks_lib.ATTENTION_SITES
+                if implementation not in attention.WEIGHTLESS
+                or s not in hooks_lib.WEIGHT_SITES)
+  unavailable = {}
+  if implementation in attention.WEIGHTLESS:
+    reason = attention.weightless_reason(implementation)
+    unavailable = {f"{prefix}{s}": reason for s in hooks_lib.WEIGHT_SITES}
+  return valid, unavailable
+
+
+def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
+                         is_causal=False, implementation="vmap",
+                         return_weights=False, head_mask=None,
+                         dropout_rate=0.0, dropout_rng=None, capture=(),
+                         patch=None, rules=score_rules.NO_RULES,
+                         qk_norm="rms"):
+  """The seed's MultiHead(X_q, X_kv) = Concat(head_1..head_h) W^O.
+
+  Args:
+    params: dict from `init_mha_params` (`w_q [D,H,Dh]`, `w_k [D,K,Dh]`,
+      `w_v [D,K,Dv]`, `w_o [H,Dv,D]`, optional biases).
+    x_q: queries source `[B, Tq, D]` (or unbatched `[Tq, D]`).
+    x_kv: keys/values source `[B, Tk, D]`; None for self-attention.
+    mask: bool broadcastable to `[B, H, Tq, Tk]`, True = may attend.
+    bias: float broadcastable to `[B, H, Tq, Tk]`, added to scaled scores.
+    is_causal: also apply `causal_mask(Tq, Tk)` (bottom-right aligned)
+      without materialising it as an input.
+    implementation: "vmap" (reference: one head mapped with jax.vmap),
+      "einsum" (fused), "flash" (blockwise online softmax, O(T) memory),
+      "xla" / "cudnn" (jax.nn.dot_product_attention) or "auto" (the fastest
+      of these for the backend); all give the same numbers up to float
+      rounding. Only "vmap" and "einsum" form the weights (`pattern`).
+    return_weights: also return the attention weights `[B, H, Tq, Tk]`
+      (the `pattern` site: float32 softmax, before dropout).
+    head_mask: `[H]` or `[B, H]` multiplier on each head's output before the
+      concatenation (0 ablates a head; a gradient w.r.t. it is the head's
+      importance): a patch of the `z` site. Not part of the seed.
+    dropout_rate, dropout_rng: attention-weight dropout (training only).
+    capture: site names to return (`"q"`, `"pattern"`, `"z"`, ... see
+      `mha_jax.hooks`); patch: site name -> array or function.
+    rules: `score_rules.ScoreRules`: local window, segment ids, soft cap,
+      scale, ALiBi (sink logits come from `params["sinks"]`).
+    qk_norm: "rms" or "layer": the QK-norm applied when `params` hold
+      `q_norm`/`k_norm` scales (Flax's `normalize_qk` is "layer").
+
+  Returns:
+    out `[B, Tq, D]`; then, when asked, the dict of captured arrays, then
+    the weights.
+  """
+  check_inputs(params, x_q, x_kv, head_mask, qk_norm=qk_norm)
+  capture = (capture,) if isinstance(capture, str) else tuple(capture)
+  valid, unavailable = site_names(implementation)
+  hooks_lib.check_names(set(capture) | set(patch or {}), valid, unavailable)
+  hooks = with_layer_options(hooks_lib.Hooks(capture, patch), implementation,
+                             head_mask, return_weights)
+  unbatched = jnp.ndim(x_q) == 2
+  if unbatched:
+    if patch:
+      raise ValueError("multi_head_attention: `patch` needs batched inputs "
+                       f"[B, T, D], got x_q {jnp.shape(x_q)}")
+    x_q = x_q[None]
+    x_kv = None if x_kv is None else x_kv[None]
+  q, k, v = jax.eval_shape(project_qkv, params, x_q, x_kv)
+  attention.check_attend_inputs(
+      q, k, v, mask, bias, implementation, fn="multi_head_attention",
+      rules=rules.replace(sinks=params.get("sinks")))
+  y, _ = attention_layer(
+      params, x_q, x_kv, mask=mask, bias=bias, is_causal=is_causal,
+      implementation=implementation, dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng, hooks=hooks, rules=rules, qk_norm=qk_norm)
+  captured = dict(hooks.captured)
+  if unbatched:
+    y = y[0]
+    captured = {n: a[0] for n, a in captured.items()}
+  out = [y]
+  if capture:
+    out.append({n: captured[n] for n in capture})
+  if return_weights:
+    out.append(captured["pattern"])
+  return out[0] if len(out) == 1 else tuple(out)
+
+
+def cached_attention(params, x, cache, *, lengths=None, rotary_base=None,
+                     implementation="einsum", rules=score_rules.NO_RULES,
+                     qk_norm="rms"):
+  """Causal self-attention of new tokens `x [B, T, D]` over a `KVCache`.
+
+  The pure form of what `MultiHeadAttention(..., cache=)` runs. Token t of
+  row b goes to slot `cache.length[b] + t`, which is also its position for
+  `rotary_base`; `lengths [B]` (None: all T) counts each row's real new
+  tokens (the rest is right padding, never written; its output is 0
+  before the output projection). `rules`, `qk_norm`: as in
+  `multi_head_attention` (no segment ids: a cache row is one sequence).
+
+  Returns `(y [B, T, D], new_cache, CacheStatus)`; rows of a sequence that
+  ran past `max_len` are NaN and flagged in the status.
+  """
+  dims = params_lib.mha_dims(params)
+  kv_cache.check_cache(cache, x, dims, lengths, "cached_attention")
+  y, cache = attention_layer(params, x, cache=cache, lengths=lengths,
+                             is_causal=True, rotary_base=rotary_base,
+                             implementation=implementation, rules=rules,
+                             qk_norm=qk_norm)
+  return y, cache, kv_cache.status(cache)

@@ -1,0 +1,5 @@
+"""Layer 6, interp: what heads do. Head metrics, ablation and gradient
+importance, activation / path / attribution patching, composition scores,
+clean/corrupted pairs, a hand-wired circuit, the head survey, sweeps of
+heads, and the browser explorer. Imports measure and below.
+"""

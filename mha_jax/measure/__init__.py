@@ -1,0 +1,5 @@
+"""Layer 5, measure: what every experiment uses to train seeds and report
+them: seed runs, loss curves and landmarks, statistics over seeds, figures,
+timing, continuations, and the report cells and write-out. Imports
+training and below.
+"""

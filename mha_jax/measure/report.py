@@ -1,0 +1,117 @@
+"""What every experiment's report writes: its cells, tables and files.
+
+One module owns the formats a reader compares across reports, so a
+"mean ± std [interval]" cell reads the same everywhere:
+
+  fmt(0.1234, 0.0042)              -> "0.123 ± 0.004"
+  interval((0.12, 0.131))          -> "[0.120, 0.131]"   ("n/a": one seed)
+  summary(stats.summary(values))   -> "0.123 ± 0.004 [0.110, 0.136]"
+  difference(stats.difference(a, b)) -> "+0.050 [0.010, 0.090]"
+  percent(0.25)                    -> "25.0%"
+
+Each takes a format spec (`spec`, and `std_spec` / `interval_spec` where
+the parts differ) for the reports that print significant digits (`.3g`)
+or signs (`+.3f`). `md_table` writes a Markdown table and `write_outputs`
+the report.md / results.json pair of a run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from absl import app
+import jax
+import numpy as np
+
+from mha_jax.measure import stats
+
+
+# Mean and sample std (ddof = 1; None for one seed) over seeds.
+mean_std = stats.mean_std
+
+
+def fmt(mean: float, std: float | None = None, digits: int = 3) -> str:
+  """`0.123 ± 0.004` (mean ± sample std), or `0.123` without a std."""
+  if std is None:
+    return f"{mean:.{digits}f}"
+  return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def interval(ci, digits: int = 3, *, spec: str | None = None,
+             missing: str = "n/a") -> str:
+  """`[0.120, 0.131]`, or `missing` where there is no interval (one
+  seed)."""
+  if ci is None:
+    return missing
+  spec = spec or f".{digits}f"
+  return f"[{ci[0]:{spec}}, {ci[1]:{spec}}]"
+
+
+def summary(summ: dict, digits: int = 3, *, spec: str | None = None,
+            std_spec: str | None = None) -> str:
+  """A `stats.summary` as `mean ± std [95% interval]`; the mean alone for
+  one seed (no std)."""
+  spec = spec or f".{digits}f"
+  if summ["std"] is None:
+    return f"{summ['mean']:{spec}}"
+  return (f"{summ['mean']:{spec}} ± {summ['std']:{std_spec or spec}} "
+          f"{interval(summ['ci95'], spec=spec)}")
+
+
+def difference(d: dict, digits: int = 3, *, spec: str | None = None,
+               interval_spec: str | None = None,
+               missing: str = "(n/a)") -> str:
+  """A `stats.difference` as `+diff [lo, hi]` (signed); `+diff missing`
+  without an interval (one seed)."""
+  spec = spec or f"+.{digits}f"
+  if d["ci95"] is None:
+    return f"{d['diff']:{spec}} {missing}"
+  return f"{d['diff']:{spec}} {interval(d['ci95'], spec=interval_spec or spec)}"
+
+
+def percent(fraction: float, digits: int = 1, *, signed: bool = False
+            ) -> str:
+  """`0.25` -> `25.0%` (`+25.0%` with `signed`)."""
+  return f"{100 * fraction:{'+' if signed else ''}.{digits}f}%"
+
+
+def md_table(headers, rows) -> str:
+  """A Markdown table; cells are written with `str`."""
+  lines = ["| " + " | ".join(str(h) for h in headers) + " |",
+           "|" + "|".join("---" for _ in headers) + "|"]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def _to_json(x, drop):
+  """`x` with arrays as lists and every dict key in `drop` left out."""
+  if isinstance(x, dict):
+    return {str(k): _to_json(v, drop) for k, v in x.items() if k not in drop}
+  if isinstance(x, (list, tuple)):
+    return [_to_json(v, drop) for v in x]
+  if isinstance(x, (np.ndarray, jax.Array)):
+    return np.asarray(x).tolist()
+  if isinstance(x, (np.floating, np.integer, np.bool_)):
+    return x.item()
+  return x
+
+
+def write_outputs(workdir, results: dict, report: str, drop=()) -> dict:
+  """Write results.json (every number) and report.md into `workdir`.
+
+  Keys named in `drop` are left out of results.json at any depth (the
+  per-example arrays kept only for figures). Returns what was written.
+  """
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  written = _to_json(results, frozenset(drop))
+  (workdir / "results.json").write_text(json.dumps(written, indent=1) + "\n")
+  (workdir / "report.md").write_text(report.rstrip() + "\n")
+  return written
+
+
+def check_no_arguments(argv) -> None:
+  """Entry points take flags only; refuse stray positional arguments."""
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

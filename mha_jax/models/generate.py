@@ -1,0 +1,186 @@
+"""Autoregressive generation from a `DecoderLM` that owns its KV cache.
+
+Shape letters: B batch, P padded prompt length, T new tokens in one call,
+N generated tokens, S cache slots (max_len), V vocabulary, D d_model.
+
+This module is only the decoding loop: the model computes every logit,
+through the same forward as training (`model(tokens, cache=cache)` returns
+the logits and the new cache), so cached logits are the model's logits.
+
+Positions are per sequence: a token written to slot `length[b] + t` has
+position `length[b] + t`, for learned and sinusoidal tables as for rotary,
+so a ragged batch (right-padded prompts of unequal length) decodes exactly
+as each prompt would alone.
+
+`decode_loop` is pure and un-jitted (prefill, then a `lax.scan` of one-token
+steps, so it traces once for any prompt values or lengths); `generate` jits
+it once per (model structure, shapes, N) and raises `OverflowError` when a
+sequence would run past the cache.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mha_jax.core import kv_cache
+from mha_jax.models import transformer
+
+
+def _check_token_lm(model, fn):
+  if not isinstance(model, transformer.DecoderLM):
+    raise TypeError(f"{fn}: `model` must be a DecoderLM, got "
+                    f"{type(model).__name__}")
+  c = model.config
+  if c.input_dim > 0:
+    raise ValueError(f"{fn}: `model` reads continuous features "
+                     f"(input_dim={c.input_dim}); generation needs a "
+                     "token model")
+  if c.out_features != c.vocab_size:
+    raise ValueError(f"{fn}: `model` predicts {c.out_features} classes but "
+                     f"embeds {c.vocab_size} tokens; its outputs cannot be "
+                     "fed back as inputs")
+
+
+def prefill(model, prompt, cache, *, lengths=None):
+  """Run right-padded prompts `[B, P]`; returns the logits at each row's last
+  real token `[B, V]`, the new cache and its status."""
+  b, p = prompt.shape
+  lengths = (jnp.full((b,), p, jnp.int32) if lengths is None
+             else jnp.asarray(lengths, jnp.int32))
+  logits, cache = model(prompt, cache=cache, lengths=lengths)
+  last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)
+  return last[:, 0], cache, kv_cache.status(cache)  # [B, V]
+
+
+def decode_step(model, token, cache, *, active=None):
+  """One token per sequence `[B]` -> next-token logits `[B, V]`, cache,
+  status. Rows where `active [B]` is False write nothing and stay put."""
+  lengths = None if active is None else jnp.asarray(active, jnp.int32)
+  logits, cache = model(token[:, None], cache=cache, lengths=lengths)
+  return logits[:, 0], cache, kv_cache.status(cache)
+
+
+def sample_next(logits, temperature, rng):
+  """Next tokens `[B]` from logits `[B, V]`: argmax at temperature 0, else a
+  draw from softmax(logits / temperature). `temperature` may be traced, so
+  greedy and sampled decoding share one compiled program."""
+  greedy = jnp.argmax(logits, axis=-1)
+  if rng is None:
+    return greedy
+  scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)
+  drawn = jax.random.categorical(rng, scaled, axis=-1)
+  return jnp.where(temperature > 0, drawn, greedy)
+
+
+def decode_loop(model, prompt, max_new_tokens: int, *, lengths=None,
+                new_tokens=None, temperature=0.0, rng=None,
+                max_len: int | None = None):
+  """Prefill, then `max_new_tokens - 1` cached steps under `lax.scan`.
+
+  `new_tokens [B]` (None: all N) gives each row its own budget: a row
+  stops writing to its cache once it has that many tokens, and its later
+  tokens are `PAD_ID` 0, so ragged budgets share one compiled loop.
+  Returns `(tokens [B, N], logits [B, N, V], CacheStatus)`: token n of row b
+  was chosen from `logits[b, n]`; step n draws with `fold_in(rng, n)`. The
+  status covers every call (the caller must check it).
+  """
+  b = prompt.shape[0]
+  caches = model.init_cache(b, max_len)
+  key = lambda n: None if rng is None else jax.random.fold_in(rng, n)
+  budget = (jnp.full((b,), max_new_tokens, jnp.int32) if new_tokens is None
+            else jnp.asarray(new_tokens, jnp.int32))
+  last, caches, _ = prefill(model, prompt, caches, lengths=lengths)
+  first = sample_next(last, temperature, key(0))
+
+  def step(carry, n):
+    token, caches = carry
+    # Token n-1 is fed (written) only if token n is still within budget.
+    active = n < budget  # [B]
+    logits, caches, _ = decode_step(model, token, caches, active=active)
+    nxt = jnp.where(active, sample_next(logits, temperature, key(n)), 0)
+    return (nxt, caches), (nxt, logits)
+
+  (_, caches), (tokens, logits) = jax.lax.scan(
+      step, (first, caches), jnp.arange(1, max_new_tokens))
+  tokens = jnp.concatenate([first[:, None], tokens.T], axis=1)  # [B, N]
+  logits = jnp.concatenate([last[:, None], logits.swapaxes(0, 1)], axis=1)
+  # Overflow is sticky (a row's length stays past max_len), so the final
+  # caches tell whether any call overflowed.
+  return tokens, logits, kv_cache.status(caches)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens",
+                                             "max_len", "sample"))
+def _decode_jit(graphdef, state, prompt, lengths, new_tokens, temperature,
+                rng, *, max_new_tokens, max_len, sample):
+  return decode_loop(nnx.merge(graphdef, state), prompt, max_new_tokens,
+                     lengths=lengths, new_tokens=new_tokens,
+                     temperature=temperature, rng=rng if sample else None,
+                     max_len=max_len)
+
+
+def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
+             new_tokens=None, temperature: float = 0.0, rng=None,
+             max_len: int | None = None, return_logits: bool = False):
+  """Continue right-padded prompts `[B, P]` by `max_new_tokens` tokens.
+
+  Args:
+    model: a token `DecoderLM`.
+    prompt: int tokens `[B, P]`; row b's first `prompt_lengths[b]` are real.
+    max_new_tokens: N >= 1 tokens to generate per row.
+    prompt_lengths: `[B]` ints in [1, P]; None means every row is full.
+    new_tokens: `[B]` ints in [1, N], each row's own budget (later tokens
+      are 0); None means N for every row.
+    temperature: 0 picks the argmax; > 0 samples and needs `rng`.
+    rng: a PRNG key for sampling (the same key gives the same tokens).
+    max_len: cache slots, default the model's `max_len`; row b needs
+      `prompt_lengths[b] + new_tokens[b] - 1` of them.
+    return_logits: also return the logits `[B, N, V]` each token came from.
+
+  Returns:
+    `tokens [B, N]` (and the logits). Raises `OverflowError` if a row would
+    run past `max_len`: no position is ever wrapped or clamped.
+  """
+  fn = "generate"
+  _check_token_lm(model, fn)
+  prompt = jnp.asarray(prompt)
+  if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer):
+    raise ValueError(f"{fn}: `prompt` must be int tokens [B, P], got "
+                     f"{prompt.dtype} {prompt.shape}")
+  b, p = prompt.shape
+  if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    raise ValueError(f"{fn}: `max_new_tokens` must be an int >= 1, got "
+                     f"{max_new_tokens!r}")
+  lengths = (jnp.full((b,), p, jnp.int32) if prompt_lengths is None
+             else jnp.asarray(prompt_lengths, jnp.int32))
+  if lengths.shape != (b,) or bool(jnp.any((lengths < 1) | (lengths > p))):
+    raise ValueError(f"{fn}: `prompt_lengths` must be [{b}] ints in [1, "
+                     f"P={p}], got {prompt_lengths!r}")
+  budget = (jnp.full((b,), max_new_tokens, jnp.int32) if new_tokens is None
+            else jnp.asarray(new_tokens, jnp.int32))
+  if budget.shape != (b,) or bool(jnp.any((budget < 1)
+                                          | (budget > max_new_tokens))):
+    raise ValueError(f"{fn}: `new_tokens` must be [{b}] ints in [1, "
+                     f"max_new_tokens={max_new_tokens}], got {new_tokens!r}")
+  if temperature < 0 or (temperature > 0 and rng is None):
+    raise ValueError(f"{fn}: `temperature` must be 0 (greedy) or > 0 with "
+                     f"an `rng` key, got {temperature!r} and rng={rng!r}")
+  max_len = model.config.max_len if max_len is None else max_len
+  need = lengths + budget - 1  # [B] cache slots each row fills
+  worst = int(jnp.argmax(need))
+  if int(need[worst]) > max_len:
+    raise OverflowError(f"{fn}: row {worst}'s prompt of {int(lengths[worst])}"
+                        f" tokens plus {int(budget[worst])} new ones needs "
+                        f"{int(need[worst])} cache slots, but `max_len`="
+                        f"{max_len}")
+  graphdef, state = nnx.split(model)
+  tokens, logits, status = _decode_jit(
+      graphdef, state, prompt, lengths, budget, jnp.float32(temperature),
+      jax.random.PRNGKey(0) if rng is None else rng,
+      max_new_tokens=max_new_tokens, max_len=max_len, sample=rng is not None)
+  kv_cache.raise_if_overflow(status)  # never expected after the check above
+  return (tokens, logits) if return_logits else tokens

@@ -1,0 +1,66 @@
+"""A fixed held-out batch of a config's task, and a model measured on it.
+
+Shape letters: L layers, B examples, H heads, T query length, S key length.
+
+Training draws its batches from `fold_in(data_key, step)` of the run's
+seed; an analysis batch comes from a separate key (`ANALYSIS_SEED` plus an
+offset), so the numbers in a report are on data the model did not train
+on. Experiments draw one batch per training seed (`ANALYSIS_SEED + seed`),
+shared by the settings compared within that seed, so a spread over seeds
+includes the variation of the evaluation data too.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from flax import nnx
+import jax
+import ml_collections
+import numpy as np
+
+from mha_jax.training import train
+
+
+ANALYSIS_SEED = 12345
+
+
+def analysis_batch(config, num_examples: int,
+                   seed: int = ANALYSIS_SEED) -> dict:
+  """`num_examples` examples of `config.task`, drawn from key `seed`.
+
+  The task's batch dict (see `mha_jax.training.tasks`) with batch size B =
+  `num_examples`. Drawn through the training loop's jitted sampler, so a
+  batch the size of the training batch compiles nothing new.
+  """
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.task.batch_size = num_examples
+  return train.batch_fn(c)(jax.random.PRNGKey(seed))
+
+
+# Jitted once per model structure (the graphdef is static, the parameters
+# are arguments): every seed of a setting reuses one compiled program.
+@functools.partial(jax.jit, static_argnums=0)
+def _weights(graphdef, state, batch):
+  model = nnx.merge(graphdef, state)
+  return train.apply_model(model, batch, return_weights=True)[1]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _metrics(graphdef, state, batch, loss):
+  return train.compute_loss(nnx.merge(graphdef, state), batch, loss)[1]
+
+
+def weights_of(model, batch) -> dict:
+  """Every layer's attention weights on `batch`, as NumPy.
+
+  `{"self": [L, B, H, T, T]}`, plus `"cross": [L, B, H, T, S]` for an
+  encoder-decoder.
+  """
+  return jax.tree.map(np.asarray, _weights(*nnx.split(model), batch))
+
+
+def eval_loss(model, batch, loss: str) -> dict:
+  """`{"loss": float}` (and `"accuracy"` for class targets) on `batch`."""
+  metrics = _metrics(*nnx.split(model), batch, loss)
+  return {k: float(v) for k, v in metrics.items()}

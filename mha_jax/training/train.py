@@ -1,0 +1,343 @@
+"""One training loop for every experiment: pure steps, jit at the call site.
+
+Shape letters: B batch, T length, V classes (vocabulary), O output features.
+
+`TrainState` is a pytree (step, params, optimizer state, dropout key) with
+the model's `nnx.GraphDef` and the optax transformation as static fields,
+so `train_step(state, batch)` and `eval_step` are pure functions: they
+`nnx.merge` the model inside, and the caller applies
+`jax.jit(train_step, donate_argnums=0)`.
+
+Determinism: the batch of step s is drawn from `fold_in(data_key, s)` and
+the dropout key of step s is `fold_in(state.rng, s)`, so the whole run is
+a function of (config, seed). A run resumed from a checkpoint therefore
+replays exactly the steps it missed and ends with bit-identical parameters
+(on CPU) to a run that was never stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from absl import logging
+from flax import nnx
+from flax import struct
+
+from mha_jax.training import checkpoint
+from mha_jax.training import config as config_lib
+from mha_jax.parallel import sharding
+from mha_jax.training import tasks
+from mha_jax.models import transformer
+
+# Separate PRNG streams derived from the one seed.
+_INIT, _DATA, _EVAL, _DROPOUT = range(4)
+
+
+class TrainState(struct.PyTreeNode):
+  """Everything a step changes, plus the static pieces to rebuild the model."""
+  step: jax.Array  # int32 scalar, optimizer steps taken
+  params: nnx.State  # the model's nnx.Param state
+  opt_state: optax.OptState
+  rng: jax.Array  # uint32[2] base key for dropout
+  graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+  tx: optax.GradientTransformation = struct.field(pytree_node=False)
+  loss: str = struct.field(pytree_node=False, default="xent")
+
+  def model(self):
+    """The nnx model with the current parameters."""
+    return nnx.merge(self.graphdef, self.params)
+
+
+def seed_key(seed: int, stream: int) -> jax.Array:
+  return jax.random.fold_in(jax.random.PRNGKey(seed), stream)
+
+
+def make_optimizer(train_cfg) -> optax.GradientTransformation:
+  """AdamW with linear warmup, cosine decay and global-norm clipping."""
+  tr = train_cfg
+  return _optimizer(tr.learning_rate, tr.warmup_steps, tr.num_steps,
+                    tr.end_lr_fraction, tr.weight_decay, tr.b1, tr.b2,
+                    tr.grad_clip)
+
+
+# Memoised so that equal settings give the SAME transformation object: it is
+# a static field of TrainState, and jit reuses a compiled step only when the
+# static fields compare equal (several seeds in one process compile once).
+@functools.lru_cache(maxsize=64)
+def _optimizer(learning_rate, warmup_steps, num_steps, end_lr_fraction,
+               weight_decay, b1, b2, grad_clip):
+  tr = ml_collections.ConfigDict(locals())
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=tr.learning_rate,
+      warmup_steps=tr.warmup_steps, decay_steps=tr.num_steps,
+      end_value=tr.learning_rate * tr.end_lr_fraction)
+  # Decay matrices only: shrinking LayerNorm scales and biases has no
+  # regularising meaning.
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  adamw = optax.adamw(schedule, b1=tr.b1, b2=tr.b2,
+                      weight_decay=tr.weight_decay, mask=decay_mask)
+  if tr.grad_clip > 0:
+    return optax.chain(optax.clip_by_global_norm(tr.grad_clip), adamw)
+  return adamw
+
+
+def apply_model(model, batch, **kwargs):
+  """Call a DecoderLM or EncoderDecoder on a task batch."""
+  if isinstance(model, transformer.EncoderDecoder):
+    return model(batch["inputs"], batch["decoder_inputs"], **kwargs)
+  return model(batch["inputs"], **kwargs)
+
+
+def compute_loss(model, batch, loss: str, **kwargs):
+  """Masked mean loss and metrics; `kwargs` go to the model call.
+
+  "xent": cross-entropy of logits `[B, T, V]` against int targets `[B, T]`;
+  "mse": squared error of `[B, T, O]` against float targets, averaged
+  over O. Both average over positions where `loss_mask` is 1.
+  Returns `(loss, {"loss", "accuracy" (xent only)})`.
+  """
+  out = apply_model(model, batch, **kwargs)
+  mask = batch["loss_mask"]
+  denom = jnp.maximum(jnp.sum(mask), 1.0)
+  metrics = {}
+  if loss == "xent":
+    logits = out.astype(jnp.float32)
+    per_pos = optax.softmax_cross_entropy_with_integer_labels(
+        logits, batch["targets"])  # [B, T]
+    hit = jnp.argmax(logits, axis=-1) == batch["targets"]
+    metrics["accuracy"] = jnp.sum(hit * mask) / denom
+  elif loss == "mse":
+    err = out.astype(jnp.float32) - batch["targets"]
+    per_pos = jnp.mean(jnp.square(err), axis=-1)  # [B, T]
+  else:
+    raise ValueError(f"compute_loss: unknown `loss`={loss!r}")
+  value = jnp.sum(per_pos * mask) / denom
+  metrics["loss"] = value
+  return value, metrics
+
+
+def create_train_state(config) -> TrainState:
+  """Fresh model and optimizer state for `config` (validated first)."""
+  key = seed_key(config.train.seed, _INIT)
+  model = config_lib.build_model(config, nnx.Rngs(params=key))
+  graphdef, params = nnx.split(model)
+  tx = make_optimizer(config.train)
+  return TrainState(
+      step=jnp.zeros((), jnp.int32), params=params,
+      opt_state=tx.init(params), rng=seed_key(config.train.seed, _DROPOUT),
+      graphdef=graphdef, tx=tx,
+      loss=tasks.get_task(config.task.name).loss)
+
+
+def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
+  """One AdamW step on `batch`; returns the new state and metrics."""
+  dropout_rng = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params):
+    model = nnx.merge(state.graphdef, params)
+    return compute_loss(model, batch, state.loss, deterministic=False,
+                        dropout_rng=dropout_rng)
+
+  (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      state.params)
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics["grad_norm"] = optax.tree.norm(grads)
+  new_state = state.replace(step=state.step + 1, params=params,
+                            opt_state=opt_state)
+  return new_state, metrics
+
+
+def eval_step(state: TrainState, batch) -> dict:
+  """Metrics on `batch` without dropout and without changing the state."""
+  _, metrics = compute_loss(state.model(), batch, state.loss)
+  return metrics
+
+
+def batch_fn(config):
+  """A jitted `step_key -> batch` for the config's task."""
+  return _batch_fn(ml_collections.FrozenConfigDict(config.task))
+
+
+@functools.lru_cache(maxsize=64)
+def _batch_fn(task_cfg):
+  make = tasks.get_task(task_cfg.name).make_batch
+  return jax.jit(functools.partial(make, cfg=task_cfg))
+
+
+# Jitted once per process; the caches key on the state's static fields.
+train_step_jit = jax.jit(train_step, donate_argnums=0)
+eval_step_jit = jax.jit(eval_step)
+
+
+def sharded_train_step(state: TrainState, batch, mesh):
+  """`train_step` on a state placed by `sharding.tree_shardings(state, mesh)`.
+
+  GSPMD propagates the layout from the placed inputs (params split on
+  heads, batch on "data"); the constraint pins the NEW state to the layout
+  of the old one, so step s + 1 sees the shardings step s saw and the
+  compiled program is reused, and nothing drifts to replicated.
+  """
+  new_state, metrics = train_step(state, batch)
+  new_state = jax.lax.with_sharding_constraint(
+      new_state, sharding.tree_shardings(new_state, mesh))
+  return new_state, metrics
+
+
+sharded_train_step_jit = jax.jit(sharded_train_step, static_argnames="mesh",
+                                 donate_argnums=0)
+
+
+@functools.lru_cache(maxsize=16)
+def _sharded_batch_fn(task_cfg, mesh):
+  make = tasks.get_task(task_cfg.name).make_batch
+  # Each device draws only its own rows of the global batch (and on many
+  # hosts each process only its devices' rows): no host-side split.
+  return jax.jit(functools.partial(make, cfg=task_cfg),
+                 out_shardings=sharding.batch_sharding(mesh, 1))
+
+
+def step_fns(config, mesh):
+  """`(train_step, eval_step, make_batch)` for `mesh`.
+
+  A one-device mesh gets the plain jitted steps (the program of an
+  unsharded run, unchanged); a larger one the sharded step and batches
+  born split along "data".
+  """
+  if mesh.size == 1:
+    return train_step_jit, eval_step_jit, batch_fn(config)
+  step = functools.partial(sharded_train_step_jit, mesh=mesh)
+  task_cfg = ml_collections.FrozenConfigDict(config.task)
+  return step, eval_step_jit, _sharded_batch_fn(task_cfg, mesh)
+
+
+def _fmt_time(seconds: float) -> str:
+  seconds = int(seconds)
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _fmt_metrics(row) -> str:
+  return " | ".join(f"{k} {v:.4f}" for k, v in row.items()
+                    if k not in ("step", "split"))
+
+
+def _append_metrics(path: pathlib.Path, step: int, split: str, metrics):
+  row = {"step": step, "split": split}
+  row.update({k: float(v) for k, v in jax.device_get(metrics).items()})
+  if jax.process_index() == 0:  # many hosts share one workdir: one writer
+    with path.open("a") as f:
+      f.write(json.dumps(row) + "\n")
+  return row
+
+
+def evaluate(state, config, eval_step_fn=None, make=None):
+  """Mean metrics over `train.eval_batches` fixed held-out batches."""
+  eval_step_fn = eval_step_fn or eval_step_jit
+  make = make or batch_fn(config)
+  rows = [eval_step_fn(state, make(jax.random.fold_in(
+      seed_key(config.train.seed, _EVAL), i)))
+          for i in range(config.train.eval_batches)]
+  return jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *rows)
+
+
+def train_and_evaluate(config, workdir, *, stop_at: int | None = None):
+  """Train per `config`, writing metrics and checkpoints into `workdir`.
+
+  Restarting with the same `workdir` resumes from the latest checkpoint.
+  `stop_at` ends the run before that step WITHOUT a final checkpoint, as a
+  kill would (tests use it to check that resuming loses nothing).
+  Returns the final `TrainState`.
+  """
+  config_lib.validate_config(config)
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  if jax.process_index() == 0:
+    (workdir / "config.json").write_text(
+        config.to_json_best_effort(indent=2))
+  tr = config.train
+  mesh = sharding.mesh_from_config(config)
+  state = create_train_state(config)
+  logging.info("Mesh %s over %d devices", dict(mesh.shape), mesh.size)
+  if mesh.size > 1:
+    # Params and optimizer state by name rules; a checkpoint restores into
+    # these shardings whatever mesh it was saved from.
+    state = sharding.shard_tree(state, mesh)
+  manager = checkpoint.make_manager(workdir, tr.checkpoint_every,
+                                    tr.max_checkpoints)
+  state = checkpoint.restore_latest(manager, state)
+  start = int(state.step)
+  metrics_path = workdir / "metrics.jsonl"
+  if jax.process_index() == 0:
+    checkpoint.truncate_metrics(metrics_path, start)
+  if start:
+    logging.info("Resumed from the checkpoint at step %d", start)
+
+  step_fn, eval_fn, make = step_fns(config, mesh)
+  data_key = seed_key(tr.seed, _DATA)
+  t_last, s_last = time.time(), start
+  for step in range(start, tr.num_steps):
+    if stop_at is not None and step >= stop_at:
+      break
+    state, metrics = step_fn(state, make(jax.random.fold_in(data_key, step)))
+    done = step + 1
+    if done % tr.log_every == 0 or done == tr.num_steps:
+      row = _append_metrics(metrics_path, done, "train", metrics)
+      now = time.time()
+      rate = (done - s_last) / max(now - t_last, 1e-9)
+      logging.info("step %d/%d | %s | %.1f steps/s | ETA %s", done,
+                   tr.num_steps, _fmt_metrics(row), rate,
+                   _fmt_time((tr.num_steps - done) / rate))
+      t_last, s_last = now, done
+    if done % tr.eval_every == 0 or done == tr.num_steps:
+      row = _append_metrics(metrics_path, done, "eval",
+                            evaluate(state, config, eval_fn, make))
+      logging.info("eval step %d | %s", done, _fmt_metrics(row))
+    checkpoint.save(manager, state, force=done == tr.num_steps)
+  checkpoint.close(manager)
+  return state
+
+
+def load_config(workdir) -> ml_collections.ConfigDict:
+  """The config a run in `workdir` was started with."""
+  text = (pathlib.Path(workdir) / "config.json").read_text()
+  return ml_collections.ConfigDict(json.loads(text))
+
+
+def load_state(workdir, step: int | None = None):
+  """`(TrainState, config)` of a run, from checkpoint `step` (None: latest).
+
+  Step 0 is the state the run started from: runs save no checkpoint there,
+  so unless one exists it is rebuilt from the config's seed, as
+  `train_and_evaluate` built it (the untrained baseline of an analysis).
+  """
+  config = load_config(workdir)
+  tr = config.train
+  state = create_train_state(config)
+  manager = checkpoint.make_manager(workdir, tr.checkpoint_every,
+                                    tr.max_checkpoints)
+  try:
+    saved = sorted(manager.all_steps())
+    if step is None and not saved:
+      raise FileNotFoundError(f"load_state: no checkpoint in {workdir}")
+    step = saved[-1] if step is None else step
+    if step in saved:
+      state = checkpoint.restore(manager, state, step)
+    elif step != 0:
+      raise FileNotFoundError(f"load_state: `step` {step} has no checkpoint "
+                              f"in {workdir}; saved steps: {saved}")
+  finally:
+    checkpoint.close(manager)
+  return state, config
+
+
+def load_model(workdir, step: int | None = None):
+  """`(model, config)`: a run's trained nnx model (analysis, decoding)."""
+  state, config = load_state(workdir, step)
+  return state.model(), config

@@ -1,0 +1,191 @@
+"""`auto`'s choice per backend: known answers from JAX's documented limits.
+
+Each row states a call, the implementation `auto` must pick, and a phrase
+the reason for passing over the faster kernel must contain. The expected
+answers come from the limits in JAX's source (jax 0.10), not from the
+function under test:
+  * cuDNN: float16/bfloat16 only and one dtype for q, k, v; head width <= 128
+    (<= 256 from compute capability 9.0) and a multiple of 8; a mask/bias
+    becomes a bias spanning [Tq, Tk]; with one, even Tq and Tk
+    (jax/_src/cudnn/fused_attention_stablehlo.py: check_layout,
+    check_is_flash_attention); `is_causal` is tril of [Tq, Tk], top-left
+    (jax/_src/nn/functions.py: _get_causal_mask).
+  * Pallas TPU splash attention through mha_jax's adapter: Dv == Dh, Tq
+    and Tk multiples of its block of 128, Dh <= 128 or a multiple of 128,
+    no dense mask or bias (jax/experimental/pallas/ops/tpu/
+    splash_attention; the adapter's own tests are tests/core/test_pallas.py).
+Pure Python: nothing is compiled.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import mha_jax
+from mha_jax.core import attention
+from mha_jax.core.kernels import auto
+
+BF16, F16, F32 = "bfloat16", "float16", "float32"
+# The standard benchmark shape, per head: B=8, n=512, h=8, Dh=32.
+STD = dict(batch=8, num_heads=8, head_dim=32, q_len=512, kv_len=512)
+
+
+def _call(**kw):
+  return {**STD, **kw}
+
+
+# (id, backend, call, expected implementation, {candidate: phrase in why}).
+CASES = [
+    # CPU: the measured choice, nothing faster to rule out.
+    ("cpu-f32", "cpu", _call(q_dtype=F32), "flash", {}),
+    ("cpu-bf16-mask", "cpu", _call(q_dtype=BF16, mask=True, is_causal=True),
+     "flash", {}),
+    ("cpu-dropout", "cpu", _call(q_dtype=F32, dropout=True), "einsum",
+     {"flash": "never forms the weights"}),
+    ("cpu-weights", "cpu", _call(q_dtype=F32, weights=True), "einsum",
+     {"flash": "never forms the weights"}),
+    # GPU: cuDNN where it takes the call.
+    ("gpu-bf16", "gpu", _call(q_dtype=BF16), "cudnn", {}),
+    ("gpu-f16-causal", "gpu", _call(q_dtype=F16, is_causal=True), "cudnn", {}),
+    ("gpu-bf16-gqa", "gpu", _call(q_dtype=BF16, num_kv_heads=2), "cudnn", {}),
+    ("gpu-bf16-full-mask", "gpu",
+     _call(q_dtype=BF16, mask=(8, 8, 512, 512)), "cudnn", {}),
+    # A padding mask [B, 1, 1, Tk] joined with our causal mask spans [Tq, Tk].
+    ("gpu-bf16-pad-causal", "gpu",
+     _call(q_dtype=BF16, mask=(8, 1, 1, 512), is_causal=True), "cudnn", {}),
+    ("gpu-f32", "gpu", _call(q_dtype=F32), "xla",
+     {"cudnn": "float16/bfloat16 only"}),
+    ("gpu-mixed", "gpu", _call(q_dtype=BF16, v_dtype=F32), "flash",
+     {"cudnn": "one dtype", "xla": "one dtype"}),
+    ("gpu-dh-160-unknown", "gpu", _call(q_dtype=BF16, head_dim=160), "xla",
+     {"cudnn": "<= 128"}),
+    ("gpu-dh-160-ampere", "gpu",
+     _call(q_dtype=BF16, head_dim=160, gpu_capability=(8, 0)), "xla",
+     {"cudnn": "<= 128"}),
+    ("gpu-dh-160-hopper", "gpu",
+     _call(q_dtype=BF16, head_dim=160, gpu_capability=(9, 0)), "cudnn", {}),
+    ("gpu-dh-512-hopper", "gpu",
+     _call(q_dtype=BF16, head_dim=512, gpu_capability=(9, 0)), "xla",
+     {"cudnn": "<= 256"}),
+    ("gpu-dh-36", "gpu", _call(q_dtype=BF16, head_dim=36), "xla",
+     {"cudnn": "multiple of 8"}),
+    ("gpu-dv-differs", "gpu", _call(q_dtype=BF16, value_dim=64), "flash",
+     {"cudnn": "Dv == Dh", "xla": "Dv == Dh"}),
+    ("gpu-causal-tq-ne-tk", "gpu",
+     _call(q_dtype=BF16, q_len=128, is_causal=True), "xla",
+     {"cudnn": "top-left"}),
+    ("gpu-pad-mask", "gpu", _call(q_dtype=BF16, mask=(8, 1, 1, 512)), "xla",
+     {"cudnn": "span [Tq, Tk]"}),
+    ("gpu-bias-odd", "gpu",
+     _call(q_dtype=BF16, q_len=511, kv_len=511, bias=(1, 8, 511, 511)), "xla",
+     {"cudnn": "even Tq and Tk"}),
+    ("gpu-no-cudnn", "gpu", _call(q_dtype=BF16, cudnn=False), "xla",
+     {"cudnn": "no cuDNN"}),
+    # 4 * 1 * 8 * 32768^2 bytes = 32 GiB of float32 scores: blockwise.
+    ("gpu-long-f32", "gpu",
+     _call(q_dtype=F32, batch=1, q_len=32768, kv_len=32768, is_causal=True),
+     "flash", {"cudnn": "float16/bfloat16", "xla": "32.0 GiB"}),
+    ("gpu-long-bf16", "gpu",
+     _call(q_dtype=BF16, batch=1, q_len=32768, kv_len=32768, is_causal=True),
+     "cudnn", {}),
+    ("gpu-dropout", "gpu", _call(q_dtype=BF16, dropout=True), "einsum",
+     {"cudnn": "no dropout", "xla": "no dropout", "flash": "no dropout"}),
+    # TPU: the splash kernel where its adapter takes the call (GQA and
+    # bottom-right causality included), XLA or flash where it does not.
+    ("tpu-bf16", "tpu", _call(q_dtype=BF16), "pallas_tpu", {}),
+    ("tpu-gqa", "tpu", _call(q_dtype=BF16, num_kv_heads=2), "pallas_tpu",
+     {}),
+    ("tpu-len-100", "tpu", _call(q_dtype=F32, q_len=100, kv_len=100), "xla",
+     {"pallas_tpu": "multiples of its block of 128"}),
+    ("tpu-dh-192", "tpu", _call(q_dtype=F32, head_dim=192), "xla",
+     {"pallas_tpu": "multiple of 128"}),
+    ("tpu-mask", "tpu", _call(q_dtype=F32, mask=True), "xla",
+     {"pallas_tpu": "no dense boolean mask"}),
+    ("tpu-bias", "tpu", _call(q_dtype=F32, bias=(1, 1, 512, 512)), "xla",
+     {"pallas_tpu": "no additive bias"}),
+    ("tpu-causal-tq-ne-tk", "tpu",
+     _call(q_dtype=F32, q_len=256, is_causal=True), "pallas_tpu", {}),
+    ("tpu-long", "tpu", _call(q_dtype=F32, batch=1, q_len=32768,
+                              kv_len=32768), "pallas_tpu", {}),
+    ("tpu-long-dv", "tpu", _call(q_dtype=F32, batch=1, q_len=32768,
+                                 kv_len=32768, value_dim=64), "flash",
+     {"pallas_tpu": "Dv == Dh", "xla": "GiB > 1 GiB"}),
+]
+
+
+@pytest.mark.parametrize("backend,call,expected,why",
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_choice_and_reasons(backend, call, expected, why):
+  choice = auto.select(backend, **call)
+  assert choice.implementation == expected, str(choice)
+  ruled_out = dict(choice.ruled_out)
+  assert set(ruled_out) == set(why), str(choice)
+  for name, phrase in why.items():
+    assert phrase in ruled_out[name], str(choice)
+  assert expected in str(choice)
+
+
+# Without the adapter among the available implementations, TPU falls back.
+@pytest.mark.parametrize("call,expected", [
+    (_call(q_dtype=BF16), "xla"),
+    (_call(q_dtype=F32, batch=1, q_len=32768, kv_len=32768), "flash"),
+])
+def test_tpu_without_the_adapter_falls_back(call, expected):
+  available = auto.ADAPTED - {"pallas_tpu"}
+  choice = auto.select("tpu", available=available, **call)
+  assert choice.implementation == expected, str(choice)
+  assert "not among the available" in dict(choice.ruled_out)["pallas_tpu"]
+
+
+def test_without_cudnn_in_available_gpu_falls_back():
+  choice = auto.select("gpu", available={"xla", "flash"},
+                              **_call(q_dtype=BF16))
+  assert choice.implementation == "xla"
+  assert "not among the available" in dict(choice.ruled_out)["cudnn"]
+
+
+def test_cpu_choice_matches_the_measured_rule():
+  """CPU behaviour is unchanged: flash, or einsum under dropout, at any
+  dtype, width, mask or length."""
+  for call in (_call(q_dtype=F32), _call(q_dtype=BF16, head_dim=512),
+               _call(q_dtype=F16, mask=True, bias=True, num_kv_heads=1),
+               _call(q_dtype=F32, batch=1, q_len=65536, kv_len=65536)):
+    assert auto.select("cpu", **call).implementation == "flash"
+    assert auto.select("cpu", dropout=True,
+                              **call).implementation == "einsum"
+
+
+def test_explain_auto_reads_arrays_and_agrees_with_attend():
+  q = jax.ShapeDtypeStruct((2, 128, 4, 16), jnp.bfloat16)
+  k = jax.ShapeDtypeStruct((2, 64, 2, 16), jnp.bfloat16)
+  pad = jax.ShapeDtypeStruct((2, 1, 1, 64), jnp.bool_)
+  assert mha_jax.explain_auto(q, k, backend="cpu").implementation == "flash"
+  on_gpu = mha_jax.explain_auto(q, k, mask=pad, backend="gpu")
+  assert on_gpu.implementation == "xla"
+  assert "span [Tq, Tk]" in dict(on_gpu.ruled_out)["cudnn"]
+  causal = mha_jax.explain_auto(q, k, is_causal=True, backend="gpu")
+  assert "top-left" in dict(causal.ruled_out)["cudnn"]
+  assert mha_jax.explain_auto(q, k, dropout_rate=0.1,
+                              backend="gpu").implementation == "einsum"
+  # The legacy helper and auto's dispatch agree with the selection.
+  assert attention.choose_implementation(q, k, backend="gpu") == "cudnn"
+  assert attention.choose_implementation(q, k, backend="cpu") == "flash"
+
+
+def test_errors_name_the_argument():
+  with pytest.raises(TypeError, match="`backend`"):
+    auto.select(None, **_call(q_dtype=F32))
+  with pytest.raises(ValueError, match="`num_kv_heads`"):
+    auto.select("gpu", **_call(q_dtype=F32, num_kv_heads=3))
+  with pytest.raises(ValueError, match="`q_len`"):
+    auto.select("gpu", **_call(q_dtype=F32, q_len=0))
+  with pytest.raises(TypeError, match="`q_dtype`"):
+    auto.select("gpu", **_call(q_dtype="not-a-dtype"))
+  with pytest.raises(TypeError, match="`mask`"):
+    auto.select("gpu", **_call(q_dtype=F32, mask="yes"))
+  q = jax.ShapeDtypeStruct((2, 8, 4), jnp.float32)
+  with pytest.raises(ValueError, match="`q`"):
+    mha_jax.explain_auto(q, q)
+  q = jax.ShapeDtypeStruct((2, 8, 4, 8), jnp.float32)
+  with pytest.raises(ValueError, match="`dropout_rate`"):
+    mha_jax.explain_auto(q, q, dropout_rate=1.5)

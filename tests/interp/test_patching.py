@@ -1,0 +1,244 @@
+"""Activation, path and attribution patching; clean/corrupted pairs.
+
+Known answers come from the hand-wired circuit of `mha_jax.interp.wired_circuit`
+(one path matters: layer-1 head 0 -> the keys of layer-2 head 1), from
+patching a run into itself (1 and 0 by definition), from a model that is
+linear in the patched site (attribution is exact there), and from
+shrinking a perturbation (attribution's error shrinks faster than the
+change).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from mha_jax.interp import corruption
+from mha_jax.interp import patching
+from mha_jax.training import tasks
+from mha_jax.interp import wired_circuit as wc
+from mha_jax.models.model_config import ModelConfig
+from mha_jax.models.transformer import DecoderLM
+
+
+@pytest.fixture(scope="module")
+def wired():
+  return nnx.split(wc.build()), wc.pairs()
+
+
+def _metric(pairs):
+  return patching.logprob_metric(pairs["targets"], pairs["loss_mask"])
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _wired_paths(graphdef, state, pairs, noising):
+  """The grid, one single path through the public function, and the
+  activation patching of each head's z, in one direction."""
+  model = nnx.merge(graphdef, state)
+  args = dict(model=model, clean=pairs["inputs"],
+              corrupted=pairs["corrupted"], metric=_metric(pairs))
+  return {"grid": patching.path_patching_grid(
+              sender_layer=0, receiver_layer=1, noising=noising, **args),
+          "one": patching.path_patching(
+              sender=(0, 0), receiver=(1, 1, "k"), noising=noising, **args),
+          "z": patching.activation_patching(
+              sites=("blocks.0.attn.z", "blocks.1.attn.z"), noising=noising,
+              **args)}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _reference(graphdef, state, pairs):
+  return patching.reference_metrics(nnx.merge(graphdef, state),
+                                    pairs["inputs"], pairs["corrupted"],
+                                    _metric(pairs))
+
+
+def test_the_wired_patterns_are_one_hot(wired):
+  """What the known answers below rest on."""
+  (graphdef, state), pairs = wired
+  model = nnx.merge(graphdef, state)
+  for tokens in (pairs["inputs"], pairs["corrupted"]):
+    assert min(wc.checks(model, tokens).values()) > 1 - 1e-4
+  m_clean, m_corrupt = _reference(graphdef, state, pairs)
+  assert m_clean > -0.5 and m_corrupt < -3.0
+
+
+def test_path_patching_finds_the_one_wired_path(wired):
+  (graphdef, state), pairs = wired
+  noise = _wired_paths(graphdef, state, pairs, jnp.asarray(True))
+  denoise = _wired_paths(graphdef, state, pairs, jnp.asarray(False))
+  g = noise["grid"]
+  # Noising L1H1's path into L2H2's keys removes everything ...
+  np.testing.assert_allclose(g["k"][0, 1], 1.0, atol=1e-3)
+  np.testing.assert_allclose(g["k_all"][0], 1.0, atol=1e-3)
+  np.testing.assert_allclose(noise["one"], g["k"][0, 1], atol=1e-6)
+  # ... and every other path nothing: nobody else reads S or R.
+  others = np.concatenate([np.asarray(g[k]).ravel() for k in g])
+  assert np.sum(np.abs(others) > 1e-3) == 2  # k[0, 1] and k_all[0]
+  # Denoising that path alone restores nothing: the keys now find the
+  # earlier copy, but its tokens (the values) are still corrupted.
+  for k, v in denoise["grid"].items():
+    np.testing.assert_allclose(v, 0.0, atol=1e-3, err_msg=k)
+  # Patching the sender's whole output equals its one path (it has no
+  # other reader); patching the induction head's output restores all of
+  # the second copy (its residual stream is then the clean one).
+  z0, z1 = "blocks.0.attn.z", "blocks.1.attn.z"
+  np.testing.assert_allclose(noise["z"][z0], [g["k_all"][0], 0.0],
+                             atol=1e-3)
+  np.testing.assert_allclose(denoise["z"][z0], [0.0, 0.0], atol=1e-3)
+  np.testing.assert_allclose(denoise["z"][z1], [0.0, 1.0], atol=1e-5)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _activation(graphdef, state, source, target, pairs, reference):
+  model = nnx.merge(graphdef, state)
+  return patching.activation_patching(
+      model, source, target, _metric(pairs),
+      ("blocks.0.resid_pre", "blocks.0.attn.z", "blocks.1.attn.pattern",
+       "blocks.1.attn.v"), per_position=True, reference=reference)
+
+
+def test_a_run_patched_into_itself_scores_1_clean_and_0_corrupted(wired):
+  (graphdef, state), pairs = wired
+  ref = _reference(graphdef, state, pairs)
+  clean = _activation(graphdef, state, pairs["inputs"], pairs["inputs"],
+                      pairs, ref)
+  corrupt = _activation(graphdef, state, pairs["corrupted"],
+                        pairs["corrupted"], pairs, ref)
+  shapes = {"blocks.0.resid_pre": (wc.T,), "blocks.0.attn.z": (2, wc.T),
+            "blocks.1.attn.pattern": (2, wc.T), "blocks.1.attn.v": (2, wc.T)}
+  for site, shape in shapes.items():
+    assert clean[site].shape == shape
+    np.testing.assert_allclose(clean[site], 1.0, atol=1e-5, err_msg=site)
+    np.testing.assert_allclose(corrupt[site], 0.0, atol=1e-5, err_msg=site)
+
+
+def _random_model(**overrides):
+  """A small random model, drawn with NumPy (no random init to compile)."""
+  kw = dict(vocab_size=10, d_model=16, num_layers=2, num_heads=2, max_len=6,
+            attention_only=True, implementation="einsum")
+  config = ModelConfig(**(kw | overrides))
+  graphdef, state = nnx.split(nnx.eval_shape(
+      lambda: DecoderLM(config, rngs=nnx.Rngs(0))))
+  rng = np.random.default_rng(3)
+  state = jax.tree.map(lambda x: jnp.asarray(
+      rng.normal(size=x.shape) * (0.5 if len(x.shape) > 1 else 0.2)
+      + (len(x.shape) == 1), x.dtype), state)  # vectors (LN scales) ~ 1
+  return nnx.merge(graphdef, state)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6))
+def _estimates(graphdef, state, clean, corrupted, metric_args, kind, sites,
+               noising):
+  """Activation and attribution patching per head and position (kind
+  "logit": `logit_metric` of (targets, mask); "logprob_0": the mean
+  log-softmax of output 0). `noising` is traced: one compile, both ways."""
+  model = nnx.merge(graphdef, state)
+  if kind == "logit":
+    metric = patching.logit_metric(*metric_args)
+  else:
+    metric = lambda out: jnp.mean(jax.nn.log_softmax(out)[..., 0])
+  return {name: fn(model, clean, corrupted, metric, sites, per_position=True,
+                   noising=noising)
+          for name, fn in (("act", patching.activation_patching),
+                           ("attr", patching.attribution_patching))}
+
+
+def _both_estimates(*args):
+  return {(name, n): v for n in (False, True)
+          for name, v in _estimates(*args, jnp.asarray(n)).items()}
+
+
+def test_attribution_is_exact_where_the_metric_is_linear_in_the_site():
+  """Without a final LayerNorm the logits are linear in the last layer's
+  head outputs, and the metric (a mean logit) linear in the logits."""
+  graphdef, state = nnx.split(_random_model(final_ln=False))
+  rng = np.random.default_rng(0)
+  clean, corrupt, targets = (rng.integers(0, 10, (4, 6)) for _ in range(3))
+  mask = np.ones((4, 6), np.float32)
+  mask[:, :2] = 0.0
+  sites = ("blocks.1.attn.z", "blocks.1.resid_post")
+  out = _both_estimates(graphdef, state, clean, corrupt, (targets, mask),
+                        "logit", sites)
+  for noising in (False, True):
+    for site in sites:
+      act, attr = out["act", noising][site], out["attr", noising][site]
+      assert np.max(np.abs(act)) > 0.05  # a real change is being compared
+      np.testing.assert_allclose(attr, act, atol=2e-4, err_msg=site)
+
+
+def test_attribution_agrees_with_patching_to_first_order():
+  """A continuous-input model, corrupted = clean + delta * noise: the
+  gap between the first-order estimate and the real patch (both as
+  shares of the clean-minus-corrupted change) shrinks like delta."""
+  graphdef, state = nnx.split(_random_model(vocab_size=0, input_dim=4,
+                                            output_dim=3))
+  rng = np.random.default_rng(1)
+  clean, noise = (rng.normal(size=(4, 6, 4)).astype(np.float32)
+                  for _ in range(2))
+  sites = ("blocks.0.attn.z", "blocks.1.attn.z", "blocks.1.resid_pre")
+  gaps = []
+  for delta in (0.1, 0.01):
+    out = _both_estimates(graphdef, state, clean, clean + delta * noise,
+                          (), "logprob_0", sites)
+    gaps.append(max(float(np.max(np.abs(out["act", n][s] - out["attr", n][s])))
+                    for n in (False, True) for s in sites))
+  assert gaps[1] < 0.02
+  assert gaps[1] < gaps[0] / 4  # first order: about / 10
+
+
+def test_path_patching_refuses_a_receiver_that_cannot_receive(wired):
+  (graphdef, state), pairs = wired
+  model = nnx.merge(graphdef, state)
+  args = (model, pairs["inputs"], pairs["corrupted"], _metric(pairs))
+  with pytest.raises(ValueError, match="receiver layer .0. must come after"):
+    patching.path_patching(*args, sender=(0, 0), receiver=(0, 1, "k"))
+  with pytest.raises(ValueError, match="`receiver` must be"):
+    patching.path_patching(*args, sender=(0, 0), receiver=(1, 1, "z"))
+
+
+def _task_cfg(**kw):
+  return ml_collections.ConfigDict(dict(
+      batch_size=16, seq_len=20, vocab_size=12, min_segment=3,
+      max_segment=6) | kw)
+
+
+def test_induction_pairs_resample_exactly_the_first_copy():
+  cfg = _task_cfg()
+  key = jax.random.key(4)
+  p, batch = jax.tree.map(np.asarray, jax.jit(lambda k: (
+      corruption.induction_pairs(k, cfg), tasks.induction_batch(k, cfg)))(key))
+  for k in ("inputs", "targets", "loss_mask"):  # the task's own batch
+    np.testing.assert_array_equal(p[k], batch[k])
+  pos = np.arange(cfg.seq_len)
+  for b in range(cfg.batch_size):
+    seg, s1, s2 = p["segment"][b], p["first"][b], p["second"][b]
+    first = (pos >= s1) & (pos < s1 + seg)
+    x, y = p["inputs"][b], p["corrupted"][b]
+    assert np.all(x[first] != y[first]) and np.all(x[~first] == y[~first])
+    assert np.all((y >= tasks.NUM_SPECIAL) & (y < cfg.vocab_size))
+    n = min(seg, cfg.seq_len - s2)  # the second copy may run past T
+    np.testing.assert_array_equal(x[s2:s2 + n], x[s1:s1 + n])
+    np.testing.assert_array_equal(p["loss_mask"][b],
+                                  (pos >= s2) & (pos < s2 + seg - 1))
+
+
+def test_induction_pairs_with_a_fixed_layout():
+  cfg = _task_cfg(batch_size=4)
+  p = jax.jit(lambda k: corruption.induction_pairs(k, cfg, layout=(4, 2, 9))
+              )(jax.random.key(5))
+  x, y = np.asarray(p["inputs"]), np.asarray(p["corrupted"])
+  np.testing.assert_array_equal(x[:, 9:13], x[:, 2:6])
+  assert np.all(x[:, 2:6] != y[:, 2:6])
+  np.testing.assert_array_equal(np.delete(x, range(2, 6), 1),
+                                np.delete(y, range(2, 6), 1))
+  np.testing.assert_array_equal(np.asarray(p["loss_mask"])[0],
+                                np.isin(np.arange(20), [9, 10, 11]))
+  with pytest.raises(ValueError, match="layout"):
+    corruption.induction_pairs(jax.random.key(5), cfg, layout=(4, 2, 4))

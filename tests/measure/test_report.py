@@ -1,0 +1,52 @@
+"""The report cells, on hand-picked numbers whose cells are written out."""
+
+import math
+
+import pytest
+
+from mha_jax.measure import report
+from mha_jax.measure import stats
+
+
+def test_mean_std_cell():
+  assert report.fmt(0.12345, 0.00449) == "0.123 ± 0.004"
+  assert report.fmt(0.12345) == "0.123"
+  assert report.fmt(512.0, 37.6, digits=0) == "512 ± 38"
+
+
+def test_interval_cell():
+  assert report.interval((0.12, 0.1314)) == "[0.120, 0.131]"
+  assert report.interval(None) == "n/a"
+  assert report.interval((1e-4, 2.5e-3), spec=".3g") == "[0.0001, 0.0025]"
+
+
+def test_summary_cell_of_a_known_sample():
+  # values 1, 2, 3: mean 2, sample std 1, t(0.975, 2) = 4.303, so the
+  # interval is 2 -+ 4.303 / sqrt(3) = [-0.484, 4.484].
+  summ = stats.summary([1.0, 2.0, 3.0])
+  assert report.summary(summ) == "2.000 ± 1.000 [-0.484, 4.484]"
+  assert report.summary(summ, spec=".3g", std_spec=".2g") == (
+      "2 ± 1 [-0.484, 4.48]")
+  assert report.summary(stats.summary([0.5])) == "0.500"
+
+
+def test_difference_cell():
+  d = {"diff": 0.05, "ci95": (0.01, 0.09)}
+  assert report.difference(d) == "+0.050 [+0.010, +0.090]"
+  assert report.difference(d, interval_spec=".3f") == "+0.050 [0.010, 0.090]"
+  assert report.difference({"diff": -0.05, "ci95": None}) == "-0.050 (n/a)"
+  assert report.difference({"diff": 3.0, "ci95": None}, spec="+.3g",
+                           missing="(one seed)") == "+3 (one seed)"
+
+
+@pytest.mark.parametrize("fraction, kwargs, cell", [
+    (0.25, {}, "25.0%"), (0.25, {"signed": True}, "+25.0%"),
+    (-0.0123, {"digits": 2, "signed": True}, "-1.23%"),
+    (1 / 3, {"digits": 0}, "33%")])
+def test_percent_cell(fraction, kwargs, cell):
+  assert report.percent(fraction, **kwargs) == cell
+
+
+def test_md_table():
+  assert report.md_table(["a", "b"], [[1, math.pi]]) == (
+      "| a | b |\n|---|---|\n| 1 | 3.141592653589793 |")

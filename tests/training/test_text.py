@@ -1,0 +1,453 @@
+"""The text task and its analysis: corpus reader, head scores, entry point.
+
+Corpora are small files each test writes, with contents chosen so that
+every byte a window holds says which file it came from; metrics are
+checked on hand-built patterns whose answers are known; the entry point
+runs end to end on its smoke config over such a corpus.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import pathlib
+import sys
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import text as text_config
+from mha_jax.interp import head_metrics
+from mha_jax.training import config as config_lib
+from mha_jax.measure import report as report_lib
+from mha_jax.measure import stats
+from mha_jax.training import tasks
+from mha_jax.training import text_corpus
+from experiments.text_heads import heads
+from experiments.text_heads import survey
+
+import entry_points
+
+FIRST = tasks.NUM_SPECIAL
+
+
+def _write(folder, files: dict) -> pathlib.Path:
+  folder = pathlib.Path(folder)
+  for name, data in files.items():
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+  return folder
+
+
+def _letter_corpus(folder, n=10, size=40):
+  """File i holds `size` copies of letter i (a, b, c, ...)."""
+  return _write(folder, {f"f{i}.py": chr(97 + i) * size for i in range(n)})
+
+
+def _task(corpus, **kw):
+  c = text_config.get_config("smoke").task
+  c.update({"corpus": str(corpus), "seq_len": 7, **kw})
+  return c
+
+
+# ------------------------------------------------------------ corpus reader
+
+
+def test_split_is_by_file_fixed_by_seed_and_disjoint(tmp_path):
+  _letter_corpus(tmp_path, n=10)
+  c = text_corpus.load(str(tmp_path), window=8, split_seed=0,
+                       held_out_fraction=0.25)
+  train = {d.path.name for d in c.train.documents}
+  held = {d.path.name for d in c.held_out.documents}
+  assert len(held) == 3 and len(train) == 7  # ceil(0.25 * 10) held out
+  assert not train & held and train | held == {f"f{i}.py" for i in range(10)}
+  # The same seed gives the same split; another seed another one.
+  again = text_corpus.load(str(tmp_path), window=8, split_seed=0,
+                           held_out_fraction=0.25)
+  assert {d.path.name for d in again.held_out.documents} == held
+  other = [{d.path.name for d in text_corpus.load(
+      str(tmp_path), window=8, split_seed=s,
+      held_out_fraction=0.25).held_out.documents} for s in range(1, 6)]
+  assert any(o != held for o in other)
+
+
+def test_windows_are_byte_ids_inside_one_file(tmp_path):
+  _write(tmp_path, {"a.py": "0123456789", "b.py": "xy", "c.py": "abcdef"})
+  split = text_corpus.split_of("train", [
+      text_corpus.Document(tmp_path / n, 0, (tmp_path / n).stat().st_size)
+      for n in ("a.py", "b.py", "c.py")], 4)
+  sizes = [d.size for d in split.documents]
+  assert split.num_windows == sum(max(0, s - 3) for s in sizes)
+  ids = split.windows(np.arange(split.num_windows), first_id=FIRST)
+  assert ids.dtype == np.int32 and ids.shape == (split.num_windows, 4)
+  texts = [bytes((ids[i] - FIRST).tolist()).decode()
+           for i in range(len(ids))]
+  expected = []
+  for d in split.documents:
+    data = d.path.read_text()
+    expected += [data[o:o + 4] for o in range(d.size - 3)]
+  assert texts == expected  # in order, never across two files, "xy" none
+  assert len(texts) == 7 + 3
+
+
+def test_windows_from_bits_cover_64_bit_numbers(tmp_path):
+  _letter_corpus(tmp_path, n=4, size=20)
+  split = text_corpus.load(str(tmp_path), window=5, split_seed=0,
+                           held_out_fraction=0.25).train
+  n = split.num_windows  # 3 files x 16 windows
+  assert n == 48
+  bits = np.array([[0, 5], [1, 0], [0, n + 2]], np.uint32)
+  got = split.windows_from_bits(bits)
+  want = split.windows(np.array([5, (2 ** 32) % n, 2]))
+  np.testing.assert_array_equal(got, want)
+
+
+def test_text_task_batch_shifts_and_keeps_held_out_apart(tmp_path):
+  _letter_corpus(tmp_path, n=10)
+  cfg = _task(tmp_path, held_out_fraction=0.3)
+  make = jax.jit(lambda k: tasks.text_batch(k, ml_collections.FrozenConfigDict(
+      cfg)))
+  batch = make(jax.random.key(0))
+  assert batch["inputs"].shape == batch["targets"].shape == (8, 7)
+  x, y = np.asarray(batch["inputs"]), np.asarray(batch["targets"])
+  np.testing.assert_array_equal(x[:, 1:], y[:, :-1])  # next byte
+  assert x.min() >= FIRST and x.max() < tasks.TEXT_VOCAB
+  np.testing.assert_array_equal(batch["loss_mask"], np.ones((8, 7)))
+  # Same key, same batch; the key decides which windows.
+  np.testing.assert_array_equal(make(jax.random.key(0))["inputs"], x)
+  assert not np.array_equal(make(jax.random.key(1))["inputs"], x)
+  # Each file is one letter: a window's letter names its file.
+  corpus = text_corpus.load(str(tmp_path), window=8, split_seed=0,
+                            held_out_fraction=0.3)
+  letters = lambda s: {d.path.read_text()[0] for d in s.documents}
+  held_cfg = ml_collections.FrozenConfigDict(dict(cfg.to_dict(),
+                                                  split="held_out"))
+  held = np.asarray(jax.jit(lambda k: tasks.text_batch(k, held_cfg))(
+      jax.random.key(0))["inputs"])
+  assert {chr(v - FIRST) for v in held.ravel()} <= letters(corpus.held_out)
+  assert {chr(v - FIRST) for v in x.ravel()} <= letters(corpus.train)
+
+
+def test_repeated_spans_copy_earlier_bytes_and_leave_the_rest(tmp_path):
+  # Distinct bytes everywhere, so a copied byte is told from the original.
+  _write(tmp_path, {f"f{i}.py": bytes(range(1 + 40 * i, 41 + 40 * i))
+                    for i in range(3)})  # ASCII: UTF-8 text
+  cfg = _task(tmp_path, seq_len=31, held_out_fraction=0.2)
+  make = lambda c: np.asarray(jax.jit(lambda k: tasks.text_batch(
+      k, ml_collections.FrozenConfigDict(c)))(jax.random.key(3))["inputs"])
+  plain = make(cfg)
+  # Off (the default) is the batch of a config without the fields.
+  bare = ml_collections.ConfigDict(cfg.to_dict())
+  del bare["repeat_prob"], bare["repeat_span"]
+  np.testing.assert_array_equal(make(bare), plain)
+  np.testing.assert_array_equal(make(dict(cfg.to_dict(), repeat_prob=0.0)),
+                                plain)
+  lo, hi = 3, 6
+  rep = make(dict(cfg.to_dict(), repeat_prob=1.0, repeat_span=(lo, hi)))
+  for row, (new, old) in enumerate(zip(rep, plain)):
+    changed = np.flatnonzero(new != old)
+    # One stretch of lo..hi positions (the bytes are all distinct, so
+    # every copied byte differs), holding the bytes d >= its length back.
+    assert lo <= changed.size <= hi, (row, changed)
+    assert changed[-1] - changed[0] + 1 == changed.size
+    shift = {int(i - np.flatnonzero(old == new[i])[0]) for i in changed}
+    assert len(shift) == 1 and shift.pop() >= changed.size, row
+  # Half the windows, about: a Bernoulli draw per window.
+  half = make(dict(cfg.to_dict(), repeat_prob=0.5, repeat_span=(lo, hi),
+                   batch_size=64))
+  base = make(dict(cfg.to_dict(), batch_size=64))
+  assert 16 <= np.any(half != base, axis=1).sum() <= 48
+  # Held-out windows stay as they are whatever the training side gets.
+  config = text_config.get_config("smoke")
+  config.task.repeat_prob = 1.0
+  assert survey.held_out_config(config).task.repeat_prob == 0.0
+  assert survey.parse_variant("L2+MLP+rep", repeat_prob=0.3) == {
+      "model.num_layers": 2, "model.attention_only": False,
+      "task.repeat_prob": 0.3}
+  with pytest.raises(ValueError, match="'L2', 'L4\\+MLP', 'L2\\+rep'"):
+    survey.parse_variant("L2+rep+MLP", repeat_prob=0.3)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("repeat_prob", 1.5, r"repeat_prob: must be in \[0, 1\], got 1.5"),
+    ("repeat_span", (5, 4), r"repeat_span: .*got \(5, 4\)"),
+    ("repeat_span", (2, 17), r"repeat_span: .*seq_len \+ 1 = 33"),
+])
+def test_bad_repeat_fields_fail_naming_them(tmp_path, field, value, match):
+  config = text_config.get_config("smoke")
+  config.task.repeat_prob = 0.5  # the span is checked where it is used
+  config.task[field] = value
+  with pytest.raises(ValueError, match="config.task." + match):
+    config_lib.validate_config(config)
+
+
+def test_single_file_is_cut_into_pieces_at_line_ends(tmp_path):
+  lines = "".join(f"line {i:03d}\n" for i in range(100))  # 9 bytes a line
+  path = _write(tmp_path, {"one.txt": lines}) / "one.txt"
+  c = text_corpus.load(str(path), window=5, split_seed=0, pieces=10,
+                       held_out_fraction=0.2)
+  docs = sorted(c.train.documents + c.held_out.documents,
+                key=lambda d: d.start)
+  assert len(docs) == 10 and len(c.held_out.documents) == 2
+  assert sum(d.size for d in docs) == len(lines)
+  assert [d.start % 9 for d in docs] == [0] * 10  # cuts after a newline
+
+
+def test_byte_counts_count_pairs_within_files(tmp_path):
+  _write(tmp_path, {"a.txt": "abab", "b.txt": "ba", "c.txt": "cccc"})
+  c = text_corpus.load(str(tmp_path), window=2, glob="*.txt",
+                       held_out_fraction=0.3, split_seed=0)
+  uni, bi = text_corpus.byte_counts(c.train)
+  text = [d.path.read_text() for d in c.train.documents]
+  assert uni.sum() == sum(map(len, text))
+  assert bi.sum() == sum(len(t) - 1 for t in text)  # no pair across files
+  for t in text:
+    for a, b in zip(t, t[1:]):
+      assert bi[ord(a), ord(b)] >= 1
+  if "abab" in text and "ba" in text:
+    assert bi[ord("b"), ord("a")] == 2 and bi[ord("a"), ord("b")] == 2
+
+
+@pytest.mark.parametrize("files, corpus, match", [
+    ({}, "missing", "does not exist"),
+    ({}, ".", "holds no non-empty file matching '\\*.py'"),
+    ({"e.py": ""}, "e.py", "is empty"),
+    ({"a.py": "x" * 50}, ".", "has 1 non-empty document"),
+    ({"a.py": "ok" * 20, "b.py": b"\xff\xfe bad"}, ".", "b.py is not UTF-8"),
+    ({"a.py": "abc", "b.py": "def"}, ".", "has no document of at least 9"),
+])
+def test_bad_corpora_fail_at_start_naming_them(tmp_path, files, corpus,
+                                               match):
+  _write(tmp_path, files)
+  path = str(tmp_path / corpus)
+  with pytest.raises(ValueError, match=match) as err:
+    text_corpus.load(path, window=9)
+  assert "config.task.corpus" in str(err.value)
+  assert path in str(err.value) or "b.py" in str(err.value)
+
+
+def test_config_validation_names_the_corpus_before_training(tmp_path):
+  config = text_config.get_config("smoke")
+  config.task.corpus = str(tmp_path / "nowhere")
+  with pytest.raises(ValueError, match="config.task.corpus: .*nowhere"):
+    config_lib.validate_config(config)
+  config.task.corpus = "stdlib"
+  config.task.vocab_size = 16
+  with pytest.raises(ValueError, match="config.task.vocab_size: .*259"):
+    config_lib.validate_config(config)
+
+
+def test_stdlib_corpus_is_this_pythons_standard_library():
+  c = text_corpus.load("stdlib", window=257)
+  docs = c.train.documents + c.held_out.documents
+  names = {d.path.relative_to(c.root).as_posix() for d in docs}
+  assert {"os.py", "json/decoder.py"} <= names
+  assert not any("site-packages" in n or not n.endswith(".py")
+                 for n in names)
+  assert len(c.held_out.documents) == math.ceil(0.1 * len(docs))
+
+
+# ------------------------------------------------------------ head scores
+
+
+def _ids(text):
+  return jnp.asarray([[b + FIRST for b in text.encode()]])
+
+
+def _keys(targets, query):
+  return np.flatnonzero(np.asarray(targets)[0, query]).tolist()
+
+
+def test_line_start_and_indentation_targets():
+  text = "ab\n  cd\nx"
+  #       012 3456 78
+  ls = heads.line_start_targets(_ids(text))
+  assert _keys(ls, 1) == []  # no newline in view before the first line
+  assert _keys(ls, 6) == [2] and _keys(ls, 3) == [2] and _keys(ls, 8) == [7]
+  ind = heads.indentation_targets(_ids(text))
+  assert _keys(ind, 5) == [3, 4] and _keys(ind, 6) == [3, 4]
+  assert _keys(ind, 4) == []  # inside the indentation itself
+  assert _keys(ind, 8) == []  # an unindented line
+
+
+def test_open_bracket_targets_find_the_innermost_open_one():
+  text = "f(a[b], {c}) d("
+  #       0123456789012345
+  ob = heads.open_bracket_targets(_ids(text))
+  assert _keys(ob, 2) == [1] and _keys(ob, 4) == [3]
+  assert _keys(ob, 6) == [1]  # "]" closed the "[": back to "("
+  assert _keys(ob, 9) == [8] and _keys(ob, 11) == [1]
+  assert _keys(ob, 13) == []  # everything closed
+  assert _keys(ob, 1) == []  # the bracket is not its own target
+
+
+def test_word_start_targets():
+  text = "x = foo_bar(a1)"
+  #       012345678901234
+  ws = heads.word_start_targets(_ids(text))
+  assert _keys(ws, 5) == [3] and _keys(ws, 10) == [3]  # "oo_bar" after " "
+  assert _keys(ws, 4) == []  # a word's first byte: that is the previous byte
+  assert _keys(ws, 13) == [11]  # "1" of "a1", after "("
+  assert _keys(ws, 11) == [] and _keys(ws, 0) == []  # "(" is no word byte;
+  # "x" has no start in view
+
+
+def test_span_induction_targets():
+  tokens = _ids("abcxbcab")
+  #              01234567
+  k1 = heads.span_induction_targets(tokens, 1)
+  np.testing.assert_array_equal(k1, head_metrics.induction_targets(tokens))
+  k2 = heads.span_induction_targets(tokens, 2)
+  assert _keys(k2, 5) == [3]  # "bc" at 1-2 was followed by "x" at 3
+  assert _keys(k2, 7) == [2]  # "ab" at 0-1 was followed by "c"
+  assert _keys(k2, 4) == []  # "xb" never occurred before
+  assert _keys(k1, 4) == [2]  # "b" alone did, at 1
+
+
+def test_rare_and_first_token_and_repeat_targets():
+  counts = np.full(256, 100)
+  counts[ord("q")] = 1
+  rare = heads.rare_byte_targets(_ids("aqbq"), counts)
+  assert _keys(rare, 2) == [1] and _keys(rare, 3) == [1]
+  assert _keys(rare, 1) == [0]  # only "a" was before
+  first = heads.first_token_targets(1, 4)
+  assert _keys(first, 0) == [] and _keys(first, 3) == [0]
+  rep = heads.repeat_targets(8, 4)
+  assert _keys(rep, 3) == [] and _keys(rep, 4) == [1] and _keys(rep, 7) == [4]
+
+
+def _one_hot_heads(keys_per_head, t):
+  """`[1, H, T, T]` weights: head h puts all weight on keys_per_head[h](i)."""
+  w = np.zeros((1, len(keys_per_head), t, t), np.float32)
+  for h, key in enumerate(keys_per_head):
+    for i in range(t):
+      w[0, h, i, key(i)] = 1.0
+  return jnp.asarray(w)
+
+
+def test_scores_of_hand_built_heads():
+  t = 12
+  w = _one_hot_heads([lambda i: 0, lambda i: max(i - 2, 0),
+                      lambda i: i], t)
+  score = heads.target_score(w, heads.first_token_targets(1, t))
+  np.testing.assert_allclose(score, [1.0, 2 / 11, 0.0], atol=1e-6)
+  d, mass = heads.fixed_offset(w, 4)
+  np.testing.assert_array_equal(d[1:], [2, 0])
+  np.testing.assert_allclose(mass[1:], [1.0, 1.0])
+  # Uniform attention: 1 / (i + 1) on the first token for query i.
+  u = head_metrics.uniform_causal_weights(1, t)
+  np.testing.assert_allclose(
+      heads.target_score(u, heads.first_token_targets(1, t)),
+      [np.mean([1 / (i + 1) for i in range(1, t)])], rtol=1e-5)
+
+
+def test_text_scores_on_a_line_start_head():
+  text = "ab\n  cd\n  efg\nhi"
+  tokens = _ids(text)
+  t = tokens.shape[1]
+  nl = [i for i, ch in enumerate(text) if ch == "\n"]
+  prev_nl = lambda i: max([j for j in nl if j < i], default=0)
+  w = _one_hot_heads([prev_nl], t)
+  s = heads.text_scores(w, tokens, counts=np.ones(256), max_offset=3)
+  assert float(s["line_start"][0]) == pytest.approx(1.0)
+  assert float(s["first_token"][0]) == pytest.approx(2 / 15)  # queries 1, 2
+
+
+def test_in_context_score():
+  loss = np.tile(np.linspace(3.0, 1.0, 10), (2, 1))
+  np.testing.assert_allclose(
+      heads.in_context_score(loss, (0, 2), (8, 10)),
+      [np.mean(loss[0, 8:]) - np.mean(loss[0, :2])] * 2)
+  with pytest.raises(ValueError, match="position ranges"):
+    heads.in_context_score(loss, (0, 2), (8, 12))
+
+
+def test_classify_uses_thresholds_floors_and_order():
+  thr = {"sink": 0.5, "induction": 0.4, "syntactic": 0.4,
+         "positional": 0.5, "floor_ratio": 2.0}
+  z = np.zeros((1, 5))
+  scores = {k: z.copy() for k in ("first_token", "repeat_induction",
+                                  "line_start", "indentation",
+                                  "open_bracket", "word_start",
+                                  "fixed_offset_weight")}
+  scores["first_token"][0] = [0.9, 0.1, 0.0, 0.0, 0.6]
+  scores["repeat_induction"][0] = [0.0, 0.5, 0.0, 0.0, 0.0]
+  scores["fixed_offset_weight"][0] = [0.0, 0.8, 0.7, 0.1, 0.0]
+  scores["indentation"][0] = [0.0, 0.0, 0.0, 0.45, 0.0]
+  floors = {k: 0.01 for k in scores}
+  floors["first_token"] = 0.35  # head 4 clears 0.5 but not 2 x floor
+  out = heads.classify(scores, floors, thr)
+  assert out["label"][0].tolist() == ["sink", "induction", "positional",
+                                      "syntactic", "other"]
+  assert out["clears"]["positional"][0].tolist() == [False, True, True,
+                                                     False, False]
+  assert out["counts"] == {"sink": 1, "induction": 1, "positional": 1,
+                           "syntactic": 1, "other": 1}
+
+
+def test_ngram_bits_and_repeated_batch(tmp_path):
+  _write(tmp_path, {f"{i}.py": "ab" * 30 for i in range(4)})
+  config = text_config.get_config("smoke")
+  config.task.update(corpus=str(tmp_path), seq_len=8)
+  batch = survey.held_out_batch(config, 4, seed=0)
+  bits = survey.ngram_bits(config, batch)
+  # Three training files: 90 "a" and 90 "b"; 90 "ab" pairs and 87 "ba"
+  # (29 per file: none across two files).
+  p_uni = 91 / (180 + 256)
+  assert bits["unigram"] == pytest.approx(-math.log2(p_uni))
+  p_next = {"a": (90 + p_uni) / (90 + 1), "b": (87 + p_uni) / (87 + 1)}
+  x = np.asarray(batch["inputs"]).ravel() - FIRST
+  want = np.mean([-math.log2(p_next[chr(b)]) for b in x])
+  assert bits["bigram"] == pytest.approx(want)
+  rep = survey.repeated_batch(batch, 4)
+  x = np.asarray(rep["inputs"])
+  np.testing.assert_array_equal(x[:, :4], x[:, 4:])
+  np.testing.assert_array_equal(rep["targets"][:, 4:7], x[:, 5:8])
+  assert rep["loss_mask"][0].tolist() == [1, 1, 1, 0, 1, 1, 1, 1]
+
+
+# ------------------------------------------------------------ entry point
+
+
+def test_smoke_run_reports_what_results_json_holds(tmp_path):
+  corpus = _write(tmp_path / "corpus", {
+      f"m{i}.py": "".join(f"def f{j}(x):\n    return x + {i * j}\n"
+                          for j in range(8)) for i in range(6)})
+  config = text_config.get_config("smoke")
+  config.task.corpus = str(corpus)
+  workdir = tmp_path / "run"
+  results = entry_points.load("text_heads").run(config, workdir)
+  saved = json.loads((workdir / "results.json").read_text())
+  assert saved == results
+  report = (workdir / "report.md").read_text()
+  for name in results["figures"]:
+    assert (workdir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert "<html" in (workdir / "explorer.html").read_text()[:200].lower()
+  v = results["variants"]["L2"]
+  bpb = v["bpb"]
+  values = [results["runs"][f"L2_seed{s}"]["bpb"] for s in (0, 1)]
+  assert bpb["values"] == values
+  assert bpb["std"] == pytest.approx(np.std(values, ddof=1))
+  row = [r for r in report.splitlines() if r.startswith("| L2 |")][0]
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  assert cells[1] == (f"{bpb['mean']:.3f} ± {bpb['std']:.3f} "
+                      f"{report_lib.interval(bpb['ci95'])}")
+  assert cells[2] == f"{v['unigram']['mean']:.3f}"
+  assert cells[3] == f"{v['bigram']['mean']:.3f}"
+  # Taxonomy counts add up to the heads of the model.
+  counts = results["runs"]["L2_seed0"]["taxonomy"]["counts"]
+  assert sum(counts.values()) == config.model.num_layers * (
+      config.model.num_heads)
+  dyn = results["runs"]["L2_seed0"]["dynamics"]
+  # Step 0 (the untrained model) and every checkpoint, evaluations
+  # included.
+  assert dyn["steps"][0] == 0 and {3, 6} <= set(dyn["steps"])
+  assert len(dyn["icl"]) == len(dyn["steps"])
+  assert dyn["bpb"][-1] == pytest.approx(results["runs"]["L2_seed0"]["bpb"],
+                                         rel=1e-5)

@@ -1,0 +1,214 @@
+"""Training loop: one step per model/task, overfitting, exact resume, and
+the keys of step s (its batch and its dropout masks)."""
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import ml_collections
+
+from configs import default
+from mha_jax.training import tasks
+from mha_jax.training import train
+
+
+def _small(**task):
+  c = default.get_config()
+  c.model.update(d_model=16, num_layers=1, num_heads=2)
+  c.task.update(batch_size=4, seq_len=12, vocab_size=8, min_segment=2,
+                max_segment=4, feature_dim=3, **task)
+  c.train.update(num_steps=12, warmup_steps=2, log_every=4, eval_every=6,
+                 eval_batches=1, checkpoint_every=5)
+  return c
+
+
+@jax.jit
+def _eval_and_outputs(state, batch):
+  """eval_step's metrics and the model outputs, in one compiled call."""
+  return train.eval_step(state, batch), train.apply_model(state.model(), batch)
+
+
+def _equal_trees(a, b):
+  return all(jax.tree.leaves(jax.tree.map(
+      lambda x, y: bool(np.array_equal(x, y)), a, b)))
+
+
+@pytest.mark.parametrize("name,model", [
+    ("induction", dict()),
+    ("copy", dict(attention_only=False, positions="rotary", num_kv_heads=1,
+                  dropout_rate=0.1)),
+    ("reverse", dict(positions="sinusoidal", use_bias=True)),
+    ("two_offset_continuous", dict(positions="none")),
+    ("two_offset_token", dict(implementation="vmap")),
+])
+def test_one_train_step_every_model(name, model):
+  c = _small(name=name)
+  c.model.update(**model)
+  state = train.create_train_state(c)
+  batch = train.batch_fn(c)(jax.random.PRNGKey(0))
+  before = jax.tree.map(np.asarray, state.params)
+  new, _ = train.train_step_jit(state, batch)  # lr(0) = 0: warmup
+  new, metrics = train.train_step_jit(new, batch)
+  assert int(new.step) == 2
+  assert np.isfinite(float(metrics["loss"]))
+  assert float(metrics["grad_norm"]) > 0
+  assert not _equal_trees(before, new.params)
+  # The loss is the masked mean of the per-position loss, recomputed here.
+  got, out = _eval_and_outputs(new, batch)
+  out = np.asarray(out, np.float64)
+  y, mask = np.asarray(batch["targets"]), np.asarray(batch["loss_mask"])
+  if tasks.get_task(name).loss == "xent":
+    logp = out - np.log(np.exp(out).sum(-1, keepdims=True))
+    per_pos = -np.take_along_axis(logp, y[..., None], -1)[..., 0]
+  else:
+    per_pos = ((out - y) ** 2).mean(-1)
+  want = (per_pos * mask).sum() / mask.sum()
+  np.testing.assert_allclose(got["loss"], want, rtol=1e-5)
+  again, _ = _eval_and_outputs(new, batch)  # deterministic: no dropout
+  np.testing.assert_array_equal(got["loss"], again["loss"])
+
+
+def test_tiny_model_overfits_a_fixed_batch():
+  c = _small(name="copy")
+  c.model.update(d_model=32, num_layers=2, num_heads=4, attention_only=False)
+  c.train.update(learning_rate=1e-2, warmup_steps=10, num_steps=100,
+                 weight_decay=0.0)
+  state = train.create_train_state(c)
+  batch = train.batch_fn(c)(jax.random.PRNGKey(1))
+  step = train.train_step_jit
+  state, first = step(state, batch)
+  for _ in range(c.train.num_steps - 1):
+    state, metrics = step(state, batch)
+  assert float(first["loss"]) > 1.5
+  assert float(metrics["loss"]) < 0.05
+  assert float(metrics["accuracy"]) == 1.0
+
+
+def _rows(workdir):
+  return [json.loads(line)
+          for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _record_batches(monkeypatch):
+  """Make `train_and_evaluate` record the batch each step trains on, by step
+  number (a list per step: a resumed run redoes some steps)."""
+  seen = {}
+  real = train.step_fns
+
+  def step_fns(config, mesh):
+    step, eval_fn, make = real(config, mesh)
+
+    def recording_step(state, batch):
+      seen.setdefault(int(state.step), []).append(jax.device_get(batch))
+      return step(state, batch)
+
+    return recording_step, eval_fn, make
+
+  monkeypatch.setattr(train, "step_fns", step_fns)
+  return seen
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch):
+  c = _small(name="copy")
+  c.model.dropout_rate = 0.1  # the dropout keys must be replayed too
+  seen_full = _record_batches(monkeypatch)
+  full = train.train_and_evaluate(c, tmp_path / "full")
+  # Killed after step 8: the last checkpoint is step 5, so 6..8 are redone.
+  seen_resumed = _record_batches(monkeypatch)
+  part = train.train_and_evaluate(c, tmp_path / "resumed", stop_at=8)
+  assert int(part.step) == 8
+  resumed = train.train_and_evaluate(c, tmp_path / "resumed")
+  assert int(resumed.step) == c.train.num_steps
+  assert _equal_trees(full.params, resumed.params)  # bit-identical on CPU
+  assert _equal_trees(full.opt_state, resumed.opt_state)
+  assert _rows(tmp_path / "full") == _rows(tmp_path / "resumed")
+  steps = [(r["step"], r["split"]) for r in _rows(tmp_path / "full")]
+  assert steps == [(4, "train"), (6, "eval"), (8, "train"), (12, "train"),
+                   (12, "eval")]
+  # The batch of step s is the task's batch for fold_in(data_key, s), in
+  # both runs (bit-identity alone cannot tell: a shared bug would pass).
+  make = jax.jit(functools.partial(
+      tasks.get_task(c.task.name).make_batch,
+      cfg=ml_collections.FrozenConfigDict(c.task)))
+  data_key = train.seed_key(c.train.seed, train._DATA)  # pylint: disable=protected-access
+  assert sorted(seen_full) == list(range(c.train.num_steps))
+  assert sorted(seen_resumed) == list(range(c.train.num_steps))
+  assert [len(seen_resumed[s]) for s in range(6, 8)] == [2, 2]  # redone
+  for s in range(c.train.num_steps):
+    want = make(jax.random.fold_in(data_key, s))
+    for got in seen_full[s] + seen_resumed[s]:
+      assert _equal_trees(got, want), s
+  # ... and differs from step to step.
+  assert not np.array_equal(seen_full[0][0]["inputs"],
+                            seen_full[1][0]["inputs"])
+  # The saved run loads back as a model with the trained parameters.
+  model, config = train.load_model(tmp_path / "resumed")
+  assert config.model.d_model == 16
+  assert _equal_trees(nnx.state(model), resumed.params)
+  # Step 0 is the state a run starts from (no checkpoint is saved there);
+  # a step without a checkpoint is refused, naming the saved ones.
+  start = train.train_and_evaluate(c, tmp_path / "start", stop_at=0)
+  initial, _ = train.load_state(tmp_path / "full", 0)
+  assert int(initial.step) == 0
+  assert _equal_trees(initial.params, start.params)
+  assert not _equal_trees(initial.params, full.params)
+  with pytest.raises(FileNotFoundError, match=r"`step` 7 .*\[10, 12\]"):
+    train.load_state(tmp_path / "full", 7)
+
+
+def test_dropout_key_of_step_s_is_the_state_key_folded_with_s():
+  """train_step's loss at step s equals the loss under the dropout key
+  fold_in(state.rng, s), and differs between steps: the masks change from
+  step to step and are a function of (seed, step), so a resume replays
+  them."""
+  c = _small(name="copy")
+  c.model.dropout_rate = 0.1  # the config of the resume test: one compile
+  state = train.create_train_state(c)
+  batch = train.batch_fn(c)(jax.random.PRNGKey(4))
+  # The base key is the seed's own dropout stream.
+  np.testing.assert_array_equal(state.rng, jax.random.fold_in(
+      jax.random.PRNGKey(c.train.seed), train._DROPOUT))  # pylint: disable=protected-access
+
+  @jax.jit
+  def loss_with_key(params, key):
+    model = nnx.merge(state.graphdef, params)
+    return train.compute_loss(model, batch, state.loss, deterministic=False,
+                              dropout_rng=key)[0]
+
+  losses = {}
+  for s in (0, 3):
+    at_s = jax.tree.map(jnp.array, state.replace(step=jnp.int32(s)))
+    _, metrics = train.train_step_jit(at_s, batch)  # donates its copy
+    losses[s] = float(metrics["loss"])
+    want = loss_with_key(state.params, jax.random.fold_in(state.rng, s))
+    # Two compiled programs (the step fuses the loss with its gradient):
+    # float32 rounding only, a few ulps.
+    np.testing.assert_allclose(losses[s], want, rtol=1e-6, err_msg=str(s))
+  # Other masks at another step: the loss moves by far more than rounding.
+  assert abs(losses[0] - losses[3]) > 1e-4 * abs(losses[0])
+  deterministic = float(train.eval_step_jit(state, batch)["loss"])
+  assert abs(deterministic - losses[0]) > 1e-4 * abs(losses[0])  # dropout on
+
+
+def test_learning_rate_schedule_follows_config():
+  """Adam on a constant gradient moves each weight by exactly -lr(step)."""
+  c = _small()
+  c.train.update(learning_rate=0.5, warmup_steps=4, end_lr_fraction=0.1,
+                 weight_decay=0.0)
+  tx = train.make_optimizer(c.train)
+  params = {"w": jnp.zeros((2, 2))}
+  grads = {"w": jnp.ones((2, 2))}
+  update = jax.jit(tx.update)
+  opt_state, moves = tx.init(params), []
+  for _ in range(c.train.num_steps + 1):
+    updates, opt_state = update(grads, opt_state, params)
+    moves.append(float(updates["w"][0, 0]))
+  np.testing.assert_allclose(moves[0], 0.0)  # warmup starts at 0
+  np.testing.assert_allclose(moves[2], -0.25, rtol=1e-5)  # half way up
+  np.testing.assert_allclose(moves[4], -0.5, rtol=1e-5)  # peak
+  np.testing.assert_allclose(moves[12], -0.05, rtol=1e-5)  # cosine end
