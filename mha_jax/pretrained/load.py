@@ -39,8 +39,9 @@ def read_config_json(directory) -> dict:
                           "no such directory")
   path = directory / CONFIG
   if not path.is_file():
+    found = sorted(p.name for p in directory.iterdir())
     raise PretrainedError(directory, f"expected {CONFIG} (the model's "
-                          f"architecture), found {sorted(p.name for p in directory.iterdir())}")
+                          f"architecture), found {found}")
   try:
     fields = json.loads(path.read_text())
   except json.JSONDecodeError as e:

@@ -19,6 +19,7 @@ import torch
 import mha_jax
 from mha_jax.models import generate
 from mha_jax import hooks
+from mha_jax.interp import composition
 from tests.pretrained import compare
 from tests.pretrained import hf_models
 
@@ -86,3 +87,12 @@ def test_cached_greedy_decoding_equals_transformers_generate(built, family):
     want = hf.generate(prompt, max_new_tokens=n, do_sample=False)[:, 7:]
   got = generate.generate(model, jnp.asarray(prompt.numpy()), n, max_len=16)
   np.testing.assert_array_equal(np.asarray(got), want.numpy())
+
+
+def test_circuit_tools_refuse_the_families_they_would_misread(built):
+  model = mha_jax.load_pretrained(built("gpt2").directory)
+  with pytest.raises(ValueError, match=r"tie_embeddings=True"):
+    composition.copying_scores(model, 0)
+  llama = mha_jax.load_pretrained(built("llama").directory)
+  with pytest.raises(ValueError, match=r"head_weights: .*norm='rms'"):
+    composition.head_weights(llama, 0)
