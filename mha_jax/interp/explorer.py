@@ -10,7 +10,7 @@ readable labels for the tokens on both sides, and per head, over the whole
 batch, the scores of `head_metrics.head_metrics`, the loss increase when the
 head alone is ablated (`interventions.zero_ablation`) and the floors the
 scores are read against: uniform attention over the keys each query may
-see, and the same architecture at initialisation (as `head_survey`
+see, and the same architecture at initialisation (as `interp/survey.py`
 reports them). `render(data)` turns that into one HTML page that opens
 from disk and makes no network request; `write_explorer` does both.
 
