@@ -1,4 +1,4 @@
-r"""The seed's cost claims, measured: time, FLOPs and memory vs h and vs n.
+r"""The source's cost claims, measured: time, FLOPs and memory vs h and vs n.
 
   python -m experiments.cost_scaling --workdir=runs/cost_scaling
   python -m experiments.cost_scaling --config.n=256,512,1024,2048,4096,8192

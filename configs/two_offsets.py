@@ -1,4 +1,4 @@
-r"""Experiment 2: attending to two positions at once (the seed's argument).
+r"""Experiment 2: attending to two positions at once (the source's argument).
 
   python -m experiments.two_offsets --workdir=runs/two_offsets
 

@@ -138,7 +138,7 @@ def run(workdir, *, text: str | None = None, batch_from_task: bool = False,
   data = explorer.explore(
       model, batch, loss=task.loss if ablate else None,
       init_model=init_model, example=example,
-      specials=config.task.name not in explorer.NO_SPECIAL_TOKENS)
+      specials=task.special_tokens)
   circuits = explorer.circuit_numbers(workdir, c.num_layers, c.num_heads)
   path = pathlib.Path(output or workdir / "explorer.html")
   path.parent.mkdir(parents=True, exist_ok=True)

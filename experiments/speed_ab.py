@@ -70,8 +70,12 @@ def _case(name, capture):
 
   # pylint: disable=g-import-not-at-top
   from configs import default
-  from mha_jax.training import config as config_lib
-  from mha_jax.training import train
+  try:
+    from mha_jax.training import config as config_lib
+    from mha_jax.training import train
+  except ImportError:  # a baseline from before the library's layer folders
+    from mha_jax import config as config_lib
+    from mha_jax import train
   # pylint: enable=g-import-not-at-top
   config = default.get_config()
   model = config_lib.build_model(config, nnx.Rngs(params=0))

@@ -1,4 +1,4 @@
-r"""The seed's worked example, "The cat sat", traced through the five stages.
+r"""The source's worked example, "The cat sat", traced through the five stages.
 
     python -m experiments.toy_example      # no flags; `make run` runs it too
 
@@ -68,7 +68,7 @@ def main(argv) -> None:
   _rows("Concat(head_1, head_2)", concat[0])
 
   print("\nStage 5. Output projection with W^O = I (any 4x4 matrix is "
-        "allowed by the seed)")
+        "allowed by the source)")
   y = mha_jax.project_out(concat, params["w_o"])
   _rows("MultiHead = Concat W^O", y[0])
 

@@ -11,8 +11,11 @@ imports must say in docs/architecture.md why it is public API.
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -186,3 +189,53 @@ def test_a_module_one_experiment_uses_is_public_api_by_the_docs():
   assert not lonely, ("move these into their experiment's folder, or say "
                       f"in docs/architecture.md why they are public: "
                       f"{lonely}")
+
+
+def test_importing_the_library_leaves_matplotlib_alone():
+  """A notebook's backend is its user's: importing any module of the
+  library or an experiment must not switch it, nor load pyplot."""
+  modules = [name for name, _ in library_modules()] + [
+      ".".join(p.relative_to(ROOT).with_suffix("").parts)
+      for p in sorted((ROOT / "experiments").glob("*/*.py"))
+      if p.name not in ("__init__.py", "__main__.py")]  # no flags defined
+  code = ("import importlib, sys, matplotlib\n"
+          "matplotlib.use('svg')\n"
+          f"for m in {modules!r}:\n"
+          "  importlib.import_module(m)\n"
+          "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()\n"
+          "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot loaded'\n")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# Import name -> distribution name, where they differ.
+DISTRIBUTIONS = {"absl": "absl-py", "ml_collections": "ml-collections",
+                 "orbax": "orbax-checkpoint"}
+# Imported only where present, each behind a check that says so: torch is
+# the benchmark's optional anchor (experiments/benchmark/bench.py).
+OPTIONAL = {"torch"}
+
+
+def test_every_imported_package_is_declared():
+  """What the library and the experiments import is a dependency in
+  pyproject.toml, so a fresh install has it."""
+  import tomllib  # pylint: disable=g-import-not-at-top
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+  declared = {re.split(r"[<>=!~\[ ]", d)[0].lower()
+              for d in project["dependencies"]}
+  imported = {}
+  for path in [*LIB.rglob("*.py"), *(ROOT / "experiments").rglob("*.py")]:
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+               else [node.module] if isinstance(node, ast.ImportFrom)
+               and node.level == 0 and node.module else [])
+      for name in names:
+        imported.setdefault(name.split(".")[0], path.relative_to(ROOT))
+  missing = {
+      top: str(where) for top, where in imported.items()
+      if top not in sys.stdlib_module_names
+      and top not in ("mha_jax", "experiments", "configs", *OPTIONAL)
+      and DISTRIBUTIONS.get(top, top).lower() not in declared}
+  assert not missing, f"imported but not declared in pyproject: {missing}"

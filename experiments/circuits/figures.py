@@ -12,9 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from mha_jax.measure import plots
@@ -36,7 +33,7 @@ def _heatmap(ax, values, *, vmin, vmax, cmap, xlabels, ylabels, title,
 
 
 def _grid(n_rows, n_cols, cell=(2.2, 1.9)):
-  fig, axes = plt.subplots(n_rows, n_cols, squeeze=False,
+  fig, axes = plots.subplots(n_rows, n_cols, squeeze=False,
                            figsize=(cell[0] * n_cols, cell[1] * n_rows + 0.5))
   return fig, axes
 
@@ -180,7 +177,7 @@ def dynamics(runs: Mapping[str, dict], *, path: str):
     ax.set_xlabel("step", fontsize=7)
     ax = axes[1, col]
     n_h = dyn["previous_token"].shape[-1]
-    blues, reds = plt.cm.Blues, plt.cm.Reds
+    blues, reds = matplotlib.colormaps["Blues"], matplotlib.colormaps["Reds"]
     for h in range(n_h):
       shade = 0.4 + 0.6 * h / max(n_h - 1, 1)
       ax.plot(steps, dyn["previous_token"][:, 0, h], color=blues(shade),

@@ -1,4 +1,4 @@
-r"""The seed's cost claims, measured: time, FLOPs and memory vs h and vs n.
+r"""The source's cost claims, measured: time, FLOPs and memory vs h and vs n.
 
     python -m experiments.cost_scaling                  # ~3 min on 2 cores
     python -m experiments.cost_scaling --config.n=256,512,1024,2048,4096,8192
@@ -19,15 +19,12 @@ import time
 from absl import app
 from absl import flags
 import jax
-import matplotlib
 from ml_collections import config_flags
 
 from mha_jax.measure import report as report_lib
 from experiments.cost_scaling import scaling
+from mha_jax.measure import plots
 from mha_jax.measure import timing
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/cost_scaling.py", "The measurement's config file; "
@@ -36,7 +33,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/cost_scaling", "Output folder.")
 
 
 def _plot(points, along, key, ylabel, title, filename, workdir, loglog):
-  fig, ax = plt.subplots(figsize=(5, 3.5))
+  fig, ax = plots.subplots(figsize=(5, 3.5))
   for path in sorted({p["path"] for p in points}):
     xs, ys = scaling.series(points, path, key, along)
     if xs:
@@ -50,7 +47,6 @@ def _plot(points, along, key, ylabel, title, filename, workdir, loglog):
   ax.legend()
   fig.tight_layout()
   fig.savefig(workdir / filename, dpi=120)
-  plt.close(fig)
 
 
 def report(heads_pts, n_pts, fit_points):

@@ -7,10 +7,6 @@ reported as missed.
 
 import os
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from mha_jax.measure import report as report_lib
@@ -58,7 +54,7 @@ def plots(results, workdir):
   rows = results["timing"]
   n = [r["n"] for r in rows]
   full = [r for r in rows if "nocache_s" in r]
-  fig, ax = plt.subplots(figsize=(5.0, 3.2))
+  fig, ax = plots_lib.subplots(figsize=(5.0, 3.2))
   ax.loglog(n, [1e3 * r["cached_s"] for r in rows], "o-", label="with cache")
   ax.loglog([r["n"] for r in full], [1e3 * r["nocache_s"] for r in full],
             "s-", label="recompute prefix")
@@ -66,7 +62,7 @@ def plots(results, workdir):
          title="Decode step time (median)")
   ax.legend(fontsize=7)
   plots_lib.save(fig, os.path.join(workdir, "decode_time.png"))
-  fig, ax = plt.subplots(figsize=(5.0, 3.2))
+  fig, ax = plots_lib.subplots(figsize=(5.0, 3.2))
   for key, label, mark in (("cached_xla_flops", "cache: XLA", "o-"),
                            ("cached_analytic_flops", "cache: analytic", "x--")):
     ax.loglog(n, [r[key] for r in rows], mark, label=label)
@@ -80,12 +76,11 @@ def plots(results, workdir):
   ax.legend(fontsize=7)
   plots_lib.save(fig, os.path.join(workdir, "flops.png"))
   cb = results["cache_bytes"]
-  fig, ax = plt.subplots(figsize=(5.0, 3.2))
+  fig, ax = plots_lib.subplots(figsize=(5.0, 3.2))
   ax.bar([f"K={r['num_kv_heads']}" for r in cb],
          [r["bytes_per_token"] / 1024 for r in cb])
   ax.set(ylabel="KiB per token (all layers)", title="KV cache size")
   plots_lib.save(fig, os.path.join(workdir, "cache_bytes.png"))
-  plt.close("all")
 
 
 def _behaviour_section(behaviour):

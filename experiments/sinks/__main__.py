@@ -357,7 +357,7 @@ def _profile_figure(config, runs, path):
 
 def _scatter(runs, path):
   """Every head of every run: parked share against zero-ablation Δloss."""
-  fig, ax = plots.plt.subplots(figsize=(5.4, 3.6))
+  fig, ax = plots.subplots(figsize=(5.4, 3.6))
   for name, per_seed in runs.items():
     x = np.concatenate([s["shares"]["parked"].ravel()
                         for s in per_seed.values()])

@@ -321,7 +321,7 @@ def choose_implementation(q, k, *, dropout=False, backend=None):
 
 def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                  rules=score_rules.NO_RULES):
-  """The path `auto_select` picks for this call (`mha_jax.explain_auto`
+  """The path `kernels/auto.py` picks for this call (`mha_jax.explain_auto`
   says which and why); on CPU "flash", or "einsum" under dropout."""
   impl = auto.select_for(q, k, v, mask=mask, bias=bias,
                                 is_causal=is_causal, dropout=keep is not None,

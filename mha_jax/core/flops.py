@@ -10,7 +10,7 @@ Shape letters: B batch, n sequence length, D d_model, H heads.
     also counts elementwise work (scaling, softmax, masking).
   * `analytic_mha_flops(batch, n, d_model)`: FORMULAS.md's closed form for one
     self-attention forward pass without bias, 8 B n D^2 + 4 B n^2 D. It does
-    not depend on the number of heads: the seed's cost claim.
+    not depend on the number of heads: the source's cost claim.
 
 A multiply-add counts as 2 FLOPs everywhere, as in FORMULAS.md.
 """

@@ -3,7 +3,7 @@
 Shape letters: B batch, H query heads, Tq query length, Tk key/value length.
 
 Masks are boolean everywhere in mha_jax. The core turns them into an additive
--inf before the softmax (the seed's rule: masking after the softmax would leave
+-inf before the softmax (the source's rule: masking after the softmax would leave
 probability on forbidden keys). A float "additive mask" belongs in `bias=`.
 """
 

@@ -1,4 +1,4 @@
-"""Multi-head attention: the seed's five stages as small pure functions.
+"""Multi-head attention: the source's five stages as small pure functions.
 
 Shape letters: B batch, Tq query length, Tk key/value length, D d_model,
 H query heads, K key/value heads, Dh per-head query/key width, Dv per-head
@@ -270,7 +270,7 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
                          dropout_rate=0.0, dropout_rng=None, capture=(),
                          patch=None, rules=score_rules.NO_RULES,
                          qk_norm="rms"):
-  """The seed's MultiHead(X_q, X_kv) = Concat(head_1..head_h) W^O.
+  """The source's MultiHead(X_q, X_kv) = Concat(head_1..head_h) W^O.
 
   Args:
     params: dict from `init_mha_params` (`w_q [D,H,Dh]`, `w_k [D,K,Dh]`,
@@ -290,7 +290,7 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
       (the `pattern` site: float32 softmax, before dropout).
     head_mask: `[H]` or `[B, H]` multiplier on each head's output before the
       concatenation (0 ablates a head; a gradient w.r.t. it is the head's
-      importance): a patch of the `z` site. Not part of the seed.
+      importance): a patch of the `z` site. Not part of the source.
     dropout_rate, dropout_rng: attention-weight dropout (training only).
     capture: site names to return (`"q"`, `"pattern"`, `"z"`, ... see
       `mha_jax.hooks`); patch: site name -> array or function.

@@ -4,7 +4,7 @@ Shape letters: D d_model, H query heads, K key/value heads, Dh per-head
 query/key width (d_k), Dv per-head value width (d_v; equal to Dh here).
 
 Each projection is ONE matrix whose output axis is split into heads:
-`w_q [D, H, Dh]` is the seed's `W^Q [D, H*Dh]` with its columns grouped by
+`w_q [D, H, Dh]` is the source's `W^Q [D, H*Dh]` with its columns grouped by
 head, so head i owns the disjoint column slice `i*Dh:(i+1)*Dh` (a genuine
 partition of the feature dimension, seed step 2).
 """

@@ -1,4 +1,4 @@
-"""The seed's worked example, "The cat sat", as arrays the core can run.
+"""The source's worked example, "The cat sat", as arrays the core can run.
 
 Shape letters: T = 3 tokens, D = 4 (d_model), H = 2 heads, Dh = 2.
 

@@ -10,7 +10,7 @@ readable labels for the tokens on both sides, and per head, over the whole
 batch, the scores of `head_metrics.head_metrics`, the loss increase when the
 head alone is ablated (`interventions.zero_ablation`) and the floors the
 scores are read against: uniform attention over the keys each query may
-see, and the same architecture at initialisation (as `head_survey`
+see, and the same architecture at initialisation (as `interp/survey.py`
 reports them). `render(data)` turns that into one HTML page that opens
 from disk and makes no network request; `write_explorer` does both.
 
@@ -54,8 +54,6 @@ _STATIC = pathlib.Path(__file__).parent / "explorer_static"
 
 # Token names of the tasks with reserved ids (see mha_jax.training.tasks).
 SPECIAL_NAMES = {tasks.PAD: "PAD", tasks.BOS: "BOS", tasks.SEP: "SEP"}
-# Tasks whose ids are all data symbols (no PAD/BOS/SEP).
-NO_SPECIAL_TOKENS = frozenset({"two_offset_token"})
 
 # The table's columns: (key, header, digits, what it measures). Scores of
 # `head_metrics.head_metrics` first, then the ablation; absent keys are skipped.
@@ -252,7 +250,7 @@ def text_batch(model, config, text: str) -> dict:
                      f"[T, {c.input_dim}], not token ids; use a batch of the "
                      "task instead (--batch_from_task)")
   kw = dict(vocab_size=c.vocab_size, max_len=c.max_len,
-            specials=name not in NO_SPECIAL_TOKENS)
+            specials=tasks.get_task(name).special_tokens)
   if isinstance(model, transformer.EncoderDecoder):
     src_text, _, tgt_text = text.partition("|")
     src = parse_tokens(src_text, what="text (source)", **kw)

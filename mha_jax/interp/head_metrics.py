@@ -95,7 +95,7 @@ def entropy(weights: jax.Array, *, base: float = math.e) -> jax.Array:
   """Mean entropy of each head's rows, `[H]`; log(n) for uniform over n keys.
 
   Low entropy = a sharp head (one key per query); log(visible keys) = a head
-  that averages over everything it can see, like the seed's flat head 1.
+  that averages over everything it can see, like the source's flat head 1.
   """
   w = _check_weights(weights, "entropy")
   return _mean_over_rows(row_entropy(w), valid_rows(w)) / math.log(base)

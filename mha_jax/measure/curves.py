@@ -28,11 +28,10 @@ import os
 import pathlib
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 from scipy import stats as sp_stats
+
+from mha_jax.measure import plots
 
 
 def read(run_dir, split: str = "eval", key: str = "loss"):
@@ -117,7 +116,7 @@ def plot_survival(fractions: Mapping[str, tuple[Sequence[int],
                   path: str | None = None):
   """Step plot of `fractions[label] = (steps, fraction still above)`
   (`survival_curve` per group of runs)."""
-  fig, ax = plt.subplots(figsize=(5.4, 3.4))
+  fig, ax = plots.subplots(figsize=(5.4, 3.4))
   for i, (label, (steps, frac)) in enumerate(fractions.items()):
     # A small vertical offset per label keeps equal curves apart.
     ax.step([0] + list(steps), np.asarray([1.0] + list(frac)) + 0.008 * i,
@@ -129,7 +128,7 @@ def plot_survival(fractions: Mapping[str, tuple[Sequence[int],
     ax.set_title(title, fontsize=10)
   ax.legend(fontsize=7)
   fig.tight_layout()
-  return _save(fig, path)
+  return plots.save(fig, path)
 
 
 def plot_first_steps(first_steps: Mapping[str, Sequence[int | None]], *,
@@ -140,7 +139,7 @@ def plot_first_steps(first_steps: Mapping[str, Sequence[int | None]], *,
   Runs that never got there are drawn as open triangles at `censor_at`.
   """
   labels = list(first_steps)
-  fig, ax = plt.subplots(figsize=(5.4, 0.45 * len(labels) + 1.4))
+  fig, ax = plots.subplots(figsize=(5.4, 0.45 * len(labels) + 1.4))
   for row, label in enumerate(labels):
     vals = list(first_steps[label])
     jitter = np.linspace(-0.15, 0.15, len(vals)) if len(vals) > 1 else [0.0]
@@ -158,17 +157,7 @@ def plot_first_steps(first_steps: Mapping[str, Sequence[int | None]], *,
   if title:
     ax.set_title(title, fontsize=10)
   fig.tight_layout()
-  return _save(fig, path)
-
-
-def _save(fig, path):
-  if path is not None:
-    folder = os.path.dirname(path)
-    if folder:
-      os.makedirs(folder, exist_ok=True)
-    fig.savefig(path, dpi=80, format="png", bbox_inches="tight")
-  plt.close(fig)
-  return fig
+  return plots.save(fig, path)
 
 
 def plot_seed_curves(groups: Mapping[str, Sequence[tuple[Sequence,
@@ -178,8 +167,8 @@ def plot_seed_curves(groups: Mapping[str, Sequence[tuple[Sequence,
   """`groups[setting] = [(steps, values) per seed]`: thin lines, one colour
   per setting, one legend entry per setting (the legend sits outside the
   axes). Returns the figure; writes a PNG to `path` when given."""
-  fig, ax = plt.subplots(figsize=(6.4, 3.4))
-  colours = plt.get_cmap("tab10")
+  fig, ax = plots.subplots(figsize=(6.4, 3.4))
+  colours = matplotlib.colormaps["tab10"]
   for i, (label, runs) in enumerate(groups.items()):
     for j, (steps, values) in enumerate(runs):
       ax.plot(np.asarray(steps), np.asarray(values), color=colours(i % 10),
@@ -194,4 +183,4 @@ def plot_seed_curves(groups: Mapping[str, Sequence[tuple[Sequence,
     ax.set_title(title, fontsize=10)
   ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   fig.tight_layout()
-  return _save(fig, path)
+  return plots.save(fig, path)

@@ -2,7 +2,7 @@
 
 Shape letters: L layers, H heads, Tq query length, Tk key length.
 
-Every function returns a matplotlib Figure built with the Agg backend (no
+Every function returns a matplotlib `Figure` made outside pyplot (no
 display needed) and, given `path`, also writes it as a PNG. Inputs are plain
 arrays (NumPy or JAX); nothing here touches a model.
 """
@@ -12,11 +12,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 import os
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+from matplotlib.figure import Figure
 import numpy as np
+
+
+def figure(**kwargs) -> Figure:
+  """A figure made outside pyplot. Importing this module chooses no
+  backend, so a notebook keeps its own; pyplot holds no reference, so
+  nothing needs closing; `savefig` renders PNGs with Agg."""
+  return Figure(**kwargs)
+
+
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize=None, **kwargs):
+  """`(figure, axes)` as `pyplot.subplots` returns them, on `figure()`."""
+  fig = figure(figsize=figsize)
+  return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
 def save(fig, path: str | None, *, dpi: int = 80):
@@ -55,7 +65,7 @@ def attention_grid(weights: Sequence[np.ndarray] | np.ndarray, *,
       raise ValueError(f"attention_grid: layer {i} weights must be [H, Tq, "
                        f"Tk], got shape {w.shape}")
   n_rows, n_cols = len(layers), max(w.shape[0] for w in layers)
-  fig = plt.figure(figsize=(cell * n_cols, cell * n_rows + 0.4))
+  fig = figure(figsize=(cell * n_cols, cell * n_rows + 0.4))
   for li, w in enumerate(layers):
     tq, tk = w.shape[1:]
     for hi in range(w.shape[0]):
@@ -93,7 +103,7 @@ def metric_bars(metrics: Mapping[str, np.ndarray], *, title: str = "",
   matching spreads (for example std over seeds) drawn as error bars.
   """
   names = list(metrics)
-  fig, axes = plt.subplots(1, len(names), squeeze=False,
+  fig, axes = subplots(1, len(names), squeeze=False,
                            figsize=(3.2 * len(names), 2.8))
   for ax, name in zip(axes[0], names):
     vals = np.atleast_2d(np.asarray(metrics[name], np.float32))  # [L, H]
@@ -124,7 +134,7 @@ def loss_curves(curves: Mapping[str, tuple[Sequence, Sequence]], *,
   Several seeds of one setting can share a label prefix; each gets its own
   line so the spread is visible.
   """
-  fig, ax = plt.subplots(figsize=(5.0, 3.2))
+  fig, ax = subplots(figsize=(5.0, 3.2))
   for label, (steps, losses) in curves.items():
     ax.plot(np.asarray(steps), np.asarray(losses), label=label, linewidth=1.2)
   return _finish(fig, ax, "step", ylabel, title, False, logy, path)
@@ -137,7 +147,7 @@ def line_plot(x: Sequence, series: Mapping[str, tuple[Sequence, Sequence]], *,
 
   A spread of None (one seed: no spread) draws the line alone.
   """
-  fig, ax = plt.subplots(figsize=(5.0, 3.2))
+  fig, ax = subplots(figsize=(5.0, 3.2))
   x = np.asarray(x, np.float32)
   for label, (mean, spread) in series.items():
     mean = np.asarray(mean)
@@ -168,7 +178,7 @@ def setting_bars(labels: Sequence[str], means: Sequence[float],
                  title: str = "", logy: bool = False,
                  path: str | None = None):
   """One bar per setting (for example per head count), with error bars."""
-  fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(labels) + 1.5), 3.2))
+  fig, ax = subplots(figsize=(max(4.0, 0.7 * len(labels) + 1.5), 3.2))
   ax.bar(range(len(labels)), np.asarray(means, np.float32),
          yerr=None if spreads is None else np.asarray(spreads, np.float32),
          capsize=3, color="tab:blue")

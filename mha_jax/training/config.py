@@ -19,9 +19,7 @@ from mha_jax.models import transformer
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _need(cond, field, msg):
-  if not cond:
-    raise ValueError(f"config.{field}: {msg}")
+_need = tasks.need
 
 
 def _positive(group, cfg, *names):

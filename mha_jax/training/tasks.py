@@ -41,6 +41,9 @@ class Task:
   model: str  # "decoder" or "encoder_decoder"
   loss: str  # "xent" (class targets) or "mse" (vector targets)
   check: Callable = lambda cfg: None  # raises on inconsistent task fields
+  # Ids 0..NUM_SPECIAL-1 are PAD/BOS/SEP (False: every id is a data symbol,
+  # as in two_offset_token); what the explorer labels tokens by.
+  special_tokens: bool = True
 
 
 def _symbols(key, shape, cfg):
@@ -234,9 +237,16 @@ def _repeat_spans(key, seq, prob, span):
   return jax.vmap(one)(jax.random.split(key, seq.shape[0]), seq)
 
 
-def _need(cond, field, msg):
+def need(cond, field: str, msg: str) -> None:
+  """The one check of a config field: `ValueError("config.<field>: msg")`
+  unless `cond` (`field` is dotted from the config's root, e.g.
+  "train.batch_size"). `config.validate_config` uses it for every group."""
   if not cond:
-    raise ValueError(f"config.task.{field}: {msg}")
+    raise ValueError(f"config.{field}: {msg}")
+
+
+def _need(cond, field, msg):
+  need(cond, f"task.{field}", msg)
 
 
 def _check_symbols(cfg):
@@ -312,7 +322,7 @@ TASKS = {
         two_offset_token_batch,
         lambda c: dict(vocab_size=c.vocab_size, input_dim=0,
                        output_dim=c.vocab_size ** 2),
-        "decoder", "xent", _check_offsets),
+        "decoder", "xent", _check_offsets, special_tokens=False),
     "text": Task(text_batch,
                  lambda c: dict(vocab_size=TEXT_VOCAB, input_dim=0,
                                 output_dim=0),

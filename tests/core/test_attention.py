@@ -1,6 +1,6 @@
 """Stage 3: scaled dot-product attention for one head and for all heads.
 
-Known answers (the seed's worked example), a float64 NumPy reference,
+Known answers (the source's worked example), a float64 NumPy reference,
 hypothesis properties, the fully-masked-row policy and the float32-softmax
 dtype policy (bf16 on every implementation in `attention.IMPLEMENTATIONS`
 that runs on CPU).

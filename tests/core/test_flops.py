@@ -1,4 +1,4 @@
-"""The seed's cost claim: 8 B n D^2 + 4 B n^2 D matmul FLOPs, whatever h is."""
+"""The source's cost claim: 8 B n D^2 + 4 B n^2 D matmul FLOPs, whatever h is."""
 
 import jax
 import jax.numpy as jnp

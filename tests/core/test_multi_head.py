@@ -1,6 +1,6 @@
 """The five stages end to end: `multi_head_attention` on params and inputs.
 
-Known answers (the seed's worked example through the whole pipeline) and
+Known answers (the source's worked example through the whole pipeline) and
 hypothesis properties: permutation equivariance, causality (values and
 exactly-zero gradients), head independence, the h = 1 special case, and
 agreement of the vmap and einsum paths (MHA/GQA/MQA, biases, masks).

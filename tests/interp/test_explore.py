@@ -126,7 +126,7 @@ def test_decoder_text_batch_has_the_task_targets():
 
 
 def test_uniform_floor_is_the_survey_floor():
-  """Causal and unpadded, the floor is `head_survey.uniform_floor`."""
+  """Causal and unpadded, the floor is `survey.uniform_floor`."""
   batch = {"inputs": np.asarray([[3, 4, 3, 4, 5], [5, 5, 6, 5, 5]])}
   kind = explorer.DECODER_KINDS[0]
   got = explorer.floor_scores(explorer.visible_keys(kind, batch),

@@ -4,7 +4,7 @@ Shape letters: B batch, Tq query length, Tk key/value length, H query heads,
 K key/value heads, G = H // K query heads per kv head, Dh query/key width,
 Dv value width, Bq / Bk query / key block lengths, Nq / Nk block counts.
 
-The reference paths build the whole score matrix `[B, H, Tq, Tk]`: the seed's
+The reference paths build the whole score matrix `[B, H, Tq, Tk]`: the source's
 "O(h n^2)" memory. Here the keys are visited one block at a time while a
 running row maximum `m`, row sum `l` and unnormalised output `acc` are kept
 per query (the online softmax):
