@@ -10,12 +10,14 @@ refused, naming the fields.
 """
 
 import copy
+import json
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 import transformers
 from flax import nnx
@@ -102,3 +104,19 @@ def test_project_configs_without_a_family_are_refused_by_name(tmp_path):
     mha_jax.save_pretrained(mha_jax.DecoderLM(only, rngs=nnx.Rngs(0)),
                             tmp_path / "y", family="llama")
   assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_bfloat16_model_saves_bf16_tensors_torch_reads(built, tmp_path):
+  """The hand-written bf16 path of the writer, read by safetensors' own
+  torch reader: the original float32 weights rounded to bf16 by torch."""
+  b = built("gemma2")
+  model = mha_jax.load_pretrained(b.directory, param_dtype=jnp.bfloat16)
+  out = mha_jax.save_pretrained(model, tmp_path / "bf16")
+  assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+  got = safetensors.torch.load_file(out / "model.safetensors")
+  want = {n: p.detach().to(torch.bfloat16)
+          for n, p in b.model.state_dict().items() if n in got}
+  assert sorted(want) == sorted(got)
+  for name, tensor in got.items():
+    assert tensor.dtype == torch.bfloat16, name
+    assert torch.equal(tensor, want[name]), name
