@@ -33,7 +33,9 @@ CONFIGS = {
         low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=32)),
     "mistral": lambda: tf.MistralConfig(**_LLAMA_LIKE, sliding_window=4),
-    "qwen2": lambda: tf.Qwen2Config(**_LLAMA_LIKE),
+    # Layers from max_window_layers on slide: layer 0 global, layer 1 not.
+    "qwen2": lambda: tf.Qwen2Config(**_LLAMA_LIKE, use_sliding_window=True,
+                                    sliding_window=4, max_window_layers=1),
     "gemma2": lambda: tf.Gemma2Config(
         **dict(_LLAMA_LIKE, num_hidden_layers=3), head_dim=16,
         sliding_window=4, query_pre_attn_scalar=12,

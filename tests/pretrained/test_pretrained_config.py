@@ -64,6 +64,7 @@ def test_config_json_maps_to_fields(built):
       True, 4, "gelu_erf")
   q = load_config(built("qwen2").directory)
   assert (q.use_bias, q.has_out_bias, q.num_kv_heads) == (True, False, 2)
+  assert q.layer_windows == (None, (3, 0))  # max_window_layers=1
   l = load_config(built("llama").directory)
   assert l.rotary_scaling == ("llama3", 8.0, 1.0, 4.0, 32)
   bert = load_config(built("bert").directory)
