@@ -74,6 +74,7 @@ _NEUTRAL = {
     "is_encoder_decoder", "pruned_heads", "max_length", "min_length",
     "num_beams", "do_sample", "temperature", "top_k", "top_p",
     "num_return_sequences", "use_return_dict", "initializer_factor",
+    "cache_implementation",  # which KV cache class generate() uses
 }
 _NEUTRAL_PATTERNS = (r".*dropout.*", r".*_pdrop", r"summary_.*")
 
@@ -148,6 +149,9 @@ def rope(hf: HFConfig, *, theta_field="rope_theta", default_theta=10000.0,
   5) or the older `rope_theta` / `rope_scaling` fields; a rope type
   mha_jax does not implement is refused by name."""
   params = hf.get("rope_parameters")
+  if params is not None and hf.get("rope_scaling") is not None:
+    hf.fail("rope_scaling", "given beside rope_parameters; expected one of "
+            "the two")
   if params is None:
     params = dict(hf.get("rope_scaling") or {})
     params.setdefault("rope_theta", hf.get(theta_field, default_theta))
@@ -193,18 +197,19 @@ def rope_to_hf(config, partial: float | None = None) -> dict:
   return {"rope_parameters": out}
 
 
-def windows(hf: HFConfig, num_layers: int, *, default_all: bool):
+def windows(hf: HFConfig, num_layers: int, slides=lambda layer: True):
   """Per-layer sliding windows from `layer_types` / `sliding_window`.
 
   Hugging Face lets query i see key j when i - W < j <= i, so a window W
-  is mha_jax's (left, right) = (W - 1, 0). Without `layer_types`, every
-  layer slides when `default_all` (Mistral) and none otherwise.
+  is mha_jax's (left, right) = (W - 1, 0). Without `layer_types` (configs
+  written before transformers 5), layer l slides when `sliding_window`
+  is set and `slides(l)`: the family's own rule.
   """
   w = hf.get("sliding_window")
   types = hf.get("layer_types")
   if types is None:
-    types = ["sliding_attention" if (w is not None and default_all)
-             else "full_attention"] * num_layers
+    types = ["sliding_attention" if (w is not None and slides(l))
+             else "full_attention" for l in range(num_layers)]
   if len(types) != num_layers or not set(types) <= {
       "sliding_attention", "full_attention"}:
     hf.fail("layer_types", f"expected {num_layers} entries of "

@@ -33,6 +33,10 @@ RULES = tuple(r for r in llama.RULES
 def _from_hf(hf):
   n, d = hf.need("num_hidden_layers"), hf.need("hidden_size")
   hf.only("use_bidirectional_attention", (None, False))
+  if hf.get("sliding_window_size") not in (None, hf.get("sliding_window")):
+    hf.fail("sliding_window_size", "an older name of sliding_window; "
+            f"expected {hf.get('sliding_window')!r}, got "
+            f"{hf.get('sliding_window_size')!r}")
   act = ("hidden_activation" if "hidden_activation" in hf else "hidden_act")
   if act == "hidden_activation":
     hf.get("hidden_act")
@@ -44,7 +48,8 @@ def _from_hf(hf):
       attn_scale=float(hf.need("query_pre_attn_scalar", (int, float))) ** -0.5,
       logit_soft_cap=hf.get("attn_logit_softcapping"),
       final_soft_cap=hf.get("final_logit_softcapping"),
-      layer_windows=F.windows(hf, n, default_all=False))
+      # Older configs have no layer_types: even layers slide.
+      layer_windows=F.windows(hf, n, lambda l: l % 2 == 0))
 
 
 def _to_hf(c):

@@ -84,8 +84,7 @@ def _llama_to_hf(c):
 
 def _mistral_from_hf(hf):
   n = hf.need("num_hidden_layers")
-  return dict(common_from_hf(hf), layer_windows=F.windows(
-      hf, n, default_all=True),
+  return dict(common_from_hf(hf), layer_windows=F.windows(hf, n),
               mlp_activation=F.activation(hf, "hidden_act", "silu"))
 
 
@@ -96,15 +95,12 @@ def _mistral_to_hf(c):
 
 def _qwen2_from_hf(hf):
   n = hf.need("num_hidden_layers")
-  # With use_sliding_window, layers from max_window_layers on slide; the
-  # config's own layer_types (written by transformers) say which.
-  if hf.get("use_sliding_window", False) and "layer_types" not in hf:
-    hf.fail("layer_types", "use_sliding_window=True needs the per-layer "
-            "layer_types transformers writes, got none")
-  hf.get("max_window_layers")
-  windows = (F.windows(hf, n, default_all=False)
+  # With use_sliding_window, the layers from max_window_layers on slide
+  # (unless layer_types says otherwise); without it sliding_window is moot.
+  first = hf.get("max_window_layers", n)
+  windows = (F.windows(hf, n, lambda l: l >= first)
              if hf.get("use_sliding_window", False) else None)
-  if not hf.get("use_sliding_window", False):
+  if windows is None:
     hf.get("sliding_window"), hf.get("layer_types")
   return dict(common_from_hf(hf), use_bias=True, out_bias=False,
               layer_windows=windows,

@@ -146,3 +146,28 @@ def test_sharded_checkpoint_loads_the_same_weights(built, tmp_path):
   with pytest.raises(PretrainedError, match=rf"index\.json: names shard "
                      rf"{shard}, which is not in"):
     mha_jax.load_pretrained(sharded)
+
+
+def _legacy(fields):
+  """config.json as transformers 4 wrote it: rope_theta and rope_scaling
+  (GPT-NeoX: rotary_emb_base, rotary_pct) instead of rope_parameters,
+  and no layer_types."""
+  rope = dict(fields.pop("rope_parameters"))
+  fields.pop("layer_types", None)
+  if fields["model_type"] == "gpt_neox":
+    fields.update(rotary_emb_base=rope["rope_theta"],
+                  rotary_pct=rope["partial_rotary_factor"])
+    return
+  fields["rope_theta"] = rope.pop("rope_theta")
+  if rope["rope_type"] != "default":
+    fields["rope_scaling"] = rope
+
+
+@pytest.mark.parametrize("family", ("llama", "mistral", "qwen2", "gemma2",
+                                    "gpt_neox"))
+def test_configs_of_transformers_4_load_to_the_same_model(built, tmp_path,
+                                                          family):
+  legacy = _copy(built, family, tmp_path, edit_config=_legacy)
+  assert "layer_types" not in json.loads((legacy / "config.json").read_text())
+  want = mha_jax.pretrained.load_config(built(family).directory)
+  assert mha_jax.pretrained.load_config(legacy) == want
