@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tokenizers
 
+import entry_points
 import mha_jax
-from experiments import explore
 from mha_jax import pretrained
 from tests.pretrained import hf_models
 
@@ -19,8 +19,8 @@ TEXT = "The cat sat on the mat. The cat sat on the"
 
 def test_explorer_page_of_minilm_on_text(tmp_path):
   path = minilm.get_model_path()
-  out = explore.run_pretrained(path, TEXT, output=tmp_path / "e.html",
-                               raw_arrays=False)
+  out = entry_points.load("explore").run_pretrained(
+      path, TEXT, output=tmp_path / "e.html", raw_arrays=False)
   kind = out["data"]["kinds"][0]
   assert kind["query_labels"][:4] == ["[CLS]", "the", "cat", "sat"]
   assert kind["query_labels"][-1] == "[SEP]"
@@ -46,8 +46,8 @@ def test_explorer_ablates_heads_of_a_decoder_on_text(built, tmp_path):
       vocab_size=hf_models.VOCAB,
       initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
   tok.save(str(directory / "tokenizer.json"))
-  out = explore.run_pretrained(directory, TEXT, output=tmp_path / "g.html",
-                               raw_arrays=False)
+  out = entry_points.load("explore").run_pretrained(
+      directory, TEXT, output=tmp_path / "g.html", raw_arrays=False)
   kind = out["data"]["kinds"][0]
   ids = out["batch"]["inputs"][0]
   assert kind["query_labels"] == pretrained.labels(tok, ids)
