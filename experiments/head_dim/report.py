@@ -120,10 +120,8 @@ def _part_a_section(config, results) -> list[str]:
       ("![plateau_check.png](plateau_check.png)"
        if results["part_a_plateau"] else ""),
       "",
-      f"Every head of the {run_lib.setting_label(config, shown_h)} model "
-      f"(seed {shown_seed}) on the held-out batch of the table, in a "
-      "browser: [explorer.html](explorer.html) (the inputs are vectors, so "
-      "positions label them).",
+      offset_sweep.explorer_text(run_lib.setting_label(config, shown_h),
+                                 shown_seed),
       ""]
 
 
@@ -167,14 +165,9 @@ def _part_b_claim(config, fit) -> str:
 
 def _report(config, results) -> str:
   """report.md: the command, parts A and B, the claims."""
-  took = offset_sweep.time_text(results["wall_seconds"],
-                                results["reused_runs"])
   lines = [
-      "# Experiment 3: the head-width sweet spot",
-      "",
-      "Command: `python -m experiments.head_dim --workdir=runs/head_dim` "
-      f"(config `configs/head_dim.py`; {took}).",
-      "",
+      *offset_sweep.report_header(
+          "Experiment 3: the head-width sweet spot", "head_dim", results),
       *_part_a_section(config, results),
       *_part_b_section(config, results["part_b"]),
       "## What this shows, next to the source's claim",

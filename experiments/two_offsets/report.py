@@ -158,15 +158,9 @@ def _token_section(config, results) -> list[str]:
 
 def _report(config, results) -> str:
   """report.md: the command, both tasks, the claims."""
-  took = offset_sweep.time_text(results["wall_seconds"],
-                                results["reused_runs"])
   lines = [
-      "# Experiment 2: two positions at once",
-      "",
-      "Command: `python -m experiments.two_offsets "
-      "--workdir=runs/two_offsets` (config `configs/two_offsets.py`; "
-      f"{took}).",
-      "",
+      *offset_sweep.report_header(
+          "Experiment 2: two positions at once", "two_offsets", results),
       *_continuous_section(config, results),
       *_token_section(config, results),
       "## What this shows, next to the source's claim",
@@ -181,9 +175,7 @@ def _report(config, results) -> str:
 def _explorer_text(config) -> str:
   """The report's line that links explorer.html."""
   h, seed = run_lib.explorer_run(config)
-  text = (f"Every head of the h={h} model (seed {seed}) on the held-out "
-          "batch of the table, in a browser: [explorer.html](explorer.html) "
-          "(the inputs are vectors, so positions label them).")
+  text = offset_sweep.explorer_text(f"h={h}", seed)
   if h in config.experiment.token_heads:
     folder = offset_sweep.run_folder(run_lib.TOKEN, f"h={h}", seed)
     text += (f" The token version's h={h} model (seed {seed}) gets its page "

@@ -250,6 +250,14 @@ def setting_summary(rs) -> dict:
           "best_offset3": stats.summary([r["offset3"].max() for r in rs])}
 
 
+def explorer_text(label: str, seed: int) -> str:
+  """The report's sentence that links the page `write_explorer` wrote of
+  the run of `label` with `seed`."""
+  return (f"Every head of the {label} model (seed {seed}) on the held-out "
+          "batch of the table, in a browser: [explorer.html](explorer.html) "
+          "(the inputs are vectors, so positions label them).")
+
+
 def plot_nmse_curves(curve_lists: dict, *, title: str, path: str) -> None:
   """Held-out NMSE against steps, `{label: [curve]}` with each curve a
   run's `{"steps", "loss"}`, on a log axis."""
@@ -315,6 +323,16 @@ def time_text(wall_s: float, reused: bool) -> str:
   alone."""
   return (f"{wall_s / 60:.1f} min wall on this machine"
           + (", analysis only: finished runs were reused" if reused else ""))
+
+
+def report_header(title: str, name: str, results: dict) -> list[str]:
+  """A sweep report's first lines: its title, then the command of
+  `experiments.<name>`, its config and how long it took ("wall_seconds",
+  "reused_runs" of `results`)."""
+  took = time_text(results["wall_seconds"], results["reused_runs"])
+  return [f"# {title}", "",
+          f"Command: `python -m experiments.{name} --workdir=runs/{name}` "
+          f"(config `configs/{name}.py`; {took}).", ""]
 
 
 def tuning_text(config) -> str:
