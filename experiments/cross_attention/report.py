@@ -31,12 +31,6 @@ def write(config, results, workdir) -> dict:
                                   drop=EXAMPLES)
 
 
-def _signed(x, digits: int = 3) -> str:
-  """`+0.123`: a signed number cell (`report_lib` has none for a bare
-  number)."""
-  return f"{x:+.{digits}f}"
-
-
 def _figures(config, r0, workdir) -> None:
   """The first seed's cross-attention heatmaps and per-head bars."""
   seed = config.experiment.seeds[0]
@@ -81,7 +75,7 @@ def _head_rows(r0) -> list[list[str]]:
   rows = [[f"L{l + 1} H{h + 1}"]
           + [report_lib.fmt(r0[f"alignment_{k}"][l, h], digits=2)
              for k in ALIGNMENT]
-          + [_signed(imp[k][l, h]) for k in ABLATIONS]
+          + [report_lib.signed(imp[k][l, h]) for k in ABLATIONS]
           for l in range(n_layers) for h in range(n_heads)]
   uni, init = r0["floors"]["uniform"], r0["floors"]["init"]
   rows.append(["uniform over the source"]

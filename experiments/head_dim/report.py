@@ -29,18 +29,6 @@ def write(config, results, workdir) -> dict:
                                   drop=("weights_example",))
 
 
-def _sig(x, digits: int = 3) -> str:
-  """`x` to `digits` significant digits (`report_lib` has no such cell
-  for a bare number)."""
-  return f"{x:.{digits}g}"
-
-
-def _sci(mean: float, std: float | None) -> str:
-  """`1.23e-04 ± 4.5e-05`, or the mean alone without a std (KL values
-  span decades; `report_lib` has no scientific cell)."""
-  return f"{mean:.2e} ± {std:.1e}" if std is not None else f"{mean:.2e}"
-
-
 def _steps(first) -> str:
   """Per-seed first steps, `-` where a seed never got there."""
   return ", ".join("-" if x is None else str(x) for x in first)
@@ -128,7 +116,7 @@ def _part_a_section(config, results) -> list[str]:
 def _part_b_section(config, fit) -> list[str]:
   """Part B: the fit and its table."""
   e = config.experiment
-  rows = [[dk, _sci(m, s), report_lib.fmt(np.mean(err))]
+  rows = [[dk, report_lib.scientific(m, s), report_lib.fmt(np.mean(err))]
           for dk, (m, s), err in zip(fit["d_k"], _part_b_kl(fit),
                                      fit["max_error"])]
   return [
@@ -189,8 +177,8 @@ def _several_heads_claim(config, results, multi) -> str:
   worst = max(multi, key=mean)
   resolved = [k for k in multi if k in vs and vs[k]["excludes_0"]]
   text = (f"* Part A, several heads: the lowest mean NMSE is {best} "
-          f"({_sig(mean(best), 2)}), the highest among them {worst} "
-          f"({_sig(mean(worst), 2)}). Against {best}: ")
+          f"({report_lib.significant(mean(best), 2)}), the highest among them {worst} "
+          f"({report_lib.significant(mean(worst), 2)}). Against {best}: ")
   if resolved:
     text += ("; ".join(f"{k} {offset_sweep.difference_cell(vs[k])}"
                        for k in resolved)
@@ -202,8 +190,8 @@ def _several_heads_claim(config, results, multi) -> str:
             if k in vs and vs[k]["detectable"] is not None]
   if detect:
     text += (f" {len(config.experiment.seeds)} seeds per setting detect "
-             f"(80% power) differences from {_sig(min(detect), 2)} to "
-             f"{_sig(max(detect), 2)} depending on the setting's spread, so "
+             f"(80% power) differences from {report_lib.significant(min(detect), 2)} to "
+             f"{report_lib.significant(max(detect), 2)} depending on the setting's spread, so "
              "'no difference' here means nothing larger than that.")
   return text
 
@@ -218,8 +206,8 @@ def _plateau_claim(config, plateau, multi) -> list[str]:
   return [
       "* Plateau: doubling the steps on the selection seed still lowered "
       "the NMSE of " + ", ".join(
-          f"{k} ({_sig(plateau[k]['loss'], 2)} → "
-          f"{_sig(plateau[k]['long_loss'], 2)})" for k in moving)
+          f"{k} ({report_lib.significant(plateau[k]['loss'], 2)} → "
+          f"{report_lib.significant(plateau[k]['long_loss'], 2)})" for k in moving)
       + f", so at {config.train.num_steps} steps these settings had not "
       "fully converged; the numbers above compare them at equal steps, "
       "not at their limits."]
@@ -231,7 +219,7 @@ def _narrow_claim(config, results, narrow) -> str:
   summ, best = results["part_a_summary"], results["part_a_best"]
   f = summ[narrow]["first_step_below_threshold"]
   p = results["part_a_plateau"].get(narrow)
-  per_seed = ", ".join(_sig(r) for r in summ[narrow]["nmse"]["values"])
+  per_seed = ", ".join(report_lib.significant(r) for r in summ[narrow]["nmse"]["values"])
   best_first = summ[best]["first_step_below_threshold"]["per_seed"]
   if p is not None and p["long_loss"] < 0.05:
     return (
@@ -244,7 +232,7 @@ def _narrow_claim(config, results, narrow) -> str:
         f"{report_lib.fmt(summ[narrow]['best_offset3']['mean'], digits=2)} "
         "on t-3, less sharply than wider heads. Trained "
         f"{e.plateau_factor}x as long, the selection seed went from "
-        f"{_sig(p['loss'])} to {_sig(p['long_loss'])}. So 1-wide heads "
+        f"{report_lib.significant(p['loss'])} to {report_lib.significant(p['long_loss'])}. So 1-wide heads "
         "learn this task much more slowly, but they are not unable to: the "
         "earlier 400-step sweep at one learning rate (NMSE 0.385 at d_k = "
         "1, read as 'cannot pick one offset') had stopped early. What these "
@@ -253,7 +241,7 @@ def _narrow_claim(config, results, narrow) -> str:
       f"* The narrowest heads ({narrow}) reach NMSE per seed {per_seed} "
       f"with their best learning rate"
       + (f"; trained {e.plateau_factor}x as long, the selection seed went "
-         f"from {_sig(p['loss'])} to {_sig(p['long_loss'])}" if p else "")
+         f"from {report_lib.significant(p['loss'])} to {report_lib.significant(p['long_loss'])}" if p else "")
       + ": narrow heads do worse at this length"
       + ("." if p is not None and p["long_loss"] > 0.9 * p["loss"] else
          ", and the runs may not have reached a plateau."))

@@ -31,12 +31,6 @@ def write(config, results, workdir) -> dict:
                                   drop=("weights_example",))
 
 
-def _signed(x, digits: int = 3) -> str:
-  """`+0.123`: a signed number cell (`report_lib` has none for a bare
-  number)."""
-  return f"{x:+.{digits}f}"
-
-
 def _ms(x, digits=3):
   """`mean ± std` of a `stats.summary` record."""
   return report_lib.fmt(x["mean"], x["std"], digits)
@@ -90,7 +84,7 @@ def _js_sentence(x, pair, where):
   text = (f"{where}, the mean Jensen-Shannon distance between heads is "
           f"{_ms(x[f'js_{pair}'], 2)} after training and "
           f"{_ms(x[f'js_{pair}_init'], 2)} at initialisation (difference "
-          f"{_signed(d['mean'], 2)}, paired 95% interval "
+          f"{report_lib.signed(d['mean'], 2)}, paired 95% interval "
           f"{report_lib.interval(ci, 2)})")
   if ci is None:
     return text + "."
@@ -114,7 +108,7 @@ def _head_row(r, l: int, h: int) -> list[str]:
   return ([f"L{l + 1} H{h + 1}"] + cells
           + [f"{int(m['positional_offset'][l, h])} "
              f"({report_lib.fmt(m['positional_share'][l, h], digits=2)})"]
-          + [_signed(imp[k][l, h]) for k in
+          + [report_lib.signed(imp[k][l, h]) for k in
              ("zero_ablation", "mean_ablation", "resample_ablation",
               "taylor_estimate")]
           + [report_lib.fmt(imp["gradient_abs"][l, h])])

@@ -24,12 +24,6 @@ def write(config, results, workdir) -> dict:
   return report_lib.write_outputs(workdir, results, _report(config, results))
 
 
-def _signed(x, digits: int = 3) -> str:
-  """`+0.123`: a signed number cell (`report_lib` has none for a bare
-  number)."""
-  return f"{x:+.{digits}f}"
-
-
 def _pct(n, ref) -> str:
   """`n` relative to `ref`, a signed percentage."""
   return report_lib.percent((n - ref) / ref, signed=True)
@@ -43,12 +37,6 @@ def _or_na(x) -> str:
 def _steps(first) -> str:
   """Per-seed first steps, `-` where a seed never got there."""
   return ", ".join("-" if f is None else str(f) for f in first)
-
-
-def _time_text(wall_s, reused) -> str:
-  """How long `run` took; with reused runs, the analysis alone."""
-  return (f"{wall_s / 60:.1f} min wall on this machine"
-          + (", analysis only: finished runs were reused" if reused else ""))
 
 
 def _figures(workdir, config, variants, per_seed) -> None:
@@ -103,7 +91,7 @@ def _verdict(c, v, ref, key, what, better_low):
           f"{report_lib.fmt(ref[key]['mean'])}")
   if d["ci95"] is None:
     return f"{unit} (one seed: no interval)"
-  ival = (f"difference {_signed(d['diff'])}, 95% interval "
+  ival = (f"difference {report_lib.signed(d['diff'])}, 95% interval "
           f"{report_lib.interval(d['ci95'])}")
   if d["excludes_0"]:
     worse = (d["diff"] > 0) == better_low
@@ -119,7 +107,7 @@ def _drop_text(c, v, r) -> str:
   t = v["time_to_drop"]
   md = c["time_to_drop"]["mean_difference"]
   if md is not None and md["ci95"] is not None:
-    return (f"mean first step {_signed(md['diff'], 0)} relative to "
+    return (f"mean first step {report_lib.signed(md['diff'], 0)} relative to "
             f"{r['name']}, 95% interval "
             f"{report_lib.interval(md['ci95'], 0)}")
   return (f"{t['reached']}/{v['seeds']} seeds dropped by step "
@@ -183,8 +171,8 @@ def _per_seed_section(config, variants) -> list[str]:
                 for v in variants]
   return [
       "## Every seed", "",
-      f"Final eval loss per seed (cached-generation token accuracy in "
-      f"brackets); the means above mix whatever outcomes these show:", "",
+      "Final eval loss per seed (cached-generation token accuracy in "
+      "brackets); the means above mix whatever outcomes these show:", "",
       report_lib.md_table(["variant"] + [f"seed {s} final" for s in e.seeds],
                           final_rows), "",
       f"First eval step with loss below {e.loss_threshold:g}, per seed (- : "
@@ -224,7 +212,7 @@ def _report(config, results) -> str:
   e = config.experiment
   variants, rows = results["variants"], results["runs"]
   comparisons = results["comparisons"]
-  took = _time_text(results["wall_seconds"], results["reused_runs"])
+  took = report_lib.wall_time(results["wall_seconds"], results["reused_runs"])
   text = [
       f"# Sharing key/value heads: MHA, GQA and MQA on {config.task.name}",
       "", f"Command: `{results['command']}` "

@@ -27,12 +27,6 @@ def write(config, results, workdir) -> dict:
                                 results["two_removed_minus_random"]))
 
 
-def _signed(x, digits: int = 2) -> str:
-  """`+0.12`: a signed number cell (`report_lib` has none for a bare
-  number)."""
-  return f"{x:+.{digits}f}"
-
-
 def _name(k: str) -> str:
   """A ranking's key as the report names it."""
   return k.replace("_", " ")
@@ -41,7 +35,7 @@ def _name(k: str) -> str:
 def _versus(d) -> str:
   """A ranking minus random order with two heads removed, and what its
   interval allows one to say."""
-  text = (f"{_signed(d['diff'])} nats, 95% interval "
+  text = (f"{report_lib.signed(d['diff'], 2)} nats, 95% interval "
           f"{report_lib.interval(d['ci95'], 2)}")
   if d["excludes_0"] is None:
     return text + " (one seed: no interval)"

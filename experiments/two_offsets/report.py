@@ -27,12 +27,6 @@ def write(config, results, workdir) -> dict:
                                   drop=("weights_example",))
 
 
-def _sig(x, digits: int = 3) -> str:
-  """`x` to `digits` significant digits (`report_lib` has no such cell
-  for a bare number)."""
-  return f"{x:.{digits}g}"
-
-
 def _ival(summ):
   return report_lib.interval(summ["ci95"], 3)
 
@@ -206,14 +200,14 @@ def _control_claim(k, c, d, seeds) -> str:
   if d["ci95"] is not None and not d["excludes_0"]:
     rel = (f"no difference from h = 1 resolved "
            f"({offset_sweep.difference_cell(d)}; the seeds would detect "
-           f"about {_sig(d['detectable'])})")
+           f"about {report_lib.significant(d['detectable'])})")
   else:
     rel = f"a difference from h = 1 of {offset_sweep.difference_cell(d)}"
   vals = c["values"]
-  failed = [f"Seed {s_} ({_sig(v)})" for s_, v in zip(seeds, vals)
+  failed = [f"Seed {s_} ({report_lib.significant(v)})" for s_, v in zip(seeds, vals)
             if v > 0.9]
   text = (f"* Control {k}: NMSE per seed "
-          + ", ".join(_sig(v) for v in vals)
+          + ", ".join(report_lib.significant(v) for v in vals)
           + f" (mean {report_lib.fmt(c['mean'])}, {_ival(c)}), {rel}.")
   if failed:
     text += (" " + ", ".join(failed) + " stayed near 1, the loss of "
@@ -223,7 +217,7 @@ def _control_claim(k, c, d, seeds) -> str:
     text += (" No seed got below 0.45: the extra capacity did not let "
              "one softmax deliver both positions.")
   else:
-    text += (f" Its best seed reached {_sig(min(vals))}, below the 0.5 "
+    text += (f" Its best seed reached {report_lib.significant(min(vals))}, below the 0.5 "
              "reference: one head delivered more than one fixed blend "
              "here.")
   return text
@@ -239,8 +233,8 @@ def _multi_claim(results, multi) -> str:
               for k in multi)
   return (
       f"* Several heads ({', '.join(multi)}): mean NMSE from "
-      f"{_sig(sc[best]['nmse']['mean'], 2)} ({best}) to "
-      f"{_sig(sc[worst]['nmse']['mean'], 2)} ({worst}); "
+      f"{report_lib.significant(sc[best]['nmse']['mean'], 2)} ({best}) to "
+      f"{report_lib.significant(sc[worst]['nmse']['mean'], 2)} ({worst}); "
       + ("every one below h = 1 with a difference interval that excludes 0 "
          f"(the closest: {offset_sweep.difference_cell(vs[worst])})"
          if below else
@@ -263,8 +257,8 @@ def _token_claim(summ) -> str:
       f"* Token version: h = 1 reaches accuracy "
       f"{report_lib.fmt(tok_h1['mean'], tok_h1['std'])} vs "
       f"{report_lib.fmt(best_acc['mean'], best_acc['std'])}"
-      f" for {tok_best}; loss {_sig(st['h=1']['loss']['mean'])} vs "
-      f"{_sig(st[tok_best]['loss']['mean'])} (difference "
+      f" for {tok_best}; loss {report_lib.significant(st['h=1']['loss']['mean'])} vs "
+      f"{report_lib.significant(st[tok_best]['loss']['mean'])} (difference "
       f"{offset_sweep.difference_cell(dl)}). "
       + ("So on discrete symbols ONE head can also solve it: an unequal "
          "split of the weight between t-1 and t-3 keeps the pair (and its "

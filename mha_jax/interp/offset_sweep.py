@@ -318,18 +318,11 @@ def selection_section(config, selection: dict, plateau: dict) -> list[str]:
                           selection_rows(selection, plateau))]
 
 
-def time_text(wall_s: float, reused: bool) -> str:
-  """How long a sweep's experiment took; with reused runs, the analysis
-  alone."""
-  return (f"{wall_s / 60:.1f} min wall on this machine"
-          + (", analysis only: finished runs were reused" if reused else ""))
-
-
 def report_header(title: str, name: str, results: dict) -> list[str]:
   """A sweep report's first lines: its title, then the command of
   `experiments.<name>`, its config and how long it took ("wall_seconds",
   "reused_runs" of `results`)."""
-  took = time_text(results["wall_seconds"], results["reused_runs"])
+  took = report_lib.wall_time(results["wall_seconds"], results["reused_runs"])
   return [f"# {title}", "",
           f"Command: `python -m experiments.{name} --workdir=runs/{name}` "
           f"(config `configs/{name}.py`; {took}).", ""]
