@@ -1,16 +1,21 @@
 """report.md and plots for experiments/kv_cache/, from its results dict.
 
-Every number in the report is read from `results` (what the run measured);
-the wording around a number changes with it, so a target that is missed is
-reported as missed.
+Every number in the report is read from `results` (what `run.measure`
+measured); the wording around a number changes with it, so a target that
+is missed is reported as missed. `write` adds the "summary" (slopes,
+speed-up, target verdicts) and writes the plots, report.md and
+results.json.
 """
 
+from __future__ import annotations
+
 import os
+import pathlib
 
 import numpy as np
 
-from mha_jax.measure import report as report_lib
 from mha_jax.measure import plots as plots_lib
+from mha_jax.measure import report as report_lib
 from mha_jax.measure import timing
 
 COMMAND = "python -m experiments.kv_cache --workdir=runs/kv_cache"
@@ -332,3 +337,12 @@ def _caveats(cfg, results):
                 f"the run on {results['machine']['cpu_count']} cores, so "
                 f"times are indicative.")
   return "".join(text)
+
+
+def write(cfg, results, workdir) -> dict:
+  """The summary, plots, report.md and results.json in `workdir`;
+  returns what results.json holds."""
+  workdir = pathlib.Path(workdir)
+  results = dict(results, summary=summarise(cfg, results))
+  plots(results, workdir)
+  return report_lib.write_outputs(workdir, results, report(cfg, results))
