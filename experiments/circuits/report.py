@@ -214,21 +214,17 @@ def _seeds_where(seeds, flags):
   return ", ".join(hits) if hits else "none"
 
 
-def _claims(config, runs, summary, baselines, matters):
-  """The report's conclusions, each worded from the numbers it quotes."""
+def _path_claims(config, runs, summary, baselines, matters):
+  """Keys, values and queries: what path patching says feeds layer 2."""
   e = config.experiment
   seeds = list(e.seeds)
   n = len(seeds)
   ds = [runs[f"seed{s}"]["derived"] for s in seeds]
   paths = [runs[f"seed{s}"]["heads"]["noise"]["path"] for s in seeds]
   f2 = lambda k: report_lib.fmt(*summary[k], digits=2)
-  f0 = lambda k: report_lib.fmt(*summary[k], digits=0)
   top = lambda k: max(d[k] for d in ds)
-  comp, copy = baselines["composition"], baselines["copying"]["copying"]
   k_match = sum(d["k_feeder"] == d["prev_head"] for d in ds)
   v_match = sum(d["v_feeder"] == d["cur_head"] for d in ds)
-  k_comp_match = sum(d["k_comp_top"] == d["k_feeder"] for d in ds)
-  v_comp_match = sum(d["v_comp_top"] == d["v_feeder"] for d in ds)
   split_keys = [np.sum(np.asarray(p["k_all"]) >= matters) >= 2 for p in paths]
   cur_reads = ["values" if d["cur_v_noise"] >= max(d["cur_k_noise"],
                                                    d["cur_q_noise"], matters)
@@ -236,23 +232,11 @@ def _claims(config, runs, summary, baselines, matters):
                                                       matters)
                else "queries" if d["cur_q_noise"] >= matters
                else f"nothing (all paths < {matters})" for d in ds]
-  aa = {k: report_lib.mean_std([d["activation_vs_attribution"][k]["pearson"]
-                            for d in ds]) for k in ("denoise", "noise")}
-  interval = config.train.eval_every
-  together = sum(abs(d["induction_half_step"] - d["loss_half_step"])
-                 <= interval and abs(d["prev_half_step"]
-                                     - d["loss_half_step"]) <= interval
-                 for d in ds)
-  prev_first = sum(d["prev_half_step"] < d["induction_half_step"]
-                   for d in ds)
   redundant = summary["prev_k_noise"][0] > summary[
       "prev_k_noise_best_single"][0] + matters
-  copies = summary["copying_l2_mean"][0] > copy[0] + 2 * copy[1]
-  direct_l1 = abs(summary["dla_l1_sum"][0]) < 0.1 * abs(
-      summary["dla_total"][0])
   and_circuit = (top("prev_k_denoise") < matters
                  and summary["prev_k_noise"][0] >= 0.5)
-  lines = [
+  return [
       f"* **Keys (K-composition).** The layer-1 head whose noised path into "
       f"the layer-2 keys costs most is the previous-token head in {k_match} "
       f"of {n} seeds. Cutting the previous-token head's path into the keys "
@@ -292,6 +276,25 @@ def _claims(config, runs, summary, baselines, matters):
          "copy, so restoring the keys alone finds the earlier occurrence "
          "but copies a wrong token, while cutting the key path alone "
          "removes much of the behaviour." if and_circuit else "."),
+  ]
+
+
+def _weight_claims(config, runs, summary, baselines, matters):
+  """Weights, attribution patching, copying and direct effects."""
+  e = config.experiment
+  seeds = list(e.seeds)
+  n = len(seeds)
+  ds = [runs[f"seed{s}"]["derived"] for s in seeds]
+  f2 = lambda k: report_lib.fmt(*summary[k], digits=2)
+  comp, copy = baselines["composition"], baselines["copying"]["copying"]
+  k_comp_match = sum(d["k_comp_top"] == d["k_feeder"] for d in ds)
+  v_comp_match = sum(d["v_comp_top"] == d["v_feeder"] for d in ds)
+  aa = {k: report_lib.mean_std([d["activation_vs_attribution"][k]["pearson"]
+                            for d in ds]) for k in ("denoise", "noise")}
+  copies = summary["copying_l2_mean"][0] > copy[0] + 2 * copy[1]
+  direct_l1 = abs(summary["dla_l1_sum"][0]) < 0.1 * abs(
+      summary["dla_total"][0])
+  return [
       f"* **Weights.** K-composition of the previous-token head with the "
       f"layer-2 heads {f2('prev_k_comp')} against random "
       f"{report_lib.fmt(*comp['k'])} "
@@ -326,6 +329,27 @@ def _claims(config, runs, summary, baselines, matters):
       f"{f2('dla_total')}, the layer-1 heads {f2('dla_l1_sum')}"
       + (": the layer-1 heads act through layer 2, not on the logits."
          if direct_l1 else "."),
+  ]
+
+
+def _claims(config, runs, summary, baselines, matters):
+  """The report's conclusions, each worded from the numbers it quotes."""
+  e = config.experiment
+  seeds = list(e.seeds)
+  n = len(seeds)
+  ds = [runs[f"seed{s}"]["derived"] for s in seeds]
+  f2 = lambda k: report_lib.fmt(*summary[k], digits=2)
+  f0 = lambda k: report_lib.fmt(*summary[k], digits=0)
+  top = lambda k: max(d[k] for d in ds)
+  interval = config.train.eval_every
+  together = sum(abs(d["induction_half_step"] - d["loss_half_step"])
+                 <= interval and abs(d["prev_half_step"]
+                                     - d["loss_half_step"]) <= interval
+                 for d in ds)
+  prev_first = sum(d["prev_half_step"] < d["induction_half_step"]
+                   for d in ds)
+  args = (config, runs, summary, baselines, matters)
+  lines = _path_claims(*args) + _weight_claims(*args) + [
       f"* **Positions** (one layout, {e.segment}-token segment: "
       f"{e.segment - 1} predictions). Restoring one first-copy token "
       f"restores {f2('pos_denoise_resid1')} per position (the mechanism "
@@ -356,15 +380,12 @@ def _claims(config, runs, summary, baselines, matters):
   return lines
 
 
-def _report(config, results, figures):
-  """report.md: the tables of every seed, then the claims."""
+def _intro_lines(config, results):
+  """The title, the models, the inputs and the metric."""
   e, c = config.experiment, config
-  runs, summary, baselines = (results["runs"], results["summary"],
-                              results["baselines"])
-  per_seed, matters = results["per_seed"], results["setup"]["matters"]
+  runs, matters = results["runs"], results["setup"]["matters"]
   seeds = list(e.seeds)
-  md = report_lib.md_table
-  lines = [
+  return [
       "# Experiment 6: the induction circuit",
       "",
       "Command: `python -m experiments.circuits --workdir=runs/circuits` "
@@ -402,6 +423,18 @@ def _report(config, results, figures):
       f"(is it necessary?). A path 'feeds' an input when its score is at "
       f"least {matters}.",
       "",
+  ]
+
+
+def _report(config, results, figures):
+  """report.md: the tables of every seed, then the claims."""
+  e = config.experiment
+  runs, summary, baselines = (results["runs"], results["summary"],
+                              results["baselines"])
+  per_seed, matters = results["per_seed"], results["setup"]["matters"]
+  seeds = list(e.seeds)
+  md = report_lib.md_table
+  lines = _intro_lines(config, results) + [
       "## Summary (mean ± std over seeds)",
       "",
       md(["key", "mean ± std", "quantity", "per seed"],

@@ -5,8 +5,8 @@ with a BOS token, a learned sink logit or a soft cap?
 
 Trains the settings of `configs/sinks.py` (BOS off/on x plain, learned
 sinks, soft cap) over several seeds, measures every head on held-out
-sequences with `experiments.sinks.survey.survey` and writes report.md, results.json,
-PNG figures and explorer.html into --workdir.
+sequences with `experiments.sinks.survey.survey` and writes report.md,
+results.json, PNG figures and explorer.html into --workdir.
 """
 
 from __future__ import annotations

@@ -133,20 +133,13 @@ def _rho(p):
   return "-" if p["rho"] is None else f"{p['rho']:+.2f} (n = {p['n_heads']})"
 
 
-def _tables(config, runs, summary, comparisons, pooled, floors):
-  """The report's tables, by name (Markdown)."""
+def _shares_table(config, runs, summary, comparisons, pooled, floors):
+  """Shares of attention per setting, beside uniform attention."""
   e = config.experiment
   seeds = list(e.seeds)
   names = list(runs)
-  nl, nh = config.model.num_layers, config.model.num_heads
-  uni, uni_late = floors["uniform_key0_closed_form"], floors[
-      "uniform_key0_late"]
-  su = runs[names[0]][seeds[0]]["uniform"]
+  uni, uni_late = _uniform(floors)
   has_sinks = [n for n in names if "sink_logits" in runs[n][seeds[0]]]
-
-  def sink(x, key, fmt=_ms):
-    return fmt(x[key]) if key in x else "-"
-
   rows = []
   for n in names:
     x = summary[n]
@@ -160,13 +153,21 @@ def _tables(config, runs, summary, comparisons, pooled, floors):
                  _ms(x["init_key0_max"]), _ms(x["init_key0_late_max"])])
   rows.append(["uniform causal", f"{uni:.3f}", f"{uni:.3f}",
                f"{uni_late:.3f}", "0", "0", "-", "-", "-", "-"])
-  out = {"shares": report_lib.md_table(
+  return report_lib.md_table(
       ["setting", "position 0, largest head", "position 0, mean head",
        "late queries: position 0, largest head", "sink, largest head",
        "sink, mean head", "parked, largest head",
        "late queries: parked, largest head", "init: position 0, largest",
-       "init: late, largest"], rows)}
+       "init: late, largest"], rows)
 
+
+def _layers_table(config, runs, summary, comparisons, pooled, floors):
+  """Each layer's mean shares per setting."""
+  e = config.experiment
+  seeds = list(e.seeds)
+  names = list(runs)
+  nl = config.model.num_layers
+  has_sinks = [n for n in names if "sink_logits" in runs[n][seeds[0]]]
   rows = []
   for n in names:
     x = summary[n]
@@ -176,12 +177,16 @@ def _tables(config, runs, summary, comparisons, pooled, floors):
         k = f"{key}_layer{l + 1}_mean"
         cells.append(_ms(x[k]) if key != "sink" or n in has_sinks else "-")
     rows.append(cells)
-  out["layers"] = report_lib.md_table(
+  return report_lib.md_table(
       ["setting"] + [f"{what}, layer {l + 1}" for what in
                      ("position 0", "position 0 late", "sink")
                      for l in range(nl)], rows)
 
-  out["loss"] = report_lib.md_table(
+
+def _loss_table(config, runs, summary, comparisons, pooled, floors):
+  """Held-out loss and zero-ablation effects per setting."""
+  names = list(runs)
+  return report_lib.md_table(
       ["setting", "loss", "loss per seed", "init loss",
        "ablation Δloss, mean head", "smallest", "largest"],
       [[n, _ci(summary[n]["loss"]), _values(summary[n]["loss"]),
@@ -189,6 +194,14 @@ def _tables(config, runs, summary, comparisons, pooled, floors):
         _ms(summary[n]["ablation_min"]), _ms(summary[n]["ablation_max"])]
        for n in names])
 
+
+def _per_run_table(config, runs, summary, comparisons, pooled, floors):
+  """One row per (setting, seed)."""
+  e = config.experiment
+  seeds = list(e.seeds)
+  names = list(runs)
+  nl, nh = config.model.num_layers, config.model.num_heads
+  has_sinks = [n for n in names if "sink_logits" in runs[n][seeds[0]]]
   rows = []
   for n in names:
     for s in seeds:
@@ -206,18 +219,26 @@ def _tables(config, runs, summary, comparisons, pooled, floors):
                    f"({sc['top_parker_ablation_rank']} of {nl * nh})",
                    f"{sc['ablation_mean']:+.3f}",
                    f"{sc['ablation_min']:+.3f}"])
-  out["per_run"] = report_lib.md_table(
+  return report_lib.md_table(
       ["setting", "seed", "loss",
        f"first eval step with loss < {e.drop_level:g}", "pos 0 largest",
        "pos 0 late largest", "sink largest", "parked late largest",
        "that head: layer, self / previous-token share, abl. Δloss (rank)",
        "abl. Δloss mean", "abl. Δloss smallest"], rows)
 
-  out["differences"] = report_lib.md_table(
+
+def _differences_table(config, runs, summary, comparisons, pooled, floors):
+  """Welch differences of the compared numbers."""
+  return report_lib.md_table(
       ["difference"] + list(run_lib.COMPARED),
       [[pair] + [_diff(d[k]) for k in run_lib.COMPARED]
        for pair, d in comparisons.items()])
 
+
+def _rho_table(config, runs, summary, comparisons, pooled, floors):
+  """Spearman of shares with ablation, per model and pooled."""
+  names = list(runs)
+  nl = config.model.num_layers
   rows = []
   for n in names:
     cells = [n]
@@ -228,10 +249,18 @@ def _tables(config, runs, summary, comparisons, pooled, floors):
                 ["all"] + [f"layer{l + 1}" for l in range(nl)]]
     rows.append(cells)
   groups = ["pooled"] + [f"pooled, layer {l + 1}" for l in range(nl)]
-  out["rho"] = report_lib.md_table(
+  return report_lib.md_table(
       ["setting", "position 0 vs Δloss, per model"] + groups
       + ["parked vs Δloss, per model"] + groups, rows)
 
+
+def _idle_table(config, runs, summary, comparisons, pooled, floors):
+  """Last-layer shares on idle and on target queries."""
+  e = config.experiment
+  seeds = list(e.seeds)
+  names = list(runs)
+  su = runs[names[0]][seeds[0]]["uniform"]
+  has_sinks = [n for n in names if "sink_logits" in runs[n][seeds[0]]]
   rows = []
   for n in names:
     x = summary[n]
@@ -246,13 +275,20 @@ def _tables(config, runs, summary, comparisons, pooled, floors):
         _ms(x["sink_task_last"]) if n in has_sinks else "-"])
   rows.append(["uniform causal", f"{su['key0_idle']:.3f}",
                f"{su['key0_task']:.3f}", "1", "1", "0", "-", "-", "0", "0"])
-  out["idle"] = report_lib.md_table(
+  return report_lib.md_table(
       ["setting", "position 0, idle queries", "position 0, with a target",
        "idle / uniform", "with target / uniform",
        "difference of the two [95%]", "init: idle / uniform",
        "init: with target / uniform", "sink, idle", "sink, with target"],
       rows)
 
+
+def _logits_table(config, runs, summary, comparisons, pooled, floors):
+  """The size of the attention logits per layer."""
+  e = config.experiment
+  seeds = list(e.seeds)
+  names = list(runs)
+  nl = config.model.num_layers
   rows = []
   for n in names:
     for l in range(nl):
@@ -261,10 +297,17 @@ def _tables(config, runs, summary, comparisons, pooled, floors):
       rows.append([n, l + 1, f"{m('abs_median'):.2f}", f"{m('abs_q99'):.2f}",
                    f"{m('abs_max'):.2f}", f"{m('row_max_median'):.2f}",
                    f"{m('frac_above_cap'):.3f}"])
-  out["logits"] = report_lib.md_table(
+  return report_lib.md_table(
       ["setting", "layer", "median |s|", "99% |s|", "max |s|",
        "median row max", f"share |s| > {e.soft_cap:g}"], rows)
 
+
+def _heads_table(config, runs, summary, comparisons, pooled, floors):
+  """Every head of the first seed's models."""
+  e = config.experiment
+  seeds = list(e.seeds)
+  names = list(runs)
+  nl, nh = config.model.num_layers, config.model.num_heads
   rows = []
   s0 = seeds[0]
   for l in range(nl):
@@ -280,8 +323,28 @@ def _tables(config, runs, summary, comparisons, pooled, floors):
         c += f" / {r['ablation'][l, h]:+.3f}"
         cells.append(c)
       rows.append(cells)
-  out["heads"] = report_lib.md_table(["head"] + names, rows)
-  return out
+  return report_lib.md_table(["head"] + names, rows)
+
+
+def _uniform(floors):
+  """Uniform causal attention's share on key 0: over all counted queries
+  and over the late ones."""
+  return floors["uniform_key0_closed_form"], floors["uniform_key0_late"]
+
+
+def _tables(config, runs, summary, comparisons, pooled, floors):
+  """The report's tables, by name (Markdown)."""
+  args = (config, runs, summary, comparisons, pooled, floors)
+  return {name: table(*args) for name, table in (
+      ("shares", _shares_table),
+      ("layers", _layers_table),
+      ("loss", _loss_table),
+      ("per_run", _per_run_table),
+      ("differences", _differences_table),
+      ("rho", _rho_table),
+      ("idle", _idle_table),
+      ("logits", _logits_table),
+      ("heads", _heads_table))}
 
 
 def _time_text(tm):
@@ -303,16 +366,14 @@ def _time_text(tm):
       f"{(tm['train_s_all_runs'] + tm['analysis_s']) / 60:.1f} min. " + load)
 
 
-def _report(config, runs, summary, comparisons, pooled, floors, figures,
-            timing):
+def _intro_lines(config, floors, timing):
+  """The title, the setup, the time taken and the definitions."""
   e = config.experiment
   seeds = list(e.seeds)
   t = config.task.seq_len
   nl, nh = config.model.num_layers, config.model.num_heads
-  uni, uni_late = floors["uniform_key0_closed_form"], floors[
-      "uniform_key0_late"]
-  tab = _tables(config, runs, summary, comparisons, pooled, floors)
-  lines = [
+  uni, uni_late = _uniform(floors)
+  return [
       "# Attention sinks in tiny induction models",
       "",
       "Command: `python -m experiments.sinks --workdir=runs/sinks` (config "
@@ -330,7 +391,8 @@ def _report(config, runs, summary, comparisons, pooled, floors, figures,
       "",
       f"Time: {_time_text(timing)}",
       "",
-      "Definitions (`experiments/sinks/survey.py`). A head's **share on position 0** "
+      "Definitions (`experiments/sinks/survey.py`). A head's **share on "
+      "position 0** "
       "is its mean attention weight on key 0 over the batch and the "
       f"queries at positions 1..{t - 1} (query 0 sees only key 0 and is "
       "left out). With BOS, position 0 is the BOS token, so this is the "
@@ -345,6 +407,13 @@ def _report(config, runs, summary, comparisons, pooled, floors, figures,
       "seeds (ddof 1); intervals: 95% t over seeds, Welch for differences. "
       f"Per-model maxima and means are over its {nl * nh} heads.",
       "",
+  ]
+
+
+def _share_lines(config, floors, tab):
+  """Shares, loss, per-run numbers and differences; `tab`: `_tables`."""
+  nl, nh = config.model.num_layers, config.model.num_heads
+  return [
       "## Shares of attention (mean ± std over seeds [95% interval])",
       "",
       tab["shares"],
@@ -370,6 +439,17 @@ def _report(config, runs, summary, comparisons, pooled, floors, figures,
       "",
       tab["differences"],
       "",
+  ]
+
+
+def _report(config, runs, summary, comparisons, pooled, floors, figures,
+            timing):
+  e = config.experiment
+  seeds = list(e.seeds)
+  nl, nh = config.model.num_layers, config.model.num_heads
+  tab = _tables(config, runs, summary, comparisons, pooled, floors)
+  lines = (_intro_lines(config, floors, timing)
+           + _share_lines(config, floors, tab)) + [
       "## Do heads with nothing to do park on position 0?",
       "",
       "Across heads: Spearman correlation of each head's share with its "
@@ -455,8 +535,7 @@ def _against(x, floor):
 
 def _findings(config, summary, comparisons, pooled, floors):
   """Sentences generated from the intervals, no stronger than they are."""
-  uni, uni_late = floors["uniform_key0_closed_form"], floors[
-      "uniform_key0_late"]
+  uni, uni_late = _uniform(floors)
   out = []
   for n, x in summary.items():
     text = (f"* {n}: the head with the most attention on position 0 gives "

@@ -119,7 +119,8 @@ def uniform_key0_share(length: int) -> float:
 
 def induction_rows(tokens) -> jax.Array:
   """`[B, T]` bool: queries with an induction target (an earlier copy of
-  their token, followed by a key they can see; `head_metrics.induction_targets`).
+  their token, followed by a key they can see;
+  `head_metrics.induction_targets`).
 
   In the induction task these are the queries that a layer-2 induction
   head has something to do for; the others are where it would park.

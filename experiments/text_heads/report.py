@@ -69,6 +69,13 @@ def _ms(x, digits=3):
   return report_lib.fmt(x["mean"], x["std"], digits)
 
 
+def _paired(x, digits=3):
+  """A summary of per-seed differences as `+mean [lo, hi]`."""
+  return report_lib.difference({"diff": x["mean"], "ci95": x["ci95"]},
+                               digits, interval_spec=f".{digits}f",
+                               missing="n/a")
+
+
 def _ci(x, digits=3):
   return f"{_ms(x, digits)} {report_lib.interval(x['ci95'], digits)}"
 
@@ -125,14 +132,13 @@ def _best_rows(summary, variants):
   return rows
 
 
-def _report(config, results) -> str:
+def _setup_lines(config, results) -> list[str]:
+  """The title, the setup and times, and the bits per byte."""
   e, t, tr, m = config.experiment, config.task, config.train, config.model
   summary, runs, info = results["variants"], results["runs"], results[
       "corpus"]
   variants = list(summary)
-  thr = e.thresholds
   seen = tr.num_steps * t.batch_size * t.seq_len
-  first_seed = e.seeds[0]
   reused = results["train_time_s"] < 5 * len(runs)
   lines = [
       "# Heads on real text: byte-level models of Python code",
@@ -175,8 +181,7 @@ def _report(config, results) -> str:
            "model - bigram [95%]", "untrained model", "per seed"],
           [[v, _ci(x["bpb"]), f"{x['unigram']['mean']:.3f}",
             f"{x['bigram']['mean']:.3f}",
-            f"{x['bpb_minus_bigram']['mean']:+.3f} "
-            f"{report_lib.interval(x['bpb_minus_bigram']['ci95'])}",
+            _paired(x["bpb_minus_bigram"]),
             f"{x['init_bpb']['mean']:.3f}",
             ", ".join(f"{b:.3f}" for b in x["bpb"]["values"])]
            for v, x in summary.items()]),
@@ -188,12 +193,24 @@ def _report(config, results) -> str:
                          summary[a]["bpb"]["values"])
     lines += [f"{b} minus {a}: {d['diff']:+.3f} bits per byte, Welch 95% "
               f"interval {report_lib.interval(d['ci95'])}.", ""]
-  lines += [
+  return lines
+
+
+def _heads_lines(config, results) -> list[str]:
+  """The best heads beside their floors, the taxonomy, and every head
+  of the first seed's models."""
+  e, t = config.experiment, config.task
+  summary, runs = results["variants"], results["runs"]
+  variants = list(summary)
+  thr = e.thresholds
+  first_seed = e.seeds[0]
+  lines = [
       "## Which heads grew: the best head of each model beside its floors",
       "",
       "Each score is the mean weight a head puts on the keys it credits, "
       "over the queries that have such keys (definitions in "
-      "`experiments/text_heads/heads.py`); cells are the best head of the model, "
+      "`experiments/text_heads/heads.py`); cells are the best head of the "
+      "model, "
       "mean ± std over seeds, with the same model untrained in brackets; "
       "the last column is uniform causal attention on the same windows. "
       "'repeated text' scores queries in the second copy of "
@@ -237,6 +254,17 @@ def _report(config, results) -> str:
               "bits on the second copy of the repeated text (clean "
               f"{r['ablation']['clean_repeat']:.3f}).", "",
               report_lib.md_table(HEAD_COLUMNS, _head_rows(r)), ""]
+  return lines
+
+
+def _report(config, results) -> str:
+  """report.md: the setup, the heads, ablations, dynamics, claims."""
+  e, tr = config.experiment, config.train
+  summary = results["variants"]
+  variants = list(summary)
+  thr = e.thresholds
+  first_seed = e.seeds[0]
+  lines = _setup_lines(config, results) + _heads_lines(config, results)
   abl_rows = []
   for v, x in summary.items():
     for cls, a in x["class_ablation"].items():
@@ -308,9 +336,7 @@ def _sign_words(ci, below, within, above):
 def _claims(config, summary, variants):
   """The findings, worded from the numbers (no stronger than they are)."""
   e = config.experiment
-  thr = e.thresholds
   first = summary[variants[0]]
-  seen = config.train.num_steps * config.task.batch_size * config.task.seq_len
   out = []
   beats = [v for v in variants
            if (summary[v]["bpb_minus_bigram"]["ci95"] or [1, 1])[1] < 0]
@@ -365,6 +391,16 @@ def _claims(config, summary, variants):
           f"model) costs {_ms(a['bpb'])} bits per byte, as many random heads "
           f"{_ms(a['random_bpb'])} (difference {d['diff']:+.3f}, Welch 95% "
           f"interval {report_lib.interval(d['ci95'])}).")
+  return out + _induction_claims(config, summary, variants)
+
+
+def _induction_claims(config, summary, variants):
+  """Whether induction heads formed, and what the ICL score shows."""
+  e = config.experiment
+  thr = e.thresholds
+  first = summary[variants[0]]
+  seen = config.train.num_steps * config.task.batch_size * config.task.seq_len
+  out = []
   formed = {v: [s for s in summary[v]["induction_first_step"]
                 if s is not None] for v in variants}
   ind = "; ".join(f"{v} {_ms(summary[v]['best_repeat_induction'], 2)}"
@@ -407,7 +443,6 @@ def _claims(config, summary, variants):
          "here; the relation Olsson et al. describe is not testable at "
          "this amount of training."))
   return out
-
 
 
 def write(config, results, workdir) -> dict:
