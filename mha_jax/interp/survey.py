@@ -81,7 +81,8 @@ def layer_metrics(weights, tokens=None) -> dict:
 
   `weights [L, B, H, Tq, Tk]`; `tokens [B, T]` adds the token scores.
   """
-  per_layer = [head_metrics.head_metrics(w, tokens) for w in np.asarray(weights)]
+  per_layer = [head_metrics.head_metrics(w, tokens)
+               for w in np.asarray(weights)]
   return {k: np.stack([np.asarray(m[k]) for m in per_layer])
           for k in per_layer[0]}
 
