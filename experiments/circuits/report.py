@@ -93,18 +93,14 @@ def _summary_rows(summary, per_seed, baselines):
   return rows
 
 
-def _model_rows(runs, seeds):
-  rows = []
-  for s in seeds:
-    r = runs[f"seed{s}"]
-    d, sc = r["derived"], r["scores"]
-    rows.append([s, f"{d['eval_loss']:.3f}",
-                 f"{r['curve']['accuracy'][-1]:.3f}",
-                 f"{_head(d['prev_head'])} ({d['prev_score']:.2f})",
-                 f"{_head(d['cur_head'])} ({d['cur_score']:.2f})",
-                 ", ".join(f"{v:.2f}" for v in sc["induction"][-1]),
-                 r["same_as_experiment_1"]])
-  return rows
+def _model_row(s, r):
+  """One seed's model: loss, accuracy, its role heads, the L2 scores."""
+  d, sc = r["derived"], r["scores"]
+  return [s, f"{d['eval_loss']:.3f}", f"{r['curve']['accuracy'][-1]:.3f}",
+          f"{_head(d['prev_head'])} ({d['prev_score']:.2f})",
+          f"{_head(d['cur_head'])} ({d['cur_score']:.2f})",
+          ", ".join(f"{v:.2f}" for v in sc["induction"][-1]),
+          r["same_as_experiment_1"]]
 
 
 def _path_rows(runs, seeds):
@@ -166,17 +162,18 @@ def _copying_rows(runs, seeds, baselines):
   return rows
 
 
-def _dynamics_rows(runs, seeds):
-  rows = []
-  for s in seeds:
-    r = runs[f"seed{s}"]
-    d, pc = r["derived"], r["phase_change"]
-    rows.append([s, f"{pc['from_step']}→{pc['to_step']}: "
-                 f"{pc['loss_before']:.2f}→{pc['loss_after']:.2f}",
-                 d["loss_half_step"], d["prev_half_step"],
-                 d["induction_half_step"], d["prev_formed_step"],
-                 d["induction_formed_step"]])
-  return rows
+def _dynamics_row(s, r):
+  """One seed's training: the steepest drop and the landmark steps."""
+  d, pc = r["derived"], r["phase_change"]
+  return [s, f"{pc['from_step']}→{pc['to_step']}: "
+          f"{pc['loss_before']:.2f}→{pc['loss_after']:.2f}",
+          d["loss_half_step"], d["prev_half_step"], d["induction_half_step"],
+          d["prev_formed_step"], d["induction_formed_step"]]
+
+
+def _seed_rows(runs, seeds, row):
+  """`row(seed, result)` of every seed, in the config's order."""
+  return [row(s, runs[f"seed{s}"]) for s in seeds]
 
 
 def _heads_over(values, threshold):
@@ -214,15 +211,21 @@ def _seeds_where(seeds, flags):
   return ", ".join(hits) if hits else "none"
 
 
+def _claim_basics(config, runs, summary):
+  """What every claim quotes: the seeds, their number, each seed's derived
+  numbers, a summary key as a 2-digit mean ± std (`f2`) and a derived
+  key's largest value over the seeds (`top`)."""
+  seeds = list(config.experiment.seeds)
+  ds = [runs[f"seed{s}"]["derived"] for s in seeds]
+  return (seeds, len(seeds), ds,
+          lambda k: report_lib.fmt(*summary[k], digits=2),
+          lambda k: max(d[k] for d in ds))
+
+
 def _path_claims(config, runs, summary, baselines, matters):
   """Keys, values and queries: what path patching says feeds layer 2."""
-  e = config.experiment
-  seeds = list(e.seeds)
-  n = len(seeds)
-  ds = [runs[f"seed{s}"]["derived"] for s in seeds]
+  seeds, n, ds, f2, top = _claim_basics(config, runs, summary)
   paths = [runs[f"seed{s}"]["heads"]["noise"]["path"] for s in seeds]
-  f2 = lambda k: report_lib.fmt(*summary[k], digits=2)
-  top = lambda k: max(d[k] for d in ds)
   k_match = sum(d["k_feeder"] == d["prev_head"] for d in ds)
   v_match = sum(d["v_feeder"] == d["cur_head"] for d in ds)
   split_keys = [np.sum(np.asarray(p["k_all"]) >= matters) >= 2 for p in paths]
@@ -281,11 +284,7 @@ def _path_claims(config, runs, summary, baselines, matters):
 
 def _weight_claims(config, runs, summary, baselines, matters):
   """Weights, attribution patching, copying and direct effects."""
-  e = config.experiment
-  seeds = list(e.seeds)
-  n = len(seeds)
-  ds = [runs[f"seed{s}"]["derived"] for s in seeds]
-  f2 = lambda k: report_lib.fmt(*summary[k], digits=2)
+  seeds, n, ds, f2, top = _claim_basics(config, runs, summary)
   comp, copy = baselines["composition"], baselines["copying"]["copying"]
   k_comp_match = sum(d["k_comp_top"] == d["k_feeder"] for d in ds)
   v_comp_match = sum(d["v_comp_top"] == d["v_feeder"] for d in ds)
@@ -335,12 +334,8 @@ def _weight_claims(config, runs, summary, baselines, matters):
 def _claims(config, runs, summary, baselines, matters):
   """The report's conclusions, each worded from the numbers it quotes."""
   e = config.experiment
-  seeds = list(e.seeds)
-  n = len(seeds)
-  ds = [runs[f"seed{s}"]["derived"] for s in seeds]
-  f2 = lambda k: report_lib.fmt(*summary[k], digits=2)
+  seeds, n, ds, f2, top = _claim_basics(config, runs, summary)
   f0 = lambda k: report_lib.fmt(*summary[k], digits=0)
-  top = lambda k: max(d[k] for d in ds)
   interval = config.train.eval_every
   together = sum(abs(d["induction_half_step"] - d["loss_half_step"])
                  <= interval and abs(d["prev_half_step"]
@@ -444,7 +439,7 @@ def _report(config, results, figures):
       "",
       md(["seed", "eval loss", "accuracy", "L1 previous-token head",
           "L1 current-token head", "L2 induction scores", "same as exp. 1"],
-         _model_rows(runs, seeds)),
+         _seed_rows(runs, seeds, _model_row)),
       "",
       "## Path patching: which layer-1 head feeds which layer-2 input",
       "",
@@ -498,7 +493,7 @@ def _report(config, results, figures):
       md(["seed", "steepest loss drop (steps: loss)", "loss half-way",
           "prev-token half-way", "induction half-way",
           f"prev-token > {e.threshold}", f"induction > {e.threshold}"],
-         _dynamics_rows(runs, seeds)),
+         _seed_rows(runs, seeds, _dynamics_row)),
       "",
       "## Figures",
       "",
