@@ -1,7 +1,7 @@
 """Heads on real text, reporting: tables, figures and claims from the results.
 
 `write` turns the results dict of `run.measure` into report.md, its PNG
-figures and results.json. Shape letters: L layers, H heads.
+figures (`figures.draw`) and results.json. Shape letters: L layers, H heads.
 """
 
 from __future__ import annotations
@@ -10,59 +10,12 @@ import pathlib
 
 import numpy as np
 
+from experiments.text_heads import figures as text_figures
 from experiments.text_heads import heads
 from experiments.text_heads import run as run_lib
-from mha_jax.measure import curves
-from mha_jax.measure import plots
 from mha_jax.measure import report as report_lib
 from mha_jax.measure import stats
 from mha_jax.training import tasks
-from mha_jax.training import text_corpus
-
-
-def _figures(workdir, runs, summary, config):
-  variants = list(summary)
-  groups = {v: [(r["dynamics"]["steps"], r["dynamics"]["bpb"])
-                for n, r in runs.items() if n.rsplit("_seed", 1)[0] == v]
-            for v in variants}
-  fig = curves.plot_seed_curves(groups, ylabel="held-out bits per byte",
-                                title="Held-out bits per byte over training")
-  ax = fig.axes[0]
-  for key, style in (("unigram", ":"), ("bigram", "--")):
-    ax.axhline(summary[variants[0]][key]["mean"], color="grey",
-               linestyle=style, linewidth=1.0, label=key)
-  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-  plots.save(fig, str(workdir / "bpb_curves.png"))
-  for key, label, name in (
-      ("icl", "ICL score (bits, late - early)", "icl_curves.png"),
-      ("max_induction", "best repeated-text induction score",
-       "induction_curves.png")):
-    curves.plot_seed_curves(
-        {v: [(r["dynamics"]["steps"], r["dynamics"][key])
-             for n, r in runs.items() if n.rsplit("_seed", 1)[0] == v]
-         for v in variants}, ylabel=label, title=label + " over training",
-        path=str(workdir / name))
-  r0 = next(r for r in runs.values() if "weights_example" in r)
-  weights, tokens = r0["weights_example"]
-  lab = r0["taxonomy"]["label"]
-  labels = [text_corpus.byte_label(t, first_id=tasks.NUM_SPECIAL)
-            for t in tokens]
-  plots.attention_grid(
-      weights, q_labels=labels, k_labels=labels,
-      head_titles=[[f"L{l + 1}H{h + 1} {lab[l, h]}"
-                    for h in range(lab.shape[1])]
-                   for l in range(lab.shape[0])],
-      title=f"{variants[-1]}, seed {config.experiment.seeds[0]}: the first "
-      "40 bytes of a held-out window", path=str(workdir / "attention.png"),
-      cell=2.4)
-  plots.metric_bars({k: r0["scores"][k] for k in (
-      "previous_token", "first_token", "line_start", "repeat_induction")},
-                    title=f"Per-head scores ({variants[-1]}, seed "
-                    f"{config.experiment.seeds[0]})",
-                    path=str(workdir / "head_scores.png"))
-  return ["bpb_curves.png", "icl_curves.png", "induction_curves.png",
-          "attention.png", "head_scores.png"]
-
 
 
 def _ms(x, digits=3):
@@ -449,7 +402,8 @@ def write(config, results, workdir) -> dict:
   """Figures, report.md and results.json in `workdir`; returns what
   results.json holds."""
   workdir = pathlib.Path(workdir)
-  figures = _figures(workdir, results["runs"], results["variants"], config)
+  figures = text_figures.draw(workdir, results["runs"],
+                             results["variants"], config)
   # results.json lists the figures after the runs, before the times.
   keys = list(results)
   at = keys.index("runs") + 1
