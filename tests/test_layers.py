@@ -241,3 +241,15 @@ def test_every_imported_package_is_declared():
       and top not in ("mha_jax", "experiments", "configs", *OPTIONAL)
       and DISTRIBUTIONS.get(top, top).lower() not in declared}
   assert not missing, f"imported but not declared in pyproject: {missing}"
+
+
+def test_an_experiment_measures_without_its_report():
+  """`run.py` trains and measures; the tables and prose are `report.py`'s,
+  written from the results alone, so a run never imports its report."""
+  folders = [p.parent for p in (ROOT / "experiments").glob("*/run.py")]
+  assert folders, "no experiment folder has a run.py"
+  for folder in folders:
+    assert (folder / "report.py").exists(), f"{folder.name}: no report.py"
+    reached = imported_modules((folder / "run.py").read_text())
+    assert not any(m.startswith(f"experiments.{folder.name}.report")
+                   for m in reached), f"{folder.name}/run.py imports its report"

@@ -1,9 +1,10 @@
 r"""Timing attention paths against the libraries, one process per case.
 
-The measuring half of `experiments.benchmark` (which renders the table):
-a case is one path (mha_jax's `multi_head_attention` implementations, or an
-anchor: flax.linen, flax.nnx, jax.nn around the same projections, torch) on
-one shape. Every case runs in its own interpreter (`python -m experiments.benchmark.bench
+The timing of `experiments.benchmark` (whose run.py calls `sweep` and
+whose report.py renders the table): a case is one path (mha_jax's
+`multi_head_attention` implementations, or an anchor: flax.linen,
+flax.nnx, jax.nn around the same projections, torch) on one shape. Every
+case runs in its own interpreter (`python -m experiments.benchmark.bench
 CASE_JSON`), so that its peak resident memory (`ru_maxrss`: the whole
 process, runtime included) is its own. Within it the forward and
 forward+backward programs are compiled ahead of time, run `warmup` times

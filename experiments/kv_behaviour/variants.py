@@ -23,11 +23,11 @@ from flax import nnx
 import jax
 import numpy as np
 
-from mha_jax.training import config as config_lib
 from mha_jax.measure import curves
 from mha_jax.measure import report as report_lib
 from mha_jax.measure import runs
 from mha_jax.measure import stats
+from mha_jax.training import config as config_lib
 
 # Per-seed measurements that `summarise` summarises (each a float per seed).
 MEASURES = ("eval_loss", "eval_accuracy", "teacher_forced_accuracy",

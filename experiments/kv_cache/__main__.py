@@ -18,18 +18,18 @@ experiments: {"command": str, "description": str, "runs": [{"name": str,
 report says that behaviour was not measured in this run.
 """
 
+from __future__ import annotations
+
 import json
-import os
 import pathlib
 
 from absl import app
 from absl import flags
-import jax
 from ml_collections import config_flags
 
+from experiments.kv_cache import report
+from experiments.kv_cache import run as run_lib
 from mha_jax.measure import report as report_lib
-from experiments.kv_cache import report as kv_cache_report
-from experiments.kv_cache import decode_cost
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/kv_cache.py", "The measurement's config file; "
@@ -41,37 +41,15 @@ _BEHAVIOUR = flags.DEFINE_string(
     "include side by side (see the module docstring for its format).")
 
 
-def _machine() -> dict:
-  return {"backend": jax.default_backend(),
-          "devices": [str(d) for d in jax.devices()],
-          "cpu_count": os.cpu_count(), "jax": jax.__version__,
-          "loadavg": [os.getloadavg()[0]]}
-
-
 def run(cfg, workdir, *, behaviour=None) -> dict:
-  """Measure, then write results.json, report.md and the plots.
+  """Measure (run.py), then write results.json, report.md and the plots
+  (report.py).
 
   `behaviour`: the parsed `--behaviour_results` JSON, or None. Returns what
   results.json holds.
   """
-  workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  model = decode_cost.make_model(cfg, cfg.model.num_kv_heads)
-  results = {
-      "config": cfg.to_dict(),
-      "machine": _machine(),
-      "timing": [decode_cost.bench_context(cfg, model, n)
-                 for n in cfg.bench.contexts],
-      "cache_bytes": decode_cost.cache_bytes(cfg),
-      "intensity": decode_cost.intensity(cfg),
-      "exactness_max_rel_err": decode_cost.exactness(cfg),
-      "behaviour": behaviour,
-  }
-  results["machine"]["loadavg"].append(os.getloadavg()[0])
-  results["summary"] = kv_cache_report.summarise(cfg, results)
-  kv_cache_report.plots(results, workdir)
-  return report_lib.write_outputs(workdir, results,
-                              kv_cache_report.report(cfg, results))
+  results = run_lib.measure(cfg, workdir, behaviour=behaviour)
+  return report.write(cfg, results, workdir)
 
 
 def main(argv):

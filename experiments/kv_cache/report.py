@@ -1,16 +1,21 @@
 """report.md and plots for experiments/kv_cache/, from its results dict.
 
-Every number in the report is read from `results` (what the run measured);
-the wording around a number changes with it, so a target that is missed is
-reported as missed.
+Every number in the report is read from `results` (what `run.measure`
+measured); the wording around a number changes with it, so a target that
+is missed is reported as missed. `write` adds the "summary" (slopes,
+speed-up, target verdicts) and writes the plots, report.md and
+results.json.
 """
 
+from __future__ import annotations
+
 import os
+import pathlib
 
 import numpy as np
 
-from mha_jax.measure import report as report_lib
 from mha_jax.measure import plots as plots_lib
+from mha_jax.measure import report as report_lib
 from mha_jax.measure import timing
 
 COMMAND = "python -m experiments.kv_cache --workdir=runs/kv_cache"
@@ -93,7 +98,8 @@ def _behaviour_section(behaviour):
   keys = list(dict.fromkeys(k for r in runs for k in r))
   text = [behaviour.get("description", ""),
           f"Command: `{behaviour.get('command', '(not given)')}`", "",
-          report_lib.md_table(keys, [[r.get(k, "") for k in keys] for r in runs])]
+          report_lib.md_table(keys, [[r.get(k, "") for k in keys]
+                                     for r in runs])]
   return "\n".join(text)
 
 
@@ -102,9 +108,9 @@ def report(cfg, results) -> str:
   s, m, b = results["summary"], cfg.model, cfg.bench
   mach = results["machine"]
   timing_table = report_lib.md_table(
-      ["n", "cached ms (min)", "recompute ms (min)", "speed-up", "cached FLOPs XLA",
-       "cached matmul FLOPs (jaxpr)", "cached analytic", "recompute FLOPs XLA",
-       "recompute analytic"],
+      ["n", "cached ms (min)", "recompute ms (min)", "speed-up",
+       "cached FLOPs XLA", "cached matmul FLOPs (jaxpr)", "cached analytic",
+       "recompute FLOPs XLA", "recompute analytic"],
       [[r["n"], f"{1e3 * r['cached_s']:.3f} ({1e3 * r['cached_min_s']:.3f})",
         f"{1e3 * r['nocache_s']:.1f} ({1e3 * r['nocache_min_s']:.1f})"
         if "nocache_s" in r else "-",
@@ -268,8 +274,7 @@ def _behaviour_answer(behaviour):
                  if c["reference"] == full.get("key")}
 
   def ms(stat):
-    return (f"{stat['mean']:.3f} ± {stat['std']:.3f}"
-            if stat.get("std") is not None else f"{stat['mean']:.3f}")
+    return report_lib.fmt(stat["mean"], stat.get("std"))
 
   text = [f"Behaviour of trained models. Trained alike ({full['seeds']} "
           f"seeds each), {full['name']} (K={full['num_kv_heads']}) reached "
@@ -281,8 +286,7 @@ def _behaviour_answer(behaviour):
     if c is None or c.get("ci95") is None:
       verdict = "no interval (too few seeds)"
     else:
-      lo, hi = c["ci95"]
-      verdict = (f"95% interval [{lo:+.3f}, {hi:+.3f}], "
+      verdict = (f"95% interval {report_lib.interval(c['ci95'], spec='+.3f')}, "
                  + ("which excludes 0" if c["excludes_0"] else
                     f"which contains 0 (the seeds would detect about "
                     f"{c['detectable']:.3f})"))
@@ -301,14 +305,16 @@ def _behaviour_answer(behaviour):
 def _caveats(cfg, results):
   """Where the measured times depart from the FLOP and byte counts."""
   rows = results["timing"]
-  jumps = [(b["cached_s"] / a["cached_s"], a, b) for a, b in zip(rows, rows[1:])]
+  jumps = [(b["cached_s"] / a["cached_s"], a, b)
+           for a, b in zip(rows, rows[1:])]
   ratio, a, b = max(jumps, key=lambda j: j[0])
   upper = results["summary"]["cached_slope_upper_half"]
   verdict = (f"above the target {cfg.bench.target_slope:g}"
              if upper > cfg.bench.target_slope else "within the target")
   text = [
       f"Caveats. Over the longest contexts (n >= median) the cached slope is "
-      f"{upper:.2f}, {verdict}: the biggest step was from n={a['n']} to n={b['n']}, "
+      f"{upper:.2f}, {verdict}: the biggest step was from n={a['n']} to "
+      f"n={b['n']}, "
       f"{1e3 * a['cached_s']:.2f} -> {1e3 * b['cached_s']:.2f} ms "
       f"({ratio:.1f}x) while XLA's FLOPs grew "
       f"{b['cached_xla_flops'] / a['cached_xla_flops']:.2f}x and its bytes "
@@ -332,3 +338,12 @@ def _caveats(cfg, results):
                 f"the run on {results['machine']['cpu_count']} cores, so "
                 f"times are indicative.")
   return "".join(text)
+
+
+def write(cfg, results, workdir) -> dict:
+  """The summary, plots, report.md and results.json in `workdir`;
+  returns what results.json holds."""
+  workdir = pathlib.Path(workdir)
+  results = dict(results, summary=summarise(cfg, results))
+  plots(results, workdir)
+  return report_lib.write_outputs(workdir, results, report(cfg, results))

@@ -41,13 +41,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mha_jax.interp import head_metrics
 from mha_jax.core import attention
-from mha_jax.training import held_out
-from mha_jax.interp import interventions
 from mha_jax.core import score_rules
-from mha_jax.training import train
+from mha_jax.interp import head_metrics
+from mha_jax.interp import interventions
+from mha_jax.interp import survey as head_survey
 from mha_jax.models import transformer
+from mha_jax.training import held_out
 
 # Queries counted by every share: position 1 on (query 0 has no choice).
 FIRST_QUERY = 1
@@ -119,7 +119,8 @@ def uniform_key0_share(length: int) -> float:
 
 def induction_rows(tokens) -> jax.Array:
   """`[B, T]` bool: queries with an induction target (an earlier copy of
-  their token, followed by a key they can see; `head_metrics.induction_targets`).
+  their token, followed by a key they can see;
+  `head_metrics.induction_targets`).
 
   In the induction task these are the queries that a layer-2 induction
   head has something to do for; the others are where it would park.
@@ -289,13 +290,15 @@ def survey(model, batch, loss: str, *, init_model=None, ablate: bool = True,
   "ablation" (`interventions.zero_ablation` `[L, H]`, or None without
   `ablate`), "uniform" (`uniform_floor` on the batch) and, given
   `init_model` (the same architecture untrained), "init" with its shares,
-  profile, logit range, eval and sink logits.
+  profile, logit range, eval and sink logits: `head_survey.floored`'s
+  structure, with the trained model's measures at the top level.
   """
-  out = _measure(model, batch, loss, cap)
-  out["ablation"] = (interventions.zero_ablation(model, batch, loss)
-                     if ablate else None)
-  out["uniform"] = uniform_floor(batch["inputs"])
-  if init_model is not None:
-    out["init"] = _measure(init_model, batch, loss, cap)
+  s = head_survey.floored(
+      model, lambda m: _measure(m, batch, loss, cap),
+      uniform=lambda: uniform_floor(batch["inputs"]), init_model=init_model,
+      ablate=((lambda m: interventions.zero_ablation(m, batch, loss))
+              if ablate else None))
+  out = dict(s["trained"], ablation=s["ablation"], uniform=s["uniform"])
+  if "init" in s:
+    out["init"] = s["init"]
   return out
-

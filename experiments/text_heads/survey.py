@@ -15,7 +15,8 @@ functions (they jit their own steps, as `mha_jax.interp.interventions` does):
   * `per_position_loss`, `bits_per_byte`: the model's next-byte loss;
   * `survey`: every head's scores (`text_heads.text_scores` on natural
     text, the induction score on repeated text), their floors (uniform
-    attention, and the same model untrained), the taxonomy
+    attention, and the same model untrained, laid out by
+    `mha_jax.interp.survey.floored`), the taxonomy
     (`text_heads.classify`), each head's and each class's ablation effect
     on held-out bits per byte and on the repeated half;
   * `dynamics`: bits per byte, the in-context-learning score and the best
@@ -36,11 +37,12 @@ import ml_collections
 import numpy as np
 import optax
 
+from experiments.text_heads import heads as text_heads
 from mha_jax.interp import head_metrics
+from mha_jax.interp import survey as head_survey
 from mha_jax.training import held_out
 from mha_jax.training import tasks
 from mha_jax.training import text_corpus
-from experiments.text_heads import heads as text_heads
 from mha_jax.training import train
 
 LN2 = math.log(2.0)
@@ -306,24 +308,32 @@ def survey(model, batch, rep_batch, *, counts, thresholds, max_offset: int,
   """
   n = np.shape(rep_batch["inputs"])[1] // 2
   kw = dict(counts=counts, max_offset=max_offset, span=span)
-  scores = head_scores(model, batch, rep_batch, **kw)
-  fl = floors(batch, rep_batch, **kw) if uniform is None else uniform
+
+  def measure(m):
+    return {"scores": head_scores(m, batch, rep_batch, **kw),
+            "bpb": bits_per_byte(m, batch)}
+
+  s = head_survey.floored(
+      model, measure,
+      uniform=((lambda: floors(batch, rep_batch, **kw)) if uniform is None
+               else lambda: uniform),
+      init_model=init_model,
+      ablate=lambda m: ablation(m, batch, rep_batch))
+  scores, fl = s["trained"]["scores"], s["uniform"]
   taxonomy = text_heads.classify(scores, _class_floors(fl, scores),
                                  thresholds)
   out = {
-      "bpb": bits_per_byte(model, batch),
+      "bpb": s["trained"]["bpb"],
       "repeat_bits": _halves(per_position_loss(model, rep_batch), n),
       "scores": scores,
       "floors": {"uniform": fl},
       "taxonomy": taxonomy,
-      "ablation": ablation(model, batch, rep_batch),
+      "ablation": s["ablation"],
       "class_ablation": class_ablation(model, batch, rep_batch,
                                        taxonomy["label"]),
   }
-  if init_model is not None:
-    out["floors"]["init"] = {
-        "scores": head_scores(init_model, batch, rep_batch, **kw),
-        "bpb": bits_per_byte(init_model, batch)}
+  if "init" in s:
+    out["floors"]["init"] = s["init"]
   return out
 
 

@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mha_jax.interp import head_metrics
 from mha_jax.interp import composition
-from mha_jax.measure import curves
+from mha_jax.interp import head_metrics
 from mha_jax.interp import patching
+from mha_jax.measure import curves
 from mha_jax.training import train
 
 DIRECTIONS = ("denoise", "noise")
@@ -189,22 +189,6 @@ def checkpoint_scores(run_dir, batch) -> dict:
   return out
 
 
-def half_way_step(steps, values) -> int:
-  """The first step by which `values` has covered half of its change from
-  the first to the last value (a threshold-free landmark of a curve)."""
-  v = np.asarray(values, np.float64)
-  if v[-1] == v[0]:
-    return int(steps[0])
-  frac = (v - v[0]) / (v[-1] - v[0])
-  return int(np.asarray(steps)[np.argmax(frac >= 0.5)])
-
-
-def first_above(steps, values, threshold: float):
-  """The first step whose value exceeds `threshold`; None if none does."""
-  hit = np.flatnonzero(np.asarray(values) > threshold)
-  return int(np.asarray(steps)[hit[0]]) if hit.size else None
-
-
 def roles(result) -> dict:
   """The layer-1 previous-token and current-token heads of a `survey`
   result (argmax of each score) and the numbers that say what each does:
@@ -247,7 +231,8 @@ def summarise(result, threshold: float) -> dict:
   heads, per direction; the mean copying score and the summed direct
   logit attribution of each layer; and the steps by which the loss, the
   previous-token head and the last layer's mean induction score are half
-  way (`half_way_step`) and by which the two scores pass `threshold`.
+  way (`curves.half_way_step`) and by which the two scores pass `threshold`
+  (`curves.first_above`).
   """
   out = roles(result)
   dyn, sc = result["dynamics"], result["scores"]
@@ -259,6 +244,7 @@ def summarise(result, threshold: float) -> dict:
     act_attr[name] = {"pearson": float(np.corrcoef(a, b)[0, 1]),
                       "max_abs_diff": float(np.max(np.abs(a - b)))}
   induction = np.mean(dyn["induction"][:, -1], axis=-1)  # [S]
+  prev_curve = dyn["previous_token"][:, 0, prev]  # [S]
   return dict(
       out,
       eval_loss=float(result["curve"]["loss"][-1]),
@@ -275,9 +261,8 @@ def summarise(result, threshold: float) -> dict:
       dla_l2_sum=float(np.sum(result["dla"]["heads"][-1])),
       dla_l1_sum=float(np.sum(result["dla"]["heads"][0])),
       dla_total=float(result["dla"]["total"]),
-      loss_half_step=half_way_step(steps, dyn["loss"]),
-      prev_half_step=half_way_step(steps, dyn["previous_token"][:, 0, prev]),
-      induction_half_step=half_way_step(steps, induction),
-      prev_formed_step=first_above(steps, dyn["previous_token"][:, 0, prev],
-                                   threshold),
-      induction_formed_step=first_above(steps, induction, threshold))
+      loss_half_step=curves.half_way_step(steps, dyn["loss"]),
+      prev_half_step=curves.half_way_step(steps, prev_curve),
+      induction_half_step=curves.half_way_step(steps, induction),
+      prev_formed_step=curves.first_above(steps, prev_curve, threshold),
+      induction_formed_step=curves.first_above(steps, induction, threshold))

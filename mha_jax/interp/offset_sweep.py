@@ -13,22 +13,27 @@ eval-loss curve. `tuned_sweep` first picks each setting's learning rate
 from a grid on a separate selection seed, then trains the reported seeds
 at that rate, and checks that a run twice as long does not do better
 (the plateau check). Experiments 2 (`experiments.two_offsets`) and 3
-(`experiments.head_dim`) both report from it.
+(`experiments.head_dim`) both report from it, so what both reports say
+about a sweep (its NMSE cells, the learning-rate table, the curves, the
+explorer page of one run) is written here once.
 """
 
 from __future__ import annotations
 
+import pathlib
 import re
 
 import jax
 import numpy as np
 
+from mha_jax.interp import explorer
 from mha_jax.interp import head_metrics
 from mha_jax.measure import curves
-from mha_jax.training import held_out
-from mha_jax.measure import report
+from mha_jax.measure import report as report_lib
 from mha_jax.measure import runs
 from mha_jax.measure import stats
+from mha_jax.training import held_out
+from mha_jax.training import train
 
 # Every coordinate of the continuous task's targets is a coordinate of
 # some u_s ~ N(0, 1) (positions t < 3 are not scored), so the population
@@ -36,8 +41,9 @@ from mha_jax.measure import stats
 TARGET_VARIANCE = 1.0
 
 
-def settings(config, heads, controls: bool) -> list[tuple[str, dict]]:
-  """`[(label, overrides)]`: each h in `heads` at the config's d_model.
+def settings(config, heads, controls: bool, *,
+             label=lambda h: f"h={h}") -> list[tuple[str, dict]]:
+  """`[(label(h), overrides)]`: each h in `heads` at the config's d_model.
 
   With `controls`, two single-head settings that get more capacity than
   h = 1 without a second softmax: a model `experiment.wide_factor` times
@@ -46,7 +52,7 @@ def settings(config, heads, controls: bool) -> list[tuple[str, dict]]:
   h = 1 layer followed by an MLP of width 4 d_model (a non-linear read-out
   of what the head fetched).
   """
-  out = [(f"h={h}", {"model.num_heads": h, "model.head_dim": 0})
+  out = [(label(h), {"model.num_heads": h, "model.head_dim": 0})
          for h in heads]
   if not controls:
     return out
@@ -80,6 +86,28 @@ def offset_profile(weights) -> list[np.ndarray]:
 def run_name(task, label, suffix):
   """The folder name of one sweep run, with a `{seed}` field to format."""
   return re.sub(r"[^A-Za-z0-9]+", "_", f"{task}_{label}_{suffix}") + "{seed}"
+
+
+def run_folder(task: str, label: str, seed: int) -> str:
+  """The folder of the reported (not selection or plateau) run of `label`
+  on `task` with `seed`."""
+  return run_name(task, label, "s").format(seed=seed)
+
+
+def write_explorer(config, workdir, task: str, label: str, seed: int, *,
+                   title: str) -> pathlib.Path:
+  """explorer.html in `workdir` of one reported run, on the held-out batch
+  its row of the NMSE table was measured on."""
+  workdir = pathlib.Path(workdir)
+  # The sweep keeps numbers, not models: load the run from its folder.
+  state, run_config = train.load_state(workdir
+                                       / run_folder(task, label, seed))
+  batch = held_out.analysis_batch(run_config,
+                                  config.experiment.analysis_examples,
+                                  seed=held_out.ANALYSIS_SEED + seed)
+  return explorer.write_explorer(
+      state.model(), batch, workdir / "explorer.html", loss=state.loss,
+      init_model=train.create_train_state(run_config).model(), title=title)
 
 
 def sweep(config, workdir, task: str, setting_list, *, seeds=None,
@@ -213,15 +241,49 @@ def compare_settings(results: dict, key: str, reference: str) -> dict:
   return out
 
 
+def setting_summary(rs) -> dict:
+  """`stats.summary` over the seeds of one setting's continuous runs: the
+  "nmse" and the best head's weight on t-1 and t-3 ("best_offset1",
+  "best_offset3")."""
+  return {"nmse": stats.summary([r["nmse"] for r in rs]),
+          "best_offset1": stats.summary([r["offset1"].max() for r in rs]),
+          "best_offset3": stats.summary([r["offset3"].max() for r in rs])}
+
+
+def explorer_text(label: str, seed: int) -> str:
+  """The report's sentence that links the page `write_explorer` wrote of
+  the run of `label` with `seed`."""
+  return (f"Every head of the {label} model (seed {seed}) on the held-out "
+          "batch of the table, in a browser: [explorer.html](explorer.html) "
+          "(the inputs are vectors, so positions label them).")
+
+
+def plot_nmse_curves(curve_lists: dict, *, title: str, path: str) -> None:
+  """Held-out NMSE against steps, `{label: [curve]}` with each curve a
+  run's `{"steps", "loss"}`, on a log axis."""
+  curves.plot_seed_curves(
+      {k: [(c["steps"], np.asarray(c["loss"]) / TARGET_VARIANCE)
+           for c in cs] for k, cs in curve_lists.items()},
+      ylabel="normalised MSE", logy=True, title=title, path=path)
+
+
 def summary_cell(summ: dict) -> str:
   """A `stats.summary` as `mean ± std [95% interval]`, 3 significant
   digits (the NMSE of these runs spans 1e-4 to 1)."""
-  return report.summary(summ, spec=".3g", std_spec=".2g")
+  return report_lib.summary(summ, spec=".3g", std_spec=".2g")
 
 
 def difference_cell(d: dict) -> str:
   """A `stats.difference` as `+diff [lo, hi]` (3 significant digits)."""
-  return report.difference(d, spec="+.3g", missing="(no interval: one seed)")
+  return report_lib.difference(d, spec="+.3g",
+                               missing="(no interval: one seed)")
+
+
+def offset_cells(summ: dict) -> list[str]:
+  """The best head's weight on t-1 and on t-3 (mean ± std, 2 decimals)
+  of a `setting_summary`."""
+  return [report_lib.fmt(summ[k]["mean"], summ[k]["std"], 2)
+          for k in ("best_offset1", "best_offset3")]
 
 
 def selection_rows(selection: dict, plateau: dict) -> list[list[str]]:
@@ -240,6 +302,30 @@ def selection_rows(selection: dict, plateau: dict) -> list[list[str]]:
                   f"{p['long_loss'] / TARGET_VARIANCE:.3g}"
                   if p else "not run")])
   return rows
+
+
+def selection_section(config, selection: dict, plateau: dict) -> list[str]:
+  """Report lines: the learning-rate choice and plateau check of a
+  `tuned_sweep`, a sentence and its table."""
+  return [
+      "Learning-rate choice (held-out NMSE of the selection seed at each "
+      "rate) and the plateau check (same seed, chosen rate: NMSE at "
+      f"{config.train.num_steps} steps → at "
+      f"{config.experiment.plateau_factor}x as many):",
+      "",
+      report_lib.md_table(["setting", "NMSE per learning rate", "chosen",
+                           "plateau check"],
+                          selection_rows(selection, plateau))]
+
+
+def report_header(title: str, name: str, results: dict) -> list[str]:
+  """A sweep report's first lines: its title, then the command of
+  `experiments.<name>`, its config and how long it took ("wall_seconds",
+  "reused_runs" of `results`)."""
+  took = report_lib.wall_time(results["wall_seconds"], results["reused_runs"])
+  return [f"# {title}", "",
+          f"Command: `python -m experiments.{name} --workdir=runs/{name}` "
+          f"(config `configs/{name}.py`; {took}).", ""]
 
 
 def tuning_text(config) -> str:

@@ -11,7 +11,9 @@ every pair of the model's L * H heads, split into pairs within one layer
 and pairs across layers; the floors every score is read against (uniform
 causal attention on the same sequences, and the same architecture at
 initialisation); and, on request, each head's importance by ablation and
-gradient (`interventions.head_importance`).
+gradient (`interventions.head_importance`). `floored` is that structure
+(trained, untrained, uniform, ablation) for any measures, which the sink
+and text-head surveys of experiments/ share.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax.interp import head_metrics
-from mha_jax.training import held_out
 from mha_jax.interp import interventions
+from mha_jax.training import held_out
 
 _js_distance = jax.jit(head_metrics.js_distance)
 # The scores a circuit claim rests on: these get intervals over examples.
@@ -79,7 +81,8 @@ def layer_metrics(weights, tokens=None) -> dict:
 
   `weights [L, B, H, Tq, Tk]`; `tokens [B, T]` adds the token scores.
   """
-  per_layer = [head_metrics.head_metrics(w, tokens) for w in np.asarray(weights)]
+  per_layer = [head_metrics.head_metrics(w, tokens)
+               for w in np.asarray(weights)]
   return {k: np.stack([np.asarray(m[k]) for m in per_layer])
           for k in per_layer[0]}
 
@@ -101,6 +104,28 @@ def uniform_floor(batch) -> dict:
   return {k: float(v[0]) for k, v in metrics.items()}
 
 
+def floored(model, measure, *, uniform=None, init_model=None,
+            ablate=None) -> dict:
+  """A model's per-head measures beside their floors and its ablation.
+
+  The structure every survey of heads reports (this module's `survey`,
+  the sink and the text-head surveys): "trained", `measure(model)` (a
+  dict of the model's numbers); "ablation", `ablate(model)` (each head's
+  effect when removed) or None without `ablate`; "uniform", `uniform()`
+  (the same numbers for uniform causal attention on the same inputs),
+  given `uniform`; "init", `measure(init_model)` (the same architecture
+  untrained), given `init_model`. Each survey lays these out under its
+  own results keys.
+  """
+  out = {"trained": measure(model),
+         "ablation": None if ablate is None else ablate(model)}
+  if uniform is not None:
+    out["uniform"] = uniform()
+  if init_model is not None:
+    out["init"] = measure(init_model)
+  return out
+
+
 def survey(model, batch, loss: str, *, ablate: bool = True,
            init_model=None) -> dict:
   """Per-head numbers of a token decoder on `batch`.
@@ -115,27 +140,35 @@ def survey(model, batch, loss: str, *, ablate: bool = True,
   example for figures: "weights_example" `[L, H, T, T]` and
   "tokens_example" `[T]`.
   """
-  weights, metrics, js = _scores(model, batch)
+  def measure(m):
+    weights, metrics, js = _scores(m, batch)
+    return {"weights": weights, "metrics": metrics, "js": js,
+            "eval": held_out.eval_loss(m, batch, loss)}
+
+  s = floored(model, measure, uniform=lambda: uniform_floor(batch),
+              init_model=init_model,
+              ablate=((lambda m: interventions.head_importance(m, batch, loss))
+                      if ablate else None))
+  trained = s["trained"]
+  weights, js = trained["weights"], trained["js"]
   tokens = np.asarray(batch["inputs"])
   n_layers = weights.shape[0]
   off_diag = js[~np.eye(js.shape[0], dtype=bool)]
-  floors = {"uniform": uniform_floor(batch)}
-  if init_model is not None:
-    _, init_metrics, init_js = _scores(init_model, batch)
-    floors["init"] = {"metrics": init_metrics,
-                      "js_by_layer": js_by_layer(init_js, n_layers),
-                      "eval": held_out.eval_loss(init_model, batch, loss)}
+  floors = {"uniform": s["uniform"]}
+  if "init" in s:
+    floors["init"] = {"metrics": s["init"]["metrics"],
+                      "js_by_layer": js_by_layer(s["init"]["js"], n_layers),
+                      "eval": s["init"]["eval"]}
   return {
-      "eval": held_out.eval_loss(model, batch, loss),
-      "metrics": metrics,
+      "eval": trained["eval"],
+      "metrics": trained["metrics"],
       "intervals": bootstrap_metrics(weights, tokens),
       "js_distance": js,
       "js_mean_off_diagonal": float(off_diag.mean()),
       "js_min_off_diagonal": float(off_diag.min()),
       "js_by_layer": js_by_layer(js, n_layers),
       "floors": floors,
-      "importance": (interventions.head_importance(model, batch, loss)
-                     if ablate else None),
+      "importance": s["ablation"],
       "weights_example": weights[:, 0],
       "tokens_example": tokens[0],
   }

@@ -4,8 +4,9 @@
 `<run_dir>/metrics.jsonl` (`{"step", "split", "loss", ...}`); `read` gives
 one metric of one split back as two equal-length lists. The landmarks are
 pure functions of such a curve: where the loss falls fastest (the induction
-phase change) and when it first gets below a threshold (how soon a variant
-learns the task).
+phase change), when a curve first gets below or above a threshold (how soon
+a variant learns the task, when a head's score forms) and when it has
+covered half of its change (a landmark without a threshold).
 
 Over several seeds, "when the loss first gets below a threshold" is a time
 to an event that some runs never reach before training ends (they are
@@ -58,12 +59,30 @@ def phase_change(steps, losses) -> dict:
           "drop": float(drops[i])}
 
 
+def first_step(steps, hit):
+  """The first of `steps` where `hit` (one bool per step) holds; None if
+  it holds nowhere."""
+  idx = np.flatnonzero(np.asarray(hit, bool))
+  return int(np.asarray(steps)[idx[0]]) if idx.size else None
+
+
 def first_below(steps, losses, threshold: float):
   """The first step whose loss is below `threshold`; None if none is."""
-  for s, v in zip(steps, losses):
-    if v < threshold:
-      return s
-  return None
+  return first_step(steps, np.asarray(losses, np.float64) < threshold)
+
+
+def first_above(steps, values, threshold: float):
+  """The first step whose value exceeds `threshold`; None if none does."""
+  return first_step(steps, np.asarray(values, np.float64) > threshold)
+
+
+def half_way_step(steps, values) -> int:
+  """The first step by which `values` has covered half of its change from
+  the first to the last value (a threshold-free landmark of a curve)."""
+  v = np.asarray(values, np.float64)
+  if v[-1] == v[0]:
+    return int(steps[0])
+  return first_step(steps, (v - v[0]) / (v[-1] - v[0]) >= 0.5)
 
 
 def survival_curve(first_steps: Sequence[int | None],

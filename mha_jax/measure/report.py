@@ -8,6 +8,10 @@ One module owns the formats a reader compares across reports, so a
   summary(stats.summary(values))   -> "0.123 ± 0.004 [0.110, 0.136]"
   difference(stats.difference(a, b)) -> "+0.050 [0.010, 0.090]"
   percent(0.25)                    -> "25.0%"
+  signed(0.1234)                   -> "+0.123"
+  significant(0.000123456)         -> "0.000123"
+  scientific(1.234e-4, 4.5e-5)     -> "1.23e-04 ± 4.5e-05"
+  wall_time(90.0, reused=False)    -> "1.5 min wall on this machine"
 
 Each takes a format spec (`spec`, and `std_spec` / `interval_spec` where
 the parts differ) for the reports that print significant digits (`.3g`)
@@ -74,6 +78,28 @@ def percent(fraction: float, digits: int = 1, *, signed: bool = False
             ) -> str:
   """`0.25` -> `25.0%` (`+25.0%` with `signed`)."""
   return f"{100 * fraction:{'+' if signed else ''}.{digits}f}%"
+
+
+def signed(x: float, digits: int = 3) -> str:
+  """`+0.123`: a bare number with its sign."""
+  return f"{x:+.{digits}f}"
+
+
+def significant(x: float, digits: int = 3) -> str:
+  """`x` to `digits` significant digits (for values spanning decades)."""
+  return f"{x:.{digits}g}"
+
+
+def scientific(mean: float, std: float | None = None) -> str:
+  """`1.23e-04 ± 4.5e-05`, or the mean alone without a std."""
+  return f"{mean:.2e} ± {std:.1e}" if std is not None else f"{mean:.2e}"
+
+
+def wall_time(wall_s: float, reused: bool) -> str:
+  """How long an experiment's command took; with reused runs, the
+  analysis alone."""
+  return (f"{wall_s / 60:.1f} min wall on this machine"
+          + (", analysis only: finished runs were reused" if reused else ""))
 
 
 def md_table(headers, rows) -> str:

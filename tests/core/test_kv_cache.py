@@ -17,13 +17,10 @@ from hypothesis import strategies as st
 import jax
 from jax.experimental import checkify
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from mha_jax.core import attention
-from experiments.kv_cache import decode_cost
-from mha_jax.core import flops
 from mha_jax.models import generate
 from mha_jax.core import kv_cache
 from mha_jax.core import multi_head
@@ -332,27 +329,6 @@ def test_bf16_generation_logits_match_the_float32_model():
   for b, length in enumerate(lens):
     got = logits[b]  # logits[b, s] predicted the token after length-1+s
     assert rel_err(got, ref[b, length - 1:length - 1 + n]) <= 4 * BF16_U, b
-
-
-@pytest.mark.parametrize("num_kv_heads", [4, 1])
-def test_decode_step_matmul_flops_match_the_formula(num_kv_heads):
-  """decode_cost's analytic count equals the matmuls in the jaxpr of the
-  model's cached step and of recomputing the prefix (readout included)."""
-  cfg = ml_collections.ConfigDict({"model": {
-      "vocab_size": 11, "d_model": D, "num_layers": 2, "num_heads": H,
-      "mlp_dim": 24, "max_len": 16, "positions": "rotary",
-      "implementation": "einsum"}})
-  model = decode_cost.make_model(cfg, num_kv_heads)
-  state, step, recompute = decode_cost.split_model(model)
-  caches = decode_cost.filled_caches(model, 3, 10, 7)
-  counted = flops.jaxpr_matmul_flops(step, state, jnp.ones((3,), jnp.int32),
-                                     caches)
-  assert counted == decode_cost.analytic_flops(
-      cfg, num_kv_heads, 3, 7, cached=True, slots=10)
-  counted = flops.jaxpr_matmul_flops(recompute, state,
-                                     jnp.ones((3, 7), jnp.int32))
-  assert counted == decode_cost.analytic_flops(cfg, num_kv_heads, 3, 7,
-                                               cached=False)
 
 
 def test_status_reports_a_row_that_overflowed_in_any_layer():

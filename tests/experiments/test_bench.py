@@ -2,8 +2,8 @@
 
 import pytest
 
-from experiments.benchmark import __main__ as benchmark
 from experiments.benchmark import bench
+from experiments.benchmark import report
 
 
 def _row(path, fwd_ms, rss=100):
@@ -51,7 +51,7 @@ def test_table_has_a_torch_column_only_when_torch_was_timed():
   mm = {"float32": 100.0, "bfloat16": 50.0}
   with_torch = bench.ratios([_row("flash", 90.0), _row("jax.nn", 150.0),
                              _row("torch", 45.0)], ["fwd"])
-  table = benchmark.markdown(with_torch, mm)
+  table = report.markdown(with_torch, mm)
   cols = [c.strip() for c in _header(table).strip("|").split("|")]
   flash = next(l for l in table.splitlines() if l.startswith("| flash |"))
   cells = [c.strip() for c in flash.strip("|").split("|")]
@@ -59,5 +59,5 @@ def test_table_has_a_torch_column_only_when_torch_was_timed():
   assert cells[cols.index("fwd x torch")] == "2.00"
   without = bench.ratios([_row("flash", 90.0), _row("jax.nn", 150.0)],
                          ["fwd"])
-  assert "x torch" not in _header(benchmark.markdown(without, mm))
+  assert "x torch" not in _header(report.markdown(without, mm))
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from configs import kv_behaviour
+from experiments.kv_behaviour import variants
 from experiments.kv_cache import report as kv_cache_report
 from mha_jax.measure import curves
-from experiments.kv_behaviour import variants
 from mha_jax.measure import runs
 
 STEPS = [100, 200, 300]

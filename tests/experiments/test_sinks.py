@@ -7,9 +7,7 @@ import functools
 import importlib
 import json
 import math
-import sys
 
-from absl import flags
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -23,6 +21,7 @@ from mha_jax.core import attention
 from mha_jax.training import config as config_lib
 from mha_jax.models import model_config
 from mha_jax.core import score_rules
+from experiments.sinks import run as sinks_run
 from experiments.sinks import survey
 from mha_jax.measure import stats
 from mha_jax.training import tasks
@@ -235,7 +234,7 @@ def test_smoke_run_writes_what_it_measured(tmp_path):
   page = (tmp_path / "explorer.html").read_text()
   assert "sink logits" in page and "sinks+BOS" in page
 
-  names = [s["name"] for s in exp.settings(config)]
+  names = [s["name"] for s in sinks_run.settings(config)]
   assert set(results["runs"]) == set(names) and len(names) == 6
   seeds = [str(s) for s in config.experiment.seeds]
   summary = results["summary"]
@@ -279,7 +278,7 @@ def test_smoke_run_writes_what_it_measured(tmp_path):
                           summary["plain+BOS"]["loss"]["values"])
   assert diff["ci95"] == pytest.approx(want["ci95"])
   comp = entry_points.table_by_label(report, "| difference |")
-  col = list(exp.COMPARED).index("loss")
+  col = list(sinks_run.COMPARED).index("loss")
   assert comp["sinks+BOS - plain+BOS"][col] == (
       f"{want['diff']:+.3f} [{want['ci95'][0]:.3f}, {want['ci95'][1]:.3f}]")
   pooled = results["pooled_rank_correlation"]["plain"]["key0"]
@@ -287,7 +286,7 @@ def test_smoke_run_writes_what_it_measured(tmp_path):
   assert pooled["all"]["n_heads"] == len(seeds) * nl * nh
   assert pooled["layer1"]["n_heads"] == len(seeds) * nh
   # The critical |rho| is the t approximation's: r = t / sqrt(n - 2 + t^2).
-  assert exp.rho_critical(12) == pytest.approx(0.576, abs=1e-3)
+  assert sinks_run.rho_critical(12) == pytest.approx(0.576, abs=1e-3)
   tm = results["timing"]
   assert tm["wall_s"] > tm["train_s"] > 0
   assert tm["runs"] == tm["runs_trained_now"] == 6 * len(seeds)
@@ -295,7 +294,7 @@ def test_smoke_run_writes_what_it_measured(tmp_path):
   assert (f"Time: {tm['wall_s'] / 60:.1f} min wall for the whole command: "
           f"training the {tm['runs']} runs took") in report
   # Each run keeps the time its training took, for a later --reuse_runs.
-  files = sorted(tmp_path.glob(f"*_seed*/{exp.TIMING_FILE}"))
+  files = sorted(tmp_path.glob(f"*_seed*/{sinks_run.TIMING_FILE}"))
   assert len(files) == tm["runs"]
   assert sum(json.loads(f.read_text())["train_s"] for f in files) == (
       pytest.approx(tm["train_s_all_runs"]))

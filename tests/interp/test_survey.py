@@ -50,3 +50,20 @@ def test_uniform_floor_of_a_batch():
   floor = survey.uniform_floor({"inputs": tokens})
   np.testing.assert_allclose(floor["previous_token"],
                              np.mean([1 / 2, 1 / 3, 1 / 4]), rtol=1e-6)
+
+
+def test_floored_lays_out_trained_ablation_uniform_and_init():
+  """The shared survey structure: the same measures of the trained and the
+  untrained model, the uniform floor and the ablation, each only when
+  asked for."""
+  def measure(model):
+    return {"score": f"score of {model}"}
+
+  got = survey.floored("trained", measure, uniform=lambda: {"score": 0.5},
+                       init_model="init", ablate=lambda m: f"ablated {m}")
+  assert got == {"trained": {"score": "score of trained"},
+                 "ablation": "ablated trained",
+                 "uniform": {"score": 0.5},
+                 "init": {"score": "score of init"}}
+  assert survey.floored("trained", measure) == {
+      "trained": {"score": "score of trained"}, "ablation": None}

@@ -50,3 +50,18 @@ def test_percent_cell(fraction, kwargs, cell):
 def test_md_table():
   assert report.md_table(["a", "b"], [[1, math.pi]]) == (
       "| a | b |\n|---|---|\n| 1 | 3.141592653589793 |")
+
+
+def test_bare_number_cells():
+  assert report.signed(0.1234) == "+0.123"
+  assert report.signed(-0.126, 2) == "-0.13"
+  assert report.significant(0.000123456) == "0.000123"
+  assert report.scientific(1.234e-4, 4.5e-5) == "1.23e-04 ± 4.5e-05"
+  assert report.scientific(1.234e-4) == "1.23e-04"
+
+
+def test_wall_time_sentence():
+  assert report.wall_time(90.0, reused=False) == "1.5 min wall on this machine"
+  assert report.wall_time(30.0, reused=True) == (
+      "0.5 min wall on this machine, analysis only: finished runs were "
+      "reused")

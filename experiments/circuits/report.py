@@ -1,0 +1,343 @@
+"""Experiment 6, reporting: tables, figures and claims from the results.
+
+`write` turns the results dict of `run.measure` into report.md (its
+claims from `claims.lines`), its PNG figures and results.json. Shape
+letters: L layers, H heads.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from experiments.circuits import claims
+from experiments.circuits import figures as circuit_plots
+from mha_jax.measure import report as report_lib
+
+
+def _figures(workdir, runs, baselines, layout):
+  label = {k: k.replace("seed", "seed ") for k in runs}
+  rows = {label[k]: r for k, r in runs.items()}
+  names = {"composition.png": lambda p: circuit_plots.composition(
+               rows, baselines["composition"], path=p),
+           "path_patching.png": lambda p: circuit_plots.path_patching(
+               rows, path=p),
+           "head_patching.png": lambda p: circuit_plots.head_patching(
+               rows, path=p),
+           "position_patching.png": lambda p: circuit_plots.position_patching(
+               rows, layout, path=p),
+           "copying_dla.png": lambda p: circuit_plots.copying_and_dla(
+               rows, baselines["copying"]["copying"], path=p),
+           "dynamics.png": lambda p: circuit_plots.dynamics(rows, path=p)}
+  for name, draw in names.items():
+    draw(str(workdir / name))
+  return list(names)
+
+
+_LABELS = {
+    "eval_loss": "final eval loss (nats)",
+    "prev_score": "previous-token score of the L1 previous-token head",
+    "cur_score": "current-token score of the L1 current-token head",
+    "induction_l2_mean": "mean induction score of the L2 heads",
+    "prev_k_noise": "noise: prev-token head -> keys of all L2 heads",
+    "prev_k_noise_best_single": "noise: prev-token head -> keys of the "
+                                "single most affected L2 head",
+    "prev_k_denoise": "denoise: prev-token head -> keys of all L2 heads",
+    "cur_v_noise": "noise: current-token head -> values of all L2 heads",
+    "cur_v_denoise": "denoise: current-token head -> values of all L2 heads",
+    "cur_k_noise": "noise: current-token head -> keys of all L2 heads",
+    "q_noise_max": "noise: largest path into the L2 queries (any L1 head)",
+    "denoise_path_max": "denoise: largest path (any L1 head, any input)",
+    "prev_k_comp": "K-composition, prev-token head (mean over L2 heads)",
+    "cur_v_comp": "V-composition, current-token head (mean over L2 heads)",
+    "prev_act_noise": "noise: the prev-token head's whole output",
+    "cur_act_noise": "noise: the current-token head's whole output",
+    "copying_l2_mean": "copying score, mean of the L2 heads",
+    "copying_l1_mean": "copying score, mean of the L1 heads",
+    "dla_l2_sum": "direct logit attribution, sum of the L2 heads",
+    "dla_l1_sum": "direct logit attribution, sum of the L1 heads",
+    "dla_total": "logit difference of the model (sum of all terms)",
+    "pos_denoise_resid1": "denoise: one first-copy token (resid entering "
+                          "layer 1), per position",
+    "pos_denoise_resid2": "denoise: resid entering layer 2 at one "
+                          "first-copy position",
+    "pos_noise_resid1": "noise: one first-copy token, per position",
+    "pos_outside_max": "largest absolute score of resid and layer-1 rows "
+                       "outside the first copy",
+    "loss_half_step": "step: loss half-way down",
+    "prev_half_step": "step: prev-token head's score half-way up",
+    "induction_half_step": "step: L2 mean induction score half-way up",
+}
+_STEPS = ("loss_half_step", "prev_half_step", "induction_half_step")
+
+
+def _head(h, layer=1):
+  return f"L{layer}H{h + 1}"
+
+
+def _summary_rows(summary, per_seed, baselines):
+  comp, copy = baselines["composition"], baselines["copying"]["copying"]
+  random = {"prev_k_comp": comp["k"], "cur_v_comp": comp["v"],
+            "copying_l2_mean": copy, "copying_l1_mean": copy}
+  rows = []
+  for k in summary:
+    digits = 0 if k in _STEPS else 3
+    label = _LABELS[k]
+    if k in random:
+      label += f" (random: {report_lib.fmt(*random[k])})"
+    rows.append([k, report_lib.fmt(*summary[k], digits=digits), label,
+                 ", ".join(f"{v:.{digits}f}" for v in per_seed[k])])
+  return rows
+
+
+def _model_row(s, r):
+  """One seed's model: loss, accuracy, its role heads, the L2 scores."""
+  d, sc = r["derived"], r["scores"]
+  return [s, f"{d['eval_loss']:.3f}", f"{r['curve']['accuracy'][-1]:.3f}",
+          f"{_head(d['prev_head'])} ({d['prev_score']:.2f})",
+          f"{_head(d['cur_head'])} ({d['cur_score']:.2f})",
+          ", ".join(f"{v:.2f}" for v in sc["induction"][-1]),
+          r["same_as_experiment_1"]]
+
+
+def _path_rows(runs, seeds):
+  rows = []
+  for s in seeds:
+    r = runs[f"seed{s}"]
+    sc, n, dn = r["scores"], r["heads"]["noise"], r["heads"]["denoise"]
+    for h in range(sc["previous_token"].shape[1]):
+      rows.append(
+          [f"{s} {_head(h)}", f"{sc['previous_token'][0, h]:.2f}",
+           f"{sc['current_token'][0, h]:.2f}"]
+          + [f"{n['path'][f'{k}_all'][h]:.2f}" for k in "qkv"]
+          + [f"{n['path']['logits'][h]:.2f}"]
+          + [f"{dn['path'][f'{k}_all'][h]:.2f}" for k in "qkv"]
+          + [f"{n['activation'][0, h]:.2f}", f"{dn['activation'][0, h]:.2f}"])
+  return rows
+
+
+def _composition_rows(runs, seeds, baselines):
+  b = baselines["composition"]
+  rows = [["random", "-"] + [report_lib.fmt(*b[k]) for k in "qkv"] + ["-"]]
+  for s in seeds:
+    r = runs[f"seed{s}"]
+    c, cr = r["composition"], r["composition_rotary"]
+    for h in range(c["q"].shape[0]):
+      sc = r["scores"]
+      rows.append([f"{s} {_head(h)}", f"{sc['previous_token'][0, h]:.2f} / "
+                   f"{sc['current_token'][0, h]:.2f}"]
+                  + [f"{np.mean(c[k][h]):.3f}" for k in "qkv"]
+                  + [f"{np.mean(cr['k'][h]):.3f}"])
+  return rows
+
+
+def _attribution_rows(runs, seeds):
+  rows = []
+  for s in seeds:
+    h = runs[f"seed{s}"]["heads"]
+    n_l, n_h = h["noise"]["activation"].shape
+    for l in range(n_l):
+      for i in range(n_h):
+        rows.append([f"{s} {_head(i, l + 1)}"]
+                    + [f"{h[d][k][l, i]:+.2f}" for d in ("denoise", "noise")
+                       for k in ("activation", "attribution")])
+  return rows
+
+
+def _copying_rows(runs, seeds, baselines):
+  b = baselines["copying"]
+  rows = [["random", report_lib.fmt(*b["copying"]),
+           report_lib.fmt(*b["positive_share"]), "-"]]
+  for s in seeds:
+    r = runs[f"seed{s}"]
+    cp, dla = r["copying"], r["dla"]["heads"]
+    for l in range(dla.shape[0]):
+      for i in range(dla.shape[1]):
+        rows.append([f"{s} {_head(i, l + 1)}", f"{cp['copying'][l, i]:.2f}",
+                     f"{cp['positive_share'][l, i]:.2f}",
+                     f"{dla[l, i]:+.2f}"])
+  return rows
+
+
+def _dynamics_row(s, r):
+  """One seed's training: the steepest drop and the landmark steps."""
+  d, pc = r["derived"], r["phase_change"]
+  return [s, f"{pc['from_step']}→{pc['to_step']}: "
+          f"{pc['loss_before']:.2f}→{pc['loss_after']:.2f}",
+          d["loss_half_step"], d["prev_half_step"], d["induction_half_step"],
+          d["prev_formed_step"], d["induction_formed_step"]]
+
+
+def _seed_rows(runs, seeds, row):
+  """`row(seed, result)` of every seed, in the config's order."""
+  return [row(s, runs[f"seed{s}"]) for s in seeds]
+
+
+def _heads_over(values, threshold):
+  """'L1H2 (0.84), L1H4 (0.35)' for the heads whose value passes."""
+  hits = [f"{_head(h)} ({v:.2f})" for h, v in enumerate(values)
+          if v >= threshold]
+  return ", ".join(hits) if hits else "none"
+
+
+def _circuit_lines(runs, seeds, matters):
+  """One line per seed: which L1 heads feed which L2 input (noising)."""
+  lines = []
+  for s in seeds:
+    r = runs[f"seed{s}"]
+    d, p = r["derived"], r["heads"]["noise"]["path"]
+    lines.append(
+        f"* Seed {s}: keys read {_heads_over(p['k_all'], matters)}; values "
+        f"read {_heads_over(p['v_all'], matters)}; queries read "
+        f"{_heads_over(p['q_all'], matters)}. Previous-token head "
+        f"{_head(d['prev_head'])} (score {d['prev_score']:.2f}), "
+        f"current-token head {_head(d['cur_head'])} (score "
+        f"{d['cur_score']:.2f}).")
+  return lines
+
+
+def _intro_lines(config, results):
+  """The title, the models, the inputs and the metric."""
+  e, c = config.experiment, config
+  runs, matters = results["runs"], results["setup"]["matters"]
+  seeds = list(e.seeds)
+  return [
+      "# Experiment 6: the induction circuit",
+      "",
+      "Command: `python -m experiments.circuits --workdir=runs/circuits` "
+      f"(config `configs/circuits.py`). Seeds {seeds}: experiment 1's "
+      f"2-layer attention-only decoder ({c.model.num_heads} heads, d_model "
+      f"{c.model.d_model}, {c.model.positions} positions, final LayerNorm) "
+      f"trained {c.train.num_steps} steps with a checkpoint every "
+      f"{c.train.checkpoint_every}. Checkpointing does not change a run, "
+      "so these are experiment 1's models when its seeds are the same "
+      "(column 'same as exp. 1').",
+      "",
+      f"**Inputs.** {e.analysis_examples} held-out clean sequences of the "
+      "task (each with its own segment length and positions) and their "
+      "corrupted twins: the same sequence with every token of the FIRST "
+      "copy of the repeated segment replaced by another symbol. Both are "
+      "uniform random symbols with the same layout (same token and position"
+      " statistics); only the earlier occurrence an induction head looks "
+      "up is gone, and the second copy, where the loss counts, is "
+      f"unchanged. Per-position patching uses {e.position_examples} pairs "
+      f"of one layout (a {e.segment}-token segment at {e.first}, repeated "
+      f"at {e.second}).",
+      "",
+      "**Metric.** The mean log-probability of the correct next tokens of "
+      "the second copy (minus the task's loss); clean "
+      + ", ".join(f"{runs[f'seed{s}']['heads']['noise']['reference'][0]:.2f}"
+                  for s in seeds)
+      + " and corrupted "
+      + ", ".join(f"{runs[f'seed{s}']['heads']['noise']['reference'][1]:.2f}"
+                  for s in seeds)
+      + " (per seed). A patch's score is the share of the clean-minus-"
+      "corrupted difference it moves: **denoise** = clean activations "
+      "patched into the corrupted run, (m - m_corrupt) / (m_clean - "
+      "m_corrupt) (is it sufficient?); **noise** = corrupted activations "
+      "patched into the clean run, (m_clean - m) / (m_clean - m_corrupt) "
+      f"(is it necessary?). A path 'feeds' an input when its score is at "
+      f"least {matters}.",
+      "",
+  ]
+
+
+def _report(config, results, figures):
+  """report.md: the tables of every seed, then the claims."""
+  e = config.experiment
+  runs, summary, baselines = (results["runs"], results["summary"],
+                              results["baselines"])
+  per_seed, matters = results["per_seed"], results["setup"]["matters"]
+  seeds = list(e.seeds)
+  md = report_lib.md_table
+  lines = _intro_lines(config, results) + [
+      "## Summary (mean ± std over seeds)",
+      "",
+      md(["key", "mean ± std", "quantity", "per seed"],
+         _summary_rows(summary, per_seed, baselines)),
+      "",
+      "## The models",
+      "",
+      md(["seed", "eval loss", "accuracy", "L1 previous-token head",
+          "L1 current-token head", "L2 induction scores", "same as exp. 1"],
+         _seed_rows(runs, seeds, _model_row)),
+      "",
+      "## Path patching: which layer-1 head feeds which layer-2 input",
+      "",
+      "Each layer-1 head's output change reaches only the q, k or v of all "
+      "layer-2 heads at once (per receiver head: figure), or only the "
+      "readout ('direct'); the last two columns patch the head's whole "
+      "output `z`.",
+      "",
+      md(["seed, head", "prev-token", "current-token", "noise via q",
+          "noise via k", "noise via v", "noise direct", "denoise via q",
+          "denoise via k", "denoise via v", "noise z", "denoise z"],
+         _path_rows(runs, seeds)),
+      "",
+  ] + _circuit_lines(runs, seeds, matters) + [
+      "",
+      "## Composition scores (mean over the layer-2 heads)",
+      "",
+      f"Frobenius-norm ratios (Elhage et al. 2021), against "
+      f"{baselines['draws']} pairs of Gaussian heads of the same shapes "
+      "(mean ± std). LayerNorm scales folded in, written outputs centred; "
+      "rotary positions ignored, except in the last column (averaged over "
+      "query-key offsets 1..T-1).",
+      "",
+      md(["seed, head", "prev / current score", "Q-comp", "K-comp", "V-comp",
+          "K-comp, rotary"], _composition_rows(runs, seeds, baselines)),
+      "",
+      "## Activation vs attribution patching, per head",
+      "",
+      md(["seed, head", "activation denoise", "attribution denoise",
+          "activation noise", "attribution noise"],
+         _attribution_rows(runs, seeds)),
+      "",
+      "## Copying scores and direct logit attribution",
+      "",
+      "Copying score: sum(Re λ) / sum(|λ|) of the full OV circuit W_E W_V "
+      "W_O W_U over the symbols (Olsson et al. 2022; 1 = copies), and the "
+      "positive share sum(max(Re λ, 0)) / sum(|λ|). Direct logit "
+      "attribution: the head's term read out through the final LayerNorm "
+      "with its scale frozen from the clean run, as the correct token's "
+      "logit minus the mean symbol logit, on the second copy.",
+      "",
+      md(["seed, head", "copying score", "positive share",
+          "direct logit attribution"],
+         _copying_rows(runs, seeds, baselines)),
+      "",
+      "## Training dynamics",
+      "",
+      f"Scores on the clean pairs at every checkpoint (step 0: the initial "
+      f"weights); a score 'forms' when it passes {e.threshold}.",
+      "",
+      md(["seed", "steepest loss drop (steps: loss)", "loss half-way",
+          "prev-token half-way", "induction half-way",
+          f"prev-token > {e.threshold}", f"induction > {e.threshold}"],
+         _seed_rows(runs, seeds, _dynamics_row)),
+      "",
+      "## Figures",
+      "",
+  ] + [f"![{f}]({f})" for f in figures] + [
+      "",
+      f"Every head of seed {seeds[0]}'s model in a browser, on the "
+      f"{e.analysis_examples} clean sequences of the per-head patching, "
+      "with each head's activation and attribution patching scores (both "
+      "directions) beside its attention scores: "
+      "[explorer.html](explorer.html).",
+      "",
+      "## What this shows",
+      "",
+  ] + claims.lines(config, runs, summary, baselines, matters)
+  return "\n".join(lines)
+
+
+def write(config, results, workdir) -> dict:
+  """Figures, report.md and results.json in `workdir`; returns what
+  results.json holds."""
+  workdir = pathlib.Path(workdir)
+  figures = _figures(workdir, results["runs"], results["baselines"],
+                     tuple(results["setup"]["layout"]))
+  return report_lib.write_outputs(workdir, results,
+                                  _report(config, results, figures))

@@ -1,0 +1,193 @@
+"""Experiment 6, measuring: train the seeds, patch, score and track them.
+
+`measure` trains the 2-layer models of `configs/circuits.py` (a checkpoint
+at every evaluation), measures each on held-out clean/corrupted pairs with
+`circuit_survey.survey` and at every checkpoint, and writes the explorer
+page of the first seed's model. Shape letters: L layers, H heads.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jax
+import ml_collections
+import numpy as np
+
+from mha_jax.interp import circuit_survey
+from mha_jax.interp import composition
+from mha_jax.interp import corruption
+from mha_jax.interp import explorer
+from mha_jax.measure import curves
+from mha_jax.measure import report as report_lib
+from mha_jax.measure import runs as runs_lib
+from mha_jax.training import tasks
+from mha_jax.training import train
+
+# A path or patch "matters" when it moves at least this share of the
+# clean-minus-corrupted metric (the report says which pass it).
+MATTERS = 0.1
+
+
+def _task(config, batch_size):
+  t = ml_collections.ConfigDict(config.task.to_dict())
+  t.batch_size = batch_size
+  return t
+
+
+def _baselines(config) -> dict:
+  """Random-matrix chance levels (mean, sample std) and their draws."""
+  e, m = config.experiment, config.model
+  dh = m.head_dim or m.d_model // m.num_heads
+  comp = composition.composition_baseline(e.data_seed, m.d_model, dh, dh,
+                                          e.baseline_draws)
+  copy = composition.copying_baseline(
+      e.data_seed + 1, config.task.vocab_size - tasks.NUM_SPECIAL,
+      m.d_model, dh, e.baseline_draws)
+  stats = lambda x: [float(np.mean(x)), float(np.std(x, ddof=1))]
+  return {"composition": {k: stats(v) for k, v in comp.items()},
+          "copying": {k: stats(v) for k, v in copy.items()},
+          "draws": e.baseline_draws}
+
+
+def _same_as_experiment_1(config, seed, steps, losses):
+  """Compares a run (its own `config`) with experiment 1's run of the same
+  seed: "same" (same model, task and training apart from checkpointing,
+  and the same eval curve), "DIFFERENT CURVE", "other config", or "not on
+  disk"."""
+  path = pathlib.Path(config.experiment.induction_workdir) / f"L2_seed{seed}"
+  if not config.experiment.induction_workdir or not (
+      path / "metrics.jsonl").exists():
+    return "not on disk"
+  strip = lambda c: {g: {k: v for k, v in c[g].items()
+                         if k not in ("checkpoint_every", "max_checkpoints")}
+                     for g in ("model", "task", "train")}
+  theirs = json.loads((path / "config.json").read_text())
+  if strip(theirs) != strip(json.loads(config.to_json_best_effort())):
+    return "other config"
+  return "same" if curves.read(path) == (steps, losses) else "DIFFERENT CURVE"
+
+
+def _position_numbers(r, e) -> dict:
+  """Per-position patching on the fixed layout, summarised: the mean score
+  of one first-copy position of the residual stream entering layer 1 or
+  2 (first copy without its first token: the positions whose token is a
+  value the loss needs), and the largest |score| of the residual streams
+  and layer-1 heads anywhere outside the first copy."""
+  inner = slice(e.first + 1, e.first + e.segment)
+  out = {}
+  for d in ("denoise", "noise"):
+    act = r["positions"][d]["activation"]
+    for l in range(act["resid_pre"].shape[0]):
+      out[f"pos_{d}_resid{l + 1}"] = float(np.mean(act["resid_pre"][l, inner]))
+  outside = np.ones(r["positions"]["noise"]["activation"]["resid_pre"]
+                    .shape[-1], bool)
+  outside[e.first:e.first + e.segment] = False
+  out["pos_outside_max"] = float(max(
+      np.max(np.abs(r["positions"][d]["activation"][k][..., outside]))
+      if k == "resid_pre" else
+      np.max(np.abs(r["positions"][d]["activation"][k][0][..., outside]))
+      for d in ("denoise", "noise") for k in ("resid_pre", "z")))
+  return out
+
+
+_SUMMARY_KEYS = (
+    "eval_loss", "prev_score", "cur_score", "induction_l2_mean",
+    "prev_k_noise", "prev_k_denoise", "prev_k_noise_best_single",
+    "cur_v_noise", "cur_v_denoise", "cur_k_noise", "q_noise_max",
+    "denoise_path_max", "prev_k_comp", "cur_v_comp", "prev_act_noise",
+    "cur_act_noise", "copying_l2_mean", "copying_l1_mean", "dla_l2_sum",
+    "dla_l1_sum", "dla_total", "pos_denoise_resid1", "pos_denoise_resid2",
+    "pos_noise_resid1", "pos_outside_max", "loss_half_step",
+    "prev_half_step", "induction_half_step")
+
+
+
+def _pairs(config):
+  """(per-head pairs, per-position pairs of one fixed layout)."""
+  e = config.experiment
+  key = jax.random.PRNGKey(e.data_seed)
+  layout = (e.segment, e.first, e.second)
+  # Jitted: one program each instead of every sampling op compiled alone.
+  pairs = jax.jit(lambda k: corruption.induction_pairs(
+      k, _task(config, e.analysis_examples)))(key)
+  position_pairs = jax.jit(lambda k: corruption.induction_pairs(
+      k, _task(config, e.position_examples), layout=layout))(
+          jax.random.fold_in(key, 1))
+  return pairs, position_pairs
+
+
+def _measure_run(r, config, pairs, position_pairs) -> dict:
+  """Everything measured on one trained run (a `runs_lib.SeedRun`)."""
+  e = config.experiment
+  tokens = np.arange(tasks.NUM_SPECIAL, config.task.vocab_size)
+  res = circuit_survey.survey(r.state.model(), pairs, position_pairs,
+                              tokens=tokens)
+  res["dynamics"] = circuit_survey.checkpoint_scores(r.run_dir, pairs)
+  steps, losses = curves.read(r.run_dir)
+  res["curve"] = {"steps": steps, "loss": losses,
+                  "accuracy": curves.read(r.run_dir, key="accuracy")[1]}
+  res["phase_change"] = curves.phase_change(steps, losses)
+  res["same_as_experiment_1"] = _same_as_experiment_1(r.config, r.seed,
+                                                      steps, losses)
+  res["derived"] = dict(circuit_survey.summarise(res, e.threshold),
+                        **_position_numbers(res, e))
+  return res
+
+
+def measure(config, workdir, *, reuse: bool = False) -> dict:
+  """Train (or reuse) every seed, measure it, write explorer.html; returns
+  the results dict ("summary", "per_seed", "baselines", "runs",
+  "setup")."""
+  e = config.experiment
+  workdir = pathlib.Path(workdir)
+  pairs, position_pairs = _pairs(config)
+  baselines = _baselines(config)
+  runs = {}
+  for r in runs_lib.seed_runs(config, workdir, e.seeds, "seed{seed}",
+                              reuse=reuse):
+    if r.seed == e.seeds[0]:
+      shown = r  # kept for the explorer page
+    runs[f"seed{r.seed}"] = _measure_run(r, config, pairs, position_pairs)
+  summary = {k: report_lib.mean_std([r["derived"][k] for r in runs.values()])
+             for k in _SUMMARY_KEYS}
+  per_seed = {k: [r["derived"][k] for r in runs.values()]
+              for k in _SUMMARY_KEYS}
+  _write_explorer(shown, runs[f"seed{shown.seed}"], workdir, pairs)
+  return {"summary": summary, "per_seed": per_seed,
+          "baselines": baselines, "runs": runs,
+          "setup": {"layout": [e.segment, e.first, e.second],
+                    "metric": "mean log-prob of the targets in the second "
+                    "copy (minus the loss)", "matters": MATTERS}}
+
+
+def _patching_columns(result, num_layers, num_heads):
+  """{column name: `[L, H]`} of a run's per-head activation and
+  attribution patching in both directions, as `explorer.circuit_numbers`
+  reads them back from results.json; None when none has that shape."""
+  cols = {}
+  for direction in ("denoise", "noise"):
+    for method in ("activation", "attribution"):
+      arr = np.asarray(result["heads"][direction][method], float)
+      if arr.shape == (num_layers, num_heads):
+        cols[f"{direction} {method} patching"] = arr
+  # The page is published beside its results.json: name that file.
+  return {"source": "results.json", "columns": cols} if cols else None
+
+
+def _write_explorer(run, result, workdir, pairs):
+  """explorer.html of `run` (a `runs_lib.SeedRun`) on the clean half of
+  the per-head patching pairs, with each head's activation and
+  attribution patching scores (from its measured `result`) as columns of
+  its table."""
+  model = run.state.model()
+  c = model.config
+  circuits = _patching_columns(result, c.num_layers, c.num_heads)
+  clean = {k: pairs[k] for k in ("inputs", "targets", "loss_mask")}
+  return explorer.write_explorer(
+      model, clean, workdir / "explorer.html", loss=run.state.loss,
+      init_model=train.create_train_state(run.config).model(),
+      circuits=circuits,
+      title=f"Induction circuit: {c.num_layers}-layer model, seed "
+      f"{run.seed}")
