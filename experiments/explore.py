@@ -35,6 +35,7 @@ from absl import flags
 import mha_jax
 from mha_jax import pretrained
 from mha_jax.measure import report as report_lib
+from experiments.circuits import saved as circuits_saved
 from mha_jax.interp import explorer
 from mha_jax.training import held_out
 from mha_jax.training import tasks
@@ -139,7 +140,7 @@ def run(workdir, *, text: str | None = None, batch_from_task: bool = False,
       model, batch, loss=task.loss if ablate else None,
       init_model=init_model, example=example,
       specials=task.special_tokens)
-  circuits = explorer.circuit_numbers(workdir, c.num_layers, c.num_heads)
+  circuits = circuits_saved.beside(workdir, c.num_layers, c.num_heads)
   path = pathlib.Path(output or workdir / "explorer.html")
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(explorer.render(

@@ -2,7 +2,7 @@
 
 Shape letters: S seeds, L layers, H heads, T length, N checkpoints.
 
-Inputs are the per-seed dicts of `circuit_survey.survey` (NumPy), keyed by
+Inputs are the per-seed dicts of `survey.survey` (NumPy), keyed by
 a row label; every function writes one PNG through `plots.save` and
 returns the figure.
 """

@@ -2,7 +2,7 @@
 
 `measure` trains the 2-layer models of `configs/circuits.py` (a checkpoint
 at every evaluation), measures each on held-out clean/corrupted pairs with
-`circuit_survey.survey` and at every checkpoint, and writes the explorer
+`survey.survey` and at every checkpoint, and writes the explorer
 page of the first seed's model. Shape letters: L layers, H heads.
 """
 
@@ -15,7 +15,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from mha_jax.interp import circuit_survey
+from experiments.circuits import saved
+from experiments.circuits import survey
 from mha_jax.interp import composition
 from mha_jax.interp import corruption
 from mha_jax.interp import explorer
@@ -122,16 +123,16 @@ def _measure_run(r, config, pairs, position_pairs) -> dict:
   """Everything measured on one trained run (a `runs_lib.SeedRun`)."""
   e = config.experiment
   tokens = np.arange(tasks.NUM_SPECIAL, config.task.vocab_size)
-  res = circuit_survey.survey(r.state.model(), pairs, position_pairs,
+  res = survey.survey(r.state.model(), pairs, position_pairs,
                               tokens=tokens)
-  res["dynamics"] = circuit_survey.checkpoint_scores(r.run_dir, pairs)
+  res["dynamics"] = survey.checkpoint_scores(r.run_dir, pairs)
   steps, losses = curves.read(r.run_dir)
   res["curve"] = {"steps": steps, "loss": losses,
                   "accuracy": curves.read(r.run_dir, key="accuracy")[1]}
   res["phase_change"] = curves.phase_change(steps, losses)
   res["same_as_experiment_1"] = _same_as_experiment_1(r.config, r.seed,
                                                       steps, losses)
-  res["derived"] = dict(circuit_survey.summarise(res, e.threshold),
+  res["derived"] = dict(survey.summarise(res, e.threshold),
                         **_position_numbers(res, e))
   return res
 
@@ -162,20 +163,6 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
                     "copy (minus the loss)", "matters": MATTERS}}
 
 
-def _patching_columns(result, num_layers, num_heads):
-  """{column name: `[L, H]`} of a run's per-head activation and
-  attribution patching in both directions, as `explorer.circuit_numbers`
-  reads them back from results.json; None when none has that shape."""
-  cols = {}
-  for direction in ("denoise", "noise"):
-    for method in ("activation", "attribution"):
-      arr = np.asarray(result["heads"][direction][method], float)
-      if arr.shape == (num_layers, num_heads):
-        cols[f"{direction} {method} patching"] = arr
-  # The page is published beside its results.json: name that file.
-  return {"source": "results.json", "columns": cols} if cols else None
-
-
 def _write_explorer(run, result, workdir, pairs):
   """explorer.html of `run` (a `runs_lib.SeedRun`) on the clean half of
   the per-head patching pairs, with each head's activation and
@@ -183,7 +170,9 @@ def _write_explorer(run, result, workdir, pairs):
   its table."""
   model = run.state.model()
   c = model.config
-  circuits = _patching_columns(result, c.num_layers, c.num_heads)
+  cols = saved.patching_columns(result, c.num_layers, c.num_heads)
+  # The page is published beside its results.json: name that file.
+  circuits = {"source": "results.json", "columns": cols} if cols else None
   clean = {k: pairs[k] for k in ("inputs", "targets", "loss_mask")}
   return explorer.write_explorer(
       model, clean, workdir / "explorer.html", loss=run.state.loss,

@@ -384,39 +384,6 @@ def explore(model, batch, *, loss: str | None = None, init_model=None,
 # ---------------------------------------------------------- circuit numbers
 
 
-def circuit_numbers(workdir, num_layers: int, num_heads: int):
-  """Per-head patching numbers of a circuits run, or None.
-
-  Looks in `workdir/circuits/results.json` and then in the results.json
-  beside the run (as `experiments/circuits/` writes: `runs[<run
-  name>]["heads"]`). Returns {column name: `[L, H]`} with the activation
-  and attribution patching of each head's output (`z`) in both
-  directions, and "source": the file; None when there is no such file or
-  its arrays are not `[num_layers, num_heads]`.
-  """
-  workdir = pathlib.Path(workdir)
-  for path, name in ((workdir / "circuits" / "results.json", None),
-                     (workdir.parent / "results.json", workdir.name)):
-    if not path.is_file():
-      continue
-    # Other experiments' results.json have other layouts (a list of runs,
-    # no "heads"): only a dict at each step is a circuits result.
-    get = lambda d, k: d.get(k) if isinstance(d, dict) else None
-    res = json.loads(path.read_text())
-    if name is not None:
-      res = get(get(res, "runs"), name)
-    heads = get(res, "heads")
-    cols = {}
-    for direction in ("denoise", "noise"):
-      for method in ("activation", "attribution"):
-        arr = np.asarray(get(get(heads, direction), method) or [], float)
-        if arr.shape == (num_layers, num_heads):
-          cols[f"{direction} {method} patching"] = arr
-    if cols:
-      return {"source": str(path), "columns": cols}
-  return None
-
-
 # ------------------------------------------------------------------ page
 
 
@@ -490,7 +457,7 @@ def render(data: dict, *, title: str = "Attention explorer", info=(),
   """The self-contained HTML page of `explore`'s `data`.
 
   `info`: (label, value) pairs shown under the title (the run, its
-  config); `circuits`: `circuit_numbers`' result; `raw_arrays`: add the
+  config); `circuits`: `{"source": file, "columns": {name: [L, H]}}`, extra per-head columns (e.g. `experiments.circuits.saved.beside`); `raw_arrays`: add the
   Treescope panel of every view.
   """
   payload = json.dumps(page_json(data, title=title, info=info,

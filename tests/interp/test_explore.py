@@ -18,9 +18,7 @@ import os
 import pathlib
 import re
 import shutil
-import sys
 
-from absl import flags
 from flax import nnx
 import numpy as np
 import pytest
@@ -132,24 +130,6 @@ def test_uniform_floor_is_the_survey_floor():
   got = explorer.floor_scores(explorer.visible_keys(kind, batch),
                               batch["inputs"])
   assert got == pytest.approx(head_survey.uniform_floor(batch), abs=1e-6)
-
-
-def test_circuit_numbers_beside_a_run(tmp_path):
-  run = tmp_path / "seed0"
-  run.mkdir()
-  assert explorer.circuit_numbers(run, 2, 2) is None
-  # Another experiment's layout beside the run: no circuit numbers.
-  (tmp_path / "results.json").write_text(json.dumps({"runs": [{"a": 1}]}))
-  assert explorer.circuit_numbers(run, 2, 2) is None
-  heads = {"noise": {"activation": [[0.1, 0.2], [0.3, 0.4]],
-                     "attribution": [[1, 2], [3, 4]]}}
-  (tmp_path / "results.json").write_text(json.dumps(
-      {"runs": {"seed0": {"heads": heads}}}))
-  got = explorer.circuit_numbers(run, 2, 2)
-  np.testing.assert_array_equal(got["columns"]["noise activation patching"],
-                                heads["noise"]["activation"])
-  assert got["source"] == str(tmp_path / "results.json")
-  assert explorer.circuit_numbers(run, 2, 3) is None  # not this model's
 
 
 # ----------------------------------------------------------- entry point
