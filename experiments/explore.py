@@ -5,6 +5,8 @@ r"""Explore a trained model's heads in a browser: one self-contained page.
   python -m experiments.explore --workdir=runs/default --batch_from_task
   python -m experiments.explore --workdir=runs/default \
       --text="7 12 5 9 4 7 12 5"
+  python -m experiments.explore --pretrained=path/to/gpt2 \
+      --text="The cat sat on the mat. The cat" --output=gpt2.html
 
 Writes explorer.html into --workdir (or --output): open it from disk in
 any browser; it loads nothing from the network. It shows one example's
@@ -30,6 +32,8 @@ import pathlib
 from absl import app
 from absl import flags
 
+import mha_jax
+from mha_jax import pretrained
 from mha_jax.measure import report as report_lib
 from experiments.circuits import saved as circuits_saved
 from mha_jax.interp import explorer
@@ -40,9 +44,13 @@ from mha_jax.training import train
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "A run of experiments.train, or one seed's folder of an "
     "experiment (runs/induction/L2_seed0): its config.json and checkpoints/.")
+_PRETRAINED = flags.DEFINE_string(
+    "pretrained", None, "A Hugging Face checkpoint directory (config.json, "
+    "safetensors, tokenizer.json) instead of --workdir; --text is then "
+    "plain text.")
 _TEXT = flags.DEFINE_string(
     "text", None, "Token ids separated by spaces (an encoder-decoder: "
-    "'SOURCE | TARGET', the target optional).")
+    "'SOURCE | TARGET', the target optional); with --pretrained, text.")
 _BATCH_FROM_TASK = flags.DEFINE_bool(
     "batch_from_task", False, "Use held-out examples of the run's task "
     "instead of --text.")
@@ -58,7 +66,8 @@ _OUTPUT = flags.DEFINE_string("output", None, "Page to write; default: "
                               "WORKDIR/explorer.html.")
 _ABLATE = flags.DEFINE_bool("ablate", True, "Ablate every head alone for "
                             "the table's ablation column.")
-flags.mark_flags_as_required(["workdir"])
+flags.mark_flags_as_mutual_exclusive(["workdir", "pretrained"],
+                                     required=True)
 
 
 def check_run(workdir) -> pathlib.Path:
@@ -142,9 +151,49 @@ def run(workdir, *, text: str | None = None, batch_from_task: bool = False,
           "step": int(state.step)}
 
 
+def run_pretrained(directory, text: str, *, output=None,
+                   ablate: bool = True, raw_arrays: bool = True) -> dict:
+  """Write the explorer page of a Hugging Face checkpoint on `text`.
+
+  The text goes through the checkpoint's tokenizer.json; the labels are
+  its tokens. A decoder's table gets each head's ablation effect on the
+  next-token loss of the text; an encoder (BERT) has no such loss. Returns
+  {"path", "data", "batch"}; raises PretrainedError (a ValueError) for a
+  bad directory.
+  """
+  directory = pathlib.Path(directory)
+  model = mha_jax.load_pretrained(directory)
+  tok = mha_jax.load_tokenizer(directory)
+  c = model.config
+  ids, _ = pretrained.encode(tok, text, max_len=c.max_len)
+  decoder = isinstance(model, mha_jax.DecoderLM)
+  batch = (explorer.decoder_text_batch(ids[0], "text", c.vocab_size)
+           if decoder else {"inputs": ids})
+  info = [("checkpoint", str(directory)),
+          ("model", f"{type(model).__name__}: {c.num_layers} layers x "
+                    f"{c.num_heads} heads, d_model {c.d_model}"),
+          ("input", f"--text ({ids.shape[1]} tokens)")]
+  data = explorer.explore(
+      model, batch, loss="xent" if (ablate and decoder) else None,
+      labels={"inputs": pretrained.labels(tok, ids[0])}, specials=False)
+  path = pathlib.Path(output or "explorer.html")
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(explorer.render(
+      data, title=f"Attention explorer: {directory.name}", info=info,
+      circuits=None, raw_arrays=raw_arrays))
+  print(f"Wrote {path}: open it in a browser")
+  return {"path": path, "data": data, "batch": batch}
+
+
 def main(argv):
   report_lib.check_no_arguments(argv)
   try:
+    if _PRETRAINED.value:
+      if _TEXT.value is None:
+        raise ValueError("--pretrained needs --text (plain text)")
+      run_pretrained(_PRETRAINED.value, _TEXT.value, output=_OUTPUT.value,
+                     ablate=_ABLATE.value)
+      return
     run(_WORKDIR.value, text=_TEXT.value,
         batch_from_task=_BATCH_FROM_TASK.value,
         num_examples=_NUM_EXAMPLES.value, example=_EXAMPLE.value,

@@ -25,6 +25,7 @@ from mha_jax.core.masks import causal_mask
 from mha_jax.core.masks import combine_masks
 from mha_jax.core.masks import padding_mask
 from mha_jax.models.model_config import ModelConfig
+from mha_jax.models.model_config import ModelConfigError
 from mha_jax.models.modules import MultiHeadAttention
 from mha_jax.core.multi_head import attention_layer
 from mha_jax.core.multi_head import cached_attention
@@ -44,5 +45,8 @@ from mha_jax.models.transformer import Encoder
 from mha_jax.models.transformer import EncoderDecoder
 from mha_jax.models.transformer import TransformerBlock
 from mha_jax.models.transformer import with_implementation
+from mha_jax.pretrained import load_pretrained
+from mha_jax.pretrained import load_tokenizer
+from mha_jax.pretrained import save_pretrained
 
 __version__ = "0.1.0"

@@ -122,7 +122,8 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
                     rotary_base=None, positions=None, kv_positions=None,
                     cache=None, lengths=None, dropout_rate=0.0,
                     dropout_rng=None, hooks=hooks_lib.NO_HOOKS,
-                    rules=score_rules.NO_RULES, qk_norm="rms"):
+                    rules=score_rules.NO_RULES, qk_norm="rms",
+                    rotary_dim=None, rotary_scaling=None):
   """Every attention call, cached or not, rotary or not: one sequence.
 
   project q, k, v (stages 1-2) -> [QK-norm] -> rotate q and k (the one
@@ -137,7 +138,8 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
     mask, bias, is_causal, implementation, dropout_rate, dropout_rng: as
       in `multi_head_attention`. With a cache, `mask` broadcasts to the
       slots `[B, H, Tq, S]` and causality is always by true position.
-    rotary_base: rotate q and k by their positions (RoPE) when not None.
+    rotary_base: rotate q and k by their positions (RoPE) when not None;
+      rotary_dim, rotary_scaling: as in `rotary.apply_rotary`.
     positions: `[B, Tq]` or `[Tq]` positions of the queries (default
       0..Tq-1, or `length[b] + t` with a cache); kv_positions: those of
       the keys (default: `positions` for self-attention, else 0..Tk-1).
@@ -168,8 +170,10 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
       positions = jnp.arange(q.shape[1])
     if kv_positions is None:
       kv_positions = positions if x_kv is None else jnp.arange(k.shape[1])
-    q = rotary.apply_rotary(q, positions, base=rotary_base)
-    k = rotary.apply_rotary(k, kv_positions, base=rotary_base)
+    rope = dict(base=rotary_base, rotary_dim=rotary_dim,
+                scaling=rotary_scaling)
+    q = rotary.apply_rotary(q, positions, **rope)
+    k = rotary.apply_rotary(k, kv_positions, **rope)
   q, k, v = hooks("q", q), hooks("k", k), hooks("v", v)
   if cache is not None:
     if rules.segments:

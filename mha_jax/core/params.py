@@ -126,9 +126,10 @@ def mha_dims(params) -> MHADims:
     raise ValueError(f"`params`: key/value heads K={kh} (w_k.shape[1]) must "
                      f"divide query heads H={h} (w_q.shape[1])")
   biases = [k for k in ("b_q", "b_k", "b_v", "b_o") if k in params]
-  if biases and len(biases) != 4:
+  # q, k and v without o is Qwen2's layout; any other subset is a mistake.
+  if biases and len(biases) != 4 and biases != ["b_q", "b_k", "b_v"]:
     raise ValueError(f"`params` has biases {biases}; give all of b_q, b_k, b_v,"
-                     " b_o or none")
+                     " b_o, or b_q, b_k, b_v, or none")
   if ("q_norm" in params) != ("k_norm" in params):
     raise ValueError("`params` must have both q_norm and k_norm (QK-norm) "
                      "or neither")

@@ -72,10 +72,29 @@ def rotation(offset: int, head_dim: int, base: float) -> jax.Array:
   return rows[0, :, 0, :]
 
 
+def check_circuit_model(model, fn: str = "composition") -> None:
+  """Refuse, by field, models whose weights these circuits misread: they
+  assume pre-LayerNorm blocks, an untied readout and no final soft cap
+  (the project's own models; a loaded Llama's RMSNorm does not centre,
+  GPT-2's readout is its embedding)."""
+  c = model.config
+  wrong = [f"{name}={getattr(c, name)!r}" for name, ok in (
+      ("norm", c.norm == "layer"),
+      ("norm_placement", c.norm_placement == "pre"),
+      ("parallel_block", not c.parallel_block),
+      ("tie_embeddings", not c.tie_embeddings),
+      ("final_soft_cap", c.final_soft_cap is None)) if not ok]
+  if wrong:
+    raise ValueError(f"{fn}: the circuits here assume pre-LayerNorm blocks, "
+                     f"an untied readout and no final soft cap; the model "
+                     f"has {', '.join(wrong)}")
+
+
 def head_weights(model, layer: int) -> dict:
   """One layer's attention weights with kv heads repeated to H, and the
   scale of the LayerNorm before it: `w_q, w_k [H, D, Dh]`, `w_v [H, D,
   Dv]`, `w_o [H, Dv, D]`, `g [D]`."""
+  check_circuit_model(model, "head_weights")
   block = model.blocks[layer]
   p = block.attn.core_params()
   h, k = p["w_q"].shape[1], p["w_k"].shape[1]
@@ -173,6 +192,7 @@ def copying_score(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
 def _readout(model):
   """`(g_f [D], W_U [D, V])`: the final LayerNorm's scale (ones without
   one) and the readout kernel."""
+  check_circuit_model(model, "composition")
   w_u = model.readout.kernel[...]
   g = (model.final_ln.scale[...] if model.final_ln is not None
        else jnp.ones((w_u.shape[0],)))

@@ -110,14 +110,21 @@ ENCODER_DECODER_KINDS = (
 )
 
 
+# A bidirectional `Encoder` (BERT loaded by mha_jax.pretrained).
+ENCODER_KINDS = (Kind("self", "self-attention (bidirectional)", "inputs",
+                      "inputs", False, "head_mask"),)
+
+
 def kinds_of(model) -> tuple[Kind, ...]:
-  """The attention kinds of a `DecoderLM` or `EncoderDecoder`."""
+  """The attention kinds of a `DecoderLM`, `Encoder` or `EncoderDecoder`."""
   if isinstance(model, transformer.EncoderDecoder):
     return ENCODER_DECODER_KINDS
   if isinstance(model, transformer.DecoderLM):
     return DECODER_KINDS
-  raise TypeError(f"explorer: `model` must be a DecoderLM or EncoderDecoder, "
-                  f"got {type(model).__name__}")
+  if isinstance(model, transformer.Encoder):
+    return ENCODER_KINDS
+  raise TypeError(f"explorer: `model` must be a DecoderLM, Encoder or "
+                  f"EncoderDecoder, got {type(model).__name__}")
 
 
 # ---------------------------------------------------------------- tokens

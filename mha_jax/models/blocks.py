@@ -1,12 +1,20 @@
-"""Transformer building blocks: the input embedding and the pre-LN block.
+"""Transformer building blocks: the input embedding, norms, MLP and block.
 
 Shape letters: B batch, T length, D d_model, F MLP width (inputs: F_in
 features per position), V vocabulary.
 
-Both take a `ModelConfig`; the models in `mha_jax.models.transformer` stack them.
+All take a `ModelConfig`; the models in `mha_jax.models.transformer`
+stack them.
 `TransformerBlock` is where the block-level hook sites live (`resid_pre`,
 `attn_out`, `cross_out`, `resid_mid`, `mlp_out`, `resid_post`; see
 `mha_jax.hooks`) and where each layer's KV cache passes through.
+
+The block's wiring follows `config.norm_placement` and
+`config.parallel_block` (f is attention, g the MLP, N a norm):
+  pre (default, GPT-2, Llama):  x = x + f(N x);  x = x + g(N x)
+  post (BERT):                  x = N(x + f(x)); x = N(x + g(x))
+  sandwich (Gemma 2):           x = x + N'(f(N x)); x = x + N'(g(N x))
+  parallel (GPT-NeoX):          x = x + f(N x) + g(N' x)
 """
 
 from __future__ import annotations
@@ -37,6 +45,45 @@ def common_args(config, rngs):
   return dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
 
 
+class RMSNorm(nnx.Module):
+  """x / rms(x) * (offset + scale), statistics and product in float32.
+
+  `offset` 1 with `scale` starting at 0 is Gemma's (1 + w); 0 with
+  `scale` at 1 is Llama's. The result is cast back to x's dtype once.
+  """
+
+  def __init__(self, d_model: int, *, eps: float, offset: float = 0.0,
+               dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    del rngs  # the scale starts at a constant
+    self.scale = nnx.Param(jnp.full((d_model,), 1.0 - offset, param_dtype))
+    self.eps, self.offset, self.dtype = eps, offset, dtype
+
+  def __call__(self, x):  # [..., D] -> [..., D]
+    dtype = x.dtype if self.dtype is None else self.dtype
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True)
+                            + self.eps)
+    scale = self.offset + self.scale[...].astype(jnp.float32)  # [D]
+    return (xf * scale.reshape((1,) * (x.ndim - 1) + (-1,))).astype(dtype)
+
+
+def make_norm(config: ModelConfig, rngs: nnx.Rngs):
+  """The config's norm over D: LayerNorm (scale and bias) or RMSNorm."""
+  common = common_args(config, rngs)
+  if config.norm == "rms":
+    return RMSNorm(config.d_model, eps=config.norm_eps,
+                   offset=config.norm_offset, **common)
+  return nnx.LayerNorm(config.d_model, epsilon=config.norm_eps, **common)
+
+
+_ACTIVATIONS = {
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_erf": lambda x: jax.nn.gelu(x, approximate=False),
+    "silu": jax.nn.silu,
+    "relu": jax.nn.relu,
+}
+
+
 class Embedder(nnx.Module):
   """Inputs -> `[B, T, D]`: token embedding (or a linear layer on features)
   plus the position scheme's table (rotary acts in attention instead)."""
@@ -50,9 +97,15 @@ class Embedder(nnx.Module):
       self.embed = nnx.Embed(config.vocab_size, config.d_model, **common)
     if config.positions == "learned":
       self.pos_embed = nnx.Embed(config.max_len, config.d_model, **common)
+    if config.type_vocab_size > 0:
+      self.type_embed = nnx.Embed(config.type_vocab_size, config.d_model,
+                                  **common)
+    if config.embed_norm:
+      self.embed_norm = make_norm(config, rngs)
 
-  def __call__(self, inputs, positions):
-    """`inputs [B,T]` tokens or `[B,T,F]` features at `positions [B, T]`."""
+  def __call__(self, inputs, positions, token_types=None):
+    """`inputs [B,T]` tokens or `[B,T,F]` features at `positions [B, T]`;
+    `token_types [B, T]` (None: all 0) with `config.type_vocab_size`."""
     c = self.config
     inputs = jnp.asarray(inputs)
     expect_rank = 3 if c.input_dim > 0 else 2
@@ -64,42 +117,73 @@ class Embedder(nnx.Module):
       raise ValueError(f"`inputs` length {inputs.shape[1]} exceeds the "
                        f"model's `max_len`={c.max_len}")
     x = self.embed(inputs)  # [B, T, D]
+    if c.embed_scale is not None:
+      # In x's dtype, as Gemma's own code rounds sqrt(D) to it.
+      x = x * jnp.asarray(c.embed_scale, x.dtype)
     if c.positions == "learned":
       x = x + self.pos_embed(positions)
     elif c.positions == "sinusoidal":
       table = sinusoidal_positions(c.max_len, c.d_model)
       x = x + table[positions].astype(x.dtype)
+    if c.type_vocab_size > 0:
+      types = (jnp.zeros(inputs.shape[:2], jnp.int32) if token_types is None
+               else jnp.asarray(token_types))
+      if types.shape != inputs.shape[:2]:
+        raise ValueError(f"`token_types` must be [B, T]={inputs.shape[:2]}, "
+                         f"got {types.shape}")
+      x = x + self.type_embed(types)
+    elif token_types is not None:
+      raise ValueError("`token_types` given, but the model has no token-type "
+                       "embeddings (ModelConfig.type_vocab_size=0)")
+    if c.embed_norm:
+      x = self.embed_norm(x)
     return x
 
 
 class TransformerBlock(nnx.Module):
-  """Pre-LayerNorm block: x + Attn(LN x) [+ x + Cross(LN x, ctx)] + MLP(LN x).
+  """One block: attention [+ cross-attention] [+ MLP], wired as
+  `config.norm_placement` and `config.parallel_block` say (the module
+  docstring); by default pre-LN, x + Attn(LN x) [+ Cross] + MLP(LN x).
 
   `config.attention_only` drops the MLP (as in circuit studies of induction
-  heads); `cross_attention=True` adds attention over an encoder output.
-  Hook sites, all `[B, T, D]`: `resid_pre`, `attn_out`, `cross_out` (with
-  cross-attention), `resid_mid` and `mlp_out` (with an MLP), `resid_post`;
-  and those of `attn` (and `cross`).
+  heads); `cross_attention=True` adds attention over an encoder output
+  (pre-LN blocks only). `layer` picks this block's sliding window
+  (`config.window_of`). Hook sites, all `[B, T, D]`: `resid_pre`,
+  `attn_out` (what the attention adds to the stream: after b_o, and after
+  the post-norm of a sandwich block), `cross_out` (with cross-attention),
+  `resid_mid` (sequential blocks with an MLP: the stream between the
+  sublayers) and `mlp_out` (with an MLP), `resid_post`; and those of
+  `attn` (and `cross`).
   """
 
   def __init__(self, config: ModelConfig, *, cross_attention: bool = False,
-               rngs: nnx.Rngs):
+               layer: int = 0, rngs: nnx.Rngs):
     common = common_args(config, rngs)
     attn_kwargs = dict(
         num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-        use_bias=config.use_bias, dropout_rate=config.dropout_rate,
-        rotary_base=config.rotary_base,
+        use_bias=config.use_bias, out_bias=config.has_out_bias,
+        dropout_rate=config.dropout_rate, rotary_base=config.rotary_base,
         implementation=config.implementation, soft_cap=config.logit_soft_cap,
         scale=config.attn_scale, sinks=config.attention_sinks,
         qk_norm=config.qk_norm, **common)
-    self.ln_attn = nnx.LayerNorm(config.d_model, **common)
+    self.placement = config.norm_placement
+    self.parallel = config.parallel_block
+    self.ln_attn = make_norm(config, rngs)
     self.attn = modules.MultiHeadAttention(
         config.d_model, config.num_heads,
         rotary=config.positions == "rotary",
+        rotary_dim=config.rotary_dim, rotary_scaling=config.rotary_scaling,
         alibi=config.positions == "alibi",
-        local_window=config.local_window, **attn_kwargs)
+        local_window=config.window_of(layer), **attn_kwargs)
+    if self.placement == "sandwich":
+      self.ln_attn_post = make_norm(config, rngs)
     self.cross_attention = cross_attention
     if cross_attention:
+      if self.placement != "pre" or self.parallel:
+        raise ValueError("TransformerBlock: cross-attention blocks are "
+                         "pre-LN and sequential; got norm_placement="
+                         f"{self.placement!r}, parallel_block="
+                         f"{self.parallel}")
       self.ln_cross = nnx.LayerNorm(config.d_model, **common)
       # Cross-attention queries and keys live in different sequences, so
       # rotating them by their own positions (or windowing or ALiBi by
@@ -108,9 +192,25 @@ class TransformerBlock(nnx.Module):
           config.d_model, config.num_heads, rotary=False, **attn_kwargs)
     self.attention_only = config.attention_only
     if not config.attention_only:
-      self.ln_mlp = nnx.LayerNorm(config.d_model, **common)
-      self.mlp_in = nnx.Linear(config.d_model, config.mlp_width, **common)
-      self.mlp_out = nnx.Linear(config.mlp_width, config.d_model, **common)
+      self.ln_mlp = make_norm(config, rngs)
+      # The MLP's layers sit on the block itself (`blocks.l.mlp_in`): the
+      # paths of the project's saved models.
+      mlp = dict(common, use_bias=config.mlp_bias)
+      self.mlp_in = nnx.Linear(config.d_model, config.mlp_width, **mlp)
+      if config.mlp_gated:
+        self.mlp_gate = nnx.Linear(config.d_model, config.mlp_width, **mlp)
+      self.mlp_out = nnx.Linear(config.mlp_width, config.d_model, **mlp)
+      self.activation = config.mlp_activation
+      if self.placement == "sandwich":
+        self.ln_mlp_post = make_norm(config, rngs)
+
+  def _mlp(self, x):
+    """`[B, T, D] -> [B, T, D]`: W_out act(x W_in), or gated W_out
+    (act(x W_gate) * x W_in) (SwiGLU with silu, GeGLU with gelu)."""
+    act = _ACTIVATIONS[self.activation]
+    if not hasattr(self, "mlp_gate"):
+      return self.mlp_out(act(self.mlp_in(x)))
+    return self.mlp_out(act(self.mlp_gate(x)) * self.mlp_in(x))
 
   def site_names(self, prefix: str = ""):
     """`(valid, unavailable)` hook names of this block under `prefix`, in
@@ -123,7 +223,8 @@ class TransformerBlock(nnx.Module):
     if self.cross_attention:
       parts += [attn_sites("cross", self.cross), ([f"{prefix}cross_out"], {})]
     if not self.attention_only:
-      parts.append(([f"{prefix}resid_mid", f"{prefix}mlp_out"], {}))
+      mid = [] if self.parallel else [f"{prefix}resid_mid"]
+      parts.append((mid + [f"{prefix}mlp_out"], {}))
     parts.append(([f"{prefix}resid_post"], {}))
     return merge_site_names(parts)
 
@@ -135,14 +236,23 @@ class TransformerBlock(nnx.Module):
     [B, T]` keep packed sequences apart in self-attention."""
     rng = (lambda i: None if dropout_rng is None
            else jax.random.fold_in(dropout_rng, i))
+    post = self.placement == "post"
     x = hooks("resid_pre", x)
     out = self.attn(
-        self.ln_attn(x), mask=mask, is_causal=is_causal, positions=positions,
-        cache=cache, lengths=lengths, hooks=hooks.scope("attn"),
-        deterministic=deterministic, dropout_rng=rng(0),
-        segment_ids=segment_ids)
+        x if post else self.ln_attn(x), mask=mask, is_causal=is_causal,
+        positions=positions, cache=cache, lengths=lengths,
+        hooks=hooks.scope("attn"), deterministic=deterministic,
+        dropout_rng=rng(0), segment_ids=segment_ids)
     y, cache = out if cache is not None else (out, None)
+    if self.placement == "sandwich":
+      y = self.ln_attn_post(y)
+    if self.parallel:  # both sublayers read the block's input
+      y = hooks("attn_out", y)
+      return hooks("resid_post", x + y + hooks(
+          "mlp_out", self._mlp(self.ln_mlp(x)))), cache
     x = x + hooks("attn_out", y)
+    if post:
+      x = self.ln_attn(x)
     if self.cross_attention:
       if context is None:
         raise ValueError("TransformerBlock: a cross-attention block needs "
@@ -153,8 +263,12 @@ class TransformerBlock(nnx.Module):
       x = x + hooks("cross_out", y)
     if not self.attention_only:
       x = hooks("resid_mid", x)
-      y = self.mlp_out(jax.nn.gelu(self.mlp_in(self.ln_mlp(x))))
+      y = self._mlp(x if post else self.ln_mlp(x))
+      if self.placement == "sandwich":
+        y = self.ln_mlp_post(y)
       x = x + hooks("mlp_out", y)
+      if post:
+        x = self.ln_mlp(x)
     return hooks("resid_post", x), cache
 
 

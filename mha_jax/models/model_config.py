@@ -21,6 +21,12 @@ import jax.numpy as jnp
 from mha_jax.core import attention
 
 POSITIONS = ("learned", "sinusoidal", "rotary", "alibi", "none")
+NORMS = ("layer", "rms")
+NORM_PLACEMENTS = ("pre", "post", "sandwich")
+ACTIVATIONS = ("gelu_tanh", "gelu_erf", "silu", "relu")
+# ("linear", factor) or ("llama3", factor, low_freq_factor,
+# high_freq_factor, original_max_len): see `rotary.frequencies`.
+ROTARY_SCALINGS = {"linear": 2, "llama3": 5}
 
 
 class ModelConfigError(ValueError):
@@ -64,6 +70,26 @@ class ModelConfig:
   qk_norm: str | None = None  # None, "rms" or "layer"
   dtype: Any = None  # compute dtype (None: param_dtype)
   param_dtype: Any = jnp.float32  # parameter storage dtype
+  # What pretrained families differ by (mha_jax.pretrained, docs/
+  # pretrained.md); every default is the project's own model.
+  norm: str = "layer"  # one of NORMS: LayerNorm (with bias) or RMSNorm
+  norm_eps: float = 1e-6  # epsilon of every norm (Flax's default)
+  norm_offset: float = 0.0  # RMSNorm multiplies by (offset + w) (Gemma: 1)
+  norm_placement: str = "pre"  # one of NORM_PLACEMENTS (see blocks.py)
+  parallel_block: bool = False  # attention and MLP both read x (GPT-NeoX)
+  mlp_activation: str = "gelu_tanh"  # one of ACTIVATIONS
+  mlp_gated: bool = False  # act(x W_gate) * (x W_in) (SwiGLU, GeGLU)
+  mlp_bias: bool = True  # biases on the MLP's layers
+  out_bias: bool | None = None  # b_o (None: use_bias; Qwen2: q, k, v only)
+  tie_embeddings: bool = False  # readout = x @ token embedding^T
+  readout_bias: bool = True  # a bias on an untied readout
+  embed_scale: float | None = None  # token embeddings times this (Gemma)
+  embed_norm: bool = False  # a norm after the embeddings (BERT)
+  type_vocab_size: int = 0  # > 0: token-type embeddings (BERT's segments)
+  rotary_dim: int | None = None  # features rotated per head (None: Dh)
+  rotary_scaling: tuple | None = None  # see ROTARY_SCALINGS
+  layer_windows: tuple | None = None  # per layer: None or (left, right)
+  final_soft_cap: float | None = None  # logits -> c tanh(logits / c)
 
   def __post_init__(self):
     def need(cond, field, msg):
@@ -129,6 +155,7 @@ class ModelConfig:
       need(not refused, "implementation",
            f"{self.implementation!r} (jax.nn.dot_product_attention) cannot "
            f"run {refused}; use 'flash', 'einsum' or 'vmap'")
+    self._check_family_fields(need)
     for name in ("dtype", "param_dtype"):
       val = getattr(self, name)
       if val is None and name == "dtype":
@@ -138,6 +165,86 @@ class ModelConfig:
       except TypeError:
         ok = False
       need(ok, name, f"must be a floating dtype, got {val!r}")
+
+  def _check_family_fields(self, need):
+    """The fields pretrained families need, each named when wrong."""
+    for name, options in (("norm", NORMS),
+                          ("norm_placement", NORM_PLACEMENTS),
+                          ("mlp_activation", ACTIVATIONS)):
+      val = getattr(self, name)
+      need(val in options, name, f"expected one of {options}, got {val!r}")
+    need(isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0,
+         "norm_eps", f"must be a number > 0, got {self.norm_eps!r}")
+    need(isinstance(self.norm_offset, (int, float)), "norm_offset",
+         f"must be a number, got {self.norm_offset!r}")
+    need(self.norm_offset == 0 or self.norm == "rms", "norm_offset",
+         f"applies to norm='rms' only, got {self.norm_offset} with "
+         f"norm={self.norm!r}")
+    need(not (self.parallel_block and self.norm_placement != "pre"),
+         "parallel_block", "needs norm_placement='pre', got "
+         f"{self.norm_placement!r}")
+    need(not (self.attention_only and (self.parallel_block
+                                       or self.mlp_gated)),
+         "attention_only", "a model without MLPs cannot have "
+         "parallel_block or mlp_gated")
+    need(self.out_bias is None or isinstance(self.out_bias, bool),
+         "out_bias", f"must be None or a bool, got {self.out_bias!r}")
+    need(not (self.out_bias and not self.use_bias), "out_bias",
+         "b_o alone is not a layout; set use_bias=True (q, k, v and o) or "
+         "out_bias=None")
+    if self.tie_embeddings:
+      need(self.input_dim == 0 and self.output_dim == 0, "tie_embeddings",
+           f"needs token inputs and vocabulary outputs, got input_dim="
+           f"{self.input_dim}, output_dim={self.output_dim}")
+      need(not self.readout_bias, "readout_bias",
+           "a tied readout has no bias; set readout_bias=False")
+    need(self.embed_scale is None or (isinstance(
+        self.embed_scale, (int, float)) and self.embed_scale > 0),
+         "embed_scale", f"must be None or a number > 0, got "
+         f"{self.embed_scale!r}")
+    need(isinstance(self.type_vocab_size, int) and self.type_vocab_size >= 0,
+         "type_vocab_size", f"must be an int >= 0, got "
+         f"{self.type_vocab_size!r}")
+    r = self.rotary_dim
+    need(r is None or (isinstance(r, int) and 2 <= r <= self.head_width
+                       and r % 2 == 0), "rotary_dim",
+         f"must be None or an even int in [2, Dh={self.head_width}], got "
+         f"{r!r}")
+    s = self.rotary_scaling
+    if s is not None:
+      ok = (isinstance(s, tuple) and s and s[0] in ROTARY_SCALINGS
+            and len(s) == ROTARY_SCALINGS[s[0]]
+            and all(isinstance(v, (int, float)) and v > 0 for v in s[1:]))
+      need(ok, "rotary_scaling", f"expected None, ('linear', factor) or "
+           "('llama3', factor, low_freq_factor, high_freq_factor, "
+           f"original_max_len) with numbers > 0, got {s!r}")
+    for name in ("rotary_dim", "rotary_scaling"):
+      need(getattr(self, name) is None or self.positions == "rotary", name,
+           f"needs positions='rotary', got {self.positions!r}")
+    w = self.layer_windows
+    if w is not None:
+      ok = (isinstance(w, tuple) and len(w) == self.num_layers and all(
+          x is None or (isinstance(x, tuple) and len(x) == 2 and all(
+              isinstance(i, int) and i >= 0 for i in x)) for x in w))
+      need(ok, "layer_windows", f"must be None or one entry per layer "
+           f"({self.num_layers}), each None or (left, right) ints >= 0, "
+           f"got {w!r}")
+    need(self.final_soft_cap is None or (isinstance(
+        self.final_soft_cap, (int, float)) and self.final_soft_cap > 0),
+         "final_soft_cap", f"must be None or a number > 0, got "
+         f"{self.final_soft_cap!r}")
+
+  def window_of(self, layer: int):
+    """Layer `layer`'s sliding window: `layer_windows[layer]` when given,
+    else `local_window`."""
+    if self.layer_windows is not None:
+      return self.layer_windows[layer]
+    return self.local_window
+
+  @property
+  def has_out_bias(self) -> bool:
+    """Whether attention layers have b_o."""
+    return self.use_bias if self.out_bias is None else self.out_bias
 
   @property
   def head_width(self) -> int:

@@ -39,10 +39,13 @@ class MultiHeadAttention(nnx.Module):
       K = 1 multi-query).
     head_dim: Dh (None: D // H).
     use_bias: add b_q, b_k, b_v, b_o.
+    out_bias: with `use_bias`, False drops b_o (Qwen2's q, k, v biases).
     dropout_rate: attention-weight dropout, applied only when a call passes
       `deterministic=False` and a `dropout_rng`.
     rotary: rotate q and k by their positions (RoPE) before the scores.
-    rotary_base: the RoPE frequency base.
+    rotary_base: the RoPE frequency base; rotary_dim, rotary_scaling: as
+      in `rotary.apply_rotary` (GPT-NeoX's partial rotary, Llama 3's
+      frequencies).
     implementation: the core's `attend` path (a key of
       `attention.IMPLEMENTATIONS`; only "vmap" and "einsum" form weights).
     local_window: `(left, right)`: sliding-window attention (keys at most
@@ -64,8 +67,10 @@ class MultiHeadAttention(nnx.Module):
 
   def __init__(self, d_model: int, num_heads: int, *,
                num_kv_heads: int | None = None, head_dim: int | None = None,
-               use_bias: bool = False, dropout_rate: float = 0.0,
+               use_bias: bool = False, out_bias: bool = True,
+               dropout_rate: float = 0.0,
                rotary: bool = False, rotary_base: float = 10000.0,
+               rotary_dim: int | None = None, rotary_scaling=None,
                implementation: str = "vmap", local_window=None,
                soft_cap=None, scale=None, sinks: bool = False,
                qk_norm: str | None = None, alibi: bool = False,
@@ -83,6 +88,8 @@ class MultiHeadAttention(nnx.Module):
     core = params_lib.init_mha_params(
         rngs.params(), d_model, num_heads, num_kv_heads=num_kv_heads,
         head_dim=head_dim, use_bias=use_bias, dtype=param_dtype)
+    if use_bias and not out_bias:
+      del core["b_o"]
     dh = core["w_q"].shape[-1]
     if qk_norm is not None:
       core["q_norm"] = jnp.ones((dh,), param_dtype)
@@ -108,6 +115,7 @@ class MultiHeadAttention(nnx.Module):
     self.dropout_rate = dropout_rate
     self.rotary = rotary
     self.rotary_base = rotary_base
+    self.rotary_dim, self.rotary_scaling = rotary_dim, rotary_scaling
     self.implementation = implementation
     self.dtype = dtype
 
@@ -182,6 +190,7 @@ class MultiHeadAttention(nnx.Module):
         params, x_q, x_kv, mask=mask, is_causal=is_causal,
         implementation=self.implementation,
         rotary_base=self.rotary_base if self.rotary else None,
+        rotary_dim=self.rotary_dim, rotary_scaling=self.rotary_scaling,
         positions=positions, kv_positions=kv_positions, cache=cache,
         lengths=lengths, dropout_rate=rate, dropout_rng=dropout_rng,
         hooks=hooks, qk_norm=self.qk_norm or "rms", rules=self._rules(

@@ -99,6 +99,13 @@ def _make_hooks(model, capture, patch, head_masks, weight_sites):
   return hooks, capture
 
 
+def _make_blocks(config, rngs, **kwargs):
+  """The L blocks, each told its layer (for `config.layer_windows`)."""
+  return nnx.List([blocks_lib.TransformerBlock(config, layer=l, rngs=rngs,
+                                               **kwargs)
+                   for l in range(config.num_layers)])
+
+
 def _block_sites(blocks, prefix=""):
   """Each block's `site_names`, addressed `<prefix>blocks.<l>.`."""
   return [b.site_names(f"{prefix}blocks.{l}.") for l, b in enumerate(blocks)]
@@ -148,11 +155,13 @@ class DecoderLM(_HookNames, nnx.Module):
     common = blocks_lib.common_args(config, rngs)
     self.config = config
     self.embed = blocks_lib.Embedder(config, rngs=rngs)
-    self.blocks = nnx.List([blocks_lib.TransformerBlock(config, rngs=rngs)
-                            for _ in range(config.num_layers)])
-    self.final_ln = (nnx.LayerNorm(config.d_model, **common)
+    self.blocks = _make_blocks(config, rngs)
+    self.final_ln = (blocks_lib.make_norm(config, rngs)
                      if config.final_ln else None)
-    self.readout = nnx.Linear(config.d_model, config.out_features, **common)
+    # A tied readout reuses the token embedding (`embed.embed.attend`).
+    self.readout = None if config.tie_embeddings else nnx.Linear(
+        config.d_model, config.out_features, use_bias=config.readout_bias,
+        **common)
 
   def hook_sites(self):
     """`(names, unavailable)`: every hook site of this model in the order
@@ -220,48 +229,70 @@ class DecoderLM(_HookNames, nnx.Module):
       x = self.final_ln(x)
     weights = ({"self": _patterns("blocks.{}.attn.pattern", c.num_layers)}
                if return_weights else None)
-    return _outputs(self.readout(x), cache=new_cache, capture=capture,
+    return _outputs(self.logits(x), cache=new_cache, capture=capture,
                     hooks=hooks, weights=weights)
+
+  def logits(self, x):
+    """The readout of the final stream `x [B, T, D]` -> `[B, T, V or O]`:
+    the readout layer or the tied embedding, then the final soft cap."""
+    c = self.config
+    y = (self.embed.embed.attend(x) if self.readout is None
+         else self.readout(x))
+    if c.final_soft_cap is not None:
+      y = c.final_soft_cap * jnp.tanh(y / c.final_soft_cap)
+    return y
 
 
 class Encoder(_HookNames, nnx.Module):
   """Bidirectional encoder over tokens with a key-padding mask.
 
-  Token `PAD_ID` (0) marks padding: no query attends to a padded key.
-  Ends with a LayerNorm; returns `[B, S, D]` (and `{"self": [L,B,H,S,S]}`).
+  Token `PAD_ID` (0) marks padding: no query attends to a padded key,
+  unless the call passes its own `mask`. Ends with a norm (unless
+  `config.final_ln` is False, as in BERT's post-LN blocks); returns
+  `[B, S, D]` (and `{"self": [L,B,H,S,S]}`).
   """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
     self.embed = blocks_lib.Embedder(config, rngs=rngs)
-    self.blocks = nnx.List([blocks_lib.TransformerBlock(config, rngs=rngs)
-                            for _ in range(config.num_layers)])
-    self.final_ln = nnx.LayerNorm(config.d_model,
-                                  **blocks_lib.common_args(config, rngs))
+    self.blocks = _make_blocks(config, rngs)
+    self.final_ln = (blocks_lib.make_norm(config, rngs)
+                     if config.final_ln else None)
 
   def hook_sites(self):
     """`(names, unavailable)`, as `DecoderLM.hook_sites`."""
     return blocks_lib.merge_site_names(_block_sites(self.blocks))
 
-  def encode(self, tokens, hooks, *, deterministic=True, dropout_rng=None):
-    """`tokens [B, S]` -> `[B, S, D]` with `hooks` scoped to this encoder."""
+  def encode(self, tokens, hooks, *, mask=None, token_types=None,
+             deterministic=True, dropout_rng=None):
+    """`tokens [B, S]` -> `[B, S, D]` with `hooks` scoped to this encoder;
+    `mask [B, S]` (bool, True = a real token; None: tokens != PAD_ID)."""
     positions = _default_positions(tokens)
-    key_valid = (tokens != PAD_ID)[:, None, None, :]  # [B, 1, 1, S]
-    x = self.embed(tokens, positions)
+    if mask is None:
+      mask = tokens != PAD_ID
+    elif jnp.shape(mask) != jnp.shape(tokens):
+      raise ValueError(f"Encoder: `mask` must be [B, S]={jnp.shape(tokens)} "
+                       f"(True = a real token), got {jnp.shape(mask)}")
+    key_valid = jnp.asarray(mask, bool)[:, None, None, :]  # [B, 1, 1, S]
+    x = self.embed(tokens, positions, token_types)
     x, _ = _run_blocks(self.blocks, x, hooks, positions=positions,
                        mask=key_valid, deterministic=deterministic,
                        dropout_rng=dropout_rng)
-    return self.final_ln(x)
+    return x if self.final_ln is None else self.final_ln(x)
 
-  def __call__(self, tokens, *, head_mask=None, capture=(), patch=None,
-               deterministic=True, dropout_rng=None, return_weights=False):
+  def __call__(self, tokens, *, mask=None, token_types=None, head_mask=None,
+               capture=(), patch=None, deterministic=True, dropout_rng=None,
+               return_weights=False):
+    """`tokens [B, S]` -> `[B, S, D]`; `mask [B, S]` marks real tokens
+    (None: tokens != PAD_ID), `token_types [B, S]` with
+    `config.type_vocab_size`; the rest as `DecoderLM`."""
     c = self.config
     hooks, capture = _make_hooks(
         self, capture, patch, {("head_mask", "blocks.{}.attn.z"): head_mask},
         _patterns("blocks.{}.attn.pattern", c.num_layers)
         if return_weights else ())
-    x = self.encode(tokens, hooks, deterministic=deterministic,
-                    dropout_rng=dropout_rng)
+    x = self.encode(tokens, hooks, mask=mask, token_types=token_types,
+                    deterministic=deterministic, dropout_rng=dropout_rng)
     weights = ({"self": _patterns("blocks.{}.attn.pattern", c.num_layers)}
                if return_weights else None)
     return _outputs(x, capture=capture, hooks=hooks, weights=weights)
@@ -274,9 +305,7 @@ class Decoder(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     common = blocks_lib.common_args(config, rngs)
     self.embed = blocks_lib.Embedder(config, rngs=rngs)
-    self.blocks = nnx.List([
-        blocks_lib.TransformerBlock(config, cross_attention=True, rngs=rngs)
-        for _ in range(config.num_layers)])
+    self.blocks = _make_blocks(config, rngs, cross_attention=True)
     self.final_ln = nnx.LayerNorm(config.d_model, **common)
     self.readout = nnx.Linear(config.d_model, config.out_features, **common)
 

@@ -63,8 +63,11 @@ def _key_name(entry) -> str:
 
 
 # Module names of the two halves of an MLP. `TransformerBlock` calls them
-# `mlp_in` / `mlp_out`; the others are common spellings elsewhere.
-_MLP_UP = ("mlp_in", "up", "up_proj", "fc1", "linear1", "w_in", "wi")
+# `mlp_in` / `mlp_out` (and a gated MLP's gate `mlp_gate`, split on F like
+# `mlp_in` so that their product stays on one device); the others are
+# common spellings elsewhere.
+_MLP_UP = ("mlp_in", "mlp_gate", "up", "up_proj", "gate_proj", "fc1",
+           "linear1", "w_in", "wi")
 _MLP_DOWN = ("mlp_out", "down", "down_proj", "fc2", "linear2", "w_out", "wo")
 # Trailing path entries that are not names: an NNX Variable's payload.
 _WRAPPERS = ("value", "raw_value")

@@ -101,7 +101,7 @@ MHA_CASES = [
     ("params partial biases", lambda: mha(_without(P_BIAS, "b_k", "b_v",
                                                    "b_o"), X),
      ValueError, r"`params` has biases \['b_q'\]; give all of b_q, b_k, b_v,"
-     r" b_o or none"),
+     r" b_o, or b_q, b_k, b_v, or none"),
     ("params not a dict", lambda: mha(list(P.values()), X),
      TypeError, r"`params` must be a dict from init_mha_params, got list"),
     ("mha_dims missing keys", lambda: mha_jax.mha_dims(_without(P, "w_k",

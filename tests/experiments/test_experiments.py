@@ -454,7 +454,9 @@ def test_every_entry_point_has_an_end_to_end_test():
             "explore", "circuits",
             # explore: tests/interp/test_explore.py; text_heads: tests/training/test_text.py;
             # sinks: tests/experiments/test_sinks.py
-            "text_heads", "sinks"}
+            "text_heads", "sinks",
+            # pretrained_bench: tests/pretrained/test_pretrained_bench.py
+            "pretrained_bench"}
   helpers = {"__init__",
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
   found = {p.stem for p in (ROOT / "experiments").iterdir()

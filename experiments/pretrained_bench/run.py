@@ -1,0 +1,128 @@
+"""The measurements of `python -m experiments.pretrained_bench`.
+
+Loading: each load runs in its own process (`load_child.py`), which
+reports the seconds from call to weights on the device and the peak RSS
+above the RSS after its imports, divided by the checkpoint's size: a
+loader that held the checkpoint twice would be near 2, one that streams
+it near 1. Speed: forward and loss + gradient of the loaded MiniLM on
+one batch, mha_jax (each attention path, jitted) against transformers
+(torch, 2 threads), median and minimum of repeated calls, as ratios of
+the minima to torch's.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import mha_jax
+from mha_jax.measure import timing
+from mha_jax.pretrained import layout
+from mha_jax.pretrained import llama
+from mha_jax.pretrained import safetensors_files
+from mha_jax.pretrained import weights
+
+
+def write_big_llama(directory: pathlib.Path, *, layers=6, d=1024,
+                    vocab=16000, seed=0) -> pathlib.Path:
+  """A random Llama-family checkpoint of about 0.5 GB (float32), written
+  from the family's table, for the load benchmark."""
+  hf = dict(model_type="llama", architectures=["LlamaForCausalLM"],
+            vocab_size=vocab, hidden_size=d, intermediate_size=4 * d,
+            num_hidden_layers=layers, num_attention_heads=16,
+            num_key_value_heads=4, max_position_embeddings=2048,
+            rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+  directory.mkdir(parents=True, exist_ok=True)
+  (directory / "config.json").write_text(json.dumps(hf))
+  config = mha_jax.pretrained.load_config(directory)
+  sizes = weights.axis_sizes(config)
+  rng = np.random.default_rng(seed)
+  tensors = {}
+  for source, rule, paths in weights.expand(llama.LLAMA, layers):
+    if any(s in source for s in (".bias",)):
+      continue
+    shape = layout.shape_of(rule.src, sizes)
+    tensors[weights.checkpoint_name(llama.LLAMA, source, paths)] = (
+        rng.standard_normal(shape, np.float32) * 0.02)
+  safetensors_files.write(tensors, directory / safetensors_files.SINGLE,
+                          metadata={"format": "pt"})
+  return directory
+
+
+def checkpoint_mb(directory: pathlib.Path) -> float:
+  return sum(p.stat().st_size for p in directory.glob("*.safetensors")) / 2**20
+
+
+def measure_load(directory, loader: str) -> dict:
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.pretrained_bench.load_child",
+       str(directory), loader], check=True, capture_output=True, text=True)
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  size = checkpoint_mb(pathlib.Path(directory))
+  return dict(r, checkpoint_mb=size,
+              peak_over_size=(r["peak_mb"] - r["base_mb"]) / size)
+
+
+def _loss(hidden, m):
+  """A scalar of the encoder's output `hidden [B, T, D]`: the mean square
+  of the mean-pooled sentence vectors (what a sentence-embedding loss
+  reads); `m [B, T, 1]` is 1.0 on real tokens."""
+  pooled = (hidden * m).sum(1) / m.sum(1)
+  return (pooled ** 2).mean()
+
+
+def measure_speed(directory, ids, mask, *, implementations=("flash",
+                                                            "einsum"),
+                  warmup=2, repeats=10) -> dict:
+  """`[median, min]` seconds of forward and loss+grad: mha_jax per path,
+  and torch (the minimum, since noise on a shared machine only adds)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(2)
+  out = {}
+  for impl in implementations:
+    model = mha_jax.load_pretrained(directory, implementation=impl)
+    graphdef, state = nnx.split(model)
+
+    def hidden(state, ids, mask, graphdef=graphdef):
+      return nnx.merge(graphdef, state)(ids, mask=mask)
+
+    fwd = jax.jit(hidden)
+    grad = jax.jit(jax.value_and_grad(
+        lambda s, i, m: _loss(hidden(s, i, m), m[..., None].astype(
+            jnp.float32))))
+    args = (state, jnp.asarray(ids), jnp.asarray(mask))
+    out[impl] = {"forward": timing.median_time(fwd, args, warmup=warmup,
+                                               repeats=repeats)[0],
+                 "loss_grad": timing.median_time(grad, args, warmup=warmup,
+                                                 repeats=repeats)[0]}
+  hf = transformers.BertModel.from_pretrained(directory).eval()
+  t_ids = torch.tensor(ids, dtype=torch.long)
+  t_mask = torch.tensor(mask, dtype=torch.long)
+
+  def torch_fwd():
+    with torch.no_grad():
+      return hf(input_ids=t_ids, attention_mask=t_mask).last_hidden_state
+
+  def torch_grad():
+    hf.zero_grad()
+    h = hf(input_ids=t_ids, attention_mask=t_mask).last_hidden_state
+    loss = _loss(h, t_mask[..., None].float())
+    loss.backward()
+    return loss
+
+  # median_time's block_until_ready passes torch tensors through.
+  out["torch"] = {name: timing.median_time(fn, (), warmup=warmup,
+                                           repeats=repeats)[0]
+                  for name, fn in (("forward", torch_fwd),
+                                   ("loss_grad", torch_grad))}
+  return out
+

@@ -1,0 +1,20 @@
+"""Hugging Face checkpoints in and out of mha_jax (docs/pretrained.md).
+
+`load_pretrained(path)` reads a local directory (config.json,
+model.safetensors or shards, no torch) into a `DecoderLM` or `Encoder`;
+`save_pretrained(model, path)` writes one back; `load_tokenizer(path)`
+reads tokenizer.json. Families: gpt2, llama, mistral, qwen2, gemma2,
+gpt_neox, bert. This layer imports only hooks, the core and the models.
+"""
+
+from mha_jax.pretrained.errors import PretrainedError
+from mha_jax.pretrained.families import FAMILIES
+from mha_jax.pretrained.load import load_config
+from mha_jax.pretrained.load import load_pretrained
+from mha_jax.pretrained.save import save_pretrained
+from mha_jax.pretrained.tokenizer import encode
+from mha_jax.pretrained.tokenizer import labels
+from mha_jax.pretrained.tokenizer import load_tokenizer
+
+__all__ = ["PretrainedError", "FAMILIES", "load_config", "load_pretrained",
+           "save_pretrained", "encode", "labels", "load_tokenizer"]

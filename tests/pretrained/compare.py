@@ -1,0 +1,45 @@
+"""The mha_jax side of the comparisons: one call that returns what
+`hf_models.run` returns, from the hook sites of a loaded model."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+U32 = 2.0 ** -24  # float32's unit roundoff
+U_BF16 = 2.0 ** -8  # bfloat16's
+
+
+def rel(a, b):
+  """Relative error in norm of `a` against the reference `b`."""
+  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def model_kwargs(family, batch):
+  """The HF batch as the mha_jax model's call arguments."""
+  kw = {}
+  if family == "bert":
+    kw = dict(mask=jnp.asarray(batch["attention_mask"].numpy() == 1),
+              token_types=jnp.asarray(batch["token_type_ids"].numpy()))
+  return jnp.asarray(batch["input_ids"].numpy()), kw
+
+
+def run(model, family, batch):
+  """`{"main", "stream", "patterns"}` as float64 NumPy arrays: logits (or
+  the encoder's output), `[L + 1, B, T, D]` each block's `resid_pre` and
+  the last `resid_post`, and `[L, B, H, T, T]` patterns; jitted once."""
+  n = model.config.num_layers
+  names = tuple(f"blocks.{l}.resid_pre" for l in range(n)) + (
+      f"blocks.{n - 1}.resid_post",)
+  tokens, kw = model_kwargs(family, batch)
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def forward(state, tokens, kw):
+    m = nnx.merge(graphdef, state)
+    return m(tokens, capture=names, return_weights=True, **kw)
+
+  main, acts, weights = forward(state, tokens, kw)
+  f64 = lambda x: np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+  return dict(main=f64(main), stream=np.stack([f64(acts[s]) for s in names]),
+              patterns=f64(weights["self"]))

@@ -1,0 +1,59 @@
+"""Loaded checkpoints agree with transformers on the same weights.
+
+For each family, a tiny random transformers model (tests/pretrained/
+hf_models.py) is saved in safetensors and loaded by mha_jax; logits,
+every layer's residual stream and every attention pattern are compared
+with transformers' float64 run of the same model.
+
+Bounds. Two float32 runs of transformers give identical bits, so its
+noise floor is its distance from float64: 0.9e-7 to 7.1e-7 relative in
+norm (1.5 to 12 float32 roundings) over the families and quantities.
+mha_jax in float32 measured 0.83 to 1.24 times that distance, so each
+quantity must be within twice transformers' own float32 error. bfloat16:
+the parameters are rounded to bf16 on both sides (so only the compute
+differs) and the reference is the float64 run on those weights. One
+bf16 rounding errs by u = 2**-8 relative; a layer is held to 4 u
+(docs/testing.md), and these 2-3 layer stacks add a rounded residual sum
+per sublayer: measured 1.0 to 3.7 u for mha_jax and 0.9 to 4.2 u for
+transformers' own bf16 run, so the bound is 8 u.
+"""
+
+import copy
+
+import jax.numpy as jnp
+import pytest
+import torch
+
+import mha_jax
+from tests.pretrained import compare
+from tests.pretrained import hf_models
+
+FAMILIES = tuple(hf_models.CONFIGS)
+QUANTITIES = ("main", "stream", "patterns")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float32_within_twice_transformers_own_error(built, family):
+  b = built(family)
+  model = mha_jax.load_pretrained(b.directory)
+  ours = compare.run(model, family, b.batch)
+  for q in QUANTITIES:
+    assert ours[q].shape == b.out64[q].shape, q
+    floor = compare.rel(b.out32[q], b.out64[q])
+    assert 0 < floor < 50 * compare.U32, (q, floor)  # a real float32 run
+    err = compare.rel(ours[q], b.out64[q])
+    assert err <= 2 * floor, (q, err, floor)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bfloat16_within_8_roundings(built, family):
+  b = built(family)
+  model = mha_jax.load_pretrained(b.directory, param_dtype=jnp.bfloat16)
+  assert model.blocks[0].attn.w_q[...].dtype == jnp.bfloat16
+  # The reference: float64 compute on the same bf16-rounded weights.
+  ref = copy.deepcopy(b.model).to(torch.bfloat16).double()
+  ref_out = hf_models.run(ref, b.batch)
+  ours = compare.run(model, family, b.batch)
+  for q in QUANTITIES:
+    err = compare.rel(ours[q], ref_out[q])
+    assert err <= 8 * compare.U_BF16, (q, err / compare.U_BF16)
