@@ -107,8 +107,14 @@ def _defined_flags(path: pathlib.Path, seen=None) -> set[str]:
 
 
 def _default_config(path: pathlib.Path) -> str | None:
-  """The default of `DEFINE_config_file("config", default)` in `path`."""
+  """The default of `DEFINE_config_file("config", default)` in `path`, or
+  of `cli.experiment_flags(config=default, ...)`."""
   for node in ast.walk(ast.parse(path.read_text())):
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "experiment_flags"):
+      for k in node.keywords:
+        if k.arg == "config" and isinstance(k.value, ast.Constant):
+          return k.value.value
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
         and node.func.attr == "DEFINE_config_file" and node.args
         and isinstance(node.args[0], ast.Constant)

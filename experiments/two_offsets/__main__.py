@@ -14,25 +14,12 @@ explorer.html (every head of one continuous model, in a browser) into
 
 from __future__ import annotations
 
-import pathlib
-
-from absl import app
-from absl import flags
-from ml_collections import config_flags
-
+from experiments import cli
 from experiments.two_offsets import report
 from experiments.two_offsets import run as run_lib
-from mha_jax.measure import report as report_lib
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "configs/two_offsets.py", "The experiment's config file; "
-    "override fields as --config.train.num_steps=...", lock_config=True)
-_WORKDIR = flags.DEFINE_string(
-    "workdir", "runs/two_offsets", "Output folder: report.md, results.json, "
-    "PNGs and one sub-folder per training run.")
-_REUSE_RUNS = flags.DEFINE_bool(
-    "reuse_runs", False, "Load a finished run whose config.json matches "
-    "instead of training it again (to redo only the analysis).")
+_FLAGS = cli.experiment_flags(
+    config="configs/two_offsets.py", workdir="runs/two_offsets")
 
 
 def run(config, workdir, *, reuse_runs: bool = False) -> dict:
@@ -41,11 +28,5 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
   return report.write(config, results, workdir)
 
 
-def main(argv):
-  report_lib.check_no_arguments(argv)
-  run(_CONFIG.value, _WORKDIR.value, reuse_runs=_REUSE_RUNS.value)
-  print(f"Report: {pathlib.Path(_WORKDIR.value) / 'report.md'}")
-
-
 if __name__ == "__main__":
-  app.run(main)
+  cli.main(run, _FLAGS)

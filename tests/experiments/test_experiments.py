@@ -457,7 +457,7 @@ def test_every_entry_point_has_an_end_to_end_test():
             "text_heads", "sinks",
             # pretrained_bench: tests/pretrained/test_pretrained_bench.py
             "pretrained_bench"}
-  helpers = {"__init__",
+  helpers = {"__init__", "cli",  # cli: the flags every experiment shares
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
   found = {p.stem for p in (ROOT / "experiments").iterdir()
            if p.suffix == ".py" or (p / "__main__.py").exists()} - helpers
