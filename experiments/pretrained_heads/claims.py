@@ -64,8 +64,9 @@ def _sep_claim(r):
       f"uniform {report_lib.fmt(h['sep']['uniform']['mean'])}), while "
       f"[CLS] takes up to {report_lib.fmt(cls_v)} of a layer's attention "
       f"(layer {cls_l}; uniform "
-      f"{report_lib.fmt(h['cls']['uniform']['mean'])}): where BERT-base "
-      "parks attention on [SEP], this model parks it on [CLS]. "
+      f"{report_lib.fmt(h['cls']['uniform']['mean'])})"
+      + (": where BERT-base parks attention on [SEP], this model parks it "
+         "on [CLS]. " if cls_v > 0.5 * sep_v + 0.25 else ". ") +
       f"{len(_above(r, 'cls'))} heads put more than half their weight on "
       f"[CLS], {len(_above(r, 'sep'))} on [SEP] and "
       f"{len(_above(r, 'punct'))} on punctuation.")
@@ -74,6 +75,7 @@ def _sep_claim(r):
 def _gradient_claim(r):
   g = r["gradient"]
   ratio = np.asarray(g["sep_over_other"]["mean"])
+  share = float(np.max(g["sep_share"]["mean"]))
   cells = ", ".join(f"{v:.2f}" for v in ratio)
   return (
       "**[SEP] as a no-op.** Clark et al. (Sec. 3.2, Fig. 3) saw the "
@@ -81,22 +83,26 @@ def _gradient_claim(r):
       "become very small from layer 5 on, while attention to [SEP] stayed "
       "high, and read attending to [SEP] as a no-op. Here the gradient per "
       "weight on [SEP] keys over that on other keys is, layer by layer, "
-      f"{cells}, beside a share on [SEP] of at most "
-      f"{report_lib.fmt(float(np.max(g['sep_share']['mean'])))}: this "
-      "model attends little to [SEP], so the no-op reading has little "
-      "attention to explain; the table gives the intervals.")
+      f"{cells}, beside a layer share on [SEP] of at most "
+      f"{report_lib.fmt(share)}. Per weight, the embedding is "
+      f"{'less' if ratio[-1] < 1 else 'more'} sensitive to attention on "
+      f"[SEP] than elsewhere in the last layer"
+      + (", but with so little attention on [SEP] there is little parked "
+         "attention for a no-op reading to explain" if share < 0.1 else "")
+      + "; the table gives the intervals.")
 
 
 def _entropy_claim(r):
   h = r["heads"]["entropy"]
   lt = np.asarray(h["layer_trained"]["mean"])
-  low = int(np.argmin(lt)) + 1
+  low, high = int(np.argmin(lt)) + 1, int(np.argmax(lt)) + 1
   return (
       "**Broad and focused heads.** Clark et al. (Sec. 3.3, Fig. 4) found "
       "broad heads in the lower layers (entropy close to uniform) and "
-      "focused heads after them. Here layer 1's mean entropy is "
-      f"{report_lib.fmt(float(lt[0]))} nats and the lowest layer mean "
-      f"{report_lib.fmt(float(lt.min()))} (layer {low}); uniform attention "
+      "focused heads after them. Here the broadest layer is layer "
+      f"{high} (mean entropy {report_lib.fmt(float(lt.max()))} nats), the "
+      f"most focused layer {low} ({report_lib.fmt(float(lt.min()))}); "
+      "uniform attention "
       f"over the same tokens gives {report_lib.fmt(h['uniform']['mean'])} "
       "and the re-initialised model's layers "
       f"{report_lib.fmt(float(np.min(h['layer_init']['mean'])))} to "
@@ -126,10 +132,25 @@ def _pruning_claim(config, r):
       "a few specialised heads doing most of the work. Here "
       f"{counts['zero']} of {n} heads lower the ranking margin, alone and "
       "with an interval below 0, under zero ablation; removing heads least "
-      "harmful first, accuracy first drops more than "
-      f"{config.experiment.degrade_by} below the clean model's at "
-      f"{p['ranked']['first_degraded']} heads removed, and at "
-      f"{p['random']['first_degraded']} in the random orders.")
+      "harmful first, accuracy " + degraded_text(config, r) + " The task "
+      "is partly solved without attention: with every head removed "
+      f"accuracy is {report_lib.fmt(p['ranked']['accuracy'][-1])} against "
+      f"{report_lib.fmt(p['ranked']['accuracy'][0])} with all, so the "
+      "margin is the more telling column.")
+
+
+def degraded_text(config, r):
+  """When the ranked and random pruning curves first lose `degrade_by`."""
+  p, e = r["pruning"], config.experiment
+  ranked = p["ranked"]["first_degraded"]
+  rand = [k for k in p["random"]["first_degraded"] if k is not None]
+  return (
+      f"{'never' if ranked is None else 'first'} falls more than "
+      f"{e.degrade_by} below the clean model's"
+      + ("" if ranked is None else f" at {ranked} heads removed")
+      + f" on the ranked curve; on the random orders it does at "
+      + (", ".join(str(k) for k in rand) or "none") + " heads removed "
+      f"({len(rand)} of {len(p['random']['first_degraded'])} orders).")
 
 
 def _differences(r):
@@ -138,9 +159,9 @@ def _differences(r):
       "layers of 12 heads of width 32 (BERT-base: 12 layers of 12 heads of "
       "width 64), was distilled from a larger model and then trained "
       "contrastively on sentence pairs for mean-pooled embeddings, not for "
-      "masked-LM on [CLS] a [SEP] b [SEP] inputs; a pair with [SEP] in the "
-      "middle is therefore further from its training inputs than from "
-      "BERT's. Clark et al.'s numbers are from 1000 Wikipedia segments of "
+      "masked-LM on [CLS] a [SEP] b [SEP] inputs (a bi-encoder reads one "
+      "sentence at a time), so a pair with [SEP] in the middle is less like "
+      "its training inputs than like BERT's. Clark et al.'s numbers are from 1000 Wikipedia segments of "
       "two paragraphs; these are sentence pairs of technical "
       "documentation.")
 

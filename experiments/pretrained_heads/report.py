@@ -230,10 +230,7 @@ def _sections(config, r):
       f"the rank half's single-head margin drop, scored on the test half, "
       f"against {e.random_orders} random orders; differences are ranked "
       f"minus the random orders' mean, paired per test triple. Accuracy "
-      f"first falls more than {e.degrade_by} below the clean model's at "
-      f"{p['ranked']['first_degraded']} heads removed in the ranked order "
-      f"and at {p['random']['first_degraded']} in the random orders "
-      f"(None: not on the curve).",
+      f"{claims.degraded_text(config, r)}",
       _pruning_table(r),
       "![pruning](pruning.png)",
   ]

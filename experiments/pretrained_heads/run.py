@@ -225,8 +225,9 @@ def _pruning(model, half, ablation, e) -> dict:
 
 def _explorer(model, init_model, tok, pairs_, workdir, e, info):
   """The explorer page of a few short pairs (real tokens as labels)."""
-  short = sorted(pairs_, key=lambda p: len(p["a"]) + len(p["b"]))
-  chosen = short[len(short) // 10: len(short) // 10 + e.explorer_pairs]
+  # The shortest pairs: the page stores L * H * T^2 weights.
+  chosen = sorted(pairs_, key=lambda p: len(p["a"]) + len(p["b"]))[
+      :e.explorer_pairs]
   ids, _, _ = pretrained.encode_pairs(tok, [(p["a"], p["b"]) for p in chosen],
                                       max_len=e.max_len)
   explorer.write_explorer(
