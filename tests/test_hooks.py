@@ -470,3 +470,61 @@ def test_every_site_name_ends_in_a_known_kind():
       config, rngs=nnx.Rngs(0)).hook_names()
   kinds = {n.rsplit(".", 1)[-1] for n in names}
   assert kinds == set(hooks.ATTENTION_SITES + hooks.BLOCK_SITES)
+
+
+# ------------------------------------------- where q and k sit, patch order
+
+
+def _scores_of(q, k):
+  """Scaled q.k `[B, H, T, T]` of q `[B, T, H, Dh]`, k `[B, T, K, Dh]`
+  (query head i reads kv head i // (H / K)), -inf above the diagonal."""
+  k = jnp.repeat(k, H // K, axis=2)
+  s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  return jnp.where(np.tril(np.ones((T, T), bool)), s, -jnp.inf)
+
+
+def test_captured_and_patched_q_and_k_are_after_rotary():
+  """The scores are the captured q.k: captured before rotary they would
+  not be (the model is rotary). A patched q or k is what the scores see,
+  not rotated again (a fixed value from another run, which a rotation
+  does not commute with)."""
+  assert MODEL.config.positions == "rotary"
+  _, acts = run(MODEL, TOKENS, capture=ALL_SITES)
+  for l in range(L):
+    p = f"blocks.{l}.attn."
+    np.testing.assert_allclose(acts[p + "scores"],
+                               _scores_of(acts[p + "q"], acts[p + "k"]),
+                               rtol=1e-5, atol=1e-5, err_msg=p)
+  _, other = run(MODEL, _tokens(seed=1), capture=ALL_SITES)
+  sites = ("blocks.0.attn.k", "blocks.0.attn.scores", "blocks.1.attn.q",
+           "blocks.1.attn.k", "blocks.1.attn.scores")
+  _, got = run(MODEL, TOKENS, capture=sites, patch={
+      "blocks.0.attn.q": other["blocks.0.attn.q"],
+      "blocks.1.attn.k": other["blocks.1.attn.k"]})
+  np.testing.assert_allclose(
+      got["blocks.0.attn.scores"],
+      _scores_of(other["blocks.0.attn.q"], got["blocks.0.attn.k"]),
+      rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      got["blocks.1.attn.scores"],
+      _scores_of(got["blocks.1.attn.q"], other["blocks.1.attn.k"]),
+      rtol=1e-5, atol=1e-5)
+
+
+def test_head_mask_gates_z_before_a_patch_of_the_same_site():
+  """`Hooks.extend`'s promise: the new patch (head_mask's gate) runs
+  first, the user's own after it. A head the mask zeroes and the user
+  then replaces holds the user's value (gated after, it would be 0)."""
+  site = "blocks.1.attn.z"
+  gates = jnp.ones((L, H)).at[1, 2].set(0.0).at[1, 0].set(0.5)
+  _, clean = run(MODEL, TOKENS, capture=(site,))
+  _, other = run(MODEL, _tokens(seed=1), capture=(site,))
+  _, got = run(MODEL, TOKENS, capture=(site,), head_mask=gates,
+               patch=hooks.replace(site, other[site], heads=2))
+  want = np.asarray(clean[site]) * np.asarray(gates[1])[:, None]
+  want[:, :, 2] = other[site][:, :, 2]
+  np.testing.assert_allclose(got[site], want, rtol=1e-6, atol=1e-7)
+  # The order in `extend` itself, with two functions that do not commute.
+  h = hooks.Hooks(patch={"z": lambda x: x + 1.0}).extend(
+      patch={"z": lambda x: x * 3.0})
+  np.testing.assert_array_equal(h("z", jnp.ones(2)), jnp.full(2, 4.0))
