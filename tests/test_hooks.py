@@ -430,8 +430,8 @@ def test_replace_takes_the_slice_an_int_index_picks():
         site, value, heads=2, positions=4)), whole)
   one_head = run(MODEL, TOKENS, patch=hooks.replace(site, z[:, :, 2],
                                                     heads=2))
-  np.testing.assert_array_equal(one_head, run(MODEL, TOKENS, patch=hooks.replace(
-      site, z, heads=2)))
+  np.testing.assert_array_equal(one_head, run(
+      MODEL, TOKENS, patch=hooks.replace(site, z, heads=2)))
   # A wrong T, or a slice where `heads` is a list: refused, not broadcast.
   shapes = r"\[B, Tq, H, Dv\]=\[3, 6, 4, 4\]"
   _raises_both_ways(hooks.replace(site, z[:, :4], heads=1),

@@ -276,7 +276,8 @@ HOOK_CASES = [
      ValueError, r"unknown hook site 'zz' \(did you mean 'z'\?\)"),
 ]
 
-CASES = MHA_CASES + HOOK_CASES + ATTEND_CASES + CACHE_CASES + ROTARY_CASES + INIT_CASES
+CASES = (MHA_CASES + HOOK_CASES + ATTEND_CASES + CACHE_CASES + ROTARY_CASES
+         + INIT_CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
