@@ -64,8 +64,11 @@ def run(workdir, *, num_examples: int = 256, show: int = 4,
 
 def main(argv):
   report_lib.check_no_arguments(argv)
-  run(_WORKDIR.value, num_examples=_EXAMPLES.value, show=_SHOW.value,
-      seed=_SEED.value, temperature=_TEMPERATURE.value)
+  try:
+    run(_WORKDIR.value, num_examples=_EXAMPLES.value, show=_SHOW.value,
+        seed=_SEED.value, temperature=_TEMPERATURE.value)
+  except FileNotFoundError as e:  # a workdir that holds no run: say which
+    raise app.UsageError(str(e)) from e
 
 
 if __name__ == "__main__":
