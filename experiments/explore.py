@@ -33,6 +33,7 @@ from absl import app
 from absl import flags
 
 import mha_jax
+from experiments import cli
 from mha_jax import pretrained
 from mha_jax.measure import report as report_lib
 from experiments.circuits import saved as circuits_saved
@@ -178,4 +179,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

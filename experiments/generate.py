@@ -16,6 +16,7 @@ from absl import app
 from absl import flags
 import jax
 
+from experiments import cli
 from mha_jax.measure import report as report_lib
 from mha_jax.measure import continuations
 from mha_jax.training import train
@@ -72,4 +73,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

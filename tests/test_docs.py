@@ -111,6 +111,10 @@ def _default_config(path: pathlib.Path) -> str | None:
   of `cli.experiment_flags(config=default, ...)`."""
   for node in ast.walk(ast.parse(path.read_text())):
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "config_flag" and node.args
+        and isinstance(node.args[0], ast.Constant)):
+      return node.args[0].value
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
         and node.func.attr == "experiment_flags"):
       for k in node.keywords:
         if k.arg == "config" and isinstance(k.value, ast.Constant):
