@@ -33,6 +33,7 @@ from absl import app
 from absl import flags
 
 import mha_jax
+from experiments import cli
 from mha_jax import pretrained
 from mha_jax.measure import report as report_lib
 from experiments.circuits import saved as circuits_saved
@@ -70,31 +71,6 @@ flags.mark_flags_as_mutual_exclusive(["workdir", "pretrained"],
                                      required=True)
 
 
-def check_run(workdir) -> pathlib.Path:
-  """`workdir` as a path, if it holds a run with a checkpoint.
-
-  Raises FileNotFoundError saying what is missing (the folder, its
-  config.json, or any checkpoint) and, for an experiment's folder, which
-  of its sub-folders are runs.
-  """
-  workdir = pathlib.Path(workdir)
-  if not workdir.is_dir():
-    raise FileNotFoundError(f"--workdir={workdir}: no such directory")
-  if not (workdir / "config.json").is_file():
-    runs = sorted(p.name for p in workdir.iterdir()
-                  if (p / "config.json").is_file())
-    hint = (f"; its runs are in the sub-folders {', '.join(runs)}" if runs
-            else "; train one with python -m experiments.train")
-    raise FileNotFoundError(f"--workdir={workdir}: no config.json, so not a "
-                            f"training run{hint}")
-  ckpt = workdir / "checkpoints"
-  if not ckpt.is_dir() or not any(p.name.isdigit() for p in ckpt.iterdir()):
-    raise FileNotFoundError(f"--workdir={workdir}: no checkpoint in "
-                            f"{ckpt}; train the run (python -m "
-                            "experiments.train) before exploring it")
-  return workdir
-
-
 def _default_examples(config) -> int:
   e = config.get("experiment")
   return (e.get("analysis_examples") if e else None) or config.task.batch_size
@@ -113,7 +89,7 @@ def run(workdir, *, text: str | None = None, batch_from_task: bool = False,
   if (text is None) == (not batch_from_task):
     raise ValueError("give exactly one input: --text=... or "
                      "--batch_from_task")
-  workdir = check_run(workdir)
+  workdir = train.check_run(workdir)
   state, config = train.load_state(workdir, step)
   model = state.model()
   task = tasks.get_task(config.task.name)
@@ -203,4 +179,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

@@ -16,6 +16,7 @@ from absl import app
 from absl import flags
 import jax
 
+from experiments import cli
 from mha_jax.measure import report as report_lib
 from mha_jax.measure import continuations
 from mha_jax.training import train
@@ -64,9 +65,12 @@ def run(workdir, *, num_examples: int = 256, show: int = 4,
 
 def main(argv):
   report_lib.check_no_arguments(argv)
-  run(_WORKDIR.value, num_examples=_EXAMPLES.value, show=_SHOW.value,
-      seed=_SEED.value, temperature=_TEMPERATURE.value)
+  try:
+    run(_WORKDIR.value, num_examples=_EXAMPLES.value, show=_SHOW.value,
+        seed=_SEED.value, temperature=_TEMPERATURE.value)
+  except FileNotFoundError as e:  # a workdir that holds no run: say which
+    raise app.UsageError(str(e)) from e
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

@@ -37,6 +37,8 @@ import time
 from absl import app
 from absl import flags
 
+from experiments import cli
+
 _BASELINE = flags.DEFINE_string("baseline", None, "Root of the checkout to "
                                 "compare with (e.g. a git worktree).")
 _CASES = flags.DEFINE_list("cases", ["attention_fwd", "attention_fwdbwd",
@@ -164,4 +166,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

@@ -13,11 +13,11 @@ one-call `multi_head_attention` is checked against the stage-by-stage trace.
 
 from __future__ import annotations
 
-from absl import app
 import jax.numpy as jnp
 import numpy as np
 
 import mha_jax
+from experiments import cli
 from mha_jax.core import worked_example as wx
 
 HIGHLIGHT = "cat"
@@ -80,4 +80,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

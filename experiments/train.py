@@ -8,8 +8,8 @@ Hyperparameters live only in the config; override them with
 run of seconds). Rerunning with the same `--workdir` resumes from its
 latest checkpoint.
 
-Several devices: `--config.mesh.data=2 --config.mesh.model=4` (see README,
-"Multi-device and multi-host runs"). Several hosts: start the same command
+Several devices: `--config.mesh.data=2 --config.mesh.model=4` (see
+docs/multi_device.md). Several hosts: start the same command
 on every host with `--distributed`, which calls `jax.distributed.initialize`
 before JAX touches a device; the coordinator comes from
 JAX_COORDINATOR_ADDRESS (or the cluster: SLURM, Cloud TPU, ...), the
@@ -21,15 +21,14 @@ import jax
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
+from experiments import cli
 from mha_jax.measure import report as report_lib
 from mha_jax.training import config as config_lib
 from mha_jax.training import train
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a config file (configs/*.py).",
-    lock_config=True)
+_CONFIG = cli.config_flag(
+    None, "Path to a config file (configs/*.py).")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for metrics.jsonl, config.json and "
     "checkpoints/; reused to resume.")
@@ -72,4 +71,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

@@ -38,12 +38,17 @@ reuses a compiled program, a new set compiles once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+import difflib
+import operator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 ATTENTION_SITES = ("q", "k", "v", "scores", "pattern", "z", "result")
+# A transformer block's own sites, all [B, T, D].
+BLOCK_SITES = ("resid_pre", "attn_out", "cross_out", "resid_mid", "mlp_out",
+               "resid_post")
 # Formed only by implementations that materialise the [Tq, Tk] weights.
 WEIGHT_SITES = ("scores", "pattern")
 
@@ -51,6 +56,10 @@ WEIGHT_SITES = ("scores", "pattern")
 _AXES = {"q": (2, 1), "k": (2, 1), "v": (2, 1), "z": (2, 1),
          "result": (2, 1), "scores": (1, 2), "pattern": (1, 2)}
 _BLOCK_AXES = (None, 1)  # resid_pre, attn_out, ...: [B, T, D]
+# The shape letters of each site kind, for error messages.
+_LETTERS = {"q": "B, Tq, H, Dh", "k": "B, Tk, K, Dh", "v": "B, Tk, K, Dv",
+            "scores": "B, H, Tq, Tk", "pattern": "B, H, Tq, Tk",
+            "z": "B, Tq, H, Dv", "result": "B, Tq, H, D"}
 
 Patch = jax.Array | Callable[[jax.Array], jax.Array]
 
@@ -136,7 +145,10 @@ class Hooks:
     name = f"{self.prefix}{site}"
     if name in self.patch:
       p = self.patch[name]
-      new = p(x) if callable(p) else p
+      try:
+        new = p(x) if callable(p) else p
+      except PatchError as e:  # raised by `Replace`, which knows no name
+        raise ValueError(f"hook site {name!r}: {e}") from None
       _check_value(name, new, x, "a function patch returned"
                    if callable(p) else "the patch value is")
       x = new
@@ -148,9 +160,37 @@ class Hooks:
 NO_HOOKS = Hooks()
 
 
+class PatchError(ValueError):
+  """A patch helper's value or index does not fit the activation it meets;
+  `Hooks` re-raises it as a ValueError that names the site."""
+
+
+def _close_matches(name: str, valid: Iterable[str]) -> list[str]:
+  """The valid names a typo of `name` most likely meant: the same place
+  with a close last part (`blocks.0.attn.zz` -> `blocks.0.attn.z`), else
+  close whole names (site names share long prefixes, so a whole-name
+  match alone would suggest every site of the layer)."""
+  valid = tuple(valid)
+  parent, _, leaf = name.rpartition(".")
+  siblings = {v.rpartition(".")[2]: v for v in valid
+              if v.rpartition(".")[0] == parent}
+  near = difflib.get_close_matches(leaf, list(siblings), n=3, cutoff=0.6)
+  if near:
+    return [siblings[n] for n in near]
+  return difflib.get_close_matches(name, valid, n=3, cutoff=0.8)
+
+
+def _unknown_site(name: str, valid: Iterable[str], listing: str) -> str:
+  near = _close_matches(name, valid)
+  hint = (f" (did you mean {' or '.join(repr(n) for n in near)}?)"
+          if near else "")
+  return f"unknown hook site {name!r}{hint}; {listing}"
+
+
 def check_names(names: Iterable[str], valid: Iterable[str],
                 unavailable: Mapping[str, str] | None = None) -> None:
-  """Raise naming the first bad site name and listing the valid ones.
+  """Raise naming the first bad site name (and the valid names closest to
+  it) and listing the valid ones.
 
   `unavailable` maps names that exist in general but not on this model or
   call (e.g. `pattern` on a path that never forms weights) to the reason.
@@ -163,8 +203,8 @@ def check_names(names: Iterable[str], valid: Iterable[str],
     if unavailable and name in unavailable:
       raise ValueError(f"hook site {name!r}: {unavailable[name]}")
     if name not in valid_set:
-      raise ValueError(f"unknown hook site {name!r}; this model has: "
-                       f"{', '.join(valid)}")
+      raise ValueError(_unknown_site(name, valid, "this model has: "
+                                     + ", ".join(valid)))
 
 
 def _check_value(name, new, clean, what):
@@ -189,15 +229,42 @@ def site_axes(site: str) -> tuple[int | None, int]:
 
 
 def _static_index(index, what):
+  """None, one Python int, or a tuple of them. `operator.index` takes
+  NumPy and concrete JAX integers and refuses floats, which `int` would
+  truncate to another head."""
   if index is None:
     return None
-  if isinstance(index, int):
-    return (index,)
   try:
-    return tuple(int(i) for i in index)
+    return operator.index(index)
+  except TypeError:
+    pass
+  try:
+    return tuple(operator.index(i) for i in index)
   except TypeError:
     raise TypeError(f"`{what}` must be None, an int or a list of ints, got "
                     f"{index!r}") from None
+
+
+def _letters(kind: str) -> list[str]:
+  return _LETTERS.get(kind, "B, T, D").split(", ")
+
+
+def _in_range(index, what, axis, shape, kind):
+  """`index` as a tuple with negative entries counted from the end
+  (Python's rule), or a PatchError naming the value, the axis and its
+  size: JAX's scatter drops an index past the end, which would patch
+  nothing, silently."""
+  size = shape[axis]
+  letters = _letters(kind)
+  many = isinstance(index, tuple)
+  for i in index if many else (index,):
+    if not -size <= i < size:
+      got = f"`{what}`={list(index)} holds {i}" if many else f"`{what}`={i}"
+      raise PatchError(
+          f"{got}, out of range for axis {axis} ({letters[axis]}) of {kind} "
+          f"[{', '.join(letters)}]={list(shape)}, of size {size}: use "
+          f"0..{size - 1}, or -{size}..-1 counting from the end")
+  return tuple(i % size for i in (index if many else (index,)))
 
 
 def _selector(index, axis: int, ndim: int, size: int):
@@ -208,33 +275,73 @@ def _selector(index, axis: int, ndim: int, size: int):
   return sel.reshape(shape)
 
 
+def _fits(shape, target) -> bool:
+  """Whether `shape` is `target` axis by axis, up to axes of size 1."""
+  return len(shape) == len(target) and all(
+      a in (1, b) for a, b in zip(shape, target))
+
+
 @jax.tree_util.register_pytree_node_class
 class Replace:
   """A patch: the chosen heads / query positions come from `value`, the
-  rest stays clean. Build it with `replace` (or `ablate`)."""
+  rest stays clean. Build it with `replace` (or `ablate`); `kind` is the
+  site's last part (`"z"`, `"resid_pre"`), for the shape letters of its
+  errors."""
 
-  def __init__(self, value, heads=None, positions=None, axes=_BLOCK_AXES):
+  def __init__(self, value, heads=None, positions=None, axes=_BLOCK_AXES,
+               kind="activation"):
     self.value = value
     self.heads = _static_index(heads, "heads")
     self.positions = _static_index(positions, "positions")
     self.axes = axes
+    self.kind = kind
+
+  def _value(self, clean: jax.Array) -> jax.Array:
+    """`value` as an array of `clean`'s shape, or a PatchError.
+
+    Accepted: a scalar; the site's shape, where any axis may be 1 (one
+    example patched into all, a mean taken with keepdims); and, where
+    `heads` or `positions` is one int, that shape without the axis it
+    picks (`z[:, :, h]`, `z[:, t]`, `z[:, t, h]`: the slice a user has at
+    hand). Another shape is refused, never broadcast into other axes.
+    """
+    value = jnp.asarray(self.value, clean.dtype)
+    if value.ndim == 0:
+      return jnp.broadcast_to(value, clean.shape)
+    picked = sorted(axis for axis, index in zip(self.axes, (
+        self.heads, self.positions)) if isinstance(index, int))
+    # Every way of leaving out some of the picked axes, the full shape
+    # first; a value must fit exactly one of them.
+    options = [()] + [(a,) for a in picked] + ([tuple(picked)]
+                                               if len(picked) > 1 else [])
+    shapes = [tuple(n for a, n in enumerate(clean.shape) if a not in drop)
+              for drop in options]
+    fit = [drop for drop, s in zip(options, shapes) if _fits(value.shape, s)]
+    if len(fit) == 1:
+      return jnp.broadcast_to(jnp.expand_dims(value, fit[0]), clean.shape)
+    letters = _letters(self.kind)
+    names = [", ".join(x for a, x in enumerate(letters) if a not in drop)
+             for drop in options]
+    want = " or ".join(f"[{n}]={list(s)}" for n, s in zip(names, shapes))
+    why = ("fits more than one of" if fit else "must be a scalar or fit")
+    raise PatchError(
+        f"`replace`'s value has shape {list(value.shape)}, which {why} "
+        f"{want} (an axis of size 1 broadcasts"
+        + ("; an int `heads` or `positions` may leave its axis out" if picked
+           else "") + ")")
 
   def __call__(self, clean: jax.Array) -> jax.Array:
     head_axis, pos_axis = self.axes
     sel = jnp.ones((1,) * clean.ndim, bool)
-    if self.heads is not None:
-      sel = sel & _selector(self.heads, head_axis, clean.ndim,
-                            clean.shape[head_axis])
-    if self.positions is not None:
-      sel = sel & _selector(self.positions, pos_axis, clean.ndim,
-                            clean.shape[pos_axis])
-    # A value of another shape is an error, not a silent broadcast (a
-    # leading batch of 1 may broadcast: one example patched into all).
-    new = jnp.broadcast_to(jnp.asarray(self.value, clean.dtype), clean.shape)
-    return jnp.where(sel, new, clean)
+    for what, index, axis in (("heads", self.heads, head_axis),
+                              ("positions", self.positions, pos_axis)):
+      if index is not None:
+        index = _in_range(index, what, axis, clean.shape, self.kind)
+        sel = sel & _selector(index, axis, clean.ndim, clean.shape[axis])
+    return jnp.where(sel, self._value(clean), clean)
 
   def tree_flatten(self):
-    return (self.value,), (self.heads, self.positions, self.axes)
+    return (self.value,), (self.heads, self.positions, self.axes, self.kind)
 
   @classmethod
   def tree_unflatten(cls, aux, children):
@@ -246,17 +353,31 @@ def replace(site: str, value: jax.Array, *, heads: Any = None,
   """A patch that takes the chosen heads / query positions from `value`.
 
   `value` is an activation of the same site (e.g. captured from another
-  run). `heads` and `positions` are an int, a list of ints or None (all).
-  Returns `{site: patch}`, ready for `patch=` (merge several with `|`):
+  run), a scalar, or, where `heads` (or `positions`) is one int, that
+  activation without its head (position) axis: `z[:, :, h]`. `heads` and
+  `positions` are an int, a list of ints or None (all); negative ones
+  count from the end, as in Python, and one past either end fails naming
+  the site, the axis and its size. Returns `{site: patch}`, ready for
+  `patch=` (merge several with `|`):
 
       clean = model(tokens_a, capture=["blocks.1.attn.z"])[1]
       model(tokens_b, patch=hooks.replace(
           "blocks.1.attn.z", clean["blocks.1.attn.z"], heads=2, positions=5))
   """
+  kind = _leaf(site)
+  if kind not in ATTENTION_SITES + BLOCK_SITES:
+    # The name first: its last part decides the axes, so a typo would
+    # otherwise read as a site without heads.
+    parent = site[:len(site) - len(kind)]
+    raise ValueError(_unknown_site(
+        site, [parent + s for s in ATTENTION_SITES + BLOCK_SITES],
+        "a site name ends in one of: "
+        + ", ".join(ATTENTION_SITES + BLOCK_SITES)))
   axes = site_axes(site)
   if heads is not None and axes[0] is None:
-    raise ValueError(f"site {site!r} has no head axis; drop `heads`")
-  return {site: Replace(value, heads, positions, axes)}
+    raise ValueError(f"site {site!r} has no head axis (it is [B, T, D]); "
+                     "drop `heads`")
+  return {site: Replace(value, heads, positions, axes, kind)}
 
 
 def ablate(site: str, *, heads: Any = None, positions: Any = None

@@ -111,6 +111,10 @@ def _default_config(path: pathlib.Path) -> str | None:
   of `cli.experiment_flags(config=default, ...)`."""
   for node in ast.walk(ast.parse(path.read_text())):
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "config_flag" and node.args
+        and isinstance(node.args[0], ast.Constant)):
+      return node.args[0].value
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
         and node.func.attr == "experiment_flags"):
       for k in node.keywords:
         if k.arg == "config" and isinstance(k.value, ast.Constant):
@@ -183,6 +187,11 @@ def _check_make(args):
 
 def _check(command):
   program, args = command[0], command[1:]
+  if program in ("python", "python3"):
+    raise AssertionError(
+        "a bare `python` may lack the project's packages on a fresh "
+        "machine: write `.venv/bin/python` (the venv `make test` makes), "
+        "as the README's set-up says")
   if re.search(r"(^|/)python3?$", program):
     _check_python(args)
   elif program == "make":
@@ -229,18 +238,19 @@ def test_runnable_commands_name_what_exists(page, line, block):
 def test_the_checker_catches_what_it_should():
   """Each kind of stale command is reported (a checker that passes
   everything would let the docs rot)."""
-  bad = ["python -m experiments.no_such_module",
-         "python -m experiments.induction --no_such_flag=1",
-         "python -m experiments.train --config=configs/copy.py "
+  bad = [".venv/bin/python -m experiments.no_such_module",
+         ".venv/bin/python -m experiments.induction --no_such_flag=1",
+         ".venv/bin/python -m experiments.train --config=configs/copy.py "
          "--config.model.no_such_field=1",
          "make no_such_target",
-         "python -m pytest tests/no_such_file.py",
-         "python -c 'print('"]
+         ".venv/bin/python -m pytest tests/no_such_file.py",
+         ".venv/bin/python -c 'print('",
+         "python -m experiments.train --config=configs/copy.py"]
   for text in bad:
     with pytest.raises((AssertionError, SyntaxError)):
       for command in shell_commands(text):
         _check(command)
-  good = ("A=1 python -m experiments.train --config=configs/copy.py "
+  good = ("A=1 .venv/bin/python -m experiments.train --config=configs/copy.py "
           "--workdir=w --config.model.num_heads=8 && make test")
   for command in shell_commands(good):
     _check(command)

@@ -369,3 +369,162 @@ def test_pure_function_and_module_take_the_same_hooks():
   y_mod = layer(x, is_causal=True, hooks=h)
   assert h.captured["attn.z"].shape == (2, 5, H, D // H)
   np.testing.assert_array_equal(y_mod, layer(x, is_causal=True))
+
+
+# -------------------------------------------- indices and values of a patch
+
+
+def _raises_both_ways(patch, match):
+  """The same error eagerly and under jit (raised while tracing, from the
+  static shapes, before anything reaches XLA)."""
+  with pytest.raises(ValueError, match=match):
+    MODEL(TOKENS, patch=patch)
+  with pytest.raises(ValueError, match=match):
+    run(MODEL, TOKENS, patch=patch)
+
+
+def test_an_index_past_either_end_fails_naming_site_axis_size_and_value():
+  # Each of these used to patch nothing and return the clean logits.
+  z = r"of z \[B, Tq, H, Dv\]=\[3, 6, 4, 4\], of size"
+  _raises_both_ways(hooks.ablate("blocks.0.attn.z", heads=H),
+                    rf"'blocks\.0\.attn\.z': `heads`=4, out of range for "
+                    rf"axis 2 \(H\) {z} 4: use 0\.\.3, or -4\.\.-1")
+  _raises_both_ways(hooks.ablate("blocks.1.attn.z", heads=-H - 1),
+                    rf"'blocks\.1\.attn\.z': `heads`=-5, .*axis 2 \(H\)")
+  _raises_both_ways(hooks.ablate("blocks.0.attn.z", positions=T),
+                    rf"'blocks\.0\.attn\.z': `positions`=6, out of range for "
+                    rf"axis 1 \(Tq\) {z} 6: use 0\.\.5, or -6\.\.-1")
+  _raises_both_ways(hooks.ablate("blocks.0.attn.z", positions=[1, -T - 1]),
+                    r"`positions`=\[1, -7\] holds -7, out of range for axis 1")
+  # k and v count kv heads; scores and pattern put the heads first.
+  _raises_both_ways(hooks.ablate("blocks.0.attn.k", heads=K),
+                    r"'blocks\.0\.attn\.k': `heads`=2, out of range for axis "
+                    r"2 \(K\) of k \[B, Tk, K, Dh\]=\[3, 6, 2, 4\], of size 2")
+  _raises_both_ways(hooks.ablate("blocks.1.attn.pattern", positions=40),
+                    r"`positions`=40, out of range for axis 2 \(Tq\) of "
+                    r"pattern \[B, H, Tq, Tk\]=\[3, 4, 6, 6\], of size 6")
+  _raises_both_ways(hooks.ablate("blocks.0.resid_post", positions=T),
+                    r"'blocks\.0\.resid_post': `positions`=6, out of range "
+                    r"for axis 1 \(T\) of resid_post \[B, T, D\]=\[3, 6, 16\]")
+
+
+def test_negative_indices_count_from_the_end_as_in_python():
+  site = "blocks.1.attn.z"
+  from_end = run(MODEL, TOKENS, patch=hooks.ablate(site, heads=-1,
+                                                   positions=[-2, 0]))
+  np.testing.assert_array_equal(from_end, run(MODEL, TOKENS, patch=hooks.ablate(
+      site, heads=H - 1, positions=[T - 2, 0])))
+  assert not np.allclose(from_end, run(MODEL, TOKENS))
+
+
+def test_replace_takes_the_slice_an_int_index_picks():
+  """`z[:, :, h]` with `heads=h` (and `z[:, t, h]` with both) patch what
+  the whole `z` does; a value of another shape fails by name."""
+  site = "blocks.0.attn.z"
+  _, clean = run(MODEL, _tokens(seed=1), capture=(site,))
+  z = clean[site]  # [B, T, H, Dv]
+  whole = run(MODEL, TOKENS, patch=hooks.replace(site, z, heads=2,
+                                                 positions=4))
+  for value in (z[:, 4, 2], z[:, :, 2]):
+    np.testing.assert_array_equal(run(MODEL, TOKENS, patch=hooks.replace(
+        site, value, heads=2, positions=4)), whole)
+  one_head = run(MODEL, TOKENS, patch=hooks.replace(site, z[:, :, 2],
+                                                    heads=2))
+  np.testing.assert_array_equal(one_head, run(
+      MODEL, TOKENS, patch=hooks.replace(site, z, heads=2)))
+  # A wrong T, or a slice where `heads` is a list: refused, not broadcast.
+  shapes = r"\[B, Tq, H, Dv\]=\[3, 6, 4, 4\]"
+  _raises_both_ways(hooks.replace(site, z[:, :4], heads=1),
+                    rf"'blocks\.0\.attn\.z': `replace`'s value has shape "
+                    rf"\[3, 4, 4, 4\], which must be a scalar or fit {shapes} "
+                    rf"or \[B, Tq, Dv\]=\[3, 6, 4\]")
+  _raises_both_ways(hooks.replace(site, z[:, :, 1], heads=[1, 2]),
+                    rf"'blocks\.0\.attn\.z': `replace`'s value has shape "
+                    rf"\[3, 6, 4\], which must be a scalar or fit {shapes} "
+                    r"\(an axis of size 1 broadcasts\)")
+
+
+def test_a_mistyped_site_is_named_before_anything_about_its_axes():
+  for make in (lambda: hooks.ablate("blocks.0.attn.zz", heads=1),
+               lambda: hooks.replace("blocks.0.attn.zz", 0.0, positions=2)):
+    with pytest.raises(ValueError, match=r"unknown hook site "
+                       r"'blocks\.0\.attn\.zz' \(did you mean "
+                       r"'blocks\.0\.attn\.z'\?\); a site name ends in one of"):
+      make()
+  with pytest.raises(ValueError, match=r"'blocks\.0\.resid_pre' has no head "
+                     "axis"):
+    hooks.ablate("blocks.0.resid_pre", heads=1)
+  # The model's own check suggests the same name among its sites.
+  with pytest.raises(ValueError, match=r"unknown hook site 'blocks\.1\.attn\."
+                     r"patern' \(did you mean 'blocks\.1\.attn\.pattern'\?\); "
+                     r"this model has: blocks\.0\.resid_pre"):
+    MODEL(TOKENS, capture=("blocks.1.attn.patern",))
+
+
+def test_every_site_name_ends_in_a_known_kind():
+  """`replace` reads a site's axes from its last part, so the models'
+  names and the hooks' list of kinds must agree."""
+  config = transformer.ModelConfig(vocab_size=V, d_model=D, num_layers=1,
+                                   num_heads=H, max_len=8)
+  names = MODEL.hook_names() + transformer.EncoderDecoder(
+      config, rngs=nnx.Rngs(0)).hook_names()
+  kinds = {n.rsplit(".", 1)[-1] for n in names}
+  assert kinds == set(hooks.ATTENTION_SITES + hooks.BLOCK_SITES)
+
+
+# ------------------------------------------- where q and k sit, patch order
+
+
+def _scores_of(q, k):
+  """Scaled q.k `[B, H, T, T]` of q `[B, T, H, Dh]`, k `[B, T, K, Dh]`
+  (query head i reads kv head i // (H / K)), -inf above the diagonal."""
+  k = jnp.repeat(k, H // K, axis=2)
+  s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  return jnp.where(np.tril(np.ones((T, T), bool)), s, -jnp.inf)
+
+
+def test_captured_and_patched_q_and_k_are_after_rotary():
+  """The scores are the captured q.k: captured before rotary they would
+  not be (the model is rotary). A patched q or k is what the scores see,
+  not rotated again (a fixed value from another run, which a rotation
+  does not commute with)."""
+  assert MODEL.config.positions == "rotary"
+  _, acts = run(MODEL, TOKENS, capture=ALL_SITES)
+  for l in range(L):
+    p = f"blocks.{l}.attn."
+    np.testing.assert_allclose(acts[p + "scores"],
+                               _scores_of(acts[p + "q"], acts[p + "k"]),
+                               rtol=1e-5, atol=1e-5, err_msg=p)
+  _, other = run(MODEL, _tokens(seed=1), capture=ALL_SITES)
+  sites = ("blocks.0.attn.k", "blocks.0.attn.scores", "blocks.1.attn.q",
+           "blocks.1.attn.k", "blocks.1.attn.scores")
+  _, got = run(MODEL, TOKENS, capture=sites, patch={
+      "blocks.0.attn.q": other["blocks.0.attn.q"],
+      "blocks.1.attn.k": other["blocks.1.attn.k"]})
+  np.testing.assert_allclose(
+      got["blocks.0.attn.scores"],
+      _scores_of(other["blocks.0.attn.q"], got["blocks.0.attn.k"]),
+      rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      got["blocks.1.attn.scores"],
+      _scores_of(got["blocks.1.attn.q"], other["blocks.1.attn.k"]),
+      rtol=1e-5, atol=1e-5)
+
+
+def test_head_mask_gates_z_before_a_patch_of_the_same_site():
+  """`Hooks.extend`'s promise: the new patch (head_mask's gate) runs
+  first, the user's own after it. A head the mask zeroes and the user
+  then replaces holds the user's value (gated after, it would be 0)."""
+  site = "blocks.1.attn.z"
+  gates = jnp.ones((L, H)).at[1, 2].set(0.0).at[1, 0].set(0.5)
+  _, clean = run(MODEL, TOKENS, capture=(site,))
+  _, other = run(MODEL, _tokens(seed=1), capture=(site,))
+  _, got = run(MODEL, TOKENS, capture=(site,), head_mask=gates,
+               patch=hooks.replace(site, other[site], heads=2))
+  want = np.asarray(clean[site]) * np.asarray(gates[1])[:, None]
+  want[:, :, 2] = other[site][:, :, 2]
+  np.testing.assert_allclose(got[site], want, rtol=1e-6, atol=1e-7)
+  # The order in `extend` itself, with two functions that do not commute.
+  h = hooks.Hooks(patch={"z": lambda x: x + 1.0}).extend(
+      patch={"z": lambda x: x * 3.0})
+  np.testing.assert_array_equal(h("z", jnp.ones(2)), jnp.full(2, 4.0))

@@ -13,17 +13,16 @@ fastest anchor) is `experiments.benchmark.bench`'s docstring.
 
 from __future__ import annotations
 
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
+from experiments import cli
 from experiments.benchmark import report
 from experiments.benchmark import run as run_lib
 from mha_jax.measure import report as report_lib
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "configs/benchmark.py", "The benchmark's config file; override "
-    "fields as --config.sets=standard,bf16", lock_config=True)
+_CONFIG = cli.config_flag(
+    "configs/benchmark.py", "The benchmark's config file; override "
+    "fields as --config.sets=standard,bf16")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/benchmark", "Output folder.")
 
 
@@ -43,4 +42,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

@@ -13,17 +13,16 @@ docstring; slopes are fitted over the `fit_points` largest n.
 
 from __future__ import annotations
 
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
+from experiments import cli
 from experiments.cost_scaling import report
 from experiments.cost_scaling import run as run_lib
 from mha_jax.measure import report as report_lib
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "configs/cost_scaling.py", "The measurement's config file; "
-    "override fields as --config.n=256,512", lock_config=True)
+_CONFIG = cli.config_flag(
+    "configs/cost_scaling.py", "The measurement's config file; "
+    "override fields as --config.n=256,512")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/cost_scaling", "Output folder.")
 
 
@@ -44,4 +43,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

@@ -23,17 +23,16 @@ from __future__ import annotations
 import json
 import pathlib
 
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
+from experiments import cli
 from experiments.kv_cache import report
 from experiments.kv_cache import run as run_lib
 from mha_jax.measure import report as report_lib
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "configs/kv_cache.py", "The measurement's config file; "
-    "override fields as --config.bench.contexts=64,128", lock_config=True)
+_CONFIG = cli.config_flag(
+    "configs/kv_cache.py", "The measurement's config file; "
+    "override fields as --config.bench.contexts=64,128")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/kv_cache",
                                "Where report.md, results.json, PNGs go.")
 _BEHAVIOUR = flags.DEFINE_string(
@@ -62,4 +61,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

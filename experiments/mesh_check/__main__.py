@@ -24,18 +24,18 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app
 from absl import flags
 import jax
 from ml_collections import config_flags
 
+from experiments import cli
 from experiments.mesh_check import report
 from experiments.mesh_check import run as run_lib
 from mha_jax.measure import report as report_lib
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "configs/mesh_check.py", "The config both runs train; "
-    "override fields as --config.experiment.steps=...", lock_config=True)
+_CONFIG = cli.config_flag(
+    "configs/mesh_check.py", "The config both runs train; "
+    "override fields as --config.experiment.steps=...")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/mesh_check", "Output folder.")
 
 
@@ -67,4 +67,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

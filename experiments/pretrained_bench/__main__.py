@@ -17,6 +17,7 @@ import pathlib
 from absl import app
 from absl import flags
 
+from experiments import cli
 from experiments.pretrained_bench import report
 from experiments.pretrained_bench import run
 import mha_jax
@@ -63,4 +64,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_app(main)

@@ -165,7 +165,12 @@ def composition_baseline(seed: int, d_model: int, head_dim: int,
                          value_dim: int, draws: int) -> dict:
   """Q, K, V composition of `draws` pairs of Gaussian heads of the given
   shapes (g = 1, centred as the model's): `{"q", "k", "v"}`, each
-  `[draws]`. The chance level of `composition_scores`."""
+  `[draws]`. The chance level of `composition_scores`.
+
+  The matrices are standard normal draws of `np.random.default_rng(seed)`
+  in this order (so a result can be reproduced): the sender's W_V `[draws,
+  D, Dv]` and W_O `[draws, Dv, D]`, the receiver's W_V, W_O, W_Q `[draws,
+  D, Dh]` and W_K `[draws, D, Dh]`."""
   d, dh, dv = d_model, head_dim, value_dim
   v1, o1, v2, o2, q2, k2 = _gaussian(
       seed, *[(draws,) + s for s in ((d, dv), (dv, d), (d, dv), (dv, d),

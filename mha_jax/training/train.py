@@ -310,14 +310,40 @@ def load_config(workdir) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(text))
 
 
+def check_run(workdir) -> pathlib.Path:
+  """`workdir` as a path, if it holds a training run with a checkpoint.
+
+  Raises FileNotFoundError saying what is missing (the folder, its
+  config.json, or any checkpoint) and, for an experiment's folder, which
+  of its sub-folders are runs; it creates nothing.
+  """
+  workdir = pathlib.Path(workdir)
+  if not workdir.is_dir():
+    raise FileNotFoundError(f"--workdir={workdir}: no such directory")
+  if not (workdir / "config.json").is_file():
+    runs = sorted(p.name for p in workdir.iterdir()
+                  if (p / "config.json").is_file())
+    hint = (f"; its runs are in the sub-folders {', '.join(runs)}" if runs
+            else "; train one with python -m experiments.train")
+    raise FileNotFoundError(f"--workdir={workdir}: no config.json, so not a "
+                            f"training run{hint}")
+  ckpt = workdir / "checkpoints"
+  if not ckpt.is_dir() or not any(p.name.isdigit() for p in ckpt.iterdir()):
+    raise FileNotFoundError(f"--workdir={workdir}: no checkpoint in "
+                            f"{ckpt}; train the run (python -m "
+                            "experiments.train) before reading it")
+  return workdir
+
+
 def load_state(workdir, step: int | None = None):
   """`(TrainState, config)` of a run, from checkpoint `step` (None: latest).
 
   Step 0 is the state the run started from: runs save no checkpoint there,
   so unless one exists it is rebuilt from the config's seed, as
   `train_and_evaluate` built it (the untrained baseline of an analysis).
+  A folder that is not a run with a checkpoint fails by `check_run`.
   """
-  config = load_config(workdir)
+  config = load_config(check_run(workdir))
   tr = config.train
   state = create_train_state(config)
   manager = checkpoint.make_manager(workdir, tr.checkpoint_every,

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import mha_jax
+from mha_jax import hooks
 
 D, H = 8, 4
 
@@ -241,7 +242,42 @@ INIT_CASES = [
      TypeError, r"`dtype` must be floating"),
 ]
 
-CASES = MHA_CASES + ATTEND_CASES + CACHE_CASES + ROTARY_CASES + INIT_CASES
+# Patches whose heads, positions or value do not fit the site: the sizes
+# are static shapes, so these fail while tracing, naming the site.
+_Z = r"z \[B, Tq, H, Dv\]=\[2, 3, 4, 2\]"
+HOOK_CASES = [
+    ("patch heads past the end", lambda: mha(
+        P, X, patch=hooks.ablate("z", heads=4)),
+     ValueError, rf"hook site 'z': `heads`=4, out of range for axis 2 \(H\) "
+     rf"of {_Z}, of size 4: use 0\.\.3, or -4\.\.-1 counting from the end"),
+    ("patch heads before the start", lambda: mha(
+        P, X, patch=hooks.ablate("z", heads=[0, -5])),
+     ValueError, rf"hook site 'z': `heads`=\[0, -5\] holds -5, out of range "
+     rf"for axis 2 \(H\) of {_Z}, of size 4"),
+    ("patch positions past the end", lambda: mha(
+        P, X, patch=hooks.ablate("q", positions=3)),
+     ValueError, r"hook site 'q': `positions`=3, out of range for axis 1 "
+     r"\(Tq\) of q \[B, Tq, H, Dh\]=\[2, 3, 4, 2\], of size 3"),
+    ("patch kv heads past the end", lambda: mha(
+        P_GQA, X, patch=hooks.ablate("v", heads=2)),
+     ValueError, r"hook site 'v': `heads`=2, out of range for axis 2 \(K\) "
+     r"of v \[B, Tk, K, Dv\]=\[2, 3, 2, 2\], of size 2"),
+    ("patch pattern positions", lambda: mha(
+        P, X, patch=hooks.ablate("pattern", positions=-4)),
+     ValueError, r"hook site 'pattern': `positions`=-4, out of range for axis "
+     r"2 \(Tq\) of pattern \[B, H, Tq, Tk\]=\[2, 4, 3, 3\], of size 3"),
+    ("patch value of another T", lambda: mha(
+        P, X, patch=hooks.replace("z", jnp.ones((2, 5, 2)), heads=1)),
+     ValueError, r"hook site 'z': `replace`'s value has shape \[2, 5, 2\], "
+     rf"which must be a scalar or fit \[B, Tq, H, Dv\]=\[2, 3, 4, 2\] or "
+     r"\[B, Tq, Dv\]=\[2, 3, 2\]"),
+    ("patch unknown site with heads", lambda: mha(
+        P, X, patch=hooks.ablate("zz", heads=1)),
+     ValueError, r"unknown hook site 'zz' \(did you mean 'z'\?\)"),
+]
+
+CASES = (MHA_CASES + HOOK_CASES + ATTEND_CASES + CACHE_CASES + ROTARY_CASES
+         + INIT_CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -205,3 +205,26 @@ def test_random_baselines_are_chance_levels():
   assert abs(float(np.mean(comp["q"]) - np.mean(comp["k"]))) < 4 * se
   assert abs(float(np.mean(copy["copying"]))) < 4 * float(
       np.std(copy["copying"])) / np.sqrt(64)  # random: no sign preferred
+
+
+def test_random_baseline_is_the_ratio_of_its_draws():
+  """The known answer, in float64 from the draws the docstring names,
+  with head_dim != value_dim (so drawing one width for the other changes
+  the matrices). K-composition reads the receiver's QK circuit
+  transposed, ||M_1 A_2^T||: it differs from the Q score draw by draw
+  (the two share only their distribution)."""
+  d, dh, dv, draws = 8, 2, 5, 6
+  got = composition.composition_baseline(3, d, dh, dv, draws)
+  rng = np.random.default_rng(3)
+  v1, o1, v2, o2, q2, k2 = (rng.standard_normal((draws,) + s).astype(
+      np.float32).astype(np.float64) for s in (
+          (d, dv), (dv, d), (d, dv), (dv, d), (d, dh), (d, dh)))
+  p = np.eye(d) - 1.0 / d
+  m1, m2, a2 = v1 @ o1 @ p, v2 @ o2 @ p, q2 @ np.swapaxes(k2, 1, 2)
+  norm = lambda x: np.linalg.norm(x, axis=(1, 2))
+  ratio = lambda x, y: norm(x @ y) / (norm(x) * norm(y))
+  want = {"q": ratio(m1, a2), "k": ratio(m1, np.swapaxes(a2, 1, 2)),
+          "v": ratio(m1, m2)}
+  for k in "qkv":
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, err_msg=k)
+  assert np.min(np.abs(want["q"] - want["k"])) > 1e-3

@@ -173,6 +173,43 @@ def test_attribution_is_exact_where_the_metric_is_linear_in_the_site():
       np.testing.assert_allclose(attr, act, atol=2e-4, err_msg=site)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _per_head_attribution(graphdef, state, clean, corrupted, metric_args,
+                          sites, noising):
+  return patching.attribution_patching(
+      nnx.merge(graphdef, state), clean, corrupted,
+      patching.logit_metric(*metric_args), sites, noising=noising)
+
+
+def test_attribution_on_pattern_and_scores_is_heads_by_positions():
+  """The pattern sites put heads before positions ([B, H, Tq, Tk]), the
+  z sites after them: the per-position estimate is `[H, T]` for both.
+  Without a final LayerNorm or MLPs the logits are linear in the last
+  layer's pattern (z = pattern v, v unchanged), so there attribution is
+  exact: the activation patching of each head at each query position.
+  Scores have no such answer, but their per-position estimates must add
+  up to the per-head one (both are sums of the same products)."""
+  graphdef, state = nnx.split(_random_model(final_ln=False))
+  rng = np.random.default_rng(0)
+  clean, corrupt, targets = (rng.integers(0, 10, (4, 6)) for _ in range(3))
+  mask = np.ones((4, 6), np.float32)
+  mask[:, :2] = 0.0
+  pattern, scores = sites = ("blocks.1.attn.pattern", "blocks.1.attn.scores")
+  out = _both_estimates(graphdef, state, clean, corrupt, (targets, mask),
+                        "logit", sites)
+  for noising in (False, True):
+    act, attr = out["act", noising], out["attr", noising]
+    assert attr[pattern].shape == attr[scores].shape == (2, 6)  # [H, T]
+    assert np.max(np.abs(act[pattern])) > 0.05
+    np.testing.assert_allclose(attr[pattern], act[pattern], atol=2e-4)
+    per_head = _per_head_attribution(graphdef, state, clean, corrupt,
+                                     (targets, mask), sites,
+                                     jnp.asarray(noising))
+    for site in sites:
+      np.testing.assert_allclose(attr[site].sum(-1), per_head[site],
+                                 rtol=1e-5, atol=1e-6, err_msg=site)
+
+
 def test_attribution_agrees_with_patching_to_first_order():
   """A continuous-input model, corrupted = clean + delta * noise: the
   gap between the first-order estimate and the real patch (both as

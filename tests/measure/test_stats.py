@@ -51,6 +51,21 @@ def test_detectable_difference_tends_to_the_normal_formula():
     stats.detectable_difference(1.0, 1)
 
 
+def test_detectable_difference_known_t_quantiles():
+  # n = 3 per side: 2n - 2 = 4 degrees of freedom; t_{0.975, 4} =
+  # 2.7764451 and t_{0.8, 4} = 0.9409646 (tables: 2.776, 0.941).
+  np.testing.assert_allclose(
+      stats.detectable_difference(2.0, 3),
+      (2.7764451051977934 + 0.9409645772351816) * 2.0 * math.sqrt(2 / 3),
+      rtol=1e-9)
+  # n = 5, alpha 0.01, power 0.9: 8 degrees of freedom, t_{0.995, 8} =
+  # 3.3553873 and t_{0.9, 8} = 1.3968153 (tables: 3.355, 1.397).
+  np.testing.assert_allclose(
+      stats.detectable_difference(1.0, 5, alpha=0.01, power=0.9),
+      (3.355387331333395 + 1.3968153097438654) * math.sqrt(2 / 5),
+      rtol=1e-9)
+
+
 def test_bootstrap_interval_covers_like_the_t_interval():
   x = np.random.default_rng(0).normal(size=400)
   lo, hi = stats.bootstrap_interval(x)

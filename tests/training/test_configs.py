@@ -1,6 +1,7 @@
 """Configs: every shipped one builds, overrides reach the model, bad fail."""
 
 import importlib
+import os
 import pathlib
 import subprocess
 import sys
@@ -165,3 +166,28 @@ def test_warmup_must_leave_at_least_one_decay_step():
   config.train.warmup_steps = config.train.num_steps
   with pytest.raises(ValueError, match="config.train.warmup_steps"):
     config_lib.validate_config(config)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["experiments.train", "--config=configs/copy.py:smoke",
+      "--config.model.num_head=8", "--workdir=unused"],
+     "--config.model.num_head: the config has no field 'num_head' "
+     "(Did you mean \"num_heads\" instead of \"num_head\"?)"),
+    # Without --config, ml_collections parses overrides of the default
+    # config when the flag is defined, at import.
+    (["experiments.pruning", "--config.model.num_head=8"],
+     "--config.model.num_head: the config has no field 'num_head'"),
+    (["experiments.pruning", "--config.model.num_heads=abc"],
+     "flag --config.model.num_heads=abc: invalid literal for int()"),
+])
+def test_a_bad_config_override_is_one_line_and_a_failure(args, message):
+  """A typo or a bad value in --config.<field> gets absl's one-line flag
+  error with the field (and the suggestion), exit status 1, no
+  traceback and no help dump."""
+  proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert message in proc.stderr, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert len(proc.stderr.strip().splitlines()) == 2, proc.stderr

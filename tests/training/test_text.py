@@ -96,6 +96,27 @@ def test_windows_are_byte_ids_inside_one_file(tmp_path):
   assert len(texts) == 7 + 3
 
 
+def test_locate_finds_the_file_and_offset_at_file_boundaries(tmp_path):
+  """Window k lies in the first file whose cumulative count `ends`
+  exceeds k: the first window of a file is at offset 0 of that file, not
+  one past the last window of the file before (nor in a file with no
+  window at all)."""
+  _write(tmp_path, {"a.py": "0123456789", "b.py": "xy", "c.py": "abcdef",
+                    "d.py": "PQRSTU"})
+  split = text_corpus.split_of("train", [
+      text_corpus.Document(tmp_path / n, 0, (tmp_path / n).stat().st_size)
+      for n in ("a.py", "b.py", "c.py", "d.py")], 4)
+  np.testing.assert_array_equal(split.ends, [7, 7, 10, 13])
+  index = [0, 6, 7, 9, 10, 12]  # each file's first and last window
+  doc, offset = split.locate(index)
+  np.testing.assert_array_equal(doc, [0, 0, 2, 2, 3, 3])
+  np.testing.assert_array_equal(offset, [0, 6, 0, 2, 0, 2])
+  texts = [bytes(w.tolist()).decode() for w in split.windows(index)]
+  assert texts == ["0123", "6789", "abcd", "cdef", "PQRS", "RSTU"]
+  with pytest.raises(ValueError, match=r"window index outside \[0, 13\)"):
+    split.locate([13])
+
+
 def test_windows_from_bits_cover_64_bit_numbers(tmp_path):
   _letter_corpus(tmp_path, n=4, size=20)
   split = text_corpus.load(str(tmp_path), window=5, split_seed=0,

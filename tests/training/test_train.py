@@ -3,6 +3,10 @@ the keys of step s (its batch and its dropout masks)."""
 
 import functools
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +19,8 @@ import ml_collections
 from configs import default
 from mha_jax.training import tasks
 from mha_jax.training import train
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _small(**task):
@@ -212,3 +218,30 @@ def test_learning_rate_schedule_follows_config():
   np.testing.assert_allclose(moves[2], -0.25, rtol=1e-5)  # half way up
   np.testing.assert_allclose(moves[4], -0.5, rtol=1e-5)  # peak
   np.testing.assert_allclose(moves[12], -0.05, rtol=1e-5)  # cosine end
+
+
+def test_reading_a_folder_that_is_no_run_says_what_it_is(tmp_path):
+  """Every reader of a run (load_state, and so generate and explore) names
+  what is missing and, for an experiment's folder, its runs; it creates
+  nothing."""
+  with pytest.raises(FileNotFoundError, match=r"missing: no such directory"):
+    train.load_state(tmp_path / "missing")
+  (tmp_path / "seed0").mkdir()
+  (tmp_path / "seed0" / "config.json").write_text("{}")
+  with pytest.raises(FileNotFoundError,
+                     match=r"no config\.json.*sub-folders seed0"):
+    train.load_model(tmp_path)
+  with pytest.raises(FileNotFoundError, match=r"no checkpoint in .*seed0"):
+    train.load_state(tmp_path / "seed0")
+  assert not (tmp_path / "seed0" / "checkpoints").exists()
+
+
+def test_generate_on_a_folder_that_is_no_run_exits_with_the_reason(tmp_path):
+  """The command line prints the reason, not a traceback, and fails."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.generate",
+       f"--workdir={tmp_path / 'missing'}"], cwd=ROOT, capture_output=True,
+      text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode != 0
+  assert "no such directory" in proc.stderr
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
