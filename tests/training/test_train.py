@@ -245,3 +245,43 @@ def test_generate_on_a_folder_that_is_no_run_exits_with_the_reason(tmp_path):
   assert proc.returncode != 0
   assert "no such directory" in proc.stderr
   assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def _truncate_every_file(folder: pathlib.Path) -> None:
+  for f in folder.rglob("*"):
+    if f.is_file():
+      f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 3])
+
+
+def test_a_damaged_latest_checkpoint_resumes_from_the_one_before(
+    tmp_path, caplog):
+  """With every file of the newest checkpoint truncated, the run resumes
+  from the newest one that restores, says which it skipped and why, keeps
+  the damaged one, and ends bit-identical to an uninterrupted run."""
+  c = _small(name="copy")
+  full = train.train_and_evaluate(c, tmp_path / "full")
+  part = train.train_and_evaluate(c, tmp_path / "resumed", stop_at=11)
+  ckpts = tmp_path / "resumed" / "checkpoints"
+  assert sorted(p.name for p in ckpts.iterdir()) == ["10", "5"]
+  _truncate_every_file(ckpts / "10")
+  del part
+  with caplog.at_level("WARNING"):
+    resumed = train.train_and_evaluate(c, tmp_path / "resumed")
+  assert "Checkpoint 10 in" in caplog.text and "does not restore" in (
+      caplog.text)
+  assert "Resumed from checkpoint 5" in caplog.text
+  assert (ckpts / "10.unreadable").is_dir()  # kept, not deleted
+  assert _equal_trees(full.params, resumed.params)
+  assert _rows(tmp_path / "full") == _rows(tmp_path / "resumed")
+
+
+def test_no_checkpoint_that_restores_fails_by_name(tmp_path):
+  c = _small(name="copy")
+  train.train_and_evaluate(c, tmp_path, stop_at=11)
+  for step in ("5", "10"):
+    _truncate_every_file(tmp_path / "checkpoints" / step)
+  with pytest.raises(RuntimeError, match=r"no checkpoint in .*checkpoints "
+                     r"restores \(step 10: .*; step 5: "):
+    train.train_and_evaluate(c, tmp_path)
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+      "10", "5"]  # nothing moved or deleted
