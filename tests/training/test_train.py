@@ -19,6 +19,7 @@ import ml_collections
 from configs import default
 from mha_jax.training import tasks
 from mha_jax.training import train
+from mha_jax.training import workdir as workdir_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -285,3 +286,42 @@ def test_no_checkpoint_that_restores_fails_by_name(tmp_path):
     train.train_and_evaluate(c, tmp_path)
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
       "10", "5"]  # nothing moved or deleted
+
+
+def test_a_second_run_on_a_workdir_in_use_is_refused_naming_the_first(
+    tmp_path):
+  """Two commands on one workdir would interleave their metrics: the
+  second is refused while the first holds the lock (any process: flock
+  locks open files, not processes), and runs once it is gone."""
+  c = _small(name="copy")
+  c.train.num_steps = 4
+  with workdir_lib.lock(tmp_path):
+    with pytest.raises(workdir_lib.WorkdirInUse,
+                       match=rf"in use by process {os.getpid()} on "):
+      train.train_and_evaluate(c, tmp_path)
+  assert not (tmp_path / "metrics.jsonl").exists()  # refused before writing
+  train.train_and_evaluate(c, tmp_path)  # free again
+
+
+def test_a_killed_run_leaves_no_stuck_lock(tmp_path):
+  holder = subprocess.Popen(
+      [sys.executable, "-c",
+       "import sys, time\n"
+       "from mha_jax.training import workdir\n"
+       "with workdir.lock(sys.argv[1]):\n"
+       "  print('held', flush=True)\n"
+       "  time.sleep(120)\n", str(tmp_path)],
+      cwd=ROOT, stdout=subprocess.PIPE, text=True,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(workdir_lib.WorkdirInUse,
+                       match=rf"process {holder.pid} on "):
+      with workdir_lib.lock(tmp_path):
+        pass
+  finally:
+    holder.kill()
+    holder.wait(timeout=60)
+    holder.stdout.close()
+  with workdir_lib.lock(tmp_path):  # the kernel freed it with the process
+    pass
