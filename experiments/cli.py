@@ -1,9 +1,12 @@
 """The command line every experiment shares: its flags and its `main`.
 
-`run_app(main)` is `absl.app.run` with one change every entry point uses:
-a `--config.<field>` that the config lacks is reported on one line (the
-flag, the field and ml_collections' suggestion) with exit status 1, where
-absl would end in a three-exception traceback.
+`run_app(main)` is `absl.app.run` with two changes every entry point
+uses: a `--config.<field>` that the config lacks is reported on one line
+(the flag, the field and ml_collections' suggestion) with exit status 1,
+where absl would end in a three-exception traceback; and JAX's INFO line
+"Unable to initialize backend 'tpu'", which its platform probe logs on
+every machine without a TPU, is not shown (its warnings and errors, and
+every other backend's lines, are).
 
 Each `experiments/<name>/__main__.py` defines its flags at import with
 
@@ -18,6 +21,7 @@ and reports, and hands both to `cli.main`.
 from __future__ import annotations
 
 import ast
+import logging
 import pathlib
 import sys
 from typing import Callable, NamedTuple
@@ -27,6 +31,17 @@ from absl import flags
 from ml_collections import config_flags
 
 from mha_jax.measure import report as report_lib
+
+
+class _NoTpuProbeLine(logging.Filter):
+  """Drops the INFO record of JAX's failed probe for a TPU backend."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.levelno <= logging.INFO and record.getMessage()
+                .startswith("Unable to initialize backend 'tpu'"))
+
+
+logging.getLogger("jax._src.xla_bridge").addFilter(_NoTpuProbeLine())
 
 
 class ExperimentFlags(NamedTuple):

@@ -26,6 +26,7 @@ from experiments import cli
 from mha_jax.measure import report as report_lib
 from mha_jax.training import config as config_lib
 from mha_jax.training import train
+from mha_jax.training import workdir as workdir_lib
 
 _CONFIG = cli.config_flag(
     None, "Path to a config file (configs/*.py).")
@@ -67,7 +68,10 @@ def main(argv):
     logging.info("Process %d of %d, %d local / %d global devices",
                  jax.process_index(), jax.process_count(),
                  jax.local_device_count(), jax.device_count())
-  run(_CONFIG.value, _WORKDIR.value)
+  try:
+    run(_CONFIG.value, _WORKDIR.value)
+  except workdir_lib.WorkdirInUse as e:  # the message names the holder
+    raise app.UsageError(str(e)) from e
 
 
 if __name__ == "__main__":

@@ -60,9 +60,59 @@ def restore(manager, state, step: int):
 
 
 def restore_latest(manager, state):
-  """`state` from the newest checkpoint, or unchanged if there is none."""
-  step = manager.latest_step()
-  return state if step is None else restore(manager, state, step)
+  """`state` from the newest checkpoint that restores, or unchanged if
+  there is none.
+
+  A checkpoint that does not restore (files truncated by a disk fault or
+  an interrupted copy) is skipped with a warning naming it and the error.
+  Once an older one restores, each skipped one is moved aside to
+  `checkpoints/<step>.unreadable` (kept, never deleted), so the resumed
+  run can save that step again. When checkpoints exist but none restores,
+  RuntimeError names each and why, and nothing is moved.
+  """
+  failed = []
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      restored = restore(manager, state, step)
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      # Orbax and tensorstore raise many types on damaged files; any
+      # failure to read a step is a reason to try the one before it.
+      logging.warning("Checkpoint %d in %s does not restore (%s: %s); "
+                      "trying the one before it", step, manager.directory,
+                      type(e).__name__, _first_line(e))
+      failed.append((step, e))
+      continue
+    for bad, _ in failed:
+      _move_aside(manager, bad)
+    if failed:
+      logging.warning("Resumed from checkpoint %d; the unreadable ones (%s) "
+                      "are kept as <step>.unreadable in %s", step,
+                      ", ".join(str(s) for s, _ in failed), manager.directory)
+      with quiet():
+        manager.reload()
+    return restored
+  if failed:
+    reasons = "; ".join(f"step {s}: {type(e).__name__}: {_first_line(e)}"
+                        for s, e in failed)
+    raise RuntimeError(f"no checkpoint in {manager.directory} restores "
+                       f"({reasons})")
+  return state
+
+
+def _first_line(e: Exception) -> str:
+  return (str(e).strip().splitlines() or [""])[0][:300]
+
+
+def _move_aside(manager, step: int) -> None:
+  """Rename checkpoint `step`'s folder to `<step>.unreadable` (or
+  `<step>.unreadable.<n>` if that exists already)."""
+  folder = pathlib.Path(manager.directory) / str(step)
+  target = folder.with_name(f"{step}.unreadable")
+  n = 1
+  while target.exists():
+    target = folder.with_name(f"{step}.unreadable.{n}")
+    n += 1
+  folder.rename(target)
 
 
 def close(manager) -> None:

@@ -17,6 +17,7 @@ replays exactly the steps it missed and ends with bit-identical parameters
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import pathlib
@@ -34,6 +35,7 @@ from mha_jax.training import checkpoint
 from mha_jax.training import config as config_lib
 from mha_jax.parallel import sharding
 from mha_jax.training import tasks
+from mha_jax.training import workdir as workdir_lib
 from mha_jax.models import transformer
 
 # Separate PRNG streams derived from the one seed.
@@ -253,11 +255,20 @@ def train_and_evaluate(config, workdir, *, stop_at: int | None = None):
   Restarting with the same `workdir` resumes from the latest checkpoint.
   `stop_at` ends the run before that step WITHOUT a final checkpoint, as a
   kill would (tests use it to check that resuming loses nothing).
-  Returns the final `TrainState`.
+  Returns the final `TrainState`. While it runs, a second call on the same
+  `workdir` (from any process) raises `workdir.WorkdirInUse` naming it.
   """
   config_lib.validate_config(config)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  # One run per workdir (on the host that writes it): a second command
+  # on the same folder is refused instead of racing this one.
+  with (workdir_lib.lock(workdir) if jax.process_index() == 0
+        else contextlib.nullcontext()):
+    return _train_and_evaluate(config, workdir, stop_at)
+
+
+def _train_and_evaluate(config, workdir, stop_at):
   if jax.process_index() == 0:
     (workdir / "config.json").write_text(
         config.to_json_best_effort(indent=2))

@@ -191,3 +191,17 @@ def test_a_bad_config_override_is_one_line_and_a_failure(args, message):
   assert message in proc.stderr, proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
   assert len(proc.stderr.strip().splitlines()) == 2, proc.stderr
+
+
+def test_entry_points_do_not_print_the_tpu_probe_line(tmp_path):
+  """JAX logs "Unable to initialize backend 'tpu'" at INFO on every
+  machine without one; the entry points' log leaves that line out and
+  keeps the rest."""
+  proc = _run_entry_point("--config=configs/copy.py:smoke",
+                          f"--workdir={tmp_path}",
+                          "--config.train.num_steps=3",
+                          "--config.train.warmup_steps=1",
+                          cwd=pathlib.Path(__file__).parents[2])
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "Unable to initialize backend 'tpu'" not in proc.stderr
+  assert "eval step 3" in proc.stderr  # the INFO log itself still shows

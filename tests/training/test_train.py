@@ -19,6 +19,7 @@ import ml_collections
 from configs import default
 from mha_jax.training import tasks
 from mha_jax.training import train
+from mha_jax.training import workdir as workdir_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -245,3 +246,82 @@ def test_generate_on_a_folder_that_is_no_run_exits_with_the_reason(tmp_path):
   assert proc.returncode != 0
   assert "no such directory" in proc.stderr
   assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def _truncate_every_file(folder: pathlib.Path) -> None:
+  for f in folder.rglob("*"):
+    if f.is_file():
+      f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 3])
+
+
+def test_a_damaged_latest_checkpoint_resumes_from_the_one_before(
+    tmp_path, caplog):
+  """With every file of the newest checkpoint truncated, the run resumes
+  from the newest one that restores, says which it skipped and why, keeps
+  the damaged one, and ends bit-identical to an uninterrupted run."""
+  c = _small(name="copy")
+  full = train.train_and_evaluate(c, tmp_path / "full")
+  part = train.train_and_evaluate(c, tmp_path / "resumed", stop_at=11)
+  ckpts = tmp_path / "resumed" / "checkpoints"
+  assert sorted(p.name for p in ckpts.iterdir()) == ["10", "5"]
+  _truncate_every_file(ckpts / "10")
+  del part
+  with caplog.at_level("WARNING"):
+    resumed = train.train_and_evaluate(c, tmp_path / "resumed")
+  assert "Checkpoint 10 in" in caplog.text and "does not restore" in (
+      caplog.text)
+  assert "Resumed from checkpoint 5" in caplog.text
+  assert (ckpts / "10.unreadable").is_dir()  # kept, not deleted
+  assert _equal_trees(full.params, resumed.params)
+  assert _rows(tmp_path / "full") == _rows(tmp_path / "resumed")
+
+
+def test_no_checkpoint_that_restores_fails_by_name(tmp_path):
+  c = _small(name="copy")
+  train.train_and_evaluate(c, tmp_path, stop_at=11)
+  for step in ("5", "10"):
+    _truncate_every_file(tmp_path / "checkpoints" / step)
+  with pytest.raises(RuntimeError, match=r"no checkpoint in .*checkpoints "
+                     r"restores \(step 10: .*; step 5: "):
+    train.train_and_evaluate(c, tmp_path)
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+      "10", "5"]  # nothing moved or deleted
+
+
+def test_a_second_run_on_a_workdir_in_use_is_refused_naming_the_first(
+    tmp_path):
+  """Two commands on one workdir would interleave their metrics: the
+  second is refused while the first holds the lock (any process: flock
+  locks open files, not processes), and runs once it is gone."""
+  c = _small(name="copy")
+  c.train.num_steps = 4
+  with workdir_lib.lock(tmp_path):
+    with pytest.raises(workdir_lib.WorkdirInUse,
+                       match=rf"in use by process {os.getpid()} on "):
+      train.train_and_evaluate(c, tmp_path)
+  assert not (tmp_path / "metrics.jsonl").exists()  # refused before writing
+  train.train_and_evaluate(c, tmp_path)  # free again
+
+
+def test_a_killed_run_leaves_no_stuck_lock(tmp_path):
+  holder = subprocess.Popen(
+      [sys.executable, "-c",
+       "import sys, time\n"
+       "from mha_jax.training import workdir\n"
+       "with workdir.lock(sys.argv[1]):\n"
+       "  print('held', flush=True)\n"
+       "  time.sleep(120)\n", str(tmp_path)],
+      cwd=ROOT, stdout=subprocess.PIPE, text=True,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(workdir_lib.WorkdirInUse,
+                       match=rf"process {holder.pid} on "):
+      with workdir_lib.lock(tmp_path):
+        pass
+  finally:
+    holder.kill()
+    holder.wait(timeout=60)
+    holder.stdout.close()
+  with workdir_lib.lock(tmp_path):  # the kernel freed it with the process
+    pass
