@@ -32,7 +32,7 @@ text_heads: install
 	$(BIN)/python -m experiments.text_heads --workdir=runs/text_heads
 
 # The head experiments, each writing runs/<name>/report.md.
-EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits text_heads sinks
+EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits text_heads sinks pretrained_heads
 experiments: install
 	for e in $(EXPERIMENTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \
@@ -44,7 +44,7 @@ experiments: install
 # hand; tests check the README's numbers against them). About 55 minutes
 # on 2 idle cores; RESULTS=induction limits it to one experiment, and
 # `make publish` copies finished runs without running them again.
-RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks
+RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads
 results: install
 	for e in $(RESULTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \

@@ -287,9 +287,7 @@ def uniform_weights(visible) -> np.ndarray:
   Tk]` keys (rows with none stay 0). The floor of a head that looks
   nowhere in particular; causal and unpadded, it is
   `head_metrics.uniform_causal_weights`."""
-  v = np.asarray(visible, np.float32)
-  n = v.sum(-1, keepdims=True)
-  return (v / np.maximum(n, 1.0))[:, None]
+  return np.asarray(head_metrics.uniform_weights(visible))
 
 
 def _token_side(kind: Kind, batch):

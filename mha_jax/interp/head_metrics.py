@@ -358,3 +358,86 @@ def head_metrics(weights: jax.Array,
     out["induction"] = induction_score(weights, tokens)
     out["duplicate_token"] = duplicate_token_score(weights, tokens)
   return out
+
+
+# ------------------------------------------------- per example, padded rows
+#
+# The scores above pool rows over the batch. An encoder's padded batch needs
+# two more things: the rows that count are the real query tokens (a padded
+# query still attends), and an interval over sentences needs one score per
+# sentence. These take `rows [B, Tq]` (True = a real query) and return
+# `[B, H]`: each example's mean over its rows (0 for an example without one).
+
+
+def per_example_mean(values: jax.Array, rows: jax.Array) -> jax.Array:
+  """Mean of `values [B, H, Tq]` over each example's `rows` (`[B, Tq]`, or
+  `[B, H, Tq]` where heads differ), `[B, H]`."""
+  rows = jnp.asarray(rows, bool)
+  rows = rows[:, None, :] if rows.ndim == 2 else rows  # [B, 1 or H, Tq]
+  total = jnp.sum(jnp.where(rows, values, 0.0), axis=-1)
+  n = jnp.sum(rows, axis=-1)
+  return jnp.where(n > 0, total / jnp.maximum(n, 1), 0.0)
+
+
+def target_share(weights: jax.Array, targets: jax.Array,
+                 rows: jax.Array) -> jax.Array:
+  """Each example's mean weight on `targets`, `[B, H]`.
+
+  `targets [B, Tq, Tk]` (or broadcastable to it) marks the keys that count
+  for each query; only `rows [B, Tq]` that have a target are averaged.
+  """
+  w = _check_weights(weights, "target_share")
+  b, _, tq, tk = w.shape
+  target = jnp.broadcast_to(jnp.asarray(targets, bool), (b, tq, tk))
+  mass = jnp.sum(jnp.where(target[:, None], w, 0.0), axis=-1)  # [B, H, Tq]
+  return per_example_mean(mass, jnp.asarray(rows, bool)
+                          & jnp.any(target, axis=-1))
+
+
+def in_class(tokens: jax.Array, class_ids) -> jax.Array:
+  """`[B, T]` bool: tokens whose id is one of `class_ids` (a token class as
+  data: `[CLS]`'s id, `[SEP]`'s, the ids of "." and ",")."""
+  return jnp.isin(jnp.asarray(tokens), jnp.asarray(class_ids).reshape(-1))
+
+
+def class_share(weights: jax.Array, key_class: jax.Array,
+                rows: jax.Array) -> jax.Array:
+  """Each example's mean weight on keys of a class `key_class [B, Tk]`,
+  `[B, H]`, over `rows [B, Tq]` (Clark et al.'s share on [SEP], [CLS] or
+  punctuation)."""
+  return target_share(weights, jnp.asarray(key_class, bool)[:, None, :],
+                      rows)
+
+
+def offset_share(weights: jax.Array, offset: int, rows: jax.Array,
+                 keys: jax.Array | None = None) -> jax.Array:
+  """Each example's mean weight on the key `offset` positions back, `[B,
+  H]`: 1 the previous token, -1 the next, 0 the token itself. Only rows
+  whose key at that offset exists and is one of `keys [B, Tk]` (the real
+  tokens; default all) count, so a perfect next-token head scores 1 although
+  the last token has no next."""
+  b, _, tq, tk = jnp.shape(weights)
+  keys = jnp.ones((b, tk), bool) if keys is None else jnp.asarray(keys, bool)
+  at = _lift(offsets(tq, tk) == offset, 3)  # [1, Tq, Tk]
+  return target_share(weights, at & keys[:, None, :], rows)
+
+
+def next_token_score(weights: jax.Array) -> jax.Array:
+  """Mean weight on the immediately next token, `[H]` (bidirectional
+  attention; the mirror of `previous_token_score`)."""
+  return offset_score(weights, -1)
+
+
+def entropy_per_example(weights: jax.Array, rows: jax.Array) -> jax.Array:
+  """Each example's mean row entropy in nats over `rows [B, Tq]`, `[B, H]`."""
+  w = _check_weights(weights, "entropy_per_example")
+  return per_example_mean(row_entropy(w), jnp.asarray(rows, bool)[:, None]
+                          & valid_rows(w))
+
+
+def uniform_weights(visible: jax.Array) -> jax.Array:
+  """`[B, 1, Tq, Tk]`: each query spread evenly over its `visible [B, Tq,
+  Tk]` keys (rows with none stay 0); for a padded encoder `visible` is
+  `mask[:, None, :]` broadcast over queries."""
+  v = jnp.asarray(visible, jnp.float32)
+  return (v / jnp.maximum(jnp.sum(v, -1, keepdims=True), 1.0))[:, None]

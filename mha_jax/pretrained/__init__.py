@@ -13,8 +13,9 @@ from mha_jax.pretrained.load import load_config
 from mha_jax.pretrained.load import load_pretrained
 from mha_jax.pretrained.save import save_pretrained
 from mha_jax.pretrained.tokenizer import encode
+from mha_jax.pretrained.tokenizer import encode_pairs
 from mha_jax.pretrained.tokenizer import labels
 from mha_jax.pretrained.tokenizer import load_tokenizer
 
 __all__ = ["PretrainedError", "FAMILIES", "load_config", "load_pretrained",
-           "save_pretrained", "encode", "labels", "load_tokenizer"]
+           "save_pretrained", "encode", "encode_pairs", "labels", "load_tokenizer"]

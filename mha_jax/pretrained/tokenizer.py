@@ -32,25 +32,46 @@ def load_tokenizer(path) -> tokenizers.Tokenizer:
                           f"unreadable one: {e}") from e
 
 
+def _encodings(tokenizer, inputs, max_len):
+  """The tokenizer's encodings of `inputs` (texts or (a, b) pairs), without
+  the file's own padding (MiniLM's pads every text to 128): the callers pad
+  to the batch's longest only."""
+  tokenizer = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+  tokenizer.no_padding()
+  if max_len is not None:  # the tokenizer's own: keeps [SEP] and the like
+    tokenizer.enable_truncation(max_length=max_len)
+  return tokenizer.encode_batch(inputs)
+
+
+def _padded(tokenizer, rows):
+  """`rows` (lists of ints) right-padded with the pad id (0 without one):
+  `(ids [B, T] int32, mask [B, T] bool)`."""
+  pad = tokenizer.padding["pad_id"] if tokenizer.padding else 0
+  t = max(len(r) for r in rows)
+  out = np.full((len(rows), t), pad, np.int32)
+  mask = np.zeros((len(rows), t), bool)
+  for i, r in enumerate(rows):
+    out[i, :len(r)], mask[i, :len(r)] = r, True
+  return out, mask
+
+
 def encode(tokenizer: tokenizers.Tokenizer, texts, *, max_len=None):
   """`texts` (a str or a list) -> `(ids [B, T] int32, mask [B, T] bool)`,
   right-padded with the tokenizer's pad id (0 without one); `max_len`
   truncates each text (special tokens kept)."""
   texts = [texts] if isinstance(texts, str) else list(texts)
-  pad = tokenizer.padding["pad_id"] if tokenizer.padding else 0
-  # A copy without the file's own padding (MiniLM's pads every text to
-  # 128): this pads to the batch's longest text only.
-  tokenizer = tokenizers.Tokenizer.from_str(tokenizer.to_str())
-  tokenizer.no_padding()
-  if max_len is not None:  # the tokenizer's own: keeps [SEP] and the like
-    tokenizer.enable_truncation(max_length=max_len)
-  encs = [e.ids for e in tokenizer.encode_batch(texts)]
-  t = max(len(e) for e in encs)
-  ids = np.full((len(encs), t), pad, np.int32)
-  mask = np.zeros((len(encs), t), bool)
-  for i, e in enumerate(encs):
-    ids[i, :len(e)], mask[i, :len(e)] = e, True
-  return ids, mask
+  return _padded(tokenizer, [e.ids for e in _encodings(tokenizer, texts,
+                                                          max_len)])
+
+
+def encode_pairs(tokenizer: tokenizers.Tokenizer, pairs, *, max_len=None):
+  """Sentence pairs `[(a, b), ...]` in the tokenizer's pair template (BERT:
+  `[CLS] a [SEP] b [SEP]`) -> `(ids, mask, token_types)`, each `[B, T]`;
+  token type 1 marks b and its [SEP], as in BERT's pre-training."""
+  encs = _encodings(tokenizer, [tuple(p) for p in pairs], max_len)
+  ids, mask = _padded(tokenizer, [e.ids for e in encs])
+  types, _ = _padded(tokenizer, [e.type_ids for e in encs])
+  return ids, mask, np.where(mask, types, 0).astype(np.int32)
 
 
 def labels(tokenizer: tokenizers.Tokenizer, ids) -> list[str]:

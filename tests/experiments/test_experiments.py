@@ -456,12 +456,66 @@ def test_every_entry_point_has_an_end_to_end_test():
             # sinks: tests/experiments/test_sinks.py
             "text_heads", "sinks",
             # pretrained_bench: tests/pretrained/test_pretrained_bench.py
-            "pretrained_bench"}
+            "pretrained_bench", "pretrained_heads"}
   helpers = {"__init__", "cli",  # cli: the flags every experiment shares
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
   found = {p.stem for p in (ROOT / "experiments").iterdir()
            if p.suffix == ".py" or (p / "__main__.py").exists()} - helpers
   assert found == tested
+
+
+def test_pretrained_heads(tmp_path):
+  """The smoke config's tiny random BERT (built by transformers): the
+  report's tables show results.json's numbers."""
+  config = entry_points.config("pretrained_heads")
+  results = entry_points.load("pretrained_heads").run(config, tmp_path)
+  report, saved = _outputs(tmp_path, [
+      "layer_shares.png", "entropy.png", "sep_gradient.png", "heads_mds.png",
+      "pruning.png"])
+  assert saved == results
+  page = _explorer_page(tmp_path, report)
+  assert page["kinds"][0]["query_labels"][0] == "[CLS]"
+  nl, nh = results["model"]["layers"], results["model"]["heads"]
+  assert (nl, nh) == (config.experiment.tiny.num_layers,
+                      config.experiment.tiny.num_heads)
+  cell = lambda s, i=(): (f"{np.asarray(s['mean'])[i]:.3f} "
+                          f"{report_lib.interval(np.asarray(s['ci95'])[i])}")
+  layers = entry_points.table_by_label(report, "| layer | [CLS] |")
+  h = results["heads"]
+  for l in range(nl):
+    assert layers[str(l + 1)][:4] == [
+        cell(h["cls"]["layer_trained"], l), cell(h["cls"]["layer_init"], l),
+        cell(h["sep"]["layer_trained"], l), cell(h["sep"]["layer_init"], l)]
+  assert layers["uniform"][0] == cell(h["cls"]["uniform"])
+  # A layer's share is its heads' mean; uniform attention over n tokens
+  # puts 1/n on [CLS] and 2/n on the two [SEP]s.
+  for l in range(nl):
+    assert np.mean(h["sep"]["trained"]["mean"][l]) == pytest.approx(
+        h["sep"]["layer_trained"]["mean"][l], rel=1e-6)
+  assert h["sep"]["uniform"]["mean"] == pytest.approx(
+      2 * h["cls"]["uniform"]["mean"], rel=1e-6)
+  top = entry_points.table(report, "| focus on | head |")
+  assert [r[1] for r in top[:config.experiment.top]] == [
+      f"L{t['layer']}.{t['head']}" for t in results["top"]["previous"]]
+  js = entry_points.table_by_label(report, "| model | JS distance within")
+  assert js["pretrained"][:2] == [
+      f"{results['js']['trained']['within_layer']:.3f}",
+      f"{results['js']['trained']['across_layer']:.3f}"]
+  assert 0 < results["js"]["trained"]["p_value"] <= 1
+  grad = entry_points.table_by_label(report, "| layer | share on [SEP] |")
+  g = results["gradient"]["sep"]
+  assert grad["1"][1] == (f"{g['mean'][0]:.6f} "
+                          f"{report_lib.interval(g['ci95'][0], 6)}")
+  prune = entry_points.table(report, "| heads removed |")
+  p = results["pruning"]
+  assert [int(r[0]) for r in prune] == p["removed"] == list(
+      range(0, nl * nh + 1, config.experiment.prune_step))
+  assert [r[1] for r in prune] == [f"{a:.3f}" for a in p["ranked"]["accuracy"]]
+  # With no head removed both orders score the same model.
+  assert p["ranked"]["accuracy"][0] == p["random"]["accuracy"][0]
+  assert sorted(p["order"]) == list(range(nl * nh))
+  clean = results["ablation"]["clean"]["accuracy"]["mean"]
+  assert 0 <= clean <= 1
 
 
 def test_circuits(tmp_path):

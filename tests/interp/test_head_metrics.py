@@ -255,6 +255,98 @@ _patterns = st.integers(0, 2**31 - 1).map(
                                                  size=(1, 4, 6)))
 
 
+class PaddedPerExampleTest(absltest.TestCase):
+  """The per-example scores of a padded encoder batch, on hand-built
+  patterns: example 0 has 4 real tokens of 5 (the last is PAD), example 1
+  all 5."""
+
+  CLS, SEP, DOT, COMMA, PAD = 1, 2, 7, 8, 0
+  TOKENS = jnp.asarray([[1, 7, 2, 2, 0], [1, 5, 8, 7, 2]])
+  MASK = TOKENS != 0
+
+  def _patterns(self):
+    """`[2, 4, 5, 5]`: on [CLS] (key 0), next token, previous token,
+    uniform over the real keys; example 0's padded row (query 4) puts all
+    its weight on key 0, which no score may count."""
+    t = 5
+    on_cls = jnp.zeros((t, t)).at[:, 0].set(1.0)
+    nxt = jnp.eye(t, k=1).at[t - 1, t - 1].set(1.0)
+    prev = jnp.eye(t, k=-1).at[0, 0].set(1.0)
+    ex0 = [on_cls, nxt.at[3].set(jnp.eye(t)[3]), prev]
+    ex1 = [on_cls, nxt, prev]
+    real0 = jnp.asarray([1.0, 1, 1, 1, 0])
+    ex0.append(jnp.broadcast_to(real0 / 4, (t, t)))
+    ex1.append(jnp.full((t, t), 1 / 5))
+    w = jnp.stack([jnp.stack(ex0), jnp.stack(ex1)])
+    return w.at[0, :, 4].set(jnp.zeros(t).at[0].set(1.0))
+
+  def test_class_shares_take_the_class_as_data(self):
+    w = self._patterns()
+    cls = head_metrics.class_share(
+        w, head_metrics.in_class(self.TOKENS, [self.CLS]), self.MASK)
+    # The previous-token head is on [CLS] at queries 0 (itself) and 1.
+    np.testing.assert_allclose(cls, [[1, 0, 2 / 4, 1 / 4],
+                                     [1, 0, 2 / 5, 1 / 5]], atol=1e-6)
+    punct = head_metrics.in_class(self.TOKENS, [self.DOT, self.COMMA])
+    np.testing.assert_array_equal(punct, [[0, 1, 0, 0, 0], [0, 0, 1, 1, 0]])
+    share = head_metrics.class_share(w, punct, self.MASK)
+    # Next-token head: example 0's query 0 goes to "." (key 1) of 4 rows;
+    # example 1's queries 1 and 2 go to keys 2 and 3, both punctuation.
+    np.testing.assert_allclose(share[:, 1], [1 / 4, 2 / 5], atol=1e-6)
+    np.testing.assert_allclose(share[:, 3], [1 / 4, 2 / 5], atol=1e-6)
+    sep = head_metrics.class_share(
+        w, head_metrics.in_class(self.TOKENS, [self.SEP]), self.MASK)
+    # Example 0's query 3 looks back at [SEP] (key 2); example 1's [SEP]
+    # is last, so no query's previous token is [SEP].
+    np.testing.assert_allclose(sep[:, 2], [1 / 4, 0.0], atol=1e-6)
+
+  def test_previous_next_and_self_shares(self):
+    w = self._patterns()
+    share = lambda d: head_metrics.offset_share(w, d, self.MASK,
+                                                keys=self.MASK)
+    # The next-token head scores 1: example 0's query 3 has no real next
+    # token (PAD), so it does not count although it sits on itself.
+    np.testing.assert_allclose(share(-1), [[0, 1, 0, 1 / 4],
+                                           [0, 1, 0, 1 / 5]], atol=1e-6)
+    # The [CLS] head is its query 1's previous token (of 3 or 4 rows that
+    # have one).
+    np.testing.assert_allclose(share(1), [[1 / 3, 0, 1, 1 / 4],
+                                          [1 / 4, 0, 1, 1 / 5]], atol=1e-6)
+    # On itself: [CLS] head at query 0; previous head at query 0; example
+    # 0's next head at query 3.
+    np.testing.assert_allclose(share(0), [[1 / 4, 1 / 4, 1 / 4, 1 / 4],
+                                          [1 / 5, 1 / 5, 1 / 5, 1 / 5]],
+                               atol=1e-6)
+
+  def test_next_token_score_mirrors_previous(self):
+    nxt = _batch(jnp.eye(T, k=1).at[T - 1, 0].set(1.0))
+    np.testing.assert_allclose(head_metrics.next_token_score(nxt), [1.0])
+    np.testing.assert_allclose(head_metrics.previous_token_score(nxt), [0.0])
+    prev = _batch(previous_token_pattern())
+    np.testing.assert_allclose(head_metrics.next_token_score(prev), [0.0])
+
+  def test_entropy_and_uniform_floor_over_real_tokens(self):
+    w = self._patterns()
+    ent = head_metrics.entropy_per_example(w, self.MASK)
+    np.testing.assert_allclose(ent[:, 0], [0.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(ent[:, 3], [math.log(4), math.log(5)],
+                               rtol=1e-6)
+    visible = jnp.broadcast_to(self.MASK[:, None, :], (2, 5, 5))
+    uni = head_metrics.uniform_weights(visible)
+    np.testing.assert_allclose(uni[:, 0], w[:, 3].at[0, 4].set(w[0, 3, 0]),
+                               atol=1e-6)
+    np.testing.assert_allclose(head_metrics.uniform_weights(
+        jnp.zeros((1, 2, 3), bool)), np.zeros((1, 1, 2, 3)))
+
+  def test_an_example_without_rows_scores_0(self):
+    w = self._patterns()
+    rows = self.MASK.at[1].set(False)
+    share = head_metrics.class_share(w, self.MASK, rows)
+    np.testing.assert_allclose(share[1], np.zeros(4))
+    np.testing.assert_allclose(head_metrics.per_example_mean(
+        jnp.ones((2, 4, 5)), rows), [[1] * 4, [0] * 4])
+
+
 class PropertyTest(absltest.TestCase):
 
   @hypothesis.settings(max_examples=25, deadline=None)
