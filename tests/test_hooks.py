@@ -390,7 +390,7 @@ def test_an_index_past_either_end_fails_naming_site_axis_size_and_value():
                     rf"'blocks\.0\.attn\.z': `heads`=4, out of range for "
                     rf"axis 2 \(H\) {z} 4: use 0\.\.3, or -4\.\.-1")
   _raises_both_ways(hooks.ablate("blocks.1.attn.z", heads=-H - 1),
-                    rf"'blocks\.1\.attn\.z': `heads`=-5, .*axis 2 \(H\)")
+                    r"'blocks\.1\.attn\.z': `heads`=-5, .*axis 2 \(H\)")
   _raises_both_ways(hooks.ablate("blocks.0.attn.z", positions=T),
                     rf"'blocks\.0\.attn\.z': `positions`=6, out of range for "
                     rf"axis 1 \(Tq\) {z} 6: use 0\.\.5, or -6\.\.-1")

@@ -148,7 +148,7 @@ def degraded_text(config, r):
       f"{'never' if ranked is None else 'first'} falls more than "
       f"{e.degrade_by} below the clean model's"
       + ("" if ranked is None else f" at {ranked} heads removed")
-      + f" on the ranked curve; on the random orders it does at "
+      + " on the ranked curve; on the random orders it does at "
       + (", ".join(str(k) for k in rand) or "none") + " heads removed "
       f"({len(rand)} of {len(p['random']['first_degraded'])} orders).")
 

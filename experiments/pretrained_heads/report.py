@@ -178,7 +178,6 @@ def _sections(config, r):
   e = config.experiment
   counts = claims.ablation_counts(r)
   n_heads = r["model"]["layers"] * r["model"]["heads"]
-  p = r["pruning"]
   js = r["js"]
   g = r["gradient"]
   return [

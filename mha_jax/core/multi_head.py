@@ -39,16 +39,26 @@ def qk_normalize(x: jax.Array, scale: jax.Array, kind: str) -> jax.Array:
   "rms": x / rms(x) (OLMo 2, Gemma 3); "layer": (x - mean) / std, no bias
   (ViT-22B; Flax's `normalize_qk`). Statistics in float32, eps 1e-6.
   """
+  return normalize(x, scale, kind)
+
+
+def normalize(x: jax.Array, scale: jax.Array, kind: str, *,
+              eps: float = _NORM_EPS, dtype=None) -> jax.Array:
+  """`x [..., N]` normalised over its last axis, times `scale [N]`.
+
+  "rms": x / rms(x); "layer": (x - mean) / std, no bias. Statistics and
+  the product in float32, cast once to `dtype` (default x's). QK-norm and
+  the models' RMSNorm both use it.
+  """
   xf = x.astype(jnp.float32)
   if kind == "layer":
     xf = xf - jnp.mean(xf, axis=-1, keepdims=True)
   elif kind != "rms":
-    raise ValueError(f"qk_normalize: `kind` must be one of {QK_NORMS}, got "
+    raise ValueError(f"normalize: `kind` must be one of {QK_NORMS}, got "
                      f"{kind!r}")
-  xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True)
-                          + _NORM_EPS)
+  xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
   scale = jnp.reshape(scale.astype(jnp.float32), (1,) * (x.ndim - 1) + (-1,))
-  return (xf * scale).astype(x.dtype)
+  return (xf * scale).astype(x.dtype if dtype is None else dtype)
 
 
 def project(x: jax.Array, w: jax.Array, b: jax.Array | None = None):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 import json
-import os
 import pathlib
 
 import matplotlib

@@ -17,7 +17,7 @@ mean.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 import math
 
 import numpy as np

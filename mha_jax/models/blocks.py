@@ -59,12 +59,9 @@ class RMSNorm(nnx.Module):
     self.eps, self.offset, self.dtype = eps, offset, dtype
 
   def __call__(self, x):  # [..., D] -> [..., D]
-    dtype = x.dtype if self.dtype is None else self.dtype
-    xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True)
-                            + self.eps)
     scale = self.offset + self.scale[...].astype(jnp.float32)  # [D]
-    return (xf * scale.reshape((1,) * (x.ndim - 1) + (-1,))).astype(dtype)
+    return multi_head.normalize(x, scale, "rms", eps=self.eps,
+                                dtype=self.dtype)
 
 
 def make_norm(config: ModelConfig, rngs: nnx.Rngs):

@@ -41,7 +41,6 @@ from flax import nnx
 from mha_jax.models import blocks as blocks_lib
 from mha_jax import hooks as hooks_lib
 from mha_jax.core import kv_cache
-from mha_jax.models.blocks import Embedder
 from mha_jax.models.blocks import sinusoidal_positions
 from mha_jax.models.blocks import TransformerBlock
 from mha_jax.models.model_config import ModelConfig

@@ -269,7 +269,7 @@ HOOK_CASES = [
     ("patch value of another T", lambda: mha(
         P, X, patch=hooks.replace("z", jnp.ones((2, 5, 2)), heads=1)),
      ValueError, r"hook site 'z': `replace`'s value has shape \[2, 5, 2\], "
-     rf"which must be a scalar or fit \[B, Tq, H, Dv\]=\[2, 3, 4, 2\] or "
+     r"which must be a scalar or fit \[B, Tq, H, Dv\]=\[2, 3, 4, 2\] or "
      r"\[B, Tq, Dv\]=\[2, 3, 2\]"),
     ("patch unknown site with heads", lambda: mha(
         P, X, patch=hooks.ablate("zz", heads=1)),

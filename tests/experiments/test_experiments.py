@@ -14,7 +14,6 @@ kv_behaviour), so in one process they reuse compiled programs.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import pathlib
@@ -22,8 +21,6 @@ import re
 import subprocess
 import sys
 
-from absl import flags
-import jax
 import numpy as np
 import pytest
 

@@ -14,7 +14,6 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from mha_jax.interp import composition
 from mha_jax.interp import wired_circuit as wc

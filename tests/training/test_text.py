@@ -8,13 +8,10 @@ runs end to end on its smoke config over such a corpus.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import pathlib
-import sys
 
-from absl import flags
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -25,7 +22,6 @@ from configs import text as text_config
 from mha_jax.interp import head_metrics
 from mha_jax.training import config as config_lib
 from mha_jax.measure import report as report_lib
-from mha_jax.measure import stats
 from mha_jax.training import tasks
 from mha_jax.training import text_corpus
 from experiments.text_heads import heads
