@@ -22,6 +22,7 @@ from configs import default
 def get_config(arg=None) -> ml_collections.ConfigDict:
   smoke = default.is_smoke(arg, "configs/benchmark.py")
   c = ml_collections.ConfigDict()
+  c.smoke = smoke  # a smoke report draws no conclusion
   # Comma-separated names (a tuple of strings cannot be overridden from the
   # command line as "a,b").
   c.sets = "standard,bf16,long"  # shape sets to run, in this order

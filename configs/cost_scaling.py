@@ -16,6 +16,7 @@ from configs import default
 def get_config(arg=None) -> ml_collections.ConfigDict:
   smoke = default.is_smoke(arg, "configs/cost_scaling.py")
   c = ml_collections.ConfigDict()
+  c.smoke = smoke  # a smoke report draws no conclusion
   c.heads = (1, 2, 4, 8, 16, 32, 64)  # head counts at fixed D (head sweep)
   c.head_n = 1024  # sequence length of the head sweep
   c.n = (256, 512, 1024, 2048, 4096)  # sequence lengths (length sweep)

@@ -41,6 +41,7 @@ def shrink(c) -> None:
                 max_segment=4)
   c.train.update(num_steps=6, warmup_steps=2, log_every=3, eval_every=3,
                  eval_batches=1)
+  c.smoke = True
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
@@ -50,6 +51,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   """
   smoke = is_smoke(arg, "configs/default.py")
   c = ml_collections.ConfigDict()
+  # True for the smoke sizes (`shrink`): the report then says it is a
+  # smoke run and draws no conclusion.
+  c.smoke = False
 
   c.model = m = ml_collections.ConfigDict()
   m.d_model = 64  # D, residual stream width

@@ -20,6 +20,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   """Sizes of the measured `DecoderLM` and of each measurement."""
   smoke = default.is_smoke(arg, "configs/kv_cache.py")
   c = ml_collections.ConfigDict()
+  c.smoke = smoke  # a smoke report draws no conclusion
 
   # The trained-model class `transformer.DecoderLM`: token embedding, L
   # pre-LayerNorm attention + MLP blocks, final LayerNorm, readout to V

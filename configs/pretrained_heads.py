@@ -26,6 +26,7 @@ def get_config(arg=None):
   """The experiment's settings; no training, so no model/task/train groups."""
   smoke = default.is_smoke(arg, "configs/pretrained_heads.py")
   c = ml_collections.ConfigDict()
+  c.smoke = smoke  # a smoke report draws no conclusion
   c.experiment = e = ml_collections.ConfigDict()
   e.model = "minilm"  # minilm (the wheel) | tiny_random (transformers, seed)
   e.max_len = 128  # tokens per input; MiniLM was trained on 128 (truncates)

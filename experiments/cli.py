@@ -127,6 +127,11 @@ def main(run: Callable[..., dict], fl: ExperimentFlags) -> None:
   and print where the report is."""
   def _main(argv):
     report_lib.check_no_arguments(argv)
+    # The report writes the command that ran: `python -m <this package>`
+    # and the flags as typed (absl has consumed them from `argv`).
+    spec = sys.modules["__main__"].__spec__
+    module = spec.name.removesuffix(".__main__") if spec else sys.argv[0]
+    report_lib.record_command(sys.argv, module)
     run(fl.config.value, fl.workdir.value, reuse_runs=fl.reuse_runs.value)
     print(f"Report: {pathlib.Path(fl.workdir.value) / 'report.md'}")
   run_app(_main)

@@ -49,6 +49,8 @@ def main(argv) -> None:
   print("\nStage 2. Split heads: disjoint column slices  [T, H*Dh] -> "
         "[T, H, Dh]")
   q, k, v = (mha_jax.split_heads(full[n], h) for n in ("Q", "K", "V"))
+  print("(The equations number heads from 1, the arrays and the API from 0: "
+        "head_1 is q[..., 0, :], weights[:, 0], heads=0.)")
   for i in range(h):
     for n, arr in (("Q", q), ("K", k), ("V", v)):
       _rows(f"head {i + 1}: {n}_{i + 1}", arr[0, :, i])

@@ -101,7 +101,8 @@ def write(config, results, workdir) -> dict:
   workdir = pathlib.Path(workdir)
   meta = results["meta"]
   table = markdown(results["rows"], meta["matmul_gflops"], config.matmul_n)
-  written = report_lib.write_outputs(workdir, results, _header(meta) + table)
+  written = report_lib.write_outputs(workdir, results, _header(meta) + table,
+                                       config=config)
   # This report has always been table.md (the docs link it by that name).
   (workdir / "report.md").replace(workdir / "table.md")
   print(table)

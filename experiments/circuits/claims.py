@@ -36,7 +36,7 @@ def _claim_basics(config, runs, summary):
 
 
 def _path_claims(config, runs, summary, baselines, matters):
-  """Keys, values and queries: what path patching says feeds layer 2."""
+  """Keys, values and queries: what path patching says feeds layer 1."""
   seeds, n, ds, f2, top = _claim_basics(config, runs, summary)
   paths = [runs[f"seed{s}"]["heads"]["noise"]["path"] for s in seeds]
   k_match = sum(d["k_feeder"] == d["prev_head"] for d in ds)
@@ -53,34 +53,34 @@ def _path_claims(config, runs, summary, baselines, matters):
   and_circuit = (top("prev_k_denoise") < matters
                  and summary["prev_k_noise"][0] >= 0.5)
   return [
-      f"* **Keys (K-composition).** The layer-1 head whose noised path into "
-      f"the layer-2 keys costs most is the previous-token head in {k_match} "
+      f"* **Keys (K-composition).** The layer-0 head whose noised path into "
+      f"the layer-1 keys costs most is the previous-token head in {k_match} "
       f"of {n} seeds. Cutting the previous-token head's path into the keys "
-      f"of all layer-2 heads at once removes {f2('prev_k_noise')} of the "
+      f"of all layer-1 heads at once removes {f2('prev_k_noise')} of the "
       f"clean-minus-corrupted log-prob; into the single most affected head "
       f"{f2('prev_k_noise_best_single')}"
-      + (": the layer-2 heads back each other up, so one receiver at a time "
+      + (": the layer-1 heads back each other up, so one receiver at a time "
          "understates the path." if redundant else ".")
-      + f" Seeds where two or more layer-1 heads feed the keys (the "
+      + f" Seeds where two or more layer-0 heads feed the keys (the "
       f"previous-token role split between heads): "
       f"{_seeds_where(seeds, split_keys)}.",
-      f"* **Values: what the current-token head does.** The layer-2 heads "
+      f"* **Values: what the current-token head does.** The layer-1 heads "
       f"read the current-token head's output as "
       f"{'; '.join(f'{w} (seed {s})' for s, w in zip(seeds, cur_reads))}: "
-      f"noising its path into all layer-2 values removes "
+      f"noising its path into all layer-1 values removes "
       f"{f2('cur_v_noise')}, into the keys {f2('cur_k_noise')}. The "
-      f"layer-1 head whose path into the values costs most is the "
+      f"layer-0 head whose path into the values costs most is the "
       f"current-token head in {v_match} of {n} seeds."
       + (" This goes beyond the textbook circuit, in which the induction "
          "head's value reads the token embedding directly: here the values "
-         "also read a layer-1 current-token head (V-composition)."
+         "also read a layer-0 current-token head (V-composition)."
          if "values" in cur_reads else ""),
       "* **Queries.** "
-      + (f"No layer-1 head feeds the layer-2 queries: the largest noised "
+      + (f"No layer-0 head feeds the layer-1 queries: the largest noised "
          f"query path in any seed is {top('q_noise_max'):.2f} (the query "
          "reads the current token from the embedding directly)."
          if top("q_noise_max") < matters else
-         f"Some layer-1 head feeds the queries: the largest noised query "
+         f"Some layer-0 head feeds the queries: the largest noised query "
          f"path is {top('q_noise_max'):.2f} (per-seed lines above)."),
       f"* **Denoising vs noising.** Restoring the previous-token head's "
       f"clean path into the keys alone (denoising) restores "
@@ -103,18 +103,18 @@ def _weight_claims(config, runs, summary, baselines, matters):
   v_comp_match = sum(d["v_comp_top"] == d["v_feeder"] for d in ds)
   aa = {k: report_lib.mean_std([d["activation_vs_attribution"][k]["pearson"]
                             for d in ds]) for k in ("denoise", "noise")}
-  copies = summary["copying_l2_mean"][0] > copy[0] + 2 * copy[1]
-  direct_l1 = abs(summary["dla_l1_sum"][0]) < 0.1 * abs(
+  copies = summary["copying_l1_mean"][0] > copy[0] + 2 * copy[1]
+  direct_l1 = abs(summary["dla_l0_sum"][0]) < 0.1 * abs(
       summary["dla_total"][0])
   return [
       f"* **Weights.** K-composition of the previous-token head with the "
-      f"layer-2 heads {f2('prev_k_comp')} against random "
+      f"layer-1 heads {f2('prev_k_comp')} against random "
       f"{report_lib.fmt(*comp['k'])} "
       f"({_versus(summary['prev_k_comp'][0], comp['k'])}); V-composition "
       f"of the current-token head {f2('cur_v_comp')} against "
       f"{report_lib.fmt(*comp['v'])} "
       f"({_versus(summary['cur_v_comp'][0], comp['v'])}). The highest "
-      f"K-composition picks the layer-1 head whose noised key path costs "
+      f"K-composition picks the layer-0 head whose noised key path costs "
       f"most in {k_comp_match} of {n} seeds, the highest V-composition the "
       f"one whose value path costs most in {v_comp_match} of {n}. These "
       "scores ignore rotary positions and each LayerNorm's 1/sigma (last "
@@ -124,22 +124,22 @@ def _weight_claims(config, runs, summary, baselines, matters):
       f"patching over the heads: Pearson r "
       f"{report_lib.fmt(*aa['denoise'], digits=2)} when denoising, "
       f"{report_lib.fmt(*aa['noise'], digits=2)} when noising"
-      + (". It misses what noising a layer-1 head does (per-head table): "
+      + (". It misses what noising a layer-0 head does (per-head table): "
          "that change is not small, the induction heads' attention moves "
          "from one key to another, where a first-order estimate fails."
          if aa["noise"][0] < 0.8 else "."),
-      f"* **Copying and direct effects.** The layer-2 heads' full OV "
+      f"* **Copying and direct effects.** The layer-1 heads' full OV "
       f"circuits {'copy' if copies else 'do NOT clearly copy'} (mean "
-      f"copying score {f2('copying_l2_mean')}, random "
-      f"{report_lib.fmt(*copy)}); the layer-1 heads' score "
-      f"{f2('copying_l1_mean')}"
+      f"copying score {f2('copying_l1_mean')}, random "
+      f"{report_lib.fmt(*copy)}); the layer-0 heads' score "
+      f"{f2('copying_l0_mean')}"
       + (" is below chance (read straight through to the logits, their OV "
          "circuits would lower the token they attend to)."
-         if summary["copying_l1_mean"][0] < copy[0] - 2 * copy[1] else ".")
-      + " Directly, the layer-2 heads add "
-      f"{f2('dla_l2_sum')} to the correct token's logit difference of "
-      f"{f2('dla_total')}, the layer-1 heads {f2('dla_l1_sum')}"
-      + (": the layer-1 heads act through layer 2, not on the logits."
+         if summary["copying_l0_mean"][0] < copy[0] - 2 * copy[1] else ".")
+      + " Directly, the layer-1 heads add "
+      f"{f2('dla_l1_sum')} to the correct token's logit difference of "
+      f"{f2('dla_total')}, the layer-0 heads {f2('dla_l0_sum')}"
+      + (": the layer-0 heads act through layer 1, not on the logits."
          if direct_l1 else "."),
   ]
 
@@ -160,19 +160,19 @@ def lines(config, runs, summary, baselines, matters) -> list[str]:
   lines = _path_claims(*args) + _weight_claims(*args) + [
       f"* **Positions** (one layout, {e.segment}-token segment: "
       f"{e.segment - 1} predictions). Restoring one first-copy token "
-      f"restores {f2('pos_denoise_resid1')} per position (the mechanism "
+      f"restores {f2('pos_denoise_resid0')} per position (the mechanism "
       f"above predicts 0: a token helps only with its neighbour); restoring "
-      f"the residual stream entering layer 2 at one first-copy position "
-      f"restores {f2('pos_denoise_resid2')} (predicted 1/{e.segment - 1} = "
+      f"the residual stream entering layer 1 at one first-copy position "
+      f"restores {f2('pos_denoise_resid1')} (predicted 1/{e.segment - 1} = "
       f"{1 / (e.segment - 1):.2f}: that position's key and value, one "
-      f"prediction); corrupting one token removes {f2('pos_noise_resid1')} "
+      f"prediction); corrupting one token removes {f2('pos_noise_resid0')} "
       f"(predicted (2 x {e.segment} - 3)/{e.segment - 1}^2 = "
       f"{(2 * e.segment - 3) / (e.segment - 1) ** 2:.2f}: most tokens are "
       f"one key's previous token and another's value). Outside the first "
-      f"copy no patch of the residual stream or a layer-1 head moves more "
+      f"copy no patch of the residual stream or a layer-0 head moves more "
       f"than {top('pos_outside_max'):.2f} in any seed.",
       f"* **Training dynamics.** In {together} of {n} seeds both the "
-      f"previous-token head's score and the layer-2 mean induction score "
+      f"previous-token head's score and the layer-1 mean induction score "
       f"are half-way up within one evaluation interval ({interval} steps) "
       f"of the loss being half-way down"
       + (": the heads form at the loss drop" if together == n else

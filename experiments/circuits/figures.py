@@ -15,6 +15,7 @@ import matplotlib
 import numpy as np
 
 from mha_jax.measure import plots
+from mha_jax.measure import report as report_lib
 
 
 def _heatmap(ax, values, *, vmin, vmax, cmap, xlabels, ylabels, title,
@@ -23,23 +24,23 @@ def _heatmap(ax, values, *, vmin, vmax, cmap, xlabels, ylabels, title,
   ax.imshow(values, vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto",
             interpolation="nearest")
   ax.set_xticks(range(values.shape[1]))
-  ax.set_xticklabels(xlabels, fontsize=6)
+  ax.set_xticklabels(xlabels, fontsize=7)
   ax.set_yticks(range(values.shape[0]))
-  ax.set_yticklabels(ylabels, fontsize=6)
-  ax.set_title(title, fontsize=7)
-  if annotate:
+  ax.set_yticklabels(ylabels, fontsize=7)
+  ax.set_title(title, fontsize=8)
+  if annotate:  # 7 pt: the smallest type that reads at the PNGs' 80 dpi
     for (i, j), v in np.ndenumerate(values):
-      ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=5)
+      ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
 
 
-def _grid(n_rows, n_cols, cell=(2.2, 1.9)):
+def _grid(n_rows, n_cols, cell=(3.0, 2.4)):
   fig, axes = plots.subplots(n_rows, n_cols, squeeze=False,
                            figsize=(cell[0] * n_cols, cell[1] * n_rows + 0.5))
   return fig, axes
 
 
-def _heads(prefix, n):
-  return [f"{prefix}H{h + 1}" for h in range(n)]
+def _heads(layer, n):
+  return [report_lib.head_name(layer, h) for h in range(n)]
 
 
 def composition(runs: Mapping[str, dict], baseline: Mapping[str, tuple], *,
@@ -53,11 +54,11 @@ def composition(runs: Mapping[str, dict], baseline: Mapping[str, tuple], *,
       m, s = baseline[kind]
       vals = r["composition"][kind]
       _heatmap(axes[row, col], vals, vmin=0.0, vmax=vmax, cmap="viridis",
-               xlabels=_heads("L2", vals.shape[1]),
-               ylabels=_heads("L1", vals.shape[0]),
-               title=f"{label}: {kind.upper()}-comp. (random {m:.3f} ± "
-               f"{s:.3f})")
-  fig.suptitle("Composition: layer-1 head (rows) into layer-2 head "
+               xlabels=_heads(1, vals.shape[1]),
+               ylabels=_heads(0, vals.shape[0]),
+               title=f"{label}: {kind.upper()}-composition\n(random "
+               f"{m:.3f} ± {s:.3f})")
+  fig.suptitle("Composition: layer-0 head (rows) into layer-1 head "
                "(columns)", fontsize=9)
   fig.tight_layout()
   return plots.save(fig, path)
@@ -73,10 +74,10 @@ def path_patching(runs: Mapping[str, dict], *, path: str):
         vals = np.concatenate([grid[kind], grid[f"{kind}_all"][:, None]], 1)
         _heatmap(axes[row, 3 * d + i], vals, vmin=-1.0, vmax=1.0,
                  cmap="RdBu_r",
-                 xlabels=_heads("L2", vals.shape[1] - 1) + ["all"],
-                 ylabels=_heads("L1", vals.shape[0]),
+                 xlabels=_heads(1, vals.shape[1] - 1) + ["all"],
+                 ylabels=_heads(0, vals.shape[0]),
                  title=f"{label}: {direction} via {kind}")
-  fig.suptitle("Path patching: layer-1 head (rows) -> one input of layer-2 "
+  fig.suptitle("Path patching: layer-0 head (rows) -> one input of layer-1 "
                "heads (columns); 1 = the whole clean-minus-corrupted "
                "log-prob", fontsize=9)
   fig.tight_layout()
@@ -91,17 +92,18 @@ def head_patching(runs: Mapping[str, dict], *, path: str):
       h = r["heads"][direction]
       act, attr = h["activation"].ravel(), h["attribution"].ravel()
       n_l, n_h = h["activation"].shape
-      names = [f"L{l + 1}H{i + 1}" for l in range(n_l) for i in range(n_h)]
+      names = [report_lib.head_name(l, i) for l in range(n_l)
+               for i in range(n_h)]
       x = np.arange(len(names))
       ax = axes[row, col]
       ax.bar(x - 0.2, act, 0.4, label="activation patching")
       ax.bar(x + 0.2, attr, 0.4, label="attribution (1st order)")
       ax.axhline(0.0, color="k", linewidth=0.5)
       ax.set_xticks(x)
-      ax.set_xticklabels(names, fontsize=6)
+      ax.set_xticklabels(names, fontsize=7)
       ax.set_title(f"{label}: {direction} one head's z", fontsize=8)
       if row == 0 and col == 0:
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=7)
   fig.tight_layout()
   return plots.save(fig, path)
 
@@ -119,8 +121,8 @@ def position_patching(runs: Mapping[str, dict], layout: Sequence[int], *,
       p = r["positions"][direction][kind]
       n_l, n_h, _ = p["z"].shape
       vals = np.concatenate([p["resid_pre"], p["z"].reshape(n_l * n_h, -1)])
-      ylabels = ([f"resid L{l + 1}" for l in range(n_l)]
-                 + [f"L{l + 1}H{h + 1} z" for l in range(n_l)
+      ylabels = ([f"resid L{l}" for l in range(n_l)]
+                 + [f"{report_lib.head_name(l, h)} z" for l in range(n_l)
                     for h in range(n_h)])
       ax = axes[row, col]
       _heatmap(ax, vals, vmin=-0.5, vmax=0.5, cmap="RdBu_r",
@@ -149,17 +151,18 @@ def copying_and_dla(runs: Mapping[str, dict], baseline: tuple, *,
         ((r["copying"]["copying"], "copying score"),
          (r["dla"]["heads"], "direct logit attribution"))):
       n_l, n_h = vals.shape
-      names = [f"L{l + 1}H{i + 1}" for l in range(n_l) for i in range(n_h)]
+      names = [report_lib.head_name(l, i) for l in range(n_l)
+               for i in range(n_h)]
       ax = axes[row, col]
       ax.bar(range(len(names)), vals.ravel(),
              color=["tab:blue"] * n_h + ["tab:red"] * (n_l - 1) * n_h)
       if row == 0:
         ax.axhspan(m - 2 * s, m + 2 * s, color="k", alpha=0.15,
                    label="random: mean ± 2 std")
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=7)
       ax.axhline(0.0, color="k", linewidth=0.5)
       ax.set_xticks(range(len(names)))
-      ax.set_xticklabels(names, fontsize=6)
+      ax.set_xticklabels(names, fontsize=7)
       ax.set_title(f"{label}: {title}", fontsize=8)
   fig.tight_layout()
   return plots.save(fig, path)
@@ -181,18 +184,19 @@ def dynamics(runs: Mapping[str, dict], *, path: str):
     for h in range(n_h):
       shade = 0.4 + 0.6 * h / max(n_h - 1, 1)
       ax.plot(steps, dyn["previous_token"][:, 0, h], color=blues(shade),
-              label=f"L1H{h + 1} prev-token")
+              label=f"{report_lib.head_name(0, h)} prev-token")
       ax.plot(steps, dyn["current_token"][:, 0, h], color=blues(shade),
-              linestyle=":", label=f"L1H{h + 1} current-token")
+              linestyle=":",
+              label=f"{report_lib.head_name(0, h)} current-token")
       ax.plot(steps, dyn["induction"][:, -1, h], color=reds(shade),
-              label=f"L2H{h + 1} induction")
+              label=f"{report_lib.head_name(1, h)} induction")
     ax.set_ylim(0.0, 1.0)
     ax.set_title(f"{label}: head scores", fontsize=8)
     ax.set_xlabel("step", fontsize=7)
     for a in axes[:, col]:
       a.axvspan(pc["from_step"], pc["to_step"], color="tab:orange",
                 alpha=0.2)
-  axes[1, -1].legend(fontsize=5, loc="center left", bbox_to_anchor=(1, 0.5))
+  axes[1, -1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
   fig.suptitle("Training: the heads' scores and the loss (orange: the "
                "steepest loss drop between two evaluations)", fontsize=9)
   fig.tight_layout()

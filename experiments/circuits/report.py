@@ -37,49 +37,52 @@ def _figures(workdir, runs, baselines, layout):
 
 _LABELS = {
     "eval_loss": "final eval loss (nats)",
-    "prev_score": "previous-token score of the L1 previous-token head",
-    "cur_score": "current-token score of the L1 current-token head",
-    "induction_l2_mean": "mean induction score of the L2 heads",
-    "prev_k_noise": "noise: prev-token head -> keys of all L2 heads",
+    "prev_score": "previous-token score of the layer-0 previous-token head",
+    "cur_score": "current-token score of the layer-0 current-token head",
+    "induction_l1_mean": "mean induction score of the layer-1 heads",
+    "prev_k_noise": "noise: prev-token head -> keys of all layer-1 heads",
     "prev_k_noise_best_single": "noise: prev-token head -> keys of the "
-                                "single most affected L2 head",
-    "prev_k_denoise": "denoise: prev-token head -> keys of all L2 heads",
-    "cur_v_noise": "noise: current-token head -> values of all L2 heads",
-    "cur_v_denoise": "denoise: current-token head -> values of all L2 heads",
-    "cur_k_noise": "noise: current-token head -> keys of all L2 heads",
-    "q_noise_max": "noise: largest path into the L2 queries (any L1 head)",
-    "denoise_path_max": "denoise: largest path (any L1 head, any input)",
-    "prev_k_comp": "K-composition, prev-token head (mean over L2 heads)",
-    "cur_v_comp": "V-composition, current-token head (mean over L2 heads)",
+                                "single most affected layer-1 head",
+    "prev_k_denoise": "denoise: prev-token head -> keys of all layer-1 heads",
+    "cur_v_noise": "noise: current-token head -> values of all layer-1 heads",
+    "cur_v_denoise": "denoise: current-token head -> values of all "
+                     "layer-1 heads",
+    "cur_k_noise": "noise: current-token head -> keys of all layer-1 heads",
+    "q_noise_max": "noise: largest path into the layer-1 queries (any "
+                   "layer-0 head)",
+    "denoise_path_max": "denoise: largest path (any layer-0 head, any input)",
+    "prev_k_comp": "K-composition, prev-token head (mean over layer-1 heads)",
+    "cur_v_comp": "V-composition, current-token head (mean over layer-1 heads)",
     "prev_act_noise": "noise: the prev-token head's whole output",
     "cur_act_noise": "noise: the current-token head's whole output",
-    "copying_l2_mean": "copying score, mean of the L2 heads",
-    "copying_l1_mean": "copying score, mean of the L1 heads",
-    "dla_l2_sum": "direct logit attribution, sum of the L2 heads",
-    "dla_l1_sum": "direct logit attribution, sum of the L1 heads",
+    "copying_l1_mean": "copying score, mean of the layer-1 heads",
+    "copying_l0_mean": "copying score, mean of the layer-0 heads",
+    "dla_l1_sum": "direct logit attribution, sum of the layer-1 heads",
+    "dla_l0_sum": "direct logit attribution, sum of the layer-0 heads",
     "dla_total": "logit difference of the model (sum of all terms)",
-    "pos_denoise_resid1": "denoise: one first-copy token (resid entering "
-                          "layer 1), per position",
-    "pos_denoise_resid2": "denoise: resid entering layer 2 at one "
+    "pos_denoise_resid0": "denoise: one first-copy token (resid entering "
+                          "layer 0), per position",
+    "pos_denoise_resid1": "denoise: resid entering layer 1 at one "
                           "first-copy position",
-    "pos_noise_resid1": "noise: one first-copy token, per position",
-    "pos_outside_max": "largest absolute score of resid and layer-1 rows "
+    "pos_noise_resid0": "noise: one first-copy token, per position",
+    "pos_outside_max": "largest absolute score of resid and layer-0 rows "
                        "outside the first copy",
     "loss_half_step": "step: loss half-way down",
     "prev_half_step": "step: prev-token head's score half-way up",
-    "induction_half_step": "step: L2 mean induction score half-way up",
+    "induction_half_step": "step: layer-1 mean induction score half-way up",
 }
 _STEPS = ("loss_half_step", "prev_half_step", "induction_half_step")
 
 
-def _head(h, layer=1):
-  return f"L{layer}H{h + 1}"
+def _head(h, layer=0):
+  """A head's name, `L0H2` (layers and heads from 0)."""
+  return report_lib.head_name(layer, h)
 
 
 def _summary_rows(summary, per_seed, baselines):
   comp, copy = baselines["composition"], baselines["copying"]["copying"]
   random = {"prev_k_comp": comp["k"], "cur_v_comp": comp["v"],
-            "copying_l2_mean": copy, "copying_l1_mean": copy}
+            "copying_l1_mean": copy, "copying_l0_mean": copy}
   rows = []
   for k in summary:
     digits = 0 if k in _STEPS else 3
@@ -92,7 +95,7 @@ def _summary_rows(summary, per_seed, baselines):
 
 
 def _model_row(s, r):
-  """One seed's model: loss, accuracy, its role heads, the L2 scores."""
+  """One seed's model: loss, accuracy, its role heads, the layer-1 scores."""
   d, sc = r["derived"], r["scores"]
   return [s, f"{d['eval_loss']:.3f}", f"{r['curve']['accuracy'][-1]:.3f}",
           f"{_head(d['prev_head'])} ({d['prev_score']:.2f})",
@@ -139,7 +142,7 @@ def _attribution_rows(runs, seeds):
     n_l, n_h = h["noise"]["activation"].shape
     for l in range(n_l):
       for i in range(n_h):
-        rows.append([f"{s} {_head(i, l + 1)}"]
+        rows.append([f"{s} {_head(i, l)}"]
                     + [f"{h[d][k][l, i]:+.2f}" for d in ("denoise", "noise")
                        for k in ("activation", "attribution")])
   return rows
@@ -154,7 +157,7 @@ def _copying_rows(runs, seeds, baselines):
     cp, dla = r["copying"], r["dla"]["heads"]
     for l in range(dla.shape[0]):
       for i in range(dla.shape[1]):
-        rows.append([f"{s} {_head(i, l + 1)}", f"{cp['copying'][l, i]:.2f}",
+        rows.append([f"{s} {_head(i, l)}", f"{cp['copying'][l, i]:.2f}",
                      f"{cp['positive_share'][l, i]:.2f}",
                      f"{dla[l, i]:+.2f}"])
   return rows
@@ -182,7 +185,8 @@ def _heads_over(values, threshold):
 
 
 def _circuit_lines(runs, seeds, matters):
-  """One line per seed: which L1 heads feed which L2 input (noising)."""
+  """One line per seed: which layer-0 heads feed which layer-1 input
+  (noising)."""
   lines = []
   for s in seeds:
     r = runs[f"seed{s}"]
@@ -205,7 +209,7 @@ def _intro_lines(config, results):
   return [
       "# Experiment 6: the induction circuit",
       "",
-      "Command: `python -m experiments.circuits --workdir=runs/circuits` "
+      f"Command: {report_lib.command('experiments.circuits')} "
       f"(config `configs/circuits.py`). Seeds {seeds}: experiment 1's "
       f"2-layer attention-only decoder ({c.model.num_heads} heads, d_model "
       f"{c.model.d_model}, {c.model.positions} positions, final LayerNorm) "
@@ -259,14 +263,15 @@ def _report(config, results, figures):
       "",
       "## The models",
       "",
-      md(["seed", "eval loss", "accuracy", "L1 previous-token head",
-          "L1 current-token head", "L2 induction scores", "same as exp. 1"],
+      md(["seed", "eval loss", "accuracy", "layer-0 previous-token head",
+          "layer-0 current-token head", "layer-1 induction scores",
+          "same as exp. 1"],
          _seed_rows(runs, seeds, _model_row)),
       "",
-      "## Path patching: which layer-1 head feeds which layer-2 input",
+      "## Path patching: which layer-0 head feeds which layer-1 input",
       "",
-      "Each layer-1 head's output change reaches only the q, k or v of all "
-      "layer-2 heads at once (per receiver head: figure), or only the "
+      "Each layer-0 head's output change reaches only the q, k or v of all "
+      "layer-1 heads at once (per receiver head: figure), or only the "
       "readout ('direct'); the last two columns patch the head's whole "
       "output `z`.",
       "",
@@ -277,7 +282,7 @@ def _report(config, results, figures):
       "",
   ] + _circuit_lines(runs, seeds, matters) + [
       "",
-      "## Composition scores (mean over the layer-2 heads)",
+      "## Composition scores (mean over the layer-1 heads)",
       "",
       f"Frobenius-norm ratios (Elhage et al. 2021), against "
       f"{baselines['draws']} pairs of Gaussian heads of the same shapes "
@@ -340,4 +345,5 @@ def write(config, results, workdir) -> dict:
   figures = _figures(workdir, results["runs"], results["baselines"],
                      tuple(results["setup"]["layout"]))
   return report_lib.write_outputs(workdir, results,
-                                  _report(config, results, figures))
+                                  _report(config, results, figures),
+                                  config=config)

@@ -72,16 +72,16 @@ def _same_as_experiment_1(config, seed, steps, losses):
 
 def _position_numbers(r, e) -> dict:
   """Per-position patching on the fixed layout, summarised: the mean score
-  of one first-copy position of the residual stream entering layer 1 or
-  2 (first copy without its first token: the positions whose token is a
+  of one first-copy position of the residual stream entering the first or
+  layer 1 (first copy without its first token: the positions whose token is a
   value the loss needs), and the largest |score| of the residual streams
-  and layer-1 heads anywhere outside the first copy."""
+  and layer-0 heads anywhere outside the first copy."""
   inner = slice(e.first + 1, e.first + e.segment)
   out = {}
   for d in ("denoise", "noise"):
     act = r["positions"][d]["activation"]
     for l in range(act["resid_pre"].shape[0]):
-      out[f"pos_{d}_resid{l + 1}"] = float(np.mean(act["resid_pre"][l, inner]))
+      out[f"pos_{d}_resid{l}"] = float(np.mean(act["resid_pre"][l, inner]))
   outside = np.ones(r["positions"]["noise"]["activation"]["resid_pre"]
                     .shape[-1], bool)
   outside[e.first:e.first + e.segment] = False
@@ -94,13 +94,13 @@ def _position_numbers(r, e) -> dict:
 
 
 _SUMMARY_KEYS = (
-    "eval_loss", "prev_score", "cur_score", "induction_l2_mean",
+    "eval_loss", "prev_score", "cur_score", "induction_l1_mean",
     "prev_k_noise", "prev_k_denoise", "prev_k_noise_best_single",
     "cur_v_noise", "cur_v_denoise", "cur_k_noise", "q_noise_max",
     "denoise_path_max", "prev_k_comp", "cur_v_comp", "prev_act_noise",
-    "cur_act_noise", "copying_l2_mean", "copying_l1_mean", "dla_l2_sum",
-    "dla_l1_sum", "dla_total", "pos_denoise_resid1", "pos_denoise_resid2",
-    "pos_noise_resid1", "pos_outside_max", "loss_half_step",
+    "cur_act_noise", "copying_l1_mean", "copying_l0_mean", "dla_l1_sum",
+    "dla_l0_sum", "dla_total", "pos_denoise_resid0", "pos_denoise_resid1",
+    "pos_noise_resid0", "pos_outside_max", "loss_half_step",
     "prev_half_step", "induction_half_step")
 
 

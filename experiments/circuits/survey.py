@@ -190,12 +190,12 @@ def checkpoint_scores(run_dir, batch) -> dict:
 
 
 def roles(result) -> dict:
-  """The layer-1 previous-token and current-token heads of a `survey`
+  """The layer-0 previous-token and current-token heads of a `survey`
   result (argmax of each score) and the numbers that say what each does:
   `<role>_<q|k|v>_<noise|denoise>` (its path into that input of every
-  layer-2 head), `<role>_<q|k|v>_comp` (mean composition over the layer-2
+  layer-1 head), `<role>_<q|k|v>_comp` (mean composition over the layer-1
   heads), `<role>_act_<noise|denoise>` (patching its z); `k_feeder` /
-  `v_feeder` (the layer-1 head whose noised path to the keys / values
+  `v_feeder` (the layer-0 head whose noised path to the keys / values
   costs most) and `k_comp_top` / `v_comp_top` (the highest mean K / V
   composition)."""
   sc, comp = result["scores"], result["composition"]
@@ -250,16 +250,16 @@ def summarise(result, threshold: float) -> dict:
       eval_loss=float(result["curve"]["loss"][-1]),
       prev_score=float(sc["previous_token"][0, prev]),
       cur_score=float(sc["current_token"][0, out["cur_head"]]),
-      induction_l2_mean=float(np.mean(sc["induction"][-1])),
+      induction_l1_mean=float(np.mean(sc["induction"][-1])),
       q_noise_max=float(np.max(noise["path"]["q_all"])),
       direct_noise_max=float(np.max(np.abs(noise["path"]["logits"]))),
       denoise_path_max=float(max(np.max(denoise["path"][f"{k}_all"])
                                  for k in "qkv")),
       activation_vs_attribution=act_attr,
-      copying_l2_mean=float(np.mean(result["copying"]["copying"][-1])),
-      copying_l1_mean=float(np.mean(result["copying"]["copying"][0])),
-      dla_l2_sum=float(np.sum(result["dla"]["heads"][-1])),
-      dla_l1_sum=float(np.sum(result["dla"]["heads"][0])),
+      copying_l1_mean=float(np.mean(result["copying"]["copying"][-1])),
+      copying_l0_mean=float(np.mean(result["copying"]["copying"][0])),
+      dla_l1_sum=float(np.sum(result["dla"]["heads"][-1])),
+      dla_l0_sum=float(np.sum(result["dla"]["heads"][0])),
       dla_total=float(result["dla"]["total"]),
       loss_half_step=curves.half_way_step(steps, dyn["loss"]),
       prev_half_step=curves.half_way_step(steps, prev_curve),

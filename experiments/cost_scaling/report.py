@@ -108,7 +108,8 @@ def write(config, results, workdir) -> dict:
   returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   text = report(config, results)
-  written = report_lib.write_outputs(workdir, results, text, drop=_NOT_SAVED)
+  written = report_lib.write_outputs(workdir, results, text, drop=_NOT_SAVED,
+                                       config=config)
   heads_pts, n_pts = results["heads"], results["length"]
   _plot(heads_pts, "h", "time_ms", "forward ms", "time vs heads",
         "time_vs_heads.png", workdir, loglog=False)

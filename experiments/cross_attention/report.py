@@ -28,7 +28,7 @@ def write(config, results, workdir) -> dict:
   workdir = pathlib.Path(workdir)
   _figures(config, results["runs"][0], workdir)
   return report_lib.write_outputs(workdir, results, _report(config, results),
-                                  drop=EXAMPLES)
+                                  drop=EXAMPLES, config=config)
 
 
 def _figures(config, r0, workdir) -> None:
@@ -38,7 +38,7 @@ def _figures(config, r0, workdir) -> None:
   src = [str(x) for x in r0["source_example"][:n]]
   dec = [str(x) for x in r0["decoder_example"][:n]]
   acc0 = r0["alignment_accuracy"]
-  titles = [[f"L{l + 1}H{h + 1} align {acc0[l, h]:.2f}"
+  titles = [[f"{report_lib.head_name(l, h)} align {acc0[l, h]:.2f}"
              for h in range(acc0.shape[1])] for l in range(acc0.shape[0])]
   plots.attention_grid(r0["cross_example"][:, :, :n, :n], q_labels=dec,
                        k_labels=src, head_titles=titles, cell=2.4,
@@ -72,7 +72,7 @@ def _head_rows(r0) -> list[list[str]]:
   """Every cross-attention head of one run, then the two floors."""
   imp = r0["importance"]
   n_layers, n_heads = r0["alignment_accuracy"].shape
-  rows = [[f"L{l + 1} H{h + 1}"]
+  rows = [[report_lib.head_name(l, h)]
           + [report_lib.fmt(r0[f"alignment_{k}"][l, h], digits=2)
              for k in ALIGNMENT]
           + [report_lib.signed(imp[k][l, h]) for k in ABLATIONS]
@@ -91,8 +91,8 @@ def _intro(config) -> str:
   """The command and what was trained and measured."""
   e = config.experiment
   return (
-      "Command: `python -m experiments.cross_attention "
-      "--workdir=runs/cross_attention` (config "
+      f"Command: {report_lib.command('experiments.cross_attention')} "
+      "(config "
       "`configs/cross_attention.py`). Encoder-decoder, "
       f"{config.model.num_layers} layers, {config.model.num_heads} heads, "
       f"d_model {config.model.d_model}; sources of "

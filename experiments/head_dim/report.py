@@ -26,7 +26,7 @@ def write(config, results, workdir) -> dict:
   workdir = pathlib.Path(workdir)
   _figures(config, workdir, results)
   return report_lib.write_outputs(workdir, results, _report(config, results),
-                                  drop=("weights_example",))
+                                  drop=("weights_example",), config=config)
 
 
 def _steps(first) -> str:

@@ -28,7 +28,7 @@ def write(config, results, workdir) -> dict:
   workdir = pathlib.Path(workdir)
   _figures(config, results["runs"], workdir)
   return report_lib.write_outputs(workdir, results, _report(config, results),
-                                  drop=("weights_example",))
+                                  drop=("weights_example",), config=config)
 
 
 def _ms(x, digits=3):
@@ -48,7 +48,8 @@ def _figures(config, runs, workdir) -> None:
   seed = config.experiment.seeds[0]
   r = runs[f"L{deep}_seed{seed}"]
   m = r["metrics"]
-  titles = [[f"L{l + 1}H{h + 1} prev {m['previous_token'][l, h]:.2f} "
+  titles = [[f"{report_lib.head_name(l, h)} "
+             f"prev {m['previous_token'][l, h]:.2f} "
              f"ind {m['induction'][l, h]:.2f}"
              for h in range(m["induction"].shape[1])]
             for l in range(m["induction"].shape[0])]
@@ -105,7 +106,7 @@ def _head_row(r, l: int, h: int) -> list[str]:
     if k in ci:
       cell += " " + report_lib.interval(ci[k][l, h], 2)
     cells.append(cell)
-  return ([f"L{l + 1} H{h + 1}"] + cells
+  return ([report_lib.head_name(l, h)] + cells
           + [f"{int(m['positional_offset'][l, h])} "
              f"({report_lib.fmt(m['positional_share'][l, h], digits=2)})"]
           + [report_lib.signed(imp[k][l, h]) for k in
@@ -141,7 +142,7 @@ def _per_run_rows(config, runs) -> list[list]:
     for s in config.experiment.seeds:
       r = runs[f"L{depth}_seed{s}"]
       m, pc = r["metrics"], r["phase_change"]
-      prev_l1 = m["previous_token"][0]
+      prev_l0 = m["previous_token"][0]
       ind_last = m["induction"][-1]
       rows.append([
           depth, s, report_lib.fmt(r["eval"]["loss"]),
@@ -149,9 +150,9 @@ def _per_run_rows(config, runs) -> list[list]:
           f"{pc['from_step']}→{pc['to_step']}: "
           f"{report_lib.fmt(pc['loss_before'], digits=2)}→"
           f"{report_lib.fmt(pc['loss_after'], digits=2)}",
-          f"H{int(prev_l1.argmax()) + 1} "
-          f"{report_lib.fmt(prev_l1.max(), digits=2)}",
-          f"H{int(ind_last.argmax()) + 1} "
+          f"{report_lib.head_name(0, prev_l0.argmax())} "
+          f"{report_lib.fmt(prev_l0.max(), digits=2)}",
+          f"{report_lib.head_name(depth - 1, ind_last.argmax())} "
           f"{report_lib.fmt(ind_last.max(), digits=2)}",
           int((ind_last > thr).sum()),
           report_lib.fmt(r["js_by_layer"]["within_layer"], digits=2)])
@@ -161,8 +162,8 @@ def _per_run_rows(config, runs) -> list[list]:
 # Rows of the floors table: (label, score, its init floor, its uniform
 # floor or None).
 FLOOR_ROWS = (
-    ("best layer-1 previous-token score", "max_prev_token_layer1",
-     "max_prev_token_layer1_init", "uniform_prev_token"),
+    ("best layer-0 previous-token score", "max_prev_token_layer0",
+     "max_prev_token_layer0_init", "uniform_prev_token"),
     ("best last-layer induction score", "max_induction_last_layer",
      "max_induction_last_layer_init", "uniform_induction"),
     ("JS distance, heads within a layer", "js_within_layer",
@@ -195,7 +196,7 @@ def _intro(config, summary) -> list[str]:
   return [
       "# Experiment 1: induction heads",
       "",
-      "Command: `python -m experiments.induction --workdir=runs/induction` "
+      f"Command: {report_lib.command('experiments.induction')} "
       f"(config `configs/induction.py`). Seeds {list(e.seeds)}; {deep}-layer "
       f"and {ctrl}-layer attention-only decoders, d_model "
       f"{config.model.d_model}, {config.model.num_heads} heads, "
@@ -254,7 +255,7 @@ def _tables(config, results) -> list[str]:
       "",
       report_lib.md_table(
           ["layers", "seed", "loss", "acc", "steepest drop (steps: loss)",
-           "best L1 prev-token", "best last-layer induction",
+           "best layer-0 prev-token", "best last-layer induction",
            f"heads with induction > {e.threshold}", "JS within layer"],
           _per_run_rows(config, runs)),
       "",
@@ -310,10 +311,10 @@ def _induction_claim(sd, deep, thr) -> str:
         f"induction score {_with_ci(sd['max_induction_last_layer'], 2)} is "
         f"above {thr} and above its floors (at init "
         f"{f2(sd['max_induction_last_layer_init'])}, uniform "
-        f"{f2(sd['uniform_induction'])}), next to a layer-1 "
+        f"{f2(sd['uniform_induction'])}), next to a layer-0 "
         "previous-token head (best score "
-        f"{f2(sd['max_prev_token_layer1'])}; at init "
-        f"{f2(sd['max_prev_token_layer1_init'])}, uniform "
+        f"{f2(sd['max_prev_token_layer0'])}; at init "
+        f"{f2(sd['max_prev_token_layer0_init'])}, uniform "
         f"{f2(sd['uniform_prev_token'])}). The loss falls in a sharp drop "
         "(per-run table), not gradually.")
   return (
@@ -345,9 +346,9 @@ def _ablation_claim(summary, n_seeds: int) -> str:
   """Which heads ablation picks, and how well the proxies rank them."""
   corr = summary["rank_corr_zero_vs"]
   return (
-      "* Ablation: in layer 1 the head whose removal costs the most loss is "
+      "* Ablation: in layer 0 the head whose removal costs the most loss is "
       "the best previous-token head in "
-      f"{summary['top_ablation_is_prev_head_L1']} of {n_seeds} seeds; "
+      f"{summary['top_ablation_is_prev_head_layer0']} of {n_seeds} seeds; "
       "in the last layer it is the best induction "
       f"head in {summary['top_ablation_is_induction_head_last']} of "
       f"{n_seeds} (per-head table: which kind of head it is instead)."

@@ -96,7 +96,7 @@ def summarise(config, runs) -> dict:
                         for r in deep_runs]) for k in RANK_AGAINST_ZERO}
   # Is the head whose removal hurts most in layer 1 the previous-token head,
   # and in the last layer the induction head?
-  summary["top_ablation_is_prev_head_L1"] = sum(
+  summary["top_ablation_is_prev_head_layer0"] = sum(
       _top_ablation_is(r, "previous_token", 0) for r in deep_runs)
   summary["top_ablation_is_induction_head_last"] = sum(
       _top_ablation_is(r, "induction", -1) for r in deep_runs)
@@ -132,8 +132,8 @@ def _depth_summary(rs) -> dict:
       "final_loss": [r["eval"]["loss"] for r in rs],
       "final_accuracy": [r["eval"]["accuracy"] for r in rs],
       "init_loss": [r["floors"]["init"]["eval"]["loss"] for r in rs],
-      "max_prev_token_layer1": [best(r, "previous_token", 0) for r in rs],
-      "max_prev_token_layer1_init": [best_init(r, "previous_token", 0)
+      "max_prev_token_layer0": [best(r, "previous_token", 0) for r in rs],
+      "max_prev_token_layer0_init": [best_init(r, "previous_token", 0)
                                      for r in rs],
       "max_induction_last_layer": [best(r, "induction", -1) for r in rs],
       "max_induction_last_layer_init": [best_init(r, "induction", -1)

@@ -21,7 +21,8 @@ def write(config, results, workdir) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   _figures(workdir, config, results["variants"], results["per_seed"])
-  return report_lib.write_outputs(workdir, results, _report(config, results))
+  return report_lib.write_outputs(workdir, results, _report(config, results),
+                                  config=config)
 
 
 def _pct(n, ref) -> str:
@@ -215,7 +216,7 @@ def _report(config, results) -> str:
   took = report_lib.wall_time(results["wall_seconds"], results["reused_runs"])
   text = [
       f"# Sharing key/value heads: MHA, GQA and MQA on {config.task.name}",
-      "", f"Command: `{results['command']}` "
+      "", f"Command: {results['command']} "
       f"({len(variants) * len(e.seeds)} runs, {took}).", "",
       results["description"], "",
       "## Final numbers", "",

@@ -20,11 +20,10 @@ from experiments.kv_behaviour import variants as kv_variants
 from mha_jax.interp import explorer
 from mha_jax.measure import continuations
 from mha_jax.measure import curves
+from mha_jax.measure import report as report_lib
 from mha_jax.measure import runs
 from mha_jax.training import held_out
 from mha_jax.training import train
-
-COMMAND = "python -m experiments.kv_behaviour --workdir=runs/kv_behaviour"
 
 
 def measure(config, workdir, *, reuse: bool = False) -> dict:
@@ -48,7 +47,8 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
                         f"query heads), seed {r.seed}")
   variants = kv_variants.summarise(specs, e.seeds, per_seed,
                                    config.train.num_steps)
-  return {"command": COMMAND, "description": description(config, specs),
+  return {"command": report_lib.command("experiments.kv_behaviour"),
+          "description": description(config, specs),
           "runs": kv_variants.table_rows(variants, e.loss_threshold),
           "variants": variants,
           "comparisons": [kv_variants.compare(r, v)

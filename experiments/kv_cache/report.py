@@ -18,9 +18,6 @@ from mha_jax.measure import plots as plots_lib
 from mha_jax.measure import report as report_lib
 from mha_jax.measure import timing
 
-COMMAND = "python -m experiments.kv_cache --workdir=runs/kv_cache"
-
-
 def summarise(cfg, results):
   """Slopes, the speed-up at the target context, and the target verdicts."""
   b, m = cfg.bench, cfg.model
@@ -97,7 +94,7 @@ def _behaviour_section(behaviour):
   runs = behaviour.get("runs", [])
   keys = list(dict.fromkeys(k for r in runs for k in r))
   text = [behaviour.get("description", ""),
-          f"Command: `{behaviour.get('command', '(not given)')}`", "",
+          f"Command: {behaviour.get('command', '(not given)')}", "",
           report_lib.md_table(keys, [[r.get(k, "") for k in keys]
                                      for r in runs])]
   return "\n".join(text)
@@ -145,7 +142,8 @@ def report(cfg, results) -> str:
                     for k, v in results["exactness_max_rel_err"].items())
   text = f"""# How a KV cache changes the cost of multi-head attention decoding
 
-Command: `{COMMAND}` (sizes in configs/kv_cache.py).
+Command: {report_lib.command("experiments.kv_cache")} (sizes in
+configs/kv_cache.py).
 Machine: {mach['backend']} backend, {mach['cpu_count']} CPU cores visible,
 jax {mach['jax']}. Model: `DecoderLM` (token embedding, L={m.num_layers}
 pre-LayerNorm attention + MLP blocks, {m.positions} positions, final
@@ -346,4 +344,5 @@ def write(cfg, results, workdir) -> dict:
   workdir = pathlib.Path(workdir)
   results = dict(results, summary=summarise(cfg, results))
   plots(results, workdir)
-  return report_lib.write_outputs(workdir, results, report(cfg, results))
+  return report_lib.write_outputs(workdir, results, report(cfg, results),
+                                  config=cfg)

@@ -47,14 +47,13 @@ Wall time (one device {r['runs']['one_device']['wall_s']:.0f} s, mesh
 {r['runs']['mesh']['wall_s']:.0f} s, both including compilation) is not a
 speed claim: the eight simulated devices share the same CPU cores.
 
-Reproduce: `python -m experiments.mesh_check --workdir=runs/mesh_check`.
+Command: {report_lib.command("experiments.mesh_check")}.
 """
 
 
 def write(config, results, workdir) -> dict:
   """report.md and results.json into `workdir` (the report is printed
   too); returns what results.json holds."""
-  del config  # every number the report needs is in `results`
   text = report(results)
   print(text)
-  return report_lib.write_outputs(workdir, results, text)
+  return report_lib.write_outputs(workdir, results, text, config=config)

@@ -14,9 +14,7 @@ import numpy as np
 from mha_jax.measure import report as report_lib
 
 
-def head_name(l, h):
-  """L<layer from 1>.<head from 0>."""
-  return f"L{l + 1}.{h}"
+head_name = report_lib.head_name
 
 
 def ablation_counts(r):
@@ -26,13 +24,13 @@ def ablation_counts(r):
 
 
 def _layer_of_max(r, key):
-  """(layer from 1, value) of the layer with the largest mean `key`."""
+  """(layer, value) of the layer with the largest mean `key`."""
   m = np.asarray(r["heads"][key]["layer_trained"]["mean"])
-  return int(np.argmax(m)) + 1, float(np.max(m))
+  return int(np.argmax(m)), float(np.max(m))
 
 
 def _above(r, key, level=0.5):
-  """Heads (L<l>.<h>) whose mean `key` share exceeds `level`."""
+  """Heads (L<l>H<h>) whose mean `key` share exceeds `level`."""
   m = np.asarray(r["heads"][key]["trained"]["mean"])
   return [head_name(l, h) for l, h in zip(*np.nonzero(m > level))]
 
@@ -59,7 +57,8 @@ def _sep_claim(r):
   return (
       "**[SEP], [CLS] and punctuation.** Clark et al. (Sec. 3.2, Fig. 2) "
       "found much of BERT-base's attention on a few tokens, with over half "
-      "of the attention in layers 6-10 on [SEP]. In this model the largest "
+      "of the attention in layers 6-10 on [SEP] (the paper counts layers "
+      "from 1, this report from 0). In this model the largest "
       f"layer mean on [SEP] is {report_lib.fmt(sep_v)} (layer {sep_l}; "
       f"uniform {report_lib.fmt(h['sep']['uniform']['mean'])}), while "
       f"[CLS] takes up to {report_lib.fmt(cls_v)} of a layer's attention "
@@ -80,8 +79,8 @@ def _gradient_claim(r):
   return (
       "**[SEP] as a no-op.** Clark et al. (Sec. 3.2, Fig. 3) saw the "
       "gradient of the masked-LM loss with respect to attention on [SEP] "
-      "become very small from layer 5 on, while attention to [SEP] stayed "
-      "high, and read attending to [SEP] as a no-op. Here the gradient per "
+      "become very small from (their) layer 5 on, while attention to [SEP] "
+      "stayed high, and read attending to [SEP] as a no-op. Here the gradient per "
       "weight on [SEP] keys over that on other keys is, layer by layer, "
       f"{cells}, beside a layer share on [SEP] of at most "
       f"{report_lib.fmt(share)}. Per weight, the embedding is "
@@ -95,7 +94,7 @@ def _gradient_claim(r):
 def _entropy_claim(r):
   h = r["heads"]["entropy"]
   lt = np.asarray(h["layer_trained"]["mean"])
-  low, high = int(np.argmin(lt)) + 1, int(np.argmax(lt)) + 1
+  low, high = int(np.argmin(lt)), int(np.argmax(lt))
   return (
       "**Broad and focused heads.** Clark et al. (Sec. 3.3, Fig. 4) found "
       "broad heads in the lower layers (entropy close to uniform) and "

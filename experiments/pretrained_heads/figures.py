@@ -26,7 +26,7 @@ def _band(ax, x, s, label, **kw):
 
 
 def _layers(results):
-  return np.arange(1, results["model"]["layers"] + 1)
+  return np.arange(results["model"]["layers"])
 
 
 def _shares(path, results):
@@ -40,7 +40,7 @@ def _shares(path, results):
                label="uniform")
     ax.set_title(f"share on {label}", fontsize=9)
     ax.set_xlabel("layer")
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=7)
   fig.tight_layout()
   plots.save(fig, path)
 
@@ -79,7 +79,7 @@ def _gradient(path, results):
 def _mds(path, results):
   fig, axes = plots.subplots(1, 2, figsize=(8.5, 3.6))
   nl, nh = results["model"]["layers"], results["model"]["heads"]
-  layer = np.repeat(np.arange(1, nl + 1), nh)
+  layer = np.repeat(np.arange(nl), nh)
   for ax, name in zip(axes, ("trained", "init")):
     p = np.asarray(results["js"][name]["mds"])
     sc = ax.scatter(p[:, 0], p[:, 1], c=layer, cmap="viridis", s=18)

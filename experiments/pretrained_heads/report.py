@@ -34,7 +34,7 @@ def _layer_table(r):
   keys = ("cls", "sep", "punct", "entropy")
   rows = []
   for l in range(r["model"]["layers"]):
-    rows.append([l + 1] + [c for k in keys for c in (
+    rows.append([l] + [c for k in keys for c in (
         _ci(h[k]["layer_trained"], l), _ci(h[k]["layer_init"], l))])
   rows.append(["uniform"] + [c for k in keys for c in (
       _ci(h[k]["uniform"]), "")])
@@ -68,7 +68,7 @@ def _top_table(r):
   rows = []
   for k in ("previous", "next", "self"):
     for t in r["top"][k]:
-      rows.append([_NAMES[k], f"L{t['layer']}.{t['head']}",
+      rows.append([_NAMES[k], claims.head_name(t['layer'], t['head']),
                    f"{report_lib.fmt(t['mean'])} "
                    f"{report_lib.interval(t['ci95'])}",
                    report_lib.fmt(t["init"]), report_lib.fmt(t["uniform"])])
@@ -94,7 +94,7 @@ def _gradient_table(r):
   return report_lib.md_table(
       ["layer", "share on [SEP]", "mean abs. gradient, [SEP] keys",
        "mean abs. gradient, other keys", "[SEP] / other"],
-      [[l + 1, _ci(g["sep_share"], l), _ci(g["sep"], l, 6),
+      [[l, _ci(g["sep_share"], l), _ci(g["sep"], l, 6),
         _ci(g["other"], l, 6), _ci(g["sep_over_other"], l)]
        for l in range(r["model"]["layers"])])
 
@@ -242,11 +242,12 @@ def write(config, results, workdir) -> dict:
   r = results
   text = "\n\n".join(
       [f"# What a pretrained transformer's heads look at: {r['model']['name']}",
-       f"`python -m experiments.pretrained_heads` "
+       f"Command: {report_lib.command('experiments.pretrained_heads')} "
        f"({report_lib.wall_time(r['wall_s'], False)}; the model's explorer "
        f"page: [explorer.html](explorer.html), {len(r['explorer_pairs'])} "
        f"short pairs, patterns of the first; token types are 0 there, as "
        f"`experiments.explore --pretrained` runs it).",
        _setup(config, r)] + _sections(config, r)
       + claims.comparison(config, r))
-  return report_lib.write_outputs(workdir, results, text, drop=_DROP)
+  return report_lib.write_outputs(workdir, results, text, drop=_DROP,
+                                  config=config)

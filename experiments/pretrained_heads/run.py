@@ -71,7 +71,7 @@ def _top(heads, name: str, k: int) -> list[dict]:
   t = heads[name]["trained"]
   order = np.argsort(t["mean"].ravel())[::-1][:k]
   nh = t["mean"].shape[1]
-  return [{"layer": int(f // nh) + 1, "head": int(f % nh),
+  return [{"layer": int(f // nh), "head": int(f % nh),
            "mean": float(t["mean"].ravel()[f]),
            "ci95": t["ci95"].reshape(-1, 2)[f].tolist(),
            "init": float(heads[name]["init"]["mean"].ravel()[f]),

@@ -24,7 +24,8 @@ def write(config, results, workdir) -> dict:
                   path=str(workdir / "prune_curve.png"))
   return report_lib.write_outputs(
       workdir, results, _report(config, spread, results["heads_kept"],
-                                results["two_removed_minus_random"]))
+                                results["two_removed_minus_random"]),
+      config=config)
 
 
 def _name(k: str) -> str:
@@ -59,7 +60,7 @@ def _intro(config) -> str:
   """The command and what was ranked and removed."""
   e = config.experiment
   return (
-      "Command: `python -m experiments.pruning --workdir=runs/pruning` "
+      f"Command: {report_lib.command('experiments.pruning')} "
       "(config `configs/pruning.py`): the 2-layer induction model "
       f"({config.model.num_heads} heads per layer, "
       f"{config.train.num_steps} steps), seeds {list(e.seeds)}. For each "

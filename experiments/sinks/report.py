@@ -79,11 +79,11 @@ def _layers_table(config, runs, summary, comparisons, pooled, floors):
     cells = [n]
     for key in ("key0", "key0_late", "sink"):
       for l in range(nl):
-        k = f"{key}_layer{l + 1}_mean"
+        k = f"{key}_layer{l}_mean"
         cells.append(_ms(x[k]) if key != "sink" or n in has_sinks else "-")
     rows.append(cells)
   return report_lib.md_table(
-      ["setting"] + [f"{what}, layer {l + 1}" for what in
+      ["setting"] + [f"{what}, layer {l}" for what in
                      ("position 0", "position 0 late", "sink")
                      for l in range(nl)], rows)
 
@@ -151,9 +151,9 @@ def _rho_table(config, runs, summary, comparisons, pooled, floors):
       key = f"rho_{k}_ablation"
       cells.append(_ci(summary[n][key], 2) if key in summary[n] else "-")
       cells += [_rho(pooled[n][k][g]) for g in
-                ["all"] + [f"layer{l + 1}" for l in range(nl)]]
+                ["all"] + [f"layer{l}" for l in range(nl)]]
     rows.append(cells)
-  groups = ["pooled"] + [f"pooled, layer {l + 1}" for l in range(nl)]
+  groups = ["pooled"] + [f"pooled, layer {l}" for l in range(nl)]
   return report_lib.md_table(
       ["setting", "position 0 vs Δloss, per model"] + groups
       + ["parked vs Δloss, per model"] + groups, rows)
@@ -217,7 +217,7 @@ def _heads_table(config, runs, summary, comparisons, pooled, floors):
   s0 = seeds[0]
   for l in range(nl):
     for h in range(nh):
-      cells = [f"L{l + 1} H{h + 1}"]
+      cells = [report_lib.head_name(l, h)]
       for n in names:
         r = runs[n][s0]
         c = (f"{r['shares']['key0'][l, h]:.3f} / "
@@ -281,7 +281,7 @@ def _intro_lines(config, floors, timing):
   return [
       "# Attention sinks in tiny induction models",
       "",
-      "Command: `python -m experiments.sinks --workdir=runs/sinks` (config "
+      f"Command: {report_lib.command('experiments.sinks')} (config "
       f"`configs/sinks.py`). {nl}-layer attention-only decoders (d_model "
       f"{config.model.d_model}, {nh} heads, {config.model.positions} "
       f"positions, {config.train.num_steps} steps of batch "
@@ -448,9 +448,10 @@ def _findings(config, summary, comparisons, pooled, floors):
             f"late queries {_ci(x['key0_late_max'])}, "
             f"{_against(x['key0_late_max'], uni_late)}")
     if n.split("+")[0] == "sinks":
-      text += (f". The learned sink takes {_ms(x['sink_layer1_mean'])} of "
-               f"a layer-1 head's attention on average and "
-               f"{_ms(x[f'sink_layer{config.model.num_layers}_mean'])} of a "
+      text += (f". The learned sink takes {_ms(x['sink_layer0_mean'])} of "
+               f"a layer-0 head's attention on average and "
+               f"{_ms(x[f'sink_layer{config.model.num_layers - 1}_mean'])} "
+               "of a "
                f"last-layer head's (largest head {_ci(x['sink_max'])}; "
                f"{_ms(x['init_sink_mean'])} at init, sink logit 0)")
     out.append(text + ".")
@@ -499,4 +500,5 @@ def write(config, results, workdir) -> dict:
                    results["pooled_rank_correlation"], results["floors"],
                    figures, results["timing"])
   # Per-query profiles feed one figure; the shares keep their means.
-  return report_lib.write_outputs(workdir, results, report, drop=("profile",))
+  return report_lib.write_outputs(workdir, results, report, drop=("profile",),
+                                  config=config)

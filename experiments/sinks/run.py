@@ -107,7 +107,7 @@ def _write_explorer(model, init_model, batch, r, s, workdir, name):
   info = [("setting", name), ("seed", str(r.seed))]
   if logits is not None:
     info.append(("sink logits (layer: heads)", "; ".join(
-        f"L{l + 1}: " + " ".join(f"{x:+.2f}" for x in row)
+        f"L{l}: " + " ".join(f"{x:+.2f}" for x in row)
         for l, row in enumerate(logits))))
   explorer.write_explorer(
       model, batch, workdir / "explorer.html", loss=r.state.loss,
@@ -188,7 +188,7 @@ def _scalars(s: dict) -> dict:
     out[f"{name}_mean"] = float(sh[name].mean())
   for l in range(sh["key0"].shape[0]):
     for name in ("key0", "sink", "key0_late", "sink_late"):
-      out[f"{name}_layer{l + 1}_mean"] = float(sh[name][l].mean())
+      out[f"{name}_layer{l}_mean"] = float(sh[name][l].mean())
   for name in ("key0_idle", "key0_task", "sink_idle", "sink_task"):
     out[f"{name}_last"] = float(sh[name][-1].mean())
   # Against uniform attention on the same queries (idle queries sit
@@ -270,7 +270,7 @@ def _comparisons(config, runs) -> dict:
 
 def _pooled_rho(per_seed) -> dict:
   """Spearman of a share with zero ablation over every head of every seed
-  of a setting ("all"), and within each layer ("layer1", ...): layers
+  of a setting ("all"), and within each layer ("layer0", ...): layers
   differ in both, so the pooled number can be a layer effect."""
   out = {}
   for name in ("key0", "parked"):
@@ -278,7 +278,7 @@ def _pooled_rho(per_seed) -> dict:
     y = np.stack([np.asarray(s["ablation"]) for s in per_seed.values()])
     groups = {"all": (x.ravel(), y.ravel())}
     for l in range(x.shape[1]):
-      groups[f"layer{l + 1}"] = (x[:, l].ravel(), y[:, l].ravel())
+      groups[f"layer{l}"] = (x[:, l].ravel(), y[:, l].ravel())
     out[name] = {}
     for g, (a, b) in groups.items():
       rho = interventions.rank_correlation(a, b)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from mha_jax.measure import curves
 from mha_jax.measure import plots
+from mha_jax.measure import report as report_lib
 from mha_jax.training import tasks
 from mha_jax.training import text_corpus
 
@@ -49,7 +50,7 @@ def draw(workdir, runs, summary, config) -> list[str]:
             for t in tokens]
   plots.attention_grid(
       weights, q_labels=labels, k_labels=labels,
-      head_titles=[[f"L{l + 1}H{h + 1} {lab[l, h]}"
+      head_titles=[[f"{report_lib.head_name(l, h)} {lab[l, h]}"
                     for h in range(lab.shape[1])]
                    for l in range(lab.shape[0])],
       title=f"{variants[-1]}, seed {config.experiment.seeds[0]}: the first "

@@ -39,7 +39,7 @@ def _head_rows(r):
   rows = []
   for l in range(n_layers):
     for h in range(n_heads):
-      rows.append([f"L{l + 1} H{h + 1}", lab[l, h],
+      rows.append([report_lib.head_name(l, h), lab[l, h],
                    f"{s['first_token'][l, h]:.2f}",
                    f"{s['repeat_induction'][l, h]:.2f}",
                    f"{int(s['fixed_offset'][l, h])}: "
@@ -96,8 +96,8 @@ def _setup_lines(config, results) -> list[str]:
   lines = [
       "# Heads on real text: byte-level models of Python code",
       "",
-      "Command: `python -m experiments.text_heads "
-      "--workdir=runs/text_heads` (config `configs/text.py`). Corpus "
+      f"Command: {report_lib.command('experiments.text_heads')} "
+      "(config `configs/text.py`). Corpus "
       f"`{info['corpus']}` ({info['describe']}): {info['train_files']} "
       f"training files ({info['train_bytes'] / 1e6:.1f} MB) and "
       f"{info['held_out_files']} held-out files "
@@ -410,4 +410,4 @@ def write(config, results, workdir) -> dict:
   results = {k: results[k] for k in keys[:at]} | {"figures": figures} | {
       k: results[k] for k in keys[at:]}
   return report_lib.write_outputs(workdir, results, _report(config, results),
-                                  drop=("weights_example",))
+                                  drop=("weights_example",), config=config)

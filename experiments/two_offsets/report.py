@@ -24,7 +24,7 @@ def write(config, results, workdir) -> dict:
   workdir = pathlib.Path(workdir)
   _figures(config, workdir, results["continuous"])
   return report_lib.write_outputs(workdir, results, _report(config, results),
-                                  drop=("weights_example",))
+                                  drop=("weights_example",), config=config)
 
 
 def _ival(summ):
@@ -51,7 +51,7 @@ def _figures(config, workdir, cont) -> None:
   for k in show:
     r = cont[k][0]
     grid.append(r["weights_example"])
-    titles.append([f"{k} head {h + 1}: off1 {r['offset1'][h]:.2f} off3 "
+    titles.append([f"{k} head {h}: off1 {r['offset1'][h]:.2f} off3 "
                    f"{r['offset3'][h]:.2f}"
                    for h in range(len(r["offset1"]))])
   t = config.task.seq_len

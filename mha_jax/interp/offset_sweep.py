@@ -324,7 +324,7 @@ def report_header(title: str, name: str, results: dict) -> list[str]:
   "reused_runs" of `results`)."""
   took = report_lib.wall_time(results["wall_seconds"], results["reused_runs"])
   return [f"# {title}", "",
-          f"Command: `python -m experiments.{name} --workdir=runs/{name}` "
+          f"Command: {report_lib.command(f'experiments.{name}')} "
           f"(config `configs/{name}.py`; {took}).", ""]
 
 

@@ -15,6 +15,8 @@ import os
 from matplotlib.figure import Figure
 import numpy as np
 
+from mha_jax.measure import report
+
 
 def figure(**kwargs) -> Figure:
   """A figure made outside pyplot. Importing this module chooses no
@@ -73,26 +75,37 @@ def attention_grid(weights: Sequence[np.ndarray] | np.ndarray, *,
       ax.imshow(w[hi], cmap="viridis", vmin=0.0, vmax=1.0,
                 interpolation="nearest", aspect="auto")
       name = (head_titles[li][hi] if head_titles is not None
-              else f"L{li + 1} H{hi + 1}")
+              else report.head_name(li, hi))
       ax.set_title(name, fontsize=8)
-      _ticks(ax.set_yticks, ax.set_yticklabels, q_labels, tq, hi == 0)
-      _ticks(ax.set_xticks, ax.set_xticklabels, k_labels, tk, li == n_rows - 1)
+      _ticks(ax.set_yticks, ax.set_yticklabels, q_labels, tq, hi == 0, cell)
+      _ticks(ax.set_xticks, ax.set_xticklabels, k_labels, tk,
+             li == n_rows - 1, cell, rotation=90)
   if title:
     fig.suptitle(title, fontsize=10)
   fig.tight_layout()
   return save(fig, path)
 
 
-def _ticks(set_ticks, set_labels, labels, n, show):
-  """Label every position when labels fit, otherwise hide the ticks."""
-  if labels is None or not show or n > 40:
+# Tick labels are drawn at TICK_FONT points, at most one per
+# TICK_FONT * TICK_SPACING points of the panel: smaller type is unreadable
+# at the PNGs' 80 dpi, and denser labels overlap.
+TICK_FONT, TICK_SPACING = 7, 1.4
+
+
+def _ticks(set_ticks, set_labels, labels, n, show, cell, rotation=0):
+  """Label every position when the labels fit the panel (`cell` inches),
+  otherwise every k-th one; no ticks without labels or off the edge."""
+  if labels is None or not show:
     set_ticks([])
     return
   if len(labels) != n:
     raise ValueError(f"attention_grid: {len(labels)} tick labels for {n} "
                      "positions")
-  set_ticks(range(n))
-  set_labels([str(x) for x in labels], fontsize=5)
+  fit = max(int(cell * 72 / (TICK_FONT * TICK_SPACING)), 1)
+  at = range(0, n, -(-n // fit))  # ceil(n / fit): every k-th position
+  set_ticks(list(at))
+  set_labels([str(labels[i]) for i in at], fontsize=TICK_FONT,
+             rotation=rotation)
 
 
 def metric_bars(metrics: Mapping[str, np.ndarray], *, title: str = "",
@@ -113,16 +126,21 @@ def metric_bars(metrics: Mapping[str, np.ndarray], *, title: str = "",
     width = 0.8 / n_layers
     for li in range(n_layers):
       x = np.arange(n_heads) + (li - (n_layers - 1) / 2) * width
-      ax.bar(x, vals[li], width, label=f"layer {li + 1}",
+      ax.bar(x, vals[li], width, label=f"layer {li}",
              yerr=None if err is None else err[li], capsize=2)
     ax.set_xticks(range(n_heads))
-    ax.set_xticklabels([f"H{h + 1}" for h in range(n_heads)], fontsize=7)
+    ax.set_xticklabels([f"H{h}" for h in range(n_heads)], fontsize=7)
     ax.set_title(name, fontsize=9)
-    if n_layers > 1:
-      ax.legend(fontsize=6)
   if title:
     fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
+  # One legend for the figure, below the panels: inside a panel it covers
+  # a bar wherever the bars are tall.
+  rect = (0, 0, 1, 1)
+  if n_layers > 1:
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="lower center",
+               ncol=n_layers, fontsize=8, frameon=False)
+    rect = (0, 0.1, 1, 1)
+  fig.tight_layout(rect=rect)
   return save(fig, path)
 
 
@@ -182,8 +200,13 @@ def setting_bars(labels: Sequence[str], means: Sequence[float],
   ax.bar(range(len(labels)), np.asarray(means, np.float32),
          yerr=None if spreads is None else np.asarray(spreads, np.float32),
          capsize=3, color="tab:blue")
+  # A label's parts go on lines of their own ("h=4, d_model=256"); a line
+  # wider than a bar's 0.7 inch (about 10 characters at 8 pt) is slanted.
+  lines = [str(x).replace(", ", "\n") for x in labels]
+  slant = max(len(part) for x in lines for part in x.split("\n")) > 10
   ax.set_xticks(range(len(labels)))
-  ax.set_xticklabels(labels, fontsize=8)
+  ax.set_xticklabels(lines, fontsize=8, rotation=30 if slant else 0,
+                     ha="right" if slant else "center")
   ax.set_ylabel(ylabel)
   if logy:
     ax.set_yscale("log")

@@ -12,6 +12,7 @@ One module owns the formats a reader compares across reports, so a
   significant(0.000123456)         -> "0.000123"
   scientific(1.234e-4, 4.5e-5)     -> "1.23e-04 ± 4.5e-05"
   wall_time(90.0, reused=False)    -> "1.5 min wall on this machine"
+  head_name(1, 3)                  -> "L1H3"
 
 Each takes a format spec (`spec`, and `std_spec` / `interval_spec` where
 the parts differ) for the reports that print significant digits (`.3g`)
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
+import shlex
 
 from absl import app
 import jax
@@ -102,6 +105,18 @@ def wall_time(wall_s: float, reused: bool) -> str:
           + (", analysis only: finished runs were reused" if reused else ""))
 
 
+# Everything a reader sees counts layers and heads from 0, as the API does
+# (`blocks.1.attn`, `heads=3`) and as TransformerLens names heads (L1H3), so
+# a head read off a report is the head one types. Each report says so once.
+HEAD_NAMES = ("Layers and heads count from 0, as the API does: L1H3 is head "
+              "3 of layer 1, `hooks` site `blocks.1.attn.*` with `heads=3`.")
+
+
+def head_name(layer: int, head: int) -> str:
+  """`L1H3`: head 3 of layer 1, both counted from 0 (see `HEAD_NAMES`)."""
+  return f"L{int(layer)}H{int(head)}"
+
+
 def md_table(headers, rows) -> str:
   """A Markdown table; cells are written with `str`."""
   lines = ["| " + " | ".join(str(h) for h in headers) + " |",
@@ -123,14 +138,76 @@ def _to_json(x, drop):
   return x
 
 
-def write_outputs(workdir, results: dict, report: str, drop=()) -> dict:
+# The command line of this process's experiment, as `record_command` saw
+# it; None where an experiment's `run` is called from Python (a test, a
+# notebook), whose report then says so.
+_command: str | None = None
+
+
+def record_command(argv, module: str) -> None:
+  """Remember `python -m <module> <argv[1:]>` for the reports this process
+  writes (called by the experiments' shared `main`)."""
+  global _command
+  _command = shlex.join([".venv/bin/python", "-m", module, *argv[1:]])
+
+
+def command(module: str) -> str:
+  """The command that ran, as Markdown: the recorded command line, or, when
+  `run` was called from Python, that call (its config is in results.json)."""
+  if _command is not None:
+    return f"`{_command}`"
+  return (f"`{module}.run(config, workdir)` called from Python (the config "
+          "is in results.json)")
+
+
+SMOKE_NOTE = (
+    "**Smoke run.** This report comes from the config's `smoke` sizes (a "
+    "tiny model trained for a few steps, a few examples) that check the "
+    "code runs end to end. Its numbers are not evidence of anything and it "
+    "draws no conclusion; the full run is the same command without "
+    "`:smoke`.")
+
+# The heading of each report's conclusions; a smoke report ends before it.
+_CONCLUSIONS = re.compile(r"^## What (this shows|the numbers show)\b.*",
+                          re.M | re.S)
+_HEAD = re.compile(r"\bL\d+H\d+\b")
+
+
+def _framed(report: str, smoke: bool) -> str:
+  """`report` with the head-naming note under its title where it names a
+  head, and, for a smoke run, the smoke note there and no conclusions."""
+  title, _, body = report.partition("\n")
+  notes = []
+  if smoke:
+    notes.append(SMOKE_NOTE)
+    body = _CONCLUSIONS.sub(
+        "## What this shows\n\nNothing: a smoke run draws no conclusion.",
+        body)
+  if _HEAD.search(body):
+    notes.append(HEAD_NAMES)
+  if not notes:
+    return report
+  return "\n\n".join([title] + notes) + "\n" + body
+
+
+def write_outputs(workdir, results: dict, report: str, drop=(), *,
+                  config=None) -> dict:
   """Write results.json (every number) and report.md into `workdir`.
 
   Keys named in `drop` are left out of results.json at any depth (the
-  per-example arrays kept only for figures). Returns what was written.
+  per-example arrays kept only for figures). `config` (the experiment's
+  ConfigDict) is saved in results.json under "config" (unless `results`
+  has that key already); when its `smoke`
+  field is true the report says it is a smoke run and its conclusions
+  section ("## What this shows") is left out. A report that names a head
+  (L1H3) gets `HEAD_NAMES` under its title. Returns what was written.
   """
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  if config is not None and "config" not in results:
+    results = {**results, "config": config.to_dict()}
+  report = _framed(report, bool(config is not None
+                                and config.get("smoke", False)))
   written = _to_json(results, frozenset(drop))
   (workdir / "results.json").write_text(json.dumps(written, indent=1) + "\n")
   (workdir / "report.md").write_text(report.rstrip() + "\n")

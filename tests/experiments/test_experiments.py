@@ -114,7 +114,7 @@ def test_induction(tmp_path):
   heads = entry_points.table(report, "| head | previous_token |")
   assert len(heads) == 2 * config.model.num_heads + 2  # L * H + 2 floors
   lo, hi = run["intervals"]["induction"][1][0]
-  assert _row(heads, "L2 H1")[2] == (
+  assert _row(heads, "L1H0")[2] == (
       f"{run['metrics']['induction'][1][0]:.2f} [{lo:.2f}, {hi:.2f}]")
   assert _row(heads, "uniform causal")[2] == (
       f"{run['floors']['uniform']['induction']:.2f}")
@@ -225,9 +225,9 @@ def test_cross_attention(tmp_path):
   acc, zero = run["alignment_accuracy"], run["importance"]["zero_ablation"]
   near = run["alignment_mass_within_1"]
   assert len(heads) == len(acc) * len(acc[0]) + 2  # + two floor rows
-  assert _row(heads, "L1 H2")[1:5:3] == [f"{acc[0][1]:.2f}",
+  assert _row(heads, "L0H1")[1:5:3] == [f"{acc[0][1]:.2f}",
                                          f"{zero[0][1]:+.3f}"]
-  assert _row(heads, "L1 H2")[3] == f"{near[0][1]:.2f}"
+  assert _row(heads, "L0H1")[3] == f"{near[0][1]:.2f}"
   assert all(0.0 <= a <= 1.0 for layer in acc for a in layer)
   # The weight within +-1 of the target includes the weight on it.
   assert all(n >= m - 1e-6 for ln, lm in zip(near, run["alignment_mass"])
@@ -480,7 +480,7 @@ def test_pretrained_heads(tmp_path):
   layers = entry_points.table_by_label(report, "| layer | [CLS] |")
   h = results["heads"]
   for l in range(nl):
-    assert layers[str(l + 1)][:4] == [
+    assert layers[str(l)][:4] == [
         cell(h["cls"]["layer_trained"], l), cell(h["cls"]["layer_init"], l),
         cell(h["sep"]["layer_trained"], l), cell(h["sep"]["layer_init"], l)]
   assert layers["uniform"][0] == cell(h["cls"]["uniform"])
@@ -493,7 +493,7 @@ def test_pretrained_heads(tmp_path):
       2 * h["cls"]["uniform"]["mean"], rel=1e-6)
   top = entry_points.table(report, "| focus on | head |")
   assert [r[1] for r in top[:config.experiment.top]] == [
-      f"L{t['layer']}.{t['head']}" for t in results["top"]["previous"]]
+      f"L{t['layer']}H{t['head']}" for t in results["top"]["previous"]]
   js = entry_points.table_by_label(report, "| model | JS distance within")
   assert js["pretrained"][:2] == [
       f"{results['js']['trained']['within_layer']:.3f}",
@@ -501,7 +501,7 @@ def test_pretrained_heads(tmp_path):
   assert 0 < results["js"]["trained"]["p_value"] <= 1
   grad = entry_points.table_by_label(report, "| layer | share on [SEP] |")
   g = results["gradient"]["sep"]
-  assert grad["1"][1] == (f"{g['mean'][0]:.6f} "
+  assert grad["0"][1] == (f"{g['mean'][0]:.6f} "
                           f"{report_lib.interval(g['ci95'][0], 6)}")
   prune = entry_points.table(report, "| heads removed |")
   p = results["pruning"]
@@ -533,12 +533,12 @@ def test_circuits(tmp_path):
   noise = run["heads"]["noise"]["path"]
   paths = entry_points.table(report, "| seed, head | prev-token |")
   assert len(paths) == len(config.experiment.seeds) * config.model.num_heads
-  assert _row(paths, "0 L1H2")[3:6] == [f"{noise[f'{k}_all'][1]:.2f}"
+  assert _row(paths, "0 L0H1")[3:6] == [f"{noise[f'{k}_all'][1]:.2f}"
                                        for k in "qkv"]
   comp = entry_points.table(report, "| seed, head | prev / current score |")
   assert _row(comp, "random")[2:5] == [
       report_lib.fmt(*results["baselines"]["composition"][k]) for k in "qkv"]
-  assert _row(comp, "0 L1H1")[3] == (
+  assert _row(comp, "0 L0H0")[3] == (
       f"{np.mean(run['composition']['k'][0]):.3f}")
   # The dynamics: step 0 and every evaluation, read from the checkpoints.
   assert run["dynamics"]["steps"] == [0, 3, 6]

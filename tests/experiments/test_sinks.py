@@ -284,7 +284,7 @@ def test_smoke_run_writes_what_it_measured(tmp_path):
   pooled = results["pooled_rank_correlation"]["plain"]["key0"]
   nl, nh = config.model.num_layers, config.model.num_heads
   assert pooled["all"]["n_heads"] == len(seeds) * nl * nh
-  assert pooled["layer1"]["n_heads"] == len(seeds) * nh
+  assert pooled["layer0"]["n_heads"] == len(seeds) * nh
   # The critical |rho| is the t approximation's: r = t / sqrt(n - 2 + t^2).
   assert sinks_run.rho_critical(12) == pytest.approx(0.576, abs=1e-3)
   tm = results["timing"]

@@ -317,7 +317,7 @@ def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
   # Choosing a head in the grid changes the heatmap.
   before = js("return document.getElementById('heatmap').toDataURL()")
   css(".thumb[data-layer='1'][data-head='1']").click()
-  assert css("#heatmap-title").text.startswith("Layer 2, head 2")
+  assert css("#heatmap-title").text.startswith("Layer 1, head 1")
   assert css(".thumb[data-layer='1'][data-head='1']").get_attribute(
       "aria-pressed") == "true"
   assert js("return document.getElementById('heatmap').toDataURL()") != before

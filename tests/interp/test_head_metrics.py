@@ -389,7 +389,7 @@ class PlotTest(absltest.TestCase):
     fig = plots.attention_grid(w, q_labels=labels, k_labels=labels,
                                title="test", path=path)
     self.assertLen(fig.axes, layers * heads)
-    self.assertEqual(fig.axes[3].get_title(), "L2 H1")
+    self.assertEqual(fig.axes[3].get_title(), "L1H0")
     self.assertEqual([t.get_text() for t in fig.axes[3].get_xticklabels()],
                      labels)
     self._assert_png(path)

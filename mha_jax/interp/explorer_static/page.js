@@ -34,7 +34,7 @@
     k.w[((l * k.num_heads + h) * k.tq + q) * k.tk + j];
   const fmt = (x, digits) => (x === null || x === undefined ||
                               Number.isNaN(x)) ? "\u2013" : x.toFixed(digits);
-  const headName = (l, h) => `L${l + 1} H${h + 1}`;
+  const headName = (l, h) => `L${l}H${h}`;
 
   // A fixed scale 0..1 for every head, so thumbnails compare at a glance.
   const STOPS = [[247, 251, 255], [198, 219, 239], [107, 174, 214],
@@ -86,13 +86,13 @@
     grid.replaceChildren();
     for (let l = 0; l < k.num_layers; l++) {
       const row = el("div", {cls: "grid-row"},
-                     [el("span", {cls: "layer-label", text: `L${l + 1}`})]);
+                     [el("span", {cls: "layer-label", text: `L${l}`})]);
       for (let h = 0; h < k.num_heads; h++) {
         const canvas = el("canvas");
         drawPattern(canvas, k, l, h);
         const b = el("button", {cls: "thumb", "data-layer": l, "data-head": h,
                                 title: headName(l, h)},
-                     [canvas, el("span", {text: `H${h + 1}`})]);
+                     [canvas, el("span", {text: `H${h}`})]);
         b.addEventListener("click", () => selectHead(l, h));
         row.appendChild(b);
       }
@@ -132,7 +132,7 @@
     $("heatmap").dataset.layer = state.layer;
     $("heatmap").dataset.head = state.head;
     $("heatmap-title").textContent =
-        `Layer ${state.layer + 1}, head ${state.head + 1}: ${k.title}`;
+        `Layer ${state.layer}, head ${state.head}: ${k.title}`;
     const cell = cellSize(k);
     const marker = $("row-marker");
     marker.hidden = false;
@@ -208,7 +208,7 @@
     for (let h = 0; h < k.num_heads; h++) {
       const label = el("button", {
           cls: "hv-label" + (h === state.head ? " current" : ""),
-          text: `H${h + 1}`, title: `show ${headName(state.layer, h)}`});
+          text: `H${h}`, title: `show ${headName(state.layer, h)}`});
       label.addEventListener("click", () => selectHead(state.layer, h));
       const row = el("div", {cls: "toks hv-row" +
                                   (h === state.head ? " current" : ""),
