@@ -196,14 +196,15 @@ def setting_bars(labels: Sequence[str], means: Sequence[float],
                  title: str = "", logy: bool = False,
                  path: str | None = None):
   """One bar per setting (for example per head count), with error bars."""
-  fig, ax = subplots(figsize=(max(4.0, 0.7 * len(labels) + 1.5), 3.2))
+  # A label's parts go on lines of their own ("h=4, d_model=256 (d_k=256)"
+  # on three), so a bar's 0.9 inch holds a line of about 12 characters at
+  # 8 pt; longer lines are slanted.
+  lines = [str(x).replace(", ", "\n").replace(" (", "\n(") for x in labels]
+  slant = max(len(part) for x in lines for part in x.split("\n")) > 12
+  fig, ax = subplots(figsize=(max(4.0, 0.9 * len(labels) + 1.5), 3.2))
   ax.bar(range(len(labels)), np.asarray(means, np.float32),
          yerr=None if spreads is None else np.asarray(spreads, np.float32),
          capsize=3, color="tab:blue")
-  # A label's parts go on lines of their own ("h=4, d_model=256"); a line
-  # wider than a bar's 0.7 inch (about 10 characters at 8 pt) is slanted.
-  lines = [str(x).replace(", ", "\n") for x in labels]
-  slant = max(len(part) for x in lines for part in x.split("\n")) > 10
   ax.set_xticks(range(len(labels)))
   ax.set_xticklabels(lines, fontsize=8, rotation=30 if slant else 0,
                      ha="right" if slant else "center")

@@ -153,6 +153,10 @@ def test_two_offsets(tmp_path):
   report, saved = _outputs(tmp_path, ["nmse_vs_heads.png", "nmse_curves.png",
                                       "attention.png"])
   assert saved == results
+  # A smoke config's report says it is one and concludes nothing.
+  assert results["config"]["smoke"] is True
+  assert report_lib.SMOKE_NOTE in report
+  assert report.rstrip().endswith("Nothing: a smoke run draws no conclusion.")
   summary = results["summary"]
   _check_nmse_table(report, results["continuous"], summary["continuous"],
                     results["selection"])
@@ -429,6 +433,11 @@ def test_mesh_check_command_line(tmp_path):
   report, results = _outputs(tmp_path, [])
   assert results["steps"] == 3 and results["mesh"] == {"data": 2, "model": 4}
   assert results["config"] == "configs/mesh_check.py:smoke"
+  # The report names the command as typed, and that it is a smoke run.
+  assert (f"Command: `.venv/bin/python -m experiments.mesh_check "
+          f"--config=configs/mesh_check.py:smoke --workdir={tmp_path} "
+          "--config.experiment.steps=3`") in report
+  assert report_lib.SMOKE_NOTE in report
   # The override reached both training runs.
   assert "--config.experiment.steps=3" in results["runs"]["mesh"]["command"]
   ev = results["eval"]

@@ -11,6 +11,7 @@ import hypothesis
 from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
+from matplotlib.backends import backend_agg
 import numpy as np
 
 import mha_jax
@@ -378,6 +379,57 @@ class PlotTest(absltest.TestCase):
       data = f.read()
     self.assertGreater(len(data), 1000)
     self.assertEqual(data[:8], b"\x89PNG\r\n\x1a\n")
+
+  def _renderer(self, fig):
+    # The figures are made outside pyplot, on a canvas that cannot draw;
+    # Agg lays them out as savefig does, without choosing a backend.
+    canvas = backend_agg.FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+  def _text_boxes(self, fig, texts):
+    renderer = self._renderer(fig)
+    return [t.get_window_extent(renderer) for t in texts
+            if t.get_visible() and t.get_text()]
+
+  def _assert_apart(self, boxes):
+    for i, a in enumerate(boxes):
+      for b in boxes[i + 1:]:
+        self.assertFalse(a.overlaps(b), (a, b))
+
+  def test_long_sequences_get_readable_tick_labels(self):
+    # 33 positions on a 2.6-inch panel: every label at 7 pt would overlap,
+    # so every second one is drawn, none overlapping another.
+    t = 33
+    w = np.full((1, 2, t, t), 1.0 / t)
+    labels = [str(10 + i) for i in range(t)]
+    fig = plots.attention_grid(w, q_labels=labels, k_labels=labels,
+                               cell=2.6)
+    ax = fig.axes[0]
+    for ticks in (ax.get_xticklabels(), ax.get_yticklabels()):
+      self.assertEqual([x.get_text() for x in ticks], labels[::2])
+      self.assertTrue(all(x.get_fontsize() >= 7 for x in ticks))
+      self._assert_apart(self._text_boxes(fig, ticks))
+    self.assertEqual(list(ax.get_xticks()), list(range(0, t, 2)))
+
+  def test_metric_bars_legend_covers_no_bar(self):
+    vals = np.array([[0.9, 0.1, 0.8], [0.85, 0.9, 0.95]])
+    fig = plots.metric_bars({"induction": vals, "other": vals})
+    renderer = self._renderer(fig)
+    self.assertTrue(all(ax.get_legend() is None for ax in fig.axes))
+    (legend,) = fig.legends
+    box = legend.get_window_extent(renderer)
+    self.assertEqual([t.get_text() for t in legend.get_texts()],
+                     ["layer 0", "layer 1"])
+    for ax in fig.axes:
+      self.assertFalse(box.overlaps(ax.get_window_extent(renderer)))
+
+  def test_setting_bars_labels_do_not_overlap(self):
+    labels = ["h=1", "h=2", "h=4, d_model=256 (d_k=256)",
+              "h=1 + MLP (F=256)"]
+    fig = plots.setting_bars(labels, [0.5, 1e-3, 0.6, 0.5], ylabel="NMSE",
+                             logy=True)
+    self._assert_apart(self._text_boxes(fig, fig.axes[0].get_xticklabels()))
 
   def test_attention_grid_has_one_axes_per_head(self):
     rng = np.random.default_rng(0)

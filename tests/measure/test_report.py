@@ -65,3 +65,59 @@ def test_wall_time_sentence():
   assert report.wall_time(30.0, reused=True) == (
       "0.5 min wall on this machine, analysis only: finished runs were "
       "reused")
+
+
+# What a reader sees: head names, the command that ran, smoke runs.
+
+
+def test_head_names_count_from_zero_like_the_hook_sites():
+  # L1H3 is what `hooks` calls blocks.1 with heads=3 (TransformerLens's
+  # spelling); numpy integers print as plain ones.
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  assert report.head_name(1, 3) == "L1H3"
+  assert report.head_name(np.int64(0), np.int64(0)) == "L0H0"
+  assert "L1H3" in report.HEAD_NAMES and "blocks.1" in report.HEAD_NAMES
+  assert "heads=3" in report.HEAD_NAMES
+
+
+def _config(smoke):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  return ml_collections.ConfigDict({"smoke": smoke, "train": {"steps": 6}})
+
+
+_TEXT = ("# Title\n\nCommand: x.\n\n| head | score |\n|---|---|\n"
+         "| L0H1 | 0.5 |\n\n## What this shows\n\n* Heads form.\n")
+
+
+def test_smoke_report_says_so_and_draws_no_conclusion(tmp_path):
+  written = report.write_outputs(tmp_path, {"a": 1}, _TEXT,
+                                 config=_config(True))
+  text = (tmp_path / "report.md").read_text()
+  assert text.splitlines()[0] == "# Title"
+  assert report.SMOKE_NOTE in text and report.HEAD_NAMES in text
+  assert "Heads form" not in text
+  assert text.rstrip().endswith("Nothing: a smoke run draws no conclusion.")
+  assert "| L0H1 | 0.5 |" in text  # the numbers stay
+  assert written["config"] == {"smoke": True, "train": {"steps": 6}}
+
+
+def test_full_report_keeps_its_conclusions(tmp_path):
+  report.write_outputs(tmp_path, {}, _TEXT, config=_config(False))
+  text = (tmp_path / "report.md").read_text()
+  assert report.SMOKE_NOTE not in text and "* Heads form." in text
+  # No head named, no naming note.
+  report.write_outputs(tmp_path, {}, "# T\n\nno heads here\n")
+  assert (tmp_path / "report.md").read_text() == "# T\n\nno heads here\n"
+
+
+def test_command_is_the_one_recorded(monkeypatch):
+  monkeypatch.setattr(report, "_command", None)
+  assert report.command("experiments.induction") == (
+      "`experiments.induction.run(config, workdir)` called from Python (the "
+      "config is in results.json)")
+  report.record_command(["/x/__main__.py", "--workdir=runs/a b",
+                         "--config=configs/induction.py:smoke"],
+                        "experiments.induction")
+  assert report.command("experiments.induction") == (
+      "`.venv/bin/python -m experiments.induction '--workdir=runs/a b' "
+      "--config=configs/induction.py:smoke`")
