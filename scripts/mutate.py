@@ -69,6 +69,33 @@ TARGETS = {
     "train": ("mha_jax/training/train.py", ["seed_key", "train_step"],
               r"data_key|fold_in|range\(start",
               "tests/training/test_train.py -k 'resumed or dropout_key'", True),
+    # The interpretability layer and what its numbers rest on (issue 33):
+    # a patch's order, index checks and slices; patching's swaps, one-hot
+    # positions and attribution; composition's products and baselines;
+    # the score rules' masks and biases; the statistics; the corpus index.
+    "hooks": ("mha_jax/hooks.py",
+              ["_compose", "_static_index", "_in_range", "_selector", "_fits",
+               "_check_value", "_value"], None, "tests/test_hooks.py", True),
+    "patching": ("mha_jax/interp/patching.py",
+                 ["_score", "_swap", "_one_hot", "_replace_at", "_patch_grid",
+                  "attribution_patching"], None,
+                 "tests/interp/test_patching.py", False),
+    "composition": ("mha_jax/interp/composition.py",
+                    ["frobenius_ratio", "centring", "ov_circuits",
+                     "qk_circuits", "_scores", "composition_baseline",
+                     "copying_score"], None,
+                    "tests/interp/test_composition.py", False),
+    "score_rules": ("mha_jax/core/score_rules.py",
+                    ["alibi_slopes", "default_q_positions", "distance",
+                     "allowed", "scores"], None,
+                    "tests/core/test_score_rules.py", False),
+    "stats": ("mha_jax/measure/stats.py",
+              ["mean_std", "t_interval", "summary", "difference",
+               "detectable_difference", "bootstrap_interval"], None,
+              "tests/measure/test_stats.py", True),
+    "text_corpus": ("mha_jax/training/text_corpus.py",
+                    ["locate", "_cut", "split_of", "byte_counts"], None,
+                    "tests/training/test_text.py", True),
 }
 
 # The operators kept model slips one makes: + for -, * for /, < for <=,

@@ -167,9 +167,10 @@ SMOKE_NOTE = (
     "draws no conclusion; the full run is the same command without "
     "`:smoke`.")
 
-# The heading of each report's conclusions; a smoke report ends before it.
-_CONCLUSIONS = re.compile(r"^## What (this shows|the numbers show)\b.*",
-                          re.M | re.S)
+# Each report's conclusions section, from its heading to the next "## "
+# heading or the end; a smoke report replaces it.
+_CONCLUSIONS = re.compile(
+    r"^## What (this shows|the numbers show)\b.*?(?=^## |\Z)", re.M | re.S)
 _HEAD = re.compile(r"\bL\d+H\d+\b")
 
 
@@ -181,7 +182,7 @@ def _framed(report: str, smoke: bool) -> str:
   if smoke:
     notes.append(SMOKE_NOTE)
     body = _CONCLUSIONS.sub(
-        "## What this shows\n\nNothing: a smoke run draws no conclusion.",
+        "## What this shows\n\nNothing: a smoke run draws no conclusion.\n\n",
         body)
   if _HEAD.search(body):
     notes.append(HEAD_NAMES)

@@ -87,6 +87,9 @@ def _config(smoke):
 
 _TEXT = ("# Title\n\nCommand: x.\n\n| head | score |\n|---|---|\n"
          "| L0H1 | 0.5 |\n\n## What this shows\n\n* Heads form.\n")
+# A conclusions section followed by another one.
+_MIDDLE = ("# T\n\n## What this shows, next to the claim\n\n* Yes.\n\n"
+           "## Every head\n\n| L0H0 | 1 |\n")
 
 
 def test_smoke_report_says_so_and_draws_no_conclusion(tmp_path):
@@ -99,6 +102,14 @@ def test_smoke_report_says_so_and_draws_no_conclusion(tmp_path):
   assert text.rstrip().endswith("Nothing: a smoke run draws no conclusion.")
   assert "| L0H1 | 0.5 |" in text  # the numbers stay
   assert written["config"] == {"smoke": True, "train": {"steps": 6}}
+
+
+def test_smoke_report_keeps_the_sections_after_the_conclusions(tmp_path):
+  report.write_outputs(tmp_path, {}, _MIDDLE, config=_config(True))
+  text = (tmp_path / "report.md").read_text()
+  assert "* Yes." not in text
+  assert text.endswith("## What this shows\n\nNothing: a smoke run draws no "
+                       "conclusion.\n\n## Every head\n\n| L0H0 | 1 |\n")
 
 
 def test_full_report_keeps_its_conclusions(tmp_path):
