@@ -84,3 +84,75 @@ def test_bootstrap_interval_covers_like_the_t_interval():
 def test_bad_values_are_named(bad, match):
   with pytest.raises(ValueError, match=match):
     stats.summary(bad)
+
+
+# Gaps the mutation run of this module found (docs/testing.md): a spread
+# other than 1, samples of exactly two, the constant-sample branch of the
+# difference, an interval above 0, and the bootstrap's draws and tails.
+
+
+def test_t_interval_scales_with_the_std_and_starts_at_two_values():
+  # [2, 4, 6]: std 2, so the half-width is twice that of [1, 2, 3].
+  lo, hi = stats.t_interval([2, 4, 6])
+  half = 4.302652729911275 * 2 / math.sqrt(3)
+  np.testing.assert_allclose([lo, hi], [4 - half, 4 + half], rtol=1e-9)
+  # Two values: t_{0.975, 1} = 12.7062047 (tables 12.706), std sqrt(2).
+  lo, hi = stats.t_interval([1, 3])
+  half = 12.706204736174694 * math.sqrt(2) / math.sqrt(2)
+  np.testing.assert_allclose([lo, hi], [2 - half, 2 + half], rtol=1e-9)
+  assert stats.mean_std([1, 3]) == (2.0, math.sqrt(2))
+
+
+def test_difference_of_two_values_each_and_of_one():
+  d = stats.difference([1.0, 3.0], [0.0, 1.0])
+  ref = sp_stats.ttest_ind([1.0, 3.0], [0.0, 1.0],
+                           equal_var=False).confidence_interval(0.95)
+  np.testing.assert_allclose(d["ci95"], [ref.low, ref.high], rtol=1e-10)
+  assert stats.difference([1.0, 2.0, 3.0], [1.0])["ci95"] is None
+
+
+def test_difference_of_constant_samples():
+  # No spread: the interval is the difference itself.
+  d = stats.difference([2.0, 2.0, 2.0], [1.0, 1.0])
+  assert d == {"diff": 1.0, "ci95": [1.0, 1.0], "excludes_0": True}
+  same = stats.difference([1.0, 1.0], [1.0, 1.0, 1.0])
+  assert same == {"diff": 0.0, "ci95": [0.0, 0.0], "excludes_0": False}
+
+
+def test_difference_excludes_zero_from_either_side():
+  a = np.array([0.31, 0.29, 0.35, 0.30, 0.33])
+  b = np.array([0.41, 0.38, 0.47])
+  up = stats.difference(b, a)  # interval inside (0, 1)
+  assert 0 < up["ci95"][0] < 1 and up["excludes_0"] is True
+  # An interval inside (-1, 1) around 0 does not exclude it.
+  near = stats.difference([0.30, 0.31, 0.32], [0.305, 0.315, 0.31])
+  assert -1 < near["ci95"][0] < 0 < near["ci95"][1] < 1
+  assert near["excludes_0"] is False
+
+
+def test_detectable_difference_of_two_per_side():
+  # 2 degrees of freedom: t_{0.975, 2} = 4.3026527, t_{0.8, 2} = 1.0606602.
+  np.testing.assert_allclose(
+      stats.detectable_difference(1.0, 2),
+      (4.302652729749462 + 1.0606601717798214) * math.sqrt(2 / 2),
+      rtol=1e-9)
+
+
+def test_bootstrap_draws_every_row_and_its_tails_set_the_confidence():
+  # The bootstrap means of [0, 1, 2] are symmetric about 1 and equal to 1
+  # with probability 7/27, so the central 2% of them is exactly 1. Drawing
+  # rows from a wrong range (never row 0, or the last row twice as often)
+  # moves it.
+  assert stats.bootstrap_interval([0.0, 1.0, 2.0], confidence=0.02) == (
+      1.0, 1.0)
+  # On 2000 normal values the 95% bootstrap interval has the width of the
+  # t interval (within 5%; a 90% or 97% one is 16% or 9% off).
+  x = np.random.default_rng(1).normal(size=2000)
+  lo, hi = stats.bootstrap_interval(x, resamples=20000)
+  tlo, thi = stats.t_interval(x)
+  assert (hi - lo) / (thi - tlo) == pytest.approx(1.0, abs=0.05)
+  # Two rows are enough; one row of a matrix is not.
+  assert stats.bootstrap_interval([[0.0, 1.0], [2.0, 3.0]],
+                                  lambda v: v[:, 0].mean())[0] == 0.0
+  with pytest.raises(ValueError, match="at least 2 examples along axis 0"):
+    stats.bootstrap_interval([[0.0, 1.0, 2.0]])
