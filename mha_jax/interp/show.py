@@ -41,6 +41,11 @@ from mha_jax.interp import explorer
 MAX_CELLS = 2 ** 20
 
 
+# Each frame's height before its script has measured the page (and where
+# a front end runs no script in outputs).
+_HEIGHTS = {"heads": 900, "tokens": 220, "heads_bar": 300}
+
+
 @dataclasses.dataclass(frozen=True)
 class View:
   """One inline view: `page` is a standalone HTML page."""
@@ -51,12 +56,14 @@ class View:
   def _repr_html_(self) -> str:
     # Same-origin srcdoc, so the notebook may read its height; a resize
     # observer follows it when the page's content changes.
+    # The html element's own box, not scrollHeight: that is never less
+    # than the frame, so the frame could grow but never shrink.
     fit = ("const f=this,d=f.contentDocument;new ResizeObserver(()=>{"
-           "f.style.height=(d.documentElement.scrollHeight+4)+'px'})"
-           ".observe(d.body)")
+           "f.style.height=Math.ceil(d.documentElement.getBoundingClientRect()"
+           ".height+4)+'px'}).observe(d.documentElement)")
     return (f'<iframe class="mha-jax-view" data-view="{self.kind}" '
             f'title="{html.escape(self.title)}" '
-            f'style="width:100%;height:560px;border:none" '
+            f'style="width:100%;height:{_HEIGHTS[self.kind]}px;border:none" '
             f'onload="{html.escape(fit)}" '
             f'srcdoc="{html.escape(self.page)}"></iframe>')
 
@@ -267,4 +274,8 @@ def heads_bar(values, *, name: str = "Values per head",
 
 def _view(kind: str, title: str, payload: dict) -> View:
   payload["title"] = title
+  # A page of one section named as the view needs no title above it.
+  name = payload.get("token_values", payload.get("head_values", {})).get(
+      "name")
+  payload["hide_title"] = name == title
   return View(explorer.page_html(payload, title=title), kind, title)

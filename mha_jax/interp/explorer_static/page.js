@@ -488,6 +488,7 @@
   }
 
   buildHeader();
+  $("title").hidden = Boolean(DATA.hide_title);
   if (DATA.kinds.length) {
     drawColorbar();
     bindHeatmap();
