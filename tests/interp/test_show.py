@@ -158,3 +158,43 @@ NAN[1, 0, 2, 1] = np.nan
 def test_bad_input_names_the_argument(call, message):
   with pytest.raises((ValueError, TypeError), match=message):
     call()
+
+
+def test_long_inputs_in_a_real_browser(browser, tmp_path):
+  """3000 tokens: the heads page holds a window and reads positions in the
+  whole sequence under the pointer; the token page holds every value."""
+  from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
+  import chromium  # pylint: disable=g-import-not-at-top
+  t, side = 3000, 48
+  rng = np.random.default_rng(3)
+  w = _softmax(rng.normal(size=(1, 2, t, t)).astype(np.float32))
+  labels = [f"t{i}" for i in range(t)]
+  css = lambda sel: browser.find_element(By.CSS_SELECTOR, sel)
+  ready = lambda d: d.find_element(By.TAG_NAME, "body").get_attribute(
+      "data-ready") == "true"
+  path = show.heads(w, labels, window=(1000, 2000), max_tokens=side).save(
+      tmp_path / "heads.html")
+  browser.get(path.resolve().as_uri())
+  WebDriverWait(browser, 10).until(ready)
+  assert css("#window-note").text.startswith(
+      "Showing queries 1000\u20131047 of 3000 and keys 1000\u20131047")
+  canvas = css("#heatmap")
+  size = canvas.size["width"]
+  q, k = 40, 7  # inside the window: positions 1040 and 1007
+  ActionChains(browser).move_to_element_with_offset(
+      canvas, int((k + 0.5) * size / side - size / 2),
+      int((q + 0.5) * size / side - size / 2)).perform()
+  assert (css("#readout").get_attribute("data-query"),
+          css("#readout").get_attribute("data-key")) == ("1040", "1007")
+  assert css("#readout-value").text == chromium.fixed3(w[0, 0, 1040, 1007])
+  values = rng.normal(size=t).astype(np.float32)
+  path = show.tokens(labels, values).save(tmp_path / "tokens.html")
+  browser.get(path.resolve().as_uri())
+  WebDriverWait(browser, 10).until(ready)
+  toks = browser.find_elements(By.CSS_SELECTOR, ".tv")
+  assert len(toks) == t
+  assert toks[2999].get_attribute("data-value") == chromium.fixed3(
+      values[2999])
+  assert not chromium.console_errors(browser)
