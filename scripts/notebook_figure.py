@@ -72,7 +72,6 @@ def main(smoke: bool) -> None:
       f"<body>{cells}</body></html>")
   driver = chromium.start(window="1100,3000")
   try:
-    from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
     from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
     from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
     driver.get(page.resolve().as_uri())
@@ -91,11 +90,8 @@ def main(smoke: bool) -> None:
     driver.switch_to.frame(frames[0])
     driver.find_element(By.CSS_SELECTOR,
                         ".thumb[data-layer='1'][data-head='0']").click()
-    canvas = driver.find_element(By.CSS_SELECTOR, "#heatmap")
-    w, h = canvas.size["width"], canvas.size["height"]
-    ActionChains(driver).move_to_element_with_offset(
-        canvas, int(w * ((k + 0.5) / t - 0.5)), int(h * ((q + 0.5) / t - 0.5))
-    ).perform()
+    chromium.point_at_cell(
+        driver, driver.find_element(By.CSS_SELECTOR, "#heatmap"), q, k, t, t)
     driver.switch_to.default_content()
     # The body's own box (scrollHeight is never less than the window).
     height = driver.execute_script(

@@ -121,6 +121,18 @@ def _labels(tokens, fn: str, name: str) -> list[str]:
   return labels
 
 
+def _per_layer(a: np.ndarray, ndim: int, fn: str, name: str,
+               what: str) -> np.ndarray:
+  """`a` with a leading layer axis: one layer's array (one axis short)
+  becomes `[1, ...]`; any other rank than `ndim` is refused."""
+  if a.ndim == ndim - 1:
+    a = a[None]
+  if a.ndim != ndim:
+    raise ValueError(f"show.{fn}: `{name}` must be {what}, got shape "
+                     f"{list(a.shape)}")
+  return a
+
+
 def _window(window, t: int, side: int, fn: str) -> tuple[int, int]:
   """(start, stop) of the positions kept: `window` if given (clipped to
   `side` positions), else the last `side`."""
@@ -182,12 +194,9 @@ def heads(pattern, tokens, *, key_tokens=None, scores=None,
   Raises ValueError naming the argument: a pattern not 3-D or 4-D, labels
   that do not match its sides, an empty sequence, a non-finite weight.
   """
-  w = _finite(pattern, "heads", "pattern", "[H, Tq, Tk] or [L, H, Tq, Tk]")
-  if w.ndim == 3:
-    w = w[None]
-  if w.ndim != 4:
-    raise ValueError(f"show.heads: `pattern` must be [H, Tq, Tk] or "
-                     f"[L, H, Tq, Tk], got shape {list(w.shape)}")
+  w = _per_layer(_finite(pattern, "heads", "pattern",
+                         "[H, Tq, Tk] or [L, H, Tq, Tk]"), 4, "heads",
+                 "pattern", "[H, Tq, Tk] or [L, H, Tq, Tk]")
   num_layers, num_heads, tq, tk = w.shape
   q_labels = _labels(tokens, "heads", "tokens")
   if len(q_labels) != tq:
@@ -259,12 +268,8 @@ def heads_bar(values, *, name: str = "Values per head",
   """`values [L, H]` (or `[H]`, one layer) as one bar per head, rows
   being layers: direct logit attribution, patching or ablation effects.
   Heads are named `L0H3` (layer 0, head 3), as the API counts them."""
-  v = _finite(values, "heads_bar", "values", "[L, H] or [H]")
-  if v.ndim == 1:
-    v = v[None]
-  if v.ndim != 2:
-    raise ValueError(f"show.heads_bar: `values` must be [L, H] or [H], got "
-                     f"shape {list(v.shape)}")
+  v = _per_layer(_finite(values, "heads_bar", "values", "[L, H] or [H]"),
+                 2, "heads_bar", "values", "[L, H] or [H]")
   payload = {"kinds": [], "info": [],
              "head_values": {"name": name, "num_layers": v.shape[0],
                              "num_heads": v.shape[1],

@@ -66,3 +66,16 @@ def requests(driver) -> list[str]:
 def console_errors(driver) -> list[dict]:
   """The console's SEVERE entries since the last call."""
   return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def point_at_cell(driver, canvas, q: int, k: int, tq: int, tk: int):
+  """Move the pointer to the centre of cell (query q, key k) of a heatmap
+  `canvas` that draws `[tq, tk]` cells over its whole box."""
+  from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
+  width, height = driver.execute_script(
+      "const r = arguments[0].getBoundingClientRect();"
+      "return [r.width, r.height];", canvas)
+  # Offsets are from the element's centre.
+  ActionChains(driver).move_to_element_with_offset(
+      canvas, int((k + 0.5) * width / tk - width / 2),
+      int((q + 0.5) * height / tq - height / 2)).perform()

@@ -241,7 +241,6 @@ def test_encoder_decoder_views(tmp_path):
 
 
 def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
-  from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
   model, _ = train.load_model(run_dir)
@@ -269,12 +268,7 @@ def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
   # The value under the pointer is the weight computed here.
   q = t - 2
   k = int(np.argmax(weights[1, 1, q]))
-  canvas = css("#heatmap")
-  box = js("const r = arguments[0].getBoundingClientRect();"
-           "return [r.width, r.height];", canvas)
-  ActionChains(browser).move_to_element_with_offset(
-      canvas, int((k + 0.5) * box[0] / t - box[0] / 2),
-      int((q + 0.5) * box[1] / t - box[1] / 2)).perform()
+  chromium.point_at_cell(browser, css("#heatmap"), q, k, t, t)
   readout = css("#readout")
   assert (readout.get_attribute("data-query"),
           readout.get_attribute("data-key")) == (str(q), str(k))

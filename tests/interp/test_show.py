@@ -163,7 +163,6 @@ def test_bad_input_names_the_argument(call, message):
 def test_long_inputs_in_a_real_browser(browser, tmp_path):
   """3000 tokens: the heads page holds a window and reads positions in the
   whole sequence under the pointer; the token page holds every value."""
-  from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
   import chromium  # pylint: disable=g-import-not-at-top
@@ -180,12 +179,8 @@ def test_long_inputs_in_a_real_browser(browser, tmp_path):
   WebDriverWait(browser, 10).until(ready)
   assert css("#window-note").text.startswith(
       "Showing queries 1000\u20131047 of 3000 and keys 1000\u20131047")
-  canvas = css("#heatmap")
-  size = canvas.size["width"]
-  q, k = 40, 7  # inside the window: positions 1040 and 1007
-  ActionChains(browser).move_to_element_with_offset(
-      canvas, int((k + 0.5) * size / side - size / 2),
-      int((q + 0.5) * size / side - size / 2)).perform()
+  # Cell (40, 7) of the window: positions 1040 and 1007.
+  chromium.point_at_cell(browser, css("#heatmap"), 40, 7, side, side)
   assert (css("#readout").get_attribute("data-query"),
           css("#readout").get_attribute("data-key")) == ("1040", "1007")
   assert css("#readout-value").text == chromium.fixed3(w[0, 0, 1040, 1007])

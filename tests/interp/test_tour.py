@@ -188,7 +188,6 @@ def _hover(browser, element):
 def _check_heads(browser, pattern, layer, head):
   """The heatmap under the pointer and the head view against `pattern`
   `[L, H, T, T]`, on head (layer, head)."""
-  from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
   css = lambda sel: browser.find_element(By.CSS_SELECTOR, sel)
   t = pattern.shape[-1]
@@ -197,15 +196,10 @@ def _check_heads(browser, pattern, layer, head):
   assert css("#heatmap").get_attribute("data-head") == str(head)
   canvas = css("#heatmap")
   _into_view(browser, canvas)
-  box = browser.execute_script(
-      "const r = arguments[0].getBoundingClientRect();"
-      "return [r.width, r.height];", canvas)
   # Off the diagonal where possible, so a transposed index shows.
   for q, k in ((t - 1, 0), (t - 2, int(np.argmax(pattern[layer, head,
                                                           t - 2])))):
-    ActionChains(browser).move_to_element_with_offset(
-        canvas, int((k + 0.5) * box[0] / t - box[0] / 2),
-        int((q + 0.5) * box[1] / t - box[1] / 2)).perform()
+    chromium.point_at_cell(browser, canvas, q, k, t, t)
     readout = css("#readout")
     assert (readout.get_attribute("data-query"),
             readout.get_attribute("data-key")) == (str(q), str(k))

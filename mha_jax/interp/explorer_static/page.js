@@ -408,6 +408,14 @@
         el("span", {text: fmt(s.top, 3)}));
   }
 
+  // The one element of `box` under the pointer is outlined.
+  function pick(box, elem) {
+    for (const o of box.querySelectorAll(".picked")) {
+      o.classList.remove("picked");
+    }
+    elem.classList.add("picked");
+  }
+
   function readout(box, text, value) {
     box.replaceChildren(document.createTextNode(text),
                         el("span", {cls: "value", text: fmt(value, 3)}));
@@ -427,10 +435,7 @@
       t.style.background = css(c);
       t.style.color = ink(c);
       t.addEventListener("mouseenter", () => {
-        for (const o of box.querySelectorAll(".picked")) {
-          o.classList.remove("picked");
-        }
-        t.classList.add("picked");
+        pick(box, t);
         const out = $("token-readout");
         readout(out, `token ${i} \u201c${text}\u201d: `, values[i]);
         out.dataset.index = i;
@@ -467,10 +472,7 @@
                                title: `${headLabel(l, h)}: ${fmt(v, 3)}`},
                        [line, fill]);
         bar.addEventListener("mouseenter", () => {
-          for (const o of box.querySelectorAll(".picked")) {
-            o.classList.remove("picked");
-          }
-          bar.classList.add("picked");
+          pick(box, bar);
           const out = $("bar-readout");
           readout(out, `${headLabel(l, h)} (layer ${l}, head ${h}): `, v);
           out.dataset.layer = l;
