@@ -8,7 +8,8 @@ minute on 2 cores) with nbclient, lays three of its displayed cells (the
 heads, the loss per token, direct logit attribution) out as notebook
 cells, points at a heatmap cell in headless Chromium (the tests' set-up,
 tests/interp/chromium.py) and saves the screenshot. `--smoke` runs the
-notebook's smoke setting instead (seconds; for checking the script).
+notebook's smoke setting instead (seconds; for checking the script),
+writing runs/notebook_views.png.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def page_data(cell_html: str) -> dict:
 
 def main(smoke: bool) -> None:
   nb = nbformat.read(NOTEBOOK, as_version=4)
+  out = ROOT / "runs" / OUT.name if smoke else OUT
   if smoke:
     os.environ["MHA_JAX_TOUR_SMOKE"] = "1"
   nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={
@@ -98,14 +100,14 @@ def main(smoke: bool) -> None:
         "return Math.ceil(document.body.getBoundingClientRect().bottom)")
     # The window is taller than its viewport: grow it, then crop.
     driver.set_window_size(1100, height + 200)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    driver.save_screenshot(str(OUT))
-    with PIL.Image.open(OUT) as im:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(out))
+    with PIL.Image.open(out) as im:
       cropped = im.crop((0, 0, im.width, min(im.height, height + 8)))
-    cropped.save(OUT, optimize=True)
+    cropped.save(out, optimize=True)
   finally:
     driver.quit()
-  print(f"wrote {OUT.relative_to(ROOT)}")
+  print(f"wrote {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
