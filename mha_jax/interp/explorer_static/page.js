@@ -130,6 +130,9 @@
     const canvas = $("heatmap");
     canvas.style.width = `${k.tk * cell}px`;
     canvas.style.height = `${k.tq * cell}px`;
+    // A window of a long pattern says which positions it holds.
+    $("window-note").hidden = !k.note;
+    $("window-note").textContent = k.note || "";
   }
 
   function drawHeatmap() {
@@ -139,8 +142,6 @@
     $("heatmap").dataset.head = state.head;
     $("heatmap-title").textContent =
         `Layer ${state.layer + 1}, head ${state.head + 1}: ${k.title}`;
-    $("window-note").hidden = !k.note;
-    $("window-note").textContent = k.note || "";
     const cell = cellSize(k);
     const marker = $("row-marker");
     marker.hidden = false;
