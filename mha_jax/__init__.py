@@ -50,3 +50,13 @@ from mha_jax.pretrained import load_tokenizer
 from mha_jax.pretrained import save_pretrained
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+  # `mha_jax.show.heads(...)` as in a notebook: the inline views live in
+  # the interp layer (mha_jax/interp/show.py), loaded on first use so that
+  # `import mha_jax` does not load the analyses.
+  if name == "show":
+    from mha_jax.interp import show  # pylint: disable=g-import-not-at-top
+    return show
+  raise AttributeError(f"module 'mha_jax' has no attribute {name!r}")

@@ -385,7 +385,7 @@ def explore(model, batch, *, loss: str | None = None, init_model=None,
 # ------------------------------------------------------------------ page
 
 
-def _b64(weights) -> str:
+def b64_float32(weights) -> str:
   """Little-endian float32 bytes, base64: exact values, a quarter of the
   size of decimal text (the page reads them as a Float32Array)."""
   return base64.b64encode(np.asarray(weights, "<f4").tobytes()).decode()
@@ -439,7 +439,7 @@ def page_json(data: dict, *, title: str = "", info=(),
         "num_layers": num_layers, "num_heads": num_heads, "tq": tq, "tk": tk,
         "query_labels": kind["query_labels"],
         "key_labels": kind["key_labels"],
-        "weights": _b64(kind["weights"]),
+        "weights": b64_float32(kind["weights"]),
         "table": _table(kind, circuits)})
   info = list(info) + [("example shown", f"{data['example']} of "
                         f"{data['num_examples']} (scores over all)")]
@@ -458,19 +458,26 @@ def render(data: dict, *, title: str = "Attention explorer", info=(),
   config); `circuits`: `{"source": file, "columns": {name: [L, H]}}`, extra per-head columns (e.g. `experiments.circuits.saved.beside`); `raw_arrays`: add the
   Treescope panel of every view.
   """
-  payload = json.dumps(page_json(data, title=title, info=info,
-                                 circuits=circuits), separators=(",", ":"))
-  # Inside <script>, "</" could end the element early; JSON allows "<\/".
-  payload = payload.replace("</", "<\\/")
   raw = ""
   if raw_arrays:
     raw = "\n".join(
         f'<div class="raw" data-kind="{i}">{_treescope_panel(k)}</div>'
         for i, k in enumerate(data["kinds"]))
+  return page_html(page_json(data, title=title, info=info,
+                             circuits=circuits), title=title, raw=raw)
+
+
+def page_html(payload: dict, *, title: str, raw: str = "") -> str:
+  """The page (`explorer_static/`) around `payload`, the JSON its script
+  reads (`page_json`'s, or a notebook view's from `interp/show.py`);
+  `raw`: HTML of the Treescope panels, if any."""
+  text = json.dumps(payload, separators=(",", ":"))
+  # Inside <script>, "</" could end the element early; JSON allows "<\/".
+  text = text.replace("</", "<\\/")
   page = (_STATIC / "page.html").read_text()
   parts = {"TITLE": html.escape(title), "CSS": (_STATIC / "page.css"
                                                 ).read_text(),
-           "JS": (_STATIC / "page.js").read_text(), "DATA": payload,
+           "JS": (_STATIC / "page.js").read_text(), "DATA": text,
            "RAW": raw}
   # One pass, so a placeholder inside the substituted text stays as it is.
   return re.sub(r"@@(\w+)@@", lambda m: parts[m.group(1)], page)

@@ -11,13 +11,10 @@ to install one (`.ci/run` installs it, so CI always runs it).
 from __future__ import annotations
 
 import base64
-import decimal
 import importlib
 import json
-import os
 import pathlib
 import re
-import shutil
 
 from flax import nnx
 import numpy as np
@@ -32,12 +29,8 @@ from mha_jax.interp import interventions
 from mha_jax.training import train
 from mha_jax.models import transformer
 
+import chromium
 import entry_points
-
-INSTALL_HINT = ("no headless Chromium found: install it with `apt-get "
-                "install chromium chromium-driver` (Debian; .ci/run does) "
-                "and Selenium with `pip install -e '.[test]'`, or point "
-                "CHROMIUM and CHROMEDRIVER at the binaries")
 
 
 def _smoke_config(name="default"):
@@ -247,57 +240,7 @@ def test_encoder_decoder_views(tmp_path):
 # --------------------------------------------------------------- browser
 
 
-def _browser_paths():
-  """(chromium, chromedriver) from CHROMIUM / CHROMEDRIVER or the PATH."""
-  browser = os.environ.get("CHROMIUM") or next(
-      filter(None, map(shutil.which, ("chromium", "chromium-browser",
-                                      "google-chrome"))), None)
-  driver = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver")
-  return browser, driver
-
-
-@pytest.fixture
-def browser():
-  """Headless Chromium driven by Selenium through the system chromedriver
-  (given both paths, Selenium downloads nothing), logging the console and
-  every network request."""
-  webdriver = pytest.importorskip("selenium.webdriver", reason=INSTALL_HINT)
-  from selenium.webdriver.chrome.service import Service  # pylint: disable=g-import-not-at-top
-  binary, driver_path = _browser_paths()
-  if not (binary and driver_path):
-    if os.environ.get("CI"):  # .ci/run installs it: missing is a failure
-      pytest.fail(INSTALL_HINT)
-    pytest.skip(INSTALL_HINT)
-  options = webdriver.ChromeOptions()
-  options.binary_location = binary
-  for arg in ("--headless=new", "--no-sandbox", "--disable-gpu",
-              "--disable-dev-shm-usage", "--window-size=1280,1000"):
-    options.add_argument(arg)
-  options.set_capability("goog:loggingPrefs",
-                         {"browser": "ALL", "performance": "ALL"})
-  driver = webdriver.Chrome(options=options, service=Service(driver_path))
-  yield driver
-  driver.quit()
-
-
-def _fixed3(x) -> str:
-  """`x` to 3 decimals as JavaScript's toFixed(3) writes it: correctly
-  rounded, exact ties up (Python's format rounds ties to even, and a
-  weight can be exactly 0.0625)."""
-  return str(decimal.Decimal(float(x)).quantize(
-      decimal.Decimal("0.001"), rounding=decimal.ROUND_HALF_UP))
-
-
-def _requests(driver) -> list[str]:
-  """URLs of every request since the last call (Chrome's DevTools log)."""
-  events = [json.loads(e["message"])["message"]
-            for e in driver.get_log("performance")]
-  return [e["params"]["request"]["url"] for e in events
-          if e["method"] == "Network.requestWillBeSent"]
-
-
 def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
-  from selenium.webdriver.common.action_chains import ActionChains  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
   model, _ = train.load_model(run_dir)
@@ -325,16 +268,11 @@ def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
   # The value under the pointer is the weight computed here.
   q = t - 2
   k = int(np.argmax(weights[1, 1, q]))
-  canvas = css("#heatmap")
-  box = js("const r = arguments[0].getBoundingClientRect();"
-           "return [r.width, r.height];", canvas)
-  ActionChains(browser).move_to_element_with_offset(
-      canvas, int((k + 0.5) * box[0] / t - box[0] / 2),
-      int((q + 0.5) * box[1] / t - box[1] / 2)).perform()
+  chromium.point_at_cell(browser, css("#heatmap"), q, k, t, t)
   readout = css("#readout")
   assert (readout.get_attribute("data-query"),
           readout.get_attribute("data-key")) == (str(q), str(k))
-  assert css("#readout-value").text == _fixed3(weights[1, 1, q, k])
+  assert css("#readout-value").text == chromium.fixed3(weights[1, 1, q, k])
 
   # Choosing a query token highlights, per head, the keys it attends to.
   q = t // 2
@@ -345,7 +283,7 @@ def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
     row = css(f".hv-row[data-head='{h}']")
     keys = row.find_elements(By.CSS_SELECTOR, ".key")
     assert [e.get_attribute("data-weight") for e in keys] == [
-        _fixed3(w) for w in weights[1, h, q]]
+        chromium.fixed3(w) for w in weights[1, h, q]]
     top = row.find_element(By.CSS_SELECTOR, ".key.top")
     assert top.get_attribute("data-index") == str(
         int(np.argmax(weights[1, h, q])))
@@ -371,7 +309,7 @@ def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
   errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
   assert not errors
   # The page itself and inline data: URLs only; nothing from a network.
-  assert [u for u in _requests(browser)
+  assert [u for u in chromium.requests(browser)
           if u != url and not u.startswith("data:")] == []
   browser.save_screenshot(str(tmp_path / "explorer.png"))
   assert (tmp_path / "explorer.png").read_bytes()[:4] == b"\x89PNG"

@@ -5,6 +5,11 @@
 // [L, H, Tq, Tk] as base64 little-endian float32, and the score table.
 // State is one selection (kind, layer, head, query); every view redraws
 // from it, so the grid, the heatmap, the text view and the table agree.
+//
+// The notebook views (mha_jax/interp/show.py) write the same page with
+// only some of it: kinds (show.heads, maybe without a table and with a
+// window of positions: q0, k0 and a note), "token_values" (show.tokens)
+// or "head_values" (show.heads_bar); sections with no data stay hidden.
 "use strict";
 (function () {
   const DATA = JSON.parse(document.getElementById("data").textContent);
@@ -22,13 +27,14 @@
     return e;
   }
 
-  // Exact float32 weights, decoded once per kind.
-  for (const k of DATA.kinds) {
-    const bin = atob(k.weights);
+  // Exact float32 values (base64 little-endian), decoded once.
+  function floats(b64) {
+    const bin = atob(b64);
     const bytes = new Uint8Array(bin.length);
     for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    k.w = new Float32Array(bytes.buffer);
+    return new Float32Array(bytes.buffer);
   }
+  for (const k of DATA.kinds) k.w = floats(k.weights);
   const kind = () => DATA.kinds[state.kind];
   const weight = (k, l, h, q, j) =>
     k.w[((l * k.num_heads + h) * k.tq + q) * k.tk + j];
@@ -124,6 +130,9 @@
     const canvas = $("heatmap");
     canvas.style.width = `${k.tk * cell}px`;
     canvas.style.height = `${k.tq * cell}px`;
+    // A window of a long pattern says which positions it holds.
+    $("window-note").hidden = !k.note;
+    $("window-note").textContent = k.note || "";
   }
 
   function drawHeatmap() {
@@ -157,13 +166,15 @@
     const k = kind();
     const w = weight(k, state.layer, state.head, q, j);
     const out = $("readout");
+    // Positions in the whole sequence: a window starts at q0, k0.
+    const qa = q + (k.q0 || 0), ja = j + (k.k0 || 0);
     out.replaceChildren(
         document.createTextNode(
-            `query ${q} \u201c${k.query_labels[q]}\u201d \u2192 key ${j} ` +
+            `query ${qa} \u201c${k.query_labels[q]}\u201d \u2192 key ${ja} ` +
             `\u201c${k.key_labels[j]}\u201d: `),
         el("span", {id: "readout-value", text: fmt(w, 3)}));
-    out.dataset.query = q;
-    out.dataset.key = j;
+    out.dataset.query = qa;
+    out.dataset.key = ja;
     const cell = cellSize(k);
     const m = $("cell-marker");
     m.hidden = false;
@@ -242,6 +253,9 @@
     const t = k.table;
     const table = $("scores");
     table.replaceChildren();
+    // show.heads without scores: no table at all.
+    $("table-section").hidden = t.columns.length === 0;
+    if (t.hint) $("table-hint").textContent = t.hint;
     const head = el("tr", {}, [el("th", {text: "head"})]);
     t.columns.forEach((c, i) => {
       const b = el("button", {text: c.label, title: c.help});
@@ -357,9 +371,145 @@
     ctx.putImageData(img, 0, 0);
   }
 
+  // ------------------------------------------- notebook-only views
+  // Values with both signs (or all below 0) on a diverging scale centred
+  // on 0; non-negative values on the heatmap's scale from 0 to their max.
+  function scaleOf(values) {
+    let lo = Infinity, hi = -Infinity;
+    for (const v of values) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    const signed = lo < 0;
+    const top = signed ? Math.max(-lo, hi) : hi;
+    return {lo, hi, signed, top: top > 0 ? top : 1};
+  }
+  const RED = [178, 24, 43], BLUE = [33, 102, 172];
+  function valueColor(v, s) {
+    if (!s.signed) return color(v / s.top);
+    const x = Math.min(Math.abs(v) / s.top, 1);
+    const end = v < 0 ? RED : BLUE;
+    return end.map((c) => Math.round(255 + x * (c - 255)));
+  }
+  const css = ([r, g, b]) => `rgb(${r}, ${g}, ${b})`;
+  // Dark text on light shades, white on dark ones.
+  const ink = ([r, g, b]) => (0.3 * r + 0.59 * g + 0.11 * b < 140 ?
+                              "white" : "black");
+  // TransformerLens-style names, 0-based as the API counts (blocks.0).
+  const headLabel = (l, h) => `L${l}H${h}`;
+
+  function drawScale(box, s) {
+    const canvas = el("canvas", {width: 256, height: 1});
+    const ctx = canvas.getContext("2d");
+    const img = ctx.createImageData(256, 1);
+    for (let x = 0; x < 256; x++) {
+      const v = s.signed ? (x / 255 * 2 - 1) * s.top : x / 255 * s.top;
+      img.data.set([...valueColor(v, s), 255], 4 * x);
+    }
+    ctx.putImageData(img, 0, 0);
+    box.replaceChildren(
+        el("span", {text: fmt(s.signed ? -s.top : 0, 3)}), canvas,
+        el("span", {text: fmt(s.top, 3)}));
+  }
+
+  // The one element of `box` under the pointer is outlined.
+  function pick(box, elem) {
+    for (const o of box.querySelectorAll(".picked")) {
+      o.classList.remove("picked");
+    }
+    elem.classList.add("picked");
+  }
+
+  function readout(box, text, value) {
+    box.replaceChildren(document.createTextNode(text),
+                        el("span", {cls: "value", text: fmt(value, 3)}));
+  }
+
+  function buildTokenValues() {
+    const tv = DATA.token_values;
+    const values = floats(tv.values);
+    const s = scaleOf(values);
+    const box = $("token-values");
+    $("tokens-heading").textContent = tv.name;
+    tv.labels.forEach((text, i) => {
+      const c = valueColor(values[i], s);
+      const t = el("span", {cls: "tok tv", text, "data-index": i,
+                            "data-value": fmt(values[i], 3),
+                            title: `${i}: ${fmt(values[i], 3)}`});
+      t.style.background = css(c);
+      t.style.color = ink(c);
+      t.addEventListener("mouseenter", () => {
+        pick(box, t);
+        const out = $("token-readout");
+        readout(out, `token ${i} \u201c${text}\u201d: `, values[i]);
+        out.dataset.index = i;
+      });
+      box.appendChild(t);
+    });
+    drawScale($("token-scale"), s);
+  }
+
+  function buildHeadBars() {
+    const hv = DATA.head_values;
+    const values = floats(hv.values);
+    const s = scaleOf(values);
+    const box = $("head-bars");
+    $("bars-heading").textContent = hv.name;
+    // Bars grow from a zero line: the middle with signed values, else
+    // the bottom. Heights are relative to the largest |value|.
+    const zero = s.signed ? 0.5 : 1;
+    for (let l = 0; l < hv.num_layers; l++) {
+      const row = el("div", {cls: "bar-row"},
+                     [el("span", {cls: "layer-label", text: `L${l}`})]);
+      for (let h = 0; h < hv.num_heads; h++) {
+        const v = values[l * hv.num_heads + h];
+        const size = Math.min(Math.abs(v) / s.top, 1) * (s.signed ? 0.5 : 1);
+        const fill = el("div", {cls: "fill"});
+        Object.assign(fill.style, {
+            background: css(valueColor(s.signed ? v : s.top, s)),
+            top: `${100 * (v < 0 ? zero : zero - size)}%`,
+            height: `${100 * size}%`});
+        const line = el("div", {cls: "zero"});
+        line.style.top = `${100 * zero}%`;
+        const bar = el("div", {cls: "bar", "data-layer": l, "data-head": h,
+                               "data-value": fmt(v, 3),
+                               title: `${headLabel(l, h)}: ${fmt(v, 3)}`},
+                       [line, fill]);
+        bar.addEventListener("mouseenter", () => {
+          pick(box, bar);
+          const out = $("bar-readout");
+          readout(out, `${headLabel(l, h)} (layer ${l}, head ${h}): `, v);
+          out.dataset.layer = l;
+          out.dataset.head = h;
+        });
+        row.appendChild(bar);
+      }
+      box.appendChild(row);
+    }
+    const heads = el("div", {cls: "bar-heads"});
+    for (let h = 0; h < hv.num_heads; h++) {
+      heads.appendChild(el("span", {text: `H${h}`}));
+    }
+    box.appendChild(heads);
+  }
+
   buildHeader();
-  drawColorbar();
-  bindHeatmap();
-  selectKind(0);
+  $("title").hidden = Boolean(DATA.hide_title);
+  if (DATA.kinds.length) {
+    drawColorbar();
+    bindHeatmap();
+    selectKind(0);
+  } else {
+    for (const id of ["heads-views", "text-section", "table-section"]) {
+      $(id).hidden = true;
+    }
+  }
+  // The Treescope panel exists only on the explorer's pages.
+  $("raw-section").hidden = !document.querySelector(".raw");
+  if (DATA.token_values) {
+    $("tokens-section").hidden = false;
+    buildTokenValues();
+  }
+  if (DATA.head_values) {
+    $("bars-section").hidden = false;
+    buildHeadBars();
+  }
   document.body.dataset.ready = "true";
 })();

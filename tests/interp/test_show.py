@@ -1,0 +1,195 @@
+"""The notebook views' pages hold the arrays they were given, exactly,
+refuse bad input by naming the argument, and window long patterns.
+
+What the pages show in a browser is checked on the tutorial notebook's own
+outputs (tests/interp/test_tour.py)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+
+import numpy as np
+import pytest
+
+import mha_jax
+from mha_jax.interp import show
+
+HOSTILE = "</script><b>x"
+
+
+def _softmax(x):
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def _causal_pattern(shape, seed=0):
+  """Random `[..., T, T]` weights, 0 above the diagonal."""
+  x = np.random.default_rng(seed).normal(size=shape)
+  t = shape[-1]
+  return _softmax(np.where(np.tril(np.ones((t, t), bool)), x, -np.inf))
+
+
+def page_data(page: str) -> dict:
+  """The JSON the page's script reads."""
+  found = re.search(r'<script type="application/json" id="data">(.*?)'
+                    r"</script>", page, re.S)
+  return json.loads(found.group(1))
+
+
+def floats(b64: str) -> np.ndarray:
+  return np.frombuffer(base64.b64decode(b64), "<f4")
+
+
+def test_heads_page_holds_the_pattern_labels_and_scores():
+  w = _causal_pattern((2, 3, 5, 5)).astype(np.float32)
+  labels = [HOSTILE, "a", "b", "c", "d"]
+  dla = np.arange(6.0).reshape(2, 3)
+  view = show.heads(w, labels, scores={"dla": dla, "induction": dla / 10})
+  (kind,) = page_data(view.page)["kinds"]
+  np.testing.assert_array_equal(floats(kind["weights"]).reshape(w.shape), w)
+  assert kind["query_labels"] == kind["key_labels"] == labels
+  assert kind["causal"] and (kind["q0"], kind["k0"], kind["note"]) == (0, 0,
+                                                                       "")
+  table = kind["table"]
+  assert [c["key"] for c in table["columns"]] == ["dla", "induction"]
+  assert table["columns"][1]["label"] == "induction"  # the explorer's header
+  assert [r["values"][0] for r in table["rows"]] == list(dla.ravel())
+  # One layer [H, Tq, Tk] is a page of one layer.
+  one = page_data(show.heads(w[1], labels).page)["kinds"][0]
+  assert one["num_layers"] == 1 and one["table"]["columns"] == []
+  np.testing.assert_array_equal(floats(one["weights"]), w[1].ravel())
+
+
+def test_pages_embed_everything_and_never_a_raw_token():
+  w = _causal_pattern((1, 2, 3, 3))
+  views = [show.heads(w, [HOSTILE, "a", "b"]),
+           show.tokens([HOSTILE, "a"], [0.5, -0.25]),
+           show.heads_bar(np.ones((2, 2)), name=HOSTILE)]
+  for view in views:
+    # The only "</script>" sequences close the page's own two scripts.
+    assert view.page.count("</script>") == 2, view.kind
+    assert HOSTILE not in view.page
+    # Nothing to fetch: no src or href but the empty inline icon.
+    assert re.findall(r'(?:src|href)="([^"]*)"', view.page) == ["data:,"]
+    inline = view._repr_html_()  # pylint: disable=protected-access
+    srcdoc = re.search(r'srcdoc="([^"]*)"', inline).group(1)
+    assert html.unescape(srcdoc) == view.page
+    assert f'data-view="{view.kind}"' in inline
+
+
+def test_tokens_and_heads_bar_hold_their_values():
+  v = np.asarray([0.25, -1.5, 3.0], np.float32)
+  tv = page_data(show.tokens([1, 2, 3], v, name="loss").page)["token_values"]
+  assert tv["labels"] == ["1", "2", "3"] and tv["name"] == "loss"
+  np.testing.assert_array_equal(floats(tv["values"]), v)
+  bars = np.random.default_rng(1).normal(size=(3, 4)).astype(np.float32)
+  hv = page_data(show.heads_bar(bars).page)["head_values"]
+  assert (hv["num_layers"], hv["num_heads"]) == (3, 4)
+  np.testing.assert_array_equal(floats(hv["values"]), bars.ravel())
+  assert mha_jax.show is show  # the name the issue and notebooks use
+
+
+def test_long_pattern_is_windowed_and_says_so():
+  t = 40
+  w = _causal_pattern((1, 2, t, t)).astype(np.float32)
+  labels = [f"t{i}" for i in range(t)]
+  kind = page_data(show.heads(w, labels, max_tokens=16).page)["kinds"][0]
+  assert (kind["q0"], kind["k0"], kind["tq"], kind["tk"]) == (24, 24, 16, 16)
+  np.testing.assert_array_equal(
+      floats(kind["weights"]).reshape(1, 2, 16, 16), w[:, :, 24:, 24:])
+  assert kind["query_labels"] == labels[24:]
+  assert "Showing queries 24\u201339 of 40" in kind["note"]
+  # A chosen window; the weight budget shrinks it too (2 heads x 10 x 10).
+  kind = page_data(show.heads(w, labels, window=(5, 30),
+                              max_cells=200).page)["kinds"][0]
+  assert (kind["q0"], kind["tq"], kind["k0"], kind["tk"]) == (5, 10, 5, 10)
+  np.testing.assert_array_equal(
+      floats(kind["weights"]).reshape(1, 2, 10, 10), w[:, :, 5:15, 5:15])
+
+
+def test_cross_attention_pattern_takes_key_labels():
+  w = _softmax(np.random.default_rng(2).normal(size=(2, 3, 4)))
+  kind = page_data(show.heads(w, list("abc"), key_tokens=list("wxyz")
+                              ).page)["kinds"][0]
+  assert (kind["tq"], kind["tk"], kind["causal"]) == (3, 4, False)
+  assert kind["key_labels"] == list("wxyz")
+
+
+W = _causal_pattern((2, 2, 3, 3))
+NAN = W.copy()
+NAN[1, 0, 2, 1] = np.nan
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: show.heads(W, ["a", "b"]),
+     r"`tokens` has 2 labels but `pattern` \[2, 2, 3, 3\] has Tq=3"),
+    (lambda: show.heads(W[None], list("abc")),
+     r"`pattern` must be \[H, Tq, Tk\] or \[L, H, Tq, Tk\], got shape "
+     r"\[1, 2, 2, 3, 3\]"),
+    (lambda: show.heads(NAN, list("abc")),
+     r"`pattern` has 1 non-finite values \(first at \[1, 0, 2, 1\]: nan\)"),
+    (lambda: show.heads(np.zeros((2, 0, 0)), []), r"`pattern` is empty"),
+    (lambda: show.heads(W, []), r"`tokens` is empty"),
+    (lambda: show.heads(W[..., :2], list("abc")),
+     r"Tk=2 keys; pass `key_tokens`"),
+    (lambda: show.heads(W[..., :2], list("abc"), key_tokens=list("xyz")),
+     r"`key_tokens` has 3 labels but `pattern` \[2, 2, 3, 2\] has Tk=2"),
+    (lambda: show.heads(W, list("abc"), scores={"dla": np.ones(4)}),
+     r"`scores\['dla'\]` has shape \(4,\); expected \[L, H\] = \[2, 2\]"),
+    (lambda: show.heads(W, list("abc"), window=(2, 9)),
+     r"`window`=\(2, 9\) must satisfy 0 <= start < stop <= 3"),
+    (lambda: show.heads(W, "abc"), r"`tokens` must be a sequence of token "
+     r"labels, one per position, got one string"),
+    (lambda: show.tokens(list("abc"), [1.0, 2.0]),
+     r"`values` has shape \[2\]; expected \[T\] = \[3\]"),
+    (lambda: show.tokens(list("ab"), [1.0, np.inf]),
+     r"`values` has 1 non-finite values \(first at \[1\]: inf\)"),
+    (lambda: show.tokens([], []), r"`tokens` is empty"),
+    (lambda: show.tokens([["a", "b"]], [1.0, 2.0]),
+     r"`tokens` must be \[T\], one label per position, got shape \[1, 2\]"),
+    (lambda: show.heads_bar(np.ones((2, 2, 2))),
+     r"`values` must be \[L, H\] or \[H\], got shape \[2, 2, 2\]"),
+    (lambda: show.heads_bar(np.zeros((3, 0))), r"`values` is empty"),
+    (lambda: show.heads_bar(["a"]), r"`values` must be a numeric array"),
+])
+def test_bad_input_names_the_argument(call, message):
+  with pytest.raises((ValueError, TypeError), match=message):
+    call()
+
+
+def test_long_inputs_in_a_real_browser(browser, tmp_path):
+  """3000 tokens: the heads page holds a window and reads positions in the
+  whole sequence under the pointer; the token page holds every value."""
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
+  import chromium  # pylint: disable=g-import-not-at-top
+  t, side = 3000, 48
+  rng = np.random.default_rng(3)
+  w = _softmax(rng.normal(size=(1, 2, t, t)).astype(np.float32))
+  labels = [f"t{i}" for i in range(t)]
+  css = lambda sel: browser.find_element(By.CSS_SELECTOR, sel)
+  ready = lambda d: d.find_element(By.TAG_NAME, "body").get_attribute(
+      "data-ready") == "true"
+  path = show.heads(w, labels, window=(1000, 2000), max_tokens=side).save(
+      tmp_path / "heads.html")
+  browser.get(path.resolve().as_uri())
+  WebDriverWait(browser, 10).until(ready)
+  assert css("#window-note").text.startswith(
+      "Showing queries 1000\u20131047 of 3000 and keys 1000\u20131047")
+  # Cell (40, 7) of the window: positions 1040 and 1007.
+  chromium.point_at_cell(browser, css("#heatmap"), 40, 7, side, side)
+  assert (css("#readout").get_attribute("data-query"),
+          css("#readout").get_attribute("data-key")) == ("1040", "1007")
+  assert css("#readout-value").text == chromium.fixed3(w[0, 0, 1040, 1007])
+  values = rng.normal(size=t).astype(np.float32)
+  path = show.tokens(labels, values).save(tmp_path / "tokens.html")
+  browser.get(path.resolve().as_uri())
+  WebDriverWait(browser, 10).until(ready)
+  toks = browser.find_elements(By.CSS_SELECTOR, ".tv")
+  assert len(toks) == t
+  assert toks[2999].get_attribute("data-value") == chromium.fixed3(
+      values[2999])
+  assert not chromium.console_errors(browser)
