@@ -40,6 +40,7 @@
     k.w[((l * k.num_heads + h) * k.tq + q) * k.tk + j];
   const fmt = (x, digits) => (x === null || x === undefined ||
                               Number.isNaN(x)) ? "\u2013" : x.toFixed(digits);
+  // TransformerLens-style names, 0-based as the API counts (blocks.0).
   const headName = (l, h) => `L${l}H${h}`;
 
   // A fixed scale 0..1 for every head, so thumbnails compare at a glance.
@@ -392,8 +393,6 @@
   // Dark text on light shades, white on dark ones.
   const ink = ([r, g, b]) => (0.3 * r + 0.59 * g + 0.11 * b < 140 ?
                               "white" : "black");
-  // TransformerLens-style names, 0-based as the API counts (blocks.0).
-  const headLabel = (l, h) => `L${l}H${h}`;
 
   function drawScale(box, s) {
     const canvas = el("canvas", {width: 256, height: 1});
@@ -470,12 +469,12 @@
         line.style.top = `${100 * zero}%`;
         const bar = el("div", {cls: "bar", "data-layer": l, "data-head": h,
                                "data-value": fmt(v, 3),
-                               title: `${headLabel(l, h)}: ${fmt(v, 3)}`},
+                               title: `${headName(l, h)}: ${fmt(v, 3)}`},
                        [line, fill]);
         bar.addEventListener("mouseenter", () => {
           pick(box, bar);
           const out = $("bar-readout");
-          readout(out, `${headLabel(l, h)} (layer ${l}, head ${h}): `, v);
+          readout(out, `${headName(l, h)} (layer ${l}, head ${h}): `, v);
           out.dataset.layer = l;
           out.dataset.head = h;
         });
