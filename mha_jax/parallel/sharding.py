@@ -32,27 +32,39 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-DATA, MODEL = "data", "model"
+DATA, SEQUENCE, MODEL = "data", "sequence", "model"
 
 
-def make_mesh(data: int = -1, model: int = 1, devices=None) -> Mesh:
-  """A `("data", "model")` mesh; `data=-1` takes all devices left over."""
+def make_mesh(data: int = -1, model: int = 1, devices=None, *,
+              sequence: int = 1) -> Mesh:
+  """A `("data", "sequence", "model")` mesh; `data=-1` takes all devices
+  left over. The sequence axis (context parallelism, `context.py`) is
+  size 1 unless asked for; parameters and batches are replicated over it.
+  """
   devices = jax.devices() if devices is None else list(devices)
   n = len(devices)
-  if not isinstance(model, int) or model < 1:
-    raise ValueError(f"make_mesh: `model` must be a positive int, got {model!r}")
+  for name, val in (("model", model), ("sequence", sequence)):
+    if not isinstance(val, int) or val < 1:
+      raise ValueError(f"make_mesh: `{name}` must be a positive int, got "
+                       f"{val!r}")
+  inner = model * sequence
   if data == -1:
-    if n % model:
-      raise ValueError(f"make_mesh: `model`={model} does not divide the "
-                       f"{n} available devices")
-    data = n // model
-  if not isinstance(data, int) or data < 1 or data * model != n:
-    raise ValueError(f"make_mesh: mesh data x model = {data} x {model} must "
-                     f"use exactly the {n} available devices")
-  grid = np.asarray(devices, dtype=object).reshape(data, model)
+    if n % inner:
+      raise ValueError(f"make_mesh: `model` x `sequence`={model} x "
+                       f"{sequence} does not divide the {n} available "
+                       "devices")
+    data = n // inner
+  if not isinstance(data, int) or data < 1 or data * inner != n:
+    raise ValueError(f"make_mesh: mesh data x sequence x model = {data} x "
+                     f"{sequence} x {model} must use exactly the {n} "
+                     "available devices")
+  # Model innermost: its all-reduces run every layer, so its devices are
+  # neighbours; the ring's ppermutes next, the data axis outermost (one
+  # gradient all-reduce per step).
+  grid = np.asarray(devices, dtype=object).reshape(data, sequence, model)
   # Auto axes: GSPMD propagates shardings through unannotated code, so the
   # library's functions run unchanged.
-  return Mesh(grid, (DATA, MODEL), axis_types=(AxisType.Auto,) * 2)
+  return Mesh(grid, (DATA, SEQUENCE, MODEL), axis_types=(AxisType.Auto,) * 3)
 
 
 def _key_name(entry) -> str:

@@ -88,6 +88,10 @@ class _Extras(NamedTuple):
   k_start: jax.Array | None = None
 
 
+# The names context parallelism (`mha_jax.parallel.ring`) builds on.
+BlockConfig, Extras = _Config, _Extras
+
+
 def _to_5d(x, h, kh):
   """`[b?, h?, tq?, tk?]` (any rank <= 4) -> `[b?, K?, G?, tq?, tk?]`."""
   if x is None:
@@ -98,7 +102,7 @@ def _to_5d(x, h, kh):
   return x[:, :, None]  # one value shared by all heads
 
 
-def _pad_axis(x, axis, size, value):
+def pad_axis(x, axis, size, value):
   """Pad `x` at the end of `axis` up to `size` (no-op if already there)."""
   extra = size - x.shape[axis]
   if extra == 0:
@@ -455,6 +459,36 @@ def _flash_by_head(q, k, v, mask, bias, ex, cfg):
   return out.reshape(b, kh, *out.shape[1:])
 
 
+def prescaled(dtype) -> bool:
+  """In float32 the scale is folded into q once ([Tq, Dh]) instead of into
+  every score block ([Tq, Tk], forward and backward again): 7% less CPU
+  time for forward+backward at the standard shape. Lower precisions keep
+  the product in float32 on the scores, where it does not round q."""
+  return dtype == jnp.float32
+
+
+def block_config(dtype, head_dim, rules, is_causal, tq, tk, block_q, block_k,
+                 *, halve_backward=True) -> BlockConfig:
+  """The kernel's static facts for queries of length `tq` against keys of
+  length `tk` (one call's, which may be one device's slice), on blocks of
+  at most `block_q` x `block_k`. `halve_backward`: the batched kernel's
+  backward runs on halved blocks (BACKWARD_BLOCK); one head at a time it
+  keeps the forward's. With `prescaled(dtype)` the caller multiplies q by
+  the scale."""
+  bq, bk = min(block_q, tq), min(block_k, tk)
+  tk_pad = -(-tk // bk) * bk
+  return _Config(tq=tq, tk=tk, bq=bq, bk=bk,
+                 bwd_bq=_backward_block(bq) if halve_backward else bq,
+                 bwd_bk=_backward_block(bk) if halve_backward else bk,
+                 padded_keys=tk_pad != tk,
+                 is_causal=bool(is_causal),
+                 rules=score_rules.ScoreRules(
+                     local_window=rules.local_window,
+                     soft_cap=rules.soft_cap, scale=rules.scale),
+                 scale=(1.0 if prescaled(dtype)
+                        else score_rules.scale_of(rules, head_dim)))
+
+
 def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
                     rules=score_rules.NO_RULES, block_q=None, block_k=None,
                     head_loop=None):
@@ -495,43 +529,27 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
   b, tq, h, dh = q.shape
   tk, kh, dv = k.shape[1], k.shape[2], v.shape[3]
   g = h // kh
-  bq, bk = min(block_q, tq), min(block_k, tk)
-  tq_pad, tk_pad = -(-tq // bq) * bq, -(-tk // bk) * bk
-  scale = score_rules.scale_of(rules, dh)
-  # In float32 the scale is folded into q once ([Tq, Dh]) instead of into
-  # every score block ([Tq, Tk], forward and backward again): 7% less CPU
-  # time for forward+backward at the standard shape. Lower precisions keep
-  # the product in float32 on the scores, where it does not round q.
-  prescale = q.dtype == jnp.float32
-  # The batched kernel's backward runs on halved blocks (BACKWARD_BLOCK);
-  # one head at a time it keeps the forward's.
-  cfg = _Config(tq=tq, tk=tk, bq=bq, bk=bk,
-                bwd_bq=bq if head_loop else _backward_block(bq),
-                bwd_bk=bk if head_loop else _backward_block(bk),
-                padded_keys=tk_pad != tk,
-                is_causal=bool(is_causal),
-                rules=score_rules.ScoreRules(
-                    local_window=rules.local_window, soft_cap=rules.soft_cap,
-                    scale=rules.scale),
-                scale=1.0 if prescale else scale)
-  if prescale:
-    q = q * scale
+  cfg = block_config(q.dtype, dh, rules, is_causal, tq, tk, block_q,
+                     block_k, halve_backward=not head_loop)
+  tq_pad, tk_pad = -(-tq // cfg.bq) * cfg.bq, -(-tk // cfg.bk) * cfg.bk
+  if prescaled(q.dtype):
+    q = q * score_rules.scale_of(rules, dh)
   # Head-major layout once, so that every block is a contiguous slice of T
   # and each block matmul is batched over (B, K) with G*Bq rows.
   qt = q.reshape(b, tq, kh, g, dh).transpose(0, 2, 3, 1, 4)  # [B,K,G,Tq,Dh]
   kt = k.transpose(0, 2, 1, 3)  # [B, K, Tk, Dh]
   vt = v.transpose(0, 2, 1, 3)  # [B, K, Tk, Dv]
-  qt = _pad_axis(qt, 3, tq_pad, 0)
-  kt, vt = _pad_axis(kt, 2, tk_pad, 0), _pad_axis(vt, 2, tk_pad, 0)
+  qt = pad_axis(qt, 3, tq_pad, 0)
+  kt, vt = pad_axis(kt, 2, tk_pad, 0), pad_axis(vt, 2, tk_pad, 0)
   mask, bias = _to_5d(mask, h, kh), _to_5d(bias, h, kh)
   # Padding rows/keys of a full-size mask or bias; padded keys are also
   # excluded by position inside the kernel, so the fill values are moot.
   if mask is not None:
-    mask = _pad_axis(mask, 3, tq_pad, True) if mask.shape[3] != 1 else mask
-    mask = _pad_axis(mask, 4, tk_pad, False) if mask.shape[4] != 1 else mask
+    mask = pad_axis(mask, 3, tq_pad, True) if mask.shape[3] != 1 else mask
+    mask = pad_axis(mask, 4, tk_pad, False) if mask.shape[4] != 1 else mask
   if bias is not None:
-    bias = _pad_axis(bias, 3, tq_pad, 0) if bias.shape[3] != 1 else bias
-    bias = _pad_axis(bias, 4, tk_pad, 0) if bias.shape[4] != 1 else bias
+    bias = pad_axis(bias, 3, tq_pad, 0) if bias.shape[3] != 1 else bias
+    bias = pad_axis(bias, 4, tk_pad, 0) if bias.shape[4] != 1 else bias
   # Padded query rows repeat the last real row's position and segment (their
   # output is dropped; the repeat keeps the block ranges tight).
   edge = lambda x, size: None if x is None else jnp.pad(
