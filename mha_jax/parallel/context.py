@@ -60,12 +60,16 @@ def layout_order(length: int, n: int, layout: str) -> np.ndarray:
 def to_layout(x, n: int, layout: str, axis: int = 1):
   """Reorder the sequence axis of `x` (natural order) into `layout`."""
   check_layout(x.shape[axis], n, layout, "to_layout")
+  if layout == "contiguous":
+    return x
   return jnp.take(x, layout_order(x.shape[axis], n, layout), axis=axis)
 
 
 def from_layout(x, n: int, layout: str, axis: int = 1):
   """The inverse of `to_layout`: back to natural order."""
   check_layout(x.shape[axis], n, layout, "from_layout")
+  if layout == "contiguous":
+    return x
   order = np.argsort(layout_order(x.shape[axis], n, layout))
   return jnp.take(x, order, axis=axis)
 

@@ -142,7 +142,10 @@ def tree_shardings(tree, mesh: Mesh):
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-  """Split the leading (batch) axis over "data", replicate over "model"."""
+  """Split the leading (batch) axis over "data", replicate over "model";
+  with a sequence axis (size > 1) split the second (tokens) over it."""
+  if ndim >= 2 and mesh.shape.get(SEQUENCE, 1) > 1:
+    return NamedSharding(mesh, P(DATA, SEQUENCE, *([None] * (ndim - 2))))
   return NamedSharding(mesh, P(DATA, *([None] * (ndim - 1))))
 
 
@@ -177,23 +180,27 @@ def mesh_from_config(config, devices=None) -> Mesh:
   `task.batch_size` must split evenly over the data axis.
   """
   ms, heads, batch = config.mesh, config.model.num_heads, config.task.batch_size
+  seq = ms.get("sequence", 1)  # configs saved before the axis existed
   devices = jax.devices() if devices is None else list(devices)
   n = len(devices)
-  if n % ms.model:
-    raise ValueError(f"config.mesh.model: {ms.model} does not divide the {n} "
-                     "available devices")
-  data = n // ms.model if ms.data == -1 else ms.data
-  if data * ms.model != n:
-    raise ValueError(f"config.mesh.data: mesh.data x mesh.model = {data} x "
-                     f"{ms.model} must use exactly the {n} available devices "
-                     "(-1 takes all that mesh.model leaves)")
+  if n % (ms.model * seq):
+    field = "model" if n % ms.model else "sequence"
+    raise ValueError(f"config.mesh.{field}: mesh.model x mesh.sequence = "
+                     f"{ms.model} x {seq} does not divide the {n} available "
+                     "devices")
+  data = n // (ms.model * seq) if ms.data == -1 else ms.data
+  if data * ms.model * seq != n:
+    raise ValueError(f"config.mesh.data: mesh.data x mesh.sequence x "
+                     f"mesh.model = {data} x {seq} x {ms.model} must use "
+                     f"exactly the {n} available devices (-1 takes all that "
+                     "mesh.model and mesh.sequence leave)")
   if heads % ms.model:
     raise ValueError(f"config.mesh.model: {ms.model} must divide "
                      f"model.num_heads={heads}")
   if batch % data:
     raise ValueError(f"config.task.batch_size: {batch} does not split over "
                      f"the {data} devices of the mesh's data axis")
-  return make_mesh(data, ms.model, devices)
+  return make_mesh(data, ms.model, devices, sequence=seq)
 
 
 def shard_model(model, mesh: Mesh):
