@@ -297,8 +297,9 @@ def ring_attention(q, k, v, *, mask=None, is_causal=False,
       None: the one set by `jax.set_mesh`.
     axis: the sequence axis's name (None: "sequence").
     layout: "contiguous" or "zigzag" (`context.py`; balances causal work).
-    block_q, block_k: the kernel's blocks (default `flash.DEFAULT_BLOCK_Q`,
-      `DEFAULT_BLOCK_K` forward, `flash.BACKWARD_BLOCK` backward).
+    block_q, block_k: the kernel's blocks, forward and backward (None:
+      `flash.DEFAULT_BLOCK_Q`, `DEFAULT_BLOCK_K` forward and
+      `flash.BACKWARD_BLOCK` backward, the batched kernel's choice).
 
   Returns:
     out `[B, Tq, H, Dv]`, in layout order and split like q.
@@ -312,7 +313,9 @@ def ring_attention(q, k, v, *, mask=None, is_causal=False,
       q.dtype, q.shape[-1], rules, is_causal, q.shape[1] // plan.n,
       k.shape[1] // plan.n // runs,
       flash.DEFAULT_BLOCK_Q if block_q is None else block_q,
-      flash.DEFAULT_BLOCK_K if block_k is None else block_k)
+      flash.DEFAULT_BLOCK_K if block_k is None else block_k,
+      # Blocks given by the caller are used as given in both passes.
+      halve_backward=block_q is None and block_k is None)
   ring = _Ring(plan=plan, cfg=cfg, offset=k.shape[1] - q.shape[1],
                kv_local=k.shape[1] // plan.n)
   kmask = context.key_mask(mask, q.shape[0], k.shape[1], fn)
