@@ -412,6 +412,8 @@ def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
   window, segment ids, soft cap, sinks, scale, ALiBi, query positions; all
   of them on "vmap", "einsum" and "flash", what jax.nn supports natively
   on "xla"/"cudnn" (the rest is refused naming the option).
+  "ring" and "all_to_all" (`DISTRIBUTED`) split the sequence over the
+  "sequence" axis of the mesh set by `jax.set_mesh` (docs/multi_device.md).
   Returns `(out [B, Tq, H, Dv], pattern [B, H, Tq, Tk] float32)`; the
   pattern is None on the paths in `WEIGHTLESS`.
   """
