@@ -4,7 +4,8 @@ the longest sequence this machine trains through one attention layer.
   .venv/bin/python -m experiments.context_parallel --workdir=runs/context_parallel
 
 About 20 minutes on 2 CPU cores (19 min measured, sharing the machine),
-nearly all of it the long run (skip it with --config.experiment.long_len=0). Two measurements:
+nearly all of it the long run (skip it with
+--config.experiment.long_len=0). Two measurements:
   * memory: XLA's memory analysis of the compiled forward+backward of
     causal attention at `memory_len` tokens, on one device (the blockwise
     kernel) and per device of the ring on a sequence axis of `devices`;

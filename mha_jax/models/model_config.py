@@ -129,7 +129,8 @@ class ModelConfig:
     need(0.0 <= self.dropout_rate < 1.0, "dropout_rate",
          f"must be in [0, 1), got {self.dropout_rate}")
     need(attention.known_implementation(self.implementation), "implementation",
-         f"expected one of {sorted(attention.IMPLEMENTATIONS)}, got "
+         f"expected one of {sorted(attention.IMPLEMENTATIONS)} or "
+         f"{sorted(attention.DISTRIBUTED)}, got "
          f"{self.implementation!r}")
     if self.local_window is not None:
       w = self.local_window

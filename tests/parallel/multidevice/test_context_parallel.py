@@ -20,7 +20,8 @@ where, from the reference's weights P, dS = P (dP - delta) with dP =
 dO V^T and delta = dO . O, each rounded over Dh terms. dS can cancel to 0
 where its rounding does not, so its size is taken as |dS|' = P (|dO| |V|^T
 + |dO| . |O|) (and |d softcap| <= 1 only shrinks it):
-  out: n = Tk, S = sum_j P_ij |v_j|;  dq: n = Tk + Dh, S = scale sum_j |dS_ij|' |k_j|
+  out: n = Tk, S = sum_j P_ij |v_j|;
+  dq: n = Tk + Dh, S = scale sum_j |dS_ij|' |k_j|;
   dk: n = G Tq + Dh, S = scale sum_i |dS_ij|' |q_i|;  dv: n = G Tq,
   S = sum_i P_ij |dO_i|;  d sinks: n = B Tq + Dh, S = sum P_sink |dO| . |O|;
   d slopes: n = B Tq Tk + Dh, S = sum |dS_ij|' |i - j|.
