@@ -108,10 +108,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   tr.checkpoint_every = 500  # steps between orbax checkpoints
   tr.max_checkpoints = 2  # checkpoints kept on disk
 
-  # Device mesh for sharded runs; sizes of the (data, model) axes.
+  # Device mesh for sharded runs; sizes of the (data, sequence, model) axes.
   c.mesh = ms = ml_collections.ConfigDict()
   ms.data = -1  # data-parallel axis; -1 means all remaining devices
   ms.model = 1  # head-parallel axis size
+  ms.sequence = 1  # context-parallel axis; > 1: implementation ring/all_to_all
   if smoke:
     shrink(c)
   return c

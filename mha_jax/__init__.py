@@ -45,6 +45,9 @@ from mha_jax.models.transformer import Encoder
 from mha_jax.models.transformer import EncoderDecoder
 from mha_jax.models.transformer import TransformerBlock
 from mha_jax.models.transformer import with_implementation
+# Importing them adds "ring" and "all_to_all" to attend's implementations.
+from mha_jax.parallel.all_to_all import all_to_all_attention
+from mha_jax.parallel.ring import ring_attention
 from mha_jax.pretrained import load_pretrained
 from mha_jax.pretrained import load_tokenizer
 from mha_jax.pretrained import save_pretrained

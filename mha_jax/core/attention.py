@@ -335,9 +335,20 @@ def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
 
 
 IMPLEMENTATIONS["auto"] = _attend_auto
+# Context-parallel paths (the sequence split over a mesh axis): they need a
+# mesh, so they live in `mha_jax.parallel` (a layer above), which fills
+# this table when imported (`import mha_jax` does). Same signature as
+# IMPLEMENTATIONS; the mesh is the one set by `jax.set_mesh`.
+DISTRIBUTED = {}
 # Implementations whose `attend` returns weights=None ("auto" may pick one)
 # and that have no `scores` / `pattern` hook sites.
-WEIGHTLESS = frozenset({"flash", "xla", "cudnn", "pallas_tpu", "auto"})
+WEIGHTLESS = frozenset({"flash", "xla", "cudnn", "pallas_tpu", "auto",
+                        "ring", "all_to_all"})
+
+
+def known_implementation(name) -> bool:
+  """True for a key of `IMPLEMENTATIONS` or `DISTRIBUTED`."""
+  return name in IMPLEMENTATIONS or name in DISTRIBUTED
 
 
 def weightless_reason(implementation: str) -> str:
@@ -376,9 +387,10 @@ def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend",
   target = (b, h, tq, k.shape[1])
   _check_broadcast("mask", mask, target, boolean=True, fn=fn)
   _check_broadcast("bias", bias, target, boolean=False, fn=fn)
-  if implementation not in IMPLEMENTATIONS:
+  if not known_implementation(implementation):
     raise ValueError(f"{fn}: unknown `implementation`={implementation!r}; "
-                     f"expected one of {sorted(IMPLEMENTATIONS)}")
+                     f"expected one of "
+                     f"{sorted(IMPLEMENTATIONS) + sorted(DISTRIBUTED)}")
   score_rules.check(rules, batch=b, q_len=tq, kv_len=k.shape[1],
                     num_heads=h, fn=fn)
   if implementation in ("xla", "cudnn"):
@@ -400,6 +412,8 @@ def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
   window, segment ids, soft cap, sinks, scale, ALiBi, query positions; all
   of them on "vmap", "einsum" and "flash", what jax.nn supports natively
   on "xla"/"cudnn" (the rest is refused naming the option).
+  "ring" and "all_to_all" (`DISTRIBUTED`) split the sequence over the
+  "sequence" axis of the mesh set by `jax.set_mesh` (docs/multi_device.md).
   Returns `(out [B, Tq, H, Dv], pattern [B, H, Tq, Tk] float32)`; the
   pattern is None on the paths in `WEIGHTLESS`.
   """
@@ -417,6 +431,7 @@ def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
     shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])  # [B,H,Tq,Tk]
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, shape)
   extra = {} if implementation in WEIGHTLESS else {"hooks": hooks}
-  return IMPLEMENTATIONS[implementation](
+  path = IMPLEMENTATIONS.get(implementation) or DISTRIBUTED[implementation]
+  return path(
       q, k, v, mask, bias, keep, is_causal=is_causal,
       dropout_rate=dropout_rate, rules=rules, **extra)

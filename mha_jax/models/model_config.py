@@ -128,8 +128,9 @@ class ModelConfig:
          f"must be > 0, got {self.rotary_base}")
     need(0.0 <= self.dropout_rate < 1.0, "dropout_rate",
          f"must be in [0, 1), got {self.dropout_rate}")
-    need(self.implementation in attention.IMPLEMENTATIONS, "implementation",
-         f"expected one of {sorted(attention.IMPLEMENTATIONS)}, got "
+    need(attention.known_implementation(self.implementation), "implementation",
+         f"expected one of {sorted(attention.IMPLEMENTATIONS)} or "
+         f"{sorted(attention.DISTRIBUTED)}, got "
          f"{self.implementation!r}")
     if self.local_window is not None:
       w = self.local_window

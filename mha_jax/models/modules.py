@@ -75,7 +75,7 @@ class MultiHeadAttention(nnx.Module):
                soft_cap=None, scale=None, sinks: bool = False,
                qk_norm: str | None = None, alibi: bool = False,
                dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
-    if implementation not in attention.IMPLEMENTATIONS:
+    if not attention.known_implementation(implementation):
       raise ValueError(f"MultiHeadAttention: unknown `implementation`="
                        f"{implementation!r}; expected one of "
                        f"{sorted(attention.IMPLEMENTATIONS)}")

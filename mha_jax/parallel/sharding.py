@@ -32,27 +32,39 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-DATA, MODEL = "data", "model"
+DATA, SEQUENCE, MODEL = "data", "sequence", "model"
 
 
-def make_mesh(data: int = -1, model: int = 1, devices=None) -> Mesh:
-  """A `("data", "model")` mesh; `data=-1` takes all devices left over."""
+def make_mesh(data: int = -1, model: int = 1, devices=None, *,
+              sequence: int = 1) -> Mesh:
+  """A `("data", "sequence", "model")` mesh; `data=-1` takes all devices
+  left over. The sequence axis (context parallelism, `context.py`) is
+  size 1 unless asked for; parameters and batches are replicated over it.
+  """
   devices = jax.devices() if devices is None else list(devices)
   n = len(devices)
-  if not isinstance(model, int) or model < 1:
-    raise ValueError(f"make_mesh: `model` must be a positive int, got {model!r}")
+  for name, val in (("model", model), ("sequence", sequence)):
+    if not isinstance(val, int) or val < 1:
+      raise ValueError(f"make_mesh: `{name}` must be a positive int, got "
+                       f"{val!r}")
+  inner = model * sequence
   if data == -1:
-    if n % model:
-      raise ValueError(f"make_mesh: `model`={model} does not divide the "
-                       f"{n} available devices")
-    data = n // model
-  if not isinstance(data, int) or data < 1 or data * model != n:
-    raise ValueError(f"make_mesh: mesh data x model = {data} x {model} must "
-                     f"use exactly the {n} available devices")
-  grid = np.asarray(devices, dtype=object).reshape(data, model)
+    if n % inner:
+      raise ValueError(f"make_mesh: `model` x `sequence`={model} x "
+                       f"{sequence} does not divide the {n} available "
+                       "devices")
+    data = n // inner
+  if not isinstance(data, int) or data < 1 or data * inner != n:
+    raise ValueError(f"make_mesh: mesh data x sequence x model = {data} x "
+                     f"{sequence} x {model} must use exactly the {n} "
+                     "available devices")
+  # Model innermost: its all-reduces run every layer, so its devices are
+  # neighbours; the ring's ppermutes next, the data axis outermost (one
+  # gradient all-reduce per step).
+  grid = np.asarray(devices, dtype=object).reshape(data, sequence, model)
   # Auto axes: GSPMD propagates shardings through unannotated code, so the
   # library's functions run unchanged.
-  return Mesh(grid, (DATA, MODEL), axis_types=(AxisType.Auto,) * 2)
+  return Mesh(grid, (DATA, SEQUENCE, MODEL), axis_types=(AxisType.Auto,) * 3)
 
 
 def _key_name(entry) -> str:
@@ -130,7 +142,10 @@ def tree_shardings(tree, mesh: Mesh):
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-  """Split the leading (batch) axis over "data", replicate over "model"."""
+  """Split the leading (batch) axis over "data", replicate over "model";
+  with a sequence axis (size > 1) split the second (tokens) over it."""
+  if ndim >= 2 and mesh.shape.get(SEQUENCE, 1) > 1:
+    return NamedSharding(mesh, P(DATA, SEQUENCE, *([None] * (ndim - 2))))
   return NamedSharding(mesh, P(DATA, *([None] * (ndim - 1))))
 
 
@@ -165,23 +180,27 @@ def mesh_from_config(config, devices=None) -> Mesh:
   `task.batch_size` must split evenly over the data axis.
   """
   ms, heads, batch = config.mesh, config.model.num_heads, config.task.batch_size
+  seq = ms.get("sequence", 1)  # configs saved before the axis existed
   devices = jax.devices() if devices is None else list(devices)
   n = len(devices)
-  if n % ms.model:
-    raise ValueError(f"config.mesh.model: {ms.model} does not divide the {n} "
-                     "available devices")
-  data = n // ms.model if ms.data == -1 else ms.data
-  if data * ms.model != n:
-    raise ValueError(f"config.mesh.data: mesh.data x mesh.model = {data} x "
-                     f"{ms.model} must use exactly the {n} available devices "
-                     "(-1 takes all that mesh.model leaves)")
+  if n % (ms.model * seq):
+    field = "model" if n % ms.model else "sequence"
+    raise ValueError(f"config.mesh.{field}: mesh.model x mesh.sequence = "
+                     f"{ms.model} x {seq} does not divide the {n} available "
+                     "devices")
+  data = n // (ms.model * seq) if ms.data == -1 else ms.data
+  if data * ms.model * seq != n:
+    raise ValueError(f"config.mesh.data: mesh.data x mesh.sequence x "
+                     f"mesh.model = {data} x {seq} x {ms.model} must use "
+                     f"exactly the {n} available devices (-1 takes all that "
+                     "mesh.model and mesh.sequence leave)")
   if heads % ms.model:
     raise ValueError(f"config.mesh.model: {ms.model} must divide "
                      f"model.num_heads={heads}")
   if batch % data:
     raise ValueError(f"config.task.batch_size: {batch} does not split over "
                      f"the {data} devices of the mesh's data axis")
-  return make_mesh(data, ms.model, devices)
+  return make_mesh(data, ms.model, devices, sequence=seq)
 
 
 def shard_model(model, mesh: Mesh):

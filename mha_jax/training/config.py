@@ -73,6 +73,16 @@ def validate_config(config) -> None:
   # needs the device count: `sharding.mesh_from_config` checks it.)
   _need(m.num_heads % ms.model == 0, "mesh.model",
         f"mesh.model={ms.model} must divide model.num_heads={m.num_heads}")
+  seq = ms.get("sequence", 1)  # configs saved before the axis existed
+  _need(isinstance(seq, int) and seq >= 1, "mesh.sequence",
+        f"must be a positive int, got {seq!r}")
+  if seq > 1:
+    # The sequence split needs attention that works on a split sequence.
+    _need(m.implementation in ("ring", "all_to_all"), "mesh.sequence",
+          f"mesh.sequence={seq} needs model.implementation 'ring' or "
+          f"'all_to_all', got {m.implementation!r}")
+    _need(t.seq_len % seq == 0, "mesh.sequence",
+          f"mesh.sequence={seq} must divide task.seq_len={t.seq_len}")
 
 
 def model_config(config) -> model_config_lib.ModelConfig:

@@ -201,9 +201,20 @@ sharded_train_step_jit = jax.jit(sharded_train_step, static_argnames="mesh",
 def _sharded_batch_fn(task_cfg, mesh):
   make = tasks.get_task(task_cfg.name).make_batch
   # Each device draws only its own rows of the global batch (and on many
-  # hosts each process only its devices' rows): no host-side split.
+  # hosts each process only its devices' rows): no host-side split. With a
+  # sequence axis, only its own tokens of them.
+  ndim = 2 if mesh.shape.get(sharding.SEQUENCE, 1) > 1 else 1
   return jax.jit(functools.partial(make, cfg=task_cfg),
-                 out_shardings=sharding.batch_sharding(mesh, 1))
+                 out_shardings=sharding.batch_sharding(mesh, ndim))
+
+
+def _on_mesh(fn, mesh):
+  """`fn` run under `jax.set_mesh(mesh)`: context-parallel attention
+  ("ring", "all_to_all") finds its mesh there when the step is traced."""
+  def run(*args, **kwargs):
+    with jax.set_mesh(mesh):
+      return fn(*args, **kwargs)
+  return run
 
 
 def step_fns(config, mesh):
@@ -211,13 +222,17 @@ def step_fns(config, mesh):
 
   A one-device mesh gets the plain jitted steps (the program of an
   unsharded run, unchanged); a larger one the sharded step and batches
-  born split along "data".
+  born split along "data" (and along "sequence" with that axis, where the
+  steps run under `jax.set_mesh`).
   """
   if mesh.size == 1:
     return train_step_jit, eval_step_jit, batch_fn(config)
   step = functools.partial(sharded_train_step_jit, mesh=mesh)
   task_cfg = ml_collections.FrozenConfigDict(config.task)
-  return step, eval_step_jit, _sharded_batch_fn(task_cfg, mesh)
+  make = _sharded_batch_fn(task_cfg, mesh)
+  if mesh.shape.get(sharding.SEQUENCE, 1) > 1:
+    return _on_mesh(step, mesh), _on_mesh(eval_step_jit, mesh), make
+  return step, eval_step_jit, make
 
 
 def _fmt_time(seconds: float) -> str:

@@ -451,12 +451,35 @@ def test_mesh_check_command_line(tmp_path):
   assert results["bytes"]["params"]["split_leaves_hold_total_over_model"]
 
 
+def test_context_parallel_command_line(tmp_path):
+  """The real command line on its smoke config: it starts itself again
+  with 8 simulated devices, compiles one device's and the ring's
+  forward+backward and runs a short ring; the report shows results.json."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             JAX_DISABLE_MOST_OPTIMIZATIONS="1")
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.context_parallel",
+       "--config=configs/context_parallel.py:smoke", f"--workdir={tmp_path}"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report, results = _outputs(tmp_path, [])
+  m = results["memory"]
+  rows = entry_points.table(report, "|  | one device |")
+  assert rows[-1] == ["peak", f"{m['one_device']['peak'] / 2**20:,.1f}",
+                      f"{m['ring_per_device']['peak'] / 2**20:,.1f}"]
+  assert f"{m['ratio']:.3f}" in report
+  # Each device holds 1/8 of the sequence: its program needs far less.
+  assert m["ratio"] < 0.25
+  assert results["long"]["finite"] and results["long"]["tokens"] == 512
+
+
 def test_every_entry_point_has_an_end_to_end_test():
   """An entry point added to experiments/ needs a smoke test here (or, for
   the worked example, in test_toy_example.py)."""
   tested = {"induction", "two_offsets", "head_dim", "cross_attention",
             "pruning", "train", "generate", "kv_behaviour", "kv_cache",
             "cost_scaling", "benchmark", "mesh_check", "toy_example",
+            "context_parallel",
             "explore", "circuits",
             # explore: tests/interp/test_explore.py; text_heads: tests/training/test_text.py;
             # sinks: tests/experiments/test_sinks.py

@@ -83,6 +83,13 @@ class _Extras(NamedTuple):
   k_seg: jax.Array | None  # [B, Tk'] int
   slopes: jax.Array | None  # [1, K, G, 1, 1] float32 (ALiBi)
   sinks: jax.Array | None  # [1, K, G, 1] float32
+  # [1] int: the position of key 0 (None: 0). Context parallelism passes
+  # one device's slice of the keys, which starts further along.
+  k_start: jax.Array | None = None
+
+
+# The names context parallelism (`mha_jax.parallel.ring`) builds on.
+BlockConfig, Extras = _Config, _Extras
 
 
 def _to_5d(x, h, kh):
@@ -95,7 +102,7 @@ def _to_5d(x, h, kh):
   return x[:, :, None]  # one value shared by all heads
 
 
-def _pad_axis(x, axis, size, value):
+def pad_axis(x, axis, size, value):
   """Pad `x` at the end of `axis` up to `size` (no-op if already there)."""
   extra = size - x.shape[axis]
   if extra == 0:
@@ -124,6 +131,16 @@ def _block_q_pos(ex, qs, cfg):
       :, None, None]
 
 
+def _key_start(ex):
+  """Position of key 0 (a traced int; 0 unless `ex.k_start` says)."""
+  return 0 if ex.k_start is None else ex.k_start[0]
+
+
+def _block_k_pos(ex, ks, cfg):
+  """Positions `[Bk]` of the keys of the block at `ks`."""
+  return _key_start(ex) + ks + jnp.arange(cfg.bk)
+
+
 def _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg):
   """float32 scores of one block `[B, K, G, Bq, Bk]`, -inf where forbidden,
   and the soft cap's derivative (None without one): `score_rules.scores`
@@ -131,7 +148,7 @@ def _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg):
   qk = jnp.einsum("bkgqd,bksd->bkgqs", qb, kb,
                   preferred_element_type=jnp.float32)
   q_pos = _block_q_pos(ex, qs, cfg)
-  k_pos = ks + jnp.arange(cfg.bk)
+  k_pos = _block_k_pos(ex, ks, cfg)
   cut_q = lambda x: lax.dynamic_slice_in_dim(x, qs, cfg.bq, axis=1)[
       :, None, None]
   cut_k = lambda x: lax.dynamic_slice_in_dim(x, ks, cfg.bk, axis=1)[
@@ -143,7 +160,7 @@ def _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg):
       q_seg=cut_q(ex.q_seg) if segs else None,
       k_seg=cut_k(ex.k_seg) if segs else None,
       # Keys added by padding are never real.
-      kv_len=cfg.tk if cfg.padded_keys else None)
+      kv_len=_key_start(ex) + cfg.tk if cfg.padded_keys else None)
   return score_rules.scores(
       qk, q_pos, k_pos, scale=cfg.scale, rules=cfg.rules,
       bias=_slice_block(bias, qs, ks, cfg), slopes=ex.slopes, ok=ok)
@@ -164,6 +181,8 @@ def _kv_block_range(i, nk, ex, cfg):
     first_key = first_q - window[0]
   if cfg.is_causal:
     last_key = jnp.minimum(last_key, last_q)
+  # From positions to this call's key indices (its keys start at k_start).
+  first_key, last_key = first_key - _key_start(ex), last_key - _key_start(ex)
   end = jnp.clip(last_key // cfg.bk + 1, 0, nk)
   return jnp.clip(first_key // cfg.bk, 0, nk), end
 
@@ -180,13 +199,36 @@ def _visit(ex, qs, ks, cfg, body, carry):
   return lax.cond(shared, body, lambda c: c, carry)
 
 
-def _forward(q, k, v, mask, bias, ex, cfg):
-  """q `[B,K,G,Tq',Dh]`, k `[B,K,Tk',Dh]`, v `[B,K,Tk',Dv]` -> out, lse."""
-  b, kh, g, tq_pad, _ = q.shape
-  dv = v.shape[-1]
-  nq, nk = tq_pad // cfg.bq, k.shape[2] // cfg.bk
+def initial_state(ex, cfg, q_shape, dv):
+  """The online softmax before any key: `(m, l, acc)` of shapes
+  `[Nq, B, K, G, Bq]`, `[Nq, B, K, G, Bq]`, `[Nq, B, K, G, Bq, Dv]` for
+  q of shape `q_shape [B, K, G, Tq', Dh]` (block-major, as
+  `forward_blocks` carries it)."""
+  b, kh, g, tq_pad, _ = q_shape
+  rows = (tq_pad // cfg.bq, b, kh, g, cfg.bq)
+  if ex.sinks is None:
+    m0, l0 = jnp.full(rows, -jnp.inf, jnp.float32), jnp.zeros(rows)
+  else:
+    # The sink is a column with logit `sink` and no value: start the
+    # running max there, with its exp(0) = 1 already in the row sum.
+    m0, l0 = jnp.broadcast_to(ex.sinks, rows), jnp.ones(rows)
+  return (m0, l0.astype(jnp.float32),
+          jnp.zeros(rows + (dv,), jnp.float32))
 
-  def query_block(i):
+
+def forward_blocks(q, k, v, mask, bias, ex, cfg, state):
+  """Visit the key blocks of k, v from the online-softmax `state`.
+
+  q `[B,K,G,Tq',Dh]`, k `[B,K,Tk',Dh]`, v `[B,K,Tk',Dv]`; `state` and the
+  result are `(m, l, acc)` as `initial_state` makes them. The keys of one
+  call may be any slice of the sequence (`ex.k_start`): calling this on
+  slice after slice gives the same state as one call on all of them, which
+  is how context parallelism merges the slices that reach a device.
+  """
+  nk = k.shape[2] // cfg.bk
+
+  def query_block(args):
+    i, m, l, acc = args
     qs = i * cfg.bq
     qb = lax.dynamic_slice_in_dim(q, qs, cfg.bq, axis=3)  # [B,K,G,Bq,Dh]
 
@@ -212,26 +254,30 @@ def _forward(q, k, v, mask, bias, ex, cfg):
 
       return _visit(ex, qs, ks, cfg, visit, carry)
 
-    rows = (b, kh, g, cfg.bq)
-    if ex.sinks is None:
-      m0, l0 = jnp.full(rows, -jnp.inf, jnp.float32), jnp.zeros(rows)
-    else:
-      # The sink is a column with logit `sink` and no value: start the
-      # running max there, with its exp(0) = 1 already in the row sum.
-      m0, l0 = jnp.broadcast_to(ex.sinks, rows), jnp.ones(rows)
-    init = (m0, l0.astype(jnp.float32),
-            jnp.zeros((b, kh, g, cfg.bq, dv), jnp.float32))
-    m, l, acc = lax.fori_loop(*_kv_block_range(i, nk, ex, cfg), key_block,
-                              init)
-    # Empty rows have l = 0 and acc = 0: output 0, the reference's policy.
-    out = acc / jnp.where(l > 0, l, 1.0)[..., None]
-    lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
-    return out.astype(v.dtype), lse
+    return lax.fori_loop(*_kv_block_range(i, nk, ex, cfg), key_block,
+                         (m, l, acc))
 
-  out, lse = lax.map(query_block, jnp.arange(nq))  # [Nq, B, K, G, Bq, ...]
-  out = jnp.moveaxis(out, 0, 3).reshape(b, kh, g, tq_pad, dv)
-  lse = jnp.moveaxis(lse, 0, 3).reshape(b, kh, g, tq_pad)
-  return out, lse
+  nq = state[0].shape[0]
+  return lax.map(query_block, (jnp.arange(nq), *state))
+
+
+def finish(state, dtype):
+  """`(m, l, acc)` -> out `[B, K, G, Tq', Dv]` in `dtype`, lse
+  `[B, K, G, Tq']` float32 (-inf on rows that saw no allowed key)."""
+  m, l, acc = state
+  # Empty rows have l = 0 and acc = 0: output 0, the reference's policy.
+  out = (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(dtype)
+  lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
+  nq, b, kh, g, bq, dv = out.shape
+  out = jnp.moveaxis(out, 0, 3).reshape(b, kh, g, nq * bq, dv)
+  return out, jnp.moveaxis(lse, 0, 3).reshape(b, kh, g, nq * bq)
+
+
+def _forward(q, k, v, mask, bias, ex, cfg):
+  """q `[B,K,G,Tq',Dh]`, k `[B,K,Tk',Dh]`, v `[B,K,Tk',Dv]` -> out, lse."""
+  state = initial_state(ex, cfg, q.shape, v.shape[-1])
+  return finish(forward_blocks(q, k, v, mask, bias, ex, cfg, state),
+                v.dtype)
 
 
 def _reduce_to(x, shape):
@@ -248,19 +294,47 @@ def _backward_block(block):
   return BACKWARD_BLOCK if block % BACKWARD_BLOCK == 0 else block
 
 
-def _backward(cfg, residuals, d_out):
-  """Recompute each block's probabilities from lse; accumulate in float32."""
-  cfg = cfg._replace(bq=cfg.bwd_bq, bk=cfg.bwd_bk)
-  q, k, v, mask, bias, ex, out, lse = residuals
-  nq, nk = q.shape[3] // cfg.bq, k.shape[2] // cfg.bk
-  # delta_i = sum_j P_ij dP_ij = dO_i . O_i (the softmax Jacobian's row term).
+def backward_cfg(cfg):
+  """`cfg` with the backward's block lengths."""
+  return cfg._replace(bq=cfg.bwd_bq, bk=cfg.bwd_bk)
+
+
+def row_terms(out, lse, d_out):
+  """The backward's per-row inputs: `delta [B,K,G,Tq']` = dO . O (the
+  softmax Jacobian's row term, sum_j P_ij dP_ij) and lse made finite
+  (empty rows have lse = -inf; any finite shift gives exp(-inf) = 0)."""
   delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1)
-  # Empty rows have lse = -inf; any finite shift gives exp(-inf) = 0 there.
-  lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+  return delta, jnp.where(jnp.isfinite(lse), lse, 0.0)
+
+
+def sink_grad(sinks, lse, delta):
+  """d loss / d sink `[1, K, G, 1]` from the rows' finite lse and delta.
+
+  The sink column's probability is exp(sink - lse) and its dP is 0 (it has
+  no value), so d sink = -sum over rows of P_sink * delta."""
+  p_sink = jnp.exp(sinks - lse)  # [B, K, G, Tq']
+  return -jnp.sum(p_sink * delta, axis=(0, 3), keepdims=True)
+
+
+def zero_grads(q, k, v, bias, ex):
+  """float32 zeros for `backward_blocks`' `(dq, dk, dv, dbias, dslopes)`."""
   f32 = functools.partial(jnp.zeros, dtype=jnp.float32)
-  grads = (f32(q.shape), f32(k.shape), f32(v.shape),
-           None if bias is None else f32(bias.shape),
-           None if ex.slopes is None else f32(ex.slopes.shape))
+  return (f32(q.shape), f32(k.shape), f32(v.shape),
+          None if bias is None else f32(bias.shape),
+          None if ex.slopes is None else f32(ex.slopes.shape))
+
+
+def backward_blocks(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads):
+  """Add the gradients through the key blocks of k, v to `grads`.
+
+  Recomputes each block's probabilities as exp(S - lse) from the rows'
+  final (finite) `lse` and `delta` (`row_terms`), so the keys may be any
+  slice of the sequence (`ex.k_start`), visited in any order: context
+  parallelism calls this once per slice that reaches a device. `cfg`:
+  `backward_cfg(...)`; `grads`: `(dq, dk, dv, dbias, dslopes)` float32
+  (`zero_grads`), dk and dv those of this k and v.
+  """
+  nq, nk = q.shape[3] // cfg.bq, k.shape[2] // cfg.bk
 
   def query_block(i, grads):
     dq, dk, dv, dbias, dslopes = grads
@@ -297,26 +371,31 @@ def _backward(cfg, residuals, d_out):
                                   cfg)
         if dslopes is not None:  # s -= slope * |pos_q - pos_k|
           dist = score_rules.distance(_block_q_pos(ex, qs, cfg),
-                                      ks + jnp.arange(cfg.bk))
+                                      _block_k_pos(ex, ks, cfg))
           dslopes = dslopes - _reduce_to(ds * dist, dslopes.shape)
         return dqb, dk, dv, dbias, dslopes
 
       return _visit(ex, qs, ks, cfg, visit, carry)
 
-    init = (jnp.zeros(qb.shape, jnp.float32), dk, dv, dbias, dslopes)
+    init = (cut(dq), dk, dv, dbias, dslopes)
     dqb, dk, dv, dbias, dslopes = lax.fori_loop(
         *_kv_block_range(i, nk, ex, cfg), key_block, init)
     dq = lax.dynamic_update_slice_in_dim(dq, dqb, qs, axis=3)
     return dq, dk, dv, dbias, dslopes
 
-  dq, dk, dv, dbias, dslopes = lax.fori_loop(0, nq, query_block, grads)
+  return lax.fori_loop(0, nq, query_block, grads)
+
+
+def _backward(cfg, residuals, d_out):
+  """Recompute each block's probabilities from lse; accumulate in float32."""
+  cfg = backward_cfg(cfg)
+  q, k, v, mask, bias, ex, out, lse = residuals
+  delta, lse = row_terms(out, lse, d_out)
+  dq, dk, dv, dbias, dslopes = backward_blocks(
+      cfg, q, k, v, mask, bias, ex, lse, delta, d_out,
+      zero_grads(q, k, v, bias, ex))
   dbias = None if bias is None else dbias.astype(bias.dtype)
-  dsinks = None
-  if ex.sinks is not None:
-    # The sink column's probability is exp(sink - lse) and its dP is 0
-    # (it has no value), so d sink = -sum over rows of P_sink * delta.
-    p_sink = jnp.exp(ex.sinks - lse)  # [B, K, G, Tq']
-    dsinks = -jnp.sum(p_sink * delta, axis=(0, 3), keepdims=True)
+  dsinks = None if ex.sinks is None else sink_grad(ex.sinks, lse, delta)
   # Masks, positions and segment ids are not differentiable (None: zero).
   d_ex = _Extras(q_pos=None, q_seg=None, k_seg=None, slopes=dslopes,
                  sinks=dsinks)
@@ -380,6 +459,36 @@ def _flash_by_head(q, k, v, mask, bias, ex, cfg):
   return out.reshape(b, kh, *out.shape[1:])
 
 
+def prescaled(dtype) -> bool:
+  """In float32 the scale is folded into q once ([Tq, Dh]) instead of into
+  every score block ([Tq, Tk], forward and backward again): 7% less CPU
+  time for forward+backward at the standard shape. Lower precisions keep
+  the product in float32 on the scores, where it does not round q."""
+  return dtype == jnp.float32
+
+
+def block_config(dtype, head_dim, rules, is_causal, tq, tk, block_q, block_k,
+                 *, halve_backward=True) -> BlockConfig:
+  """The kernel's static facts for queries of length `tq` against keys of
+  length `tk` (one call's, which may be one device's slice), on blocks of
+  at most `block_q` x `block_k`. `halve_backward`: the batched kernel's
+  backward runs on halved blocks (BACKWARD_BLOCK); one head at a time it
+  keeps the forward's. With `prescaled(dtype)` the caller multiplies q by
+  the scale."""
+  bq, bk = min(block_q, tq), min(block_k, tk)
+  tk_pad = -(-tk // bk) * bk
+  return _Config(tq=tq, tk=tk, bq=bq, bk=bk,
+                 bwd_bq=_backward_block(bq) if halve_backward else bq,
+                 bwd_bk=_backward_block(bk) if halve_backward else bk,
+                 padded_keys=tk_pad != tk,
+                 is_causal=bool(is_causal),
+                 rules=score_rules.ScoreRules(
+                     local_window=rules.local_window,
+                     soft_cap=rules.soft_cap, scale=rules.scale),
+                 scale=(1.0 if prescaled(dtype)
+                        else score_rules.scale_of(rules, head_dim)))
+
+
 def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
                     rules=score_rules.NO_RULES, block_q=None, block_k=None,
                     head_loop=None):
@@ -420,43 +529,27 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
   b, tq, h, dh = q.shape
   tk, kh, dv = k.shape[1], k.shape[2], v.shape[3]
   g = h // kh
-  bq, bk = min(block_q, tq), min(block_k, tk)
-  tq_pad, tk_pad = -(-tq // bq) * bq, -(-tk // bk) * bk
-  scale = score_rules.scale_of(rules, dh)
-  # In float32 the scale is folded into q once ([Tq, Dh]) instead of into
-  # every score block ([Tq, Tk], forward and backward again): 7% less CPU
-  # time for forward+backward at the standard shape. Lower precisions keep
-  # the product in float32 on the scores, where it does not round q.
-  prescale = q.dtype == jnp.float32
-  # The batched kernel's backward runs on halved blocks (BACKWARD_BLOCK);
-  # one head at a time it keeps the forward's.
-  cfg = _Config(tq=tq, tk=tk, bq=bq, bk=bk,
-                bwd_bq=bq if head_loop else _backward_block(bq),
-                bwd_bk=bk if head_loop else _backward_block(bk),
-                padded_keys=tk_pad != tk,
-                is_causal=bool(is_causal),
-                rules=score_rules.ScoreRules(
-                    local_window=rules.local_window, soft_cap=rules.soft_cap,
-                    scale=rules.scale),
-                scale=1.0 if prescale else scale)
-  if prescale:
-    q = q * scale
+  cfg = block_config(q.dtype, dh, rules, is_causal, tq, tk, block_q,
+                     block_k, halve_backward=not head_loop)
+  tq_pad, tk_pad = -(-tq // cfg.bq) * cfg.bq, -(-tk // cfg.bk) * cfg.bk
+  if prescaled(q.dtype):
+    q = q * score_rules.scale_of(rules, dh)
   # Head-major layout once, so that every block is a contiguous slice of T
   # and each block matmul is batched over (B, K) with G*Bq rows.
   qt = q.reshape(b, tq, kh, g, dh).transpose(0, 2, 3, 1, 4)  # [B,K,G,Tq,Dh]
   kt = k.transpose(0, 2, 1, 3)  # [B, K, Tk, Dh]
   vt = v.transpose(0, 2, 1, 3)  # [B, K, Tk, Dv]
-  qt = _pad_axis(qt, 3, tq_pad, 0)
-  kt, vt = _pad_axis(kt, 2, tk_pad, 0), _pad_axis(vt, 2, tk_pad, 0)
+  qt = pad_axis(qt, 3, tq_pad, 0)
+  kt, vt = pad_axis(kt, 2, tk_pad, 0), pad_axis(vt, 2, tk_pad, 0)
   mask, bias = _to_5d(mask, h, kh), _to_5d(bias, h, kh)
   # Padding rows/keys of a full-size mask or bias; padded keys are also
   # excluded by position inside the kernel, so the fill values are moot.
   if mask is not None:
-    mask = _pad_axis(mask, 3, tq_pad, True) if mask.shape[3] != 1 else mask
-    mask = _pad_axis(mask, 4, tk_pad, False) if mask.shape[4] != 1 else mask
+    mask = pad_axis(mask, 3, tq_pad, True) if mask.shape[3] != 1 else mask
+    mask = pad_axis(mask, 4, tk_pad, False) if mask.shape[4] != 1 else mask
   if bias is not None:
-    bias = _pad_axis(bias, 3, tq_pad, 0) if bias.shape[3] != 1 else bias
-    bias = _pad_axis(bias, 4, tk_pad, 0) if bias.shape[4] != 1 else bias
+    bias = pad_axis(bias, 3, tq_pad, 0) if bias.shape[3] != 1 else bias
+    bias = pad_axis(bias, 4, tk_pad, 0) if bias.shape[4] != 1 else bias
   # Padded query rows repeat the last real row's position and segment (their
   # output is dropped; the repeat keeps the block ranges tight).
   edge = lambda x, size: None if x is None else jnp.pad(
