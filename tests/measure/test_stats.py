@@ -151,6 +151,11 @@ def test_bootstrap_draws_every_row_and_its_tails_set_the_confidence():
   lo, hi = stats.bootstrap_interval(x, resamples=20000)
   tlo, thi = stats.t_interval(x)
   assert (hi - lo) / (thi - tlo) == pytest.approx(1.0, abs=0.05)
+  # A [3, 2] matrix is resampled by its 3 rows (3 draws from rows 0-2),
+  # not by its 2 columns: the central sum of the first column is 3.
+  assert stats.bootstrap_interval([[0.0, 5.0], [1.0, 5.0], [2.0, 5.0]],
+                                  lambda v: v[:, 0].sum(),
+                                  confidence=0.02) == (3.0, 3.0)
   # Two rows are enough; one row of a matrix is not.
   assert stats.bootstrap_interval([[0.0, 1.0], [2.0, 3.0]],
                                   lambda v: v[:, 0].mean())[0] == 0.0
