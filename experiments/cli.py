@@ -118,8 +118,16 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def run_app(main_fn: Callable[[list[str]], None]) -> None:
-  """`absl.app.run(main_fn)` with `parse_flags`."""
-  app.run(main_fn, flags_parser=parse_flags)
+  """`absl.app.run(main_fn)` with `parse_flags`, and the command line
+  recorded for the reports this process writes."""
+  def _main(argv):
+    # `python -m <this package>` and the flags as typed (absl has consumed
+    # them from `argv`).
+    spec = sys.modules["__main__"].__spec__
+    module = spec.name.removesuffix(".__main__") if spec else sys.argv[0]
+    report_lib.record_command(sys.argv, module)
+    return main_fn(argv)
+  app.run(_main, flags_parser=parse_flags)
 
 
 def main(run: Callable[..., dict], fl: ExperimentFlags) -> None:
@@ -127,11 +135,6 @@ def main(run: Callable[..., dict], fl: ExperimentFlags) -> None:
   and print where the report is."""
   def _main(argv):
     report_lib.check_no_arguments(argv)
-    # The report writes the command that ran: `python -m <this package>`
-    # and the flags as typed (absl has consumed them from `argv`).
-    spec = sys.modules["__main__"].__spec__
-    module = spec.name.removesuffix(".__main__") if spec else sys.argv[0]
-    report_lib.record_command(sys.argv, module)
     run(fl.config.value, fl.workdir.value, reuse_runs=fl.reuse_runs.value)
     print(f"Report: {pathlib.Path(fl.workdir.value) / 'report.md'}")
   run_app(_main)
