@@ -11,6 +11,10 @@ import shutil
 
 import pytest
 
+# How long a page may take to get ready or to render a panel. A wait, not
+# a tolerance: on two loaded cores Treescope's panel once took over 10 s.
+WAIT_S = 60
+
 INSTALL_HINT = ("no headless Chromium found: install it with `apt-get "
                 "install chromium chromium-driver` (Debian; .ci/run does) "
                 "and Selenium with `pip install -e '.[test]'`, or point "

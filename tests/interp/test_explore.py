@@ -251,7 +251,7 @@ def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
   t = weights.shape[-1]
   url = explored["path"].resolve().as_uri()
   browser.get(url)
-  WebDriverWait(browser, 10).until(
+  WebDriverWait(browser, chromium.WAIT_S).until(
       lambda d: d.find_element(By.TAG_NAME, "body").get_attribute(
           "data-ready") == "true")
   css = lambda sel: browser.find_element(By.CSS_SELECTOR, sel)
@@ -302,7 +302,7 @@ def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
   # Treescope's raw-array panel renders once opened and in view.
   css("#raw-details summary").click()
   js("document.querySelector('.raw treescope-container').scrollIntoView()")
-  WebDriverWait(browser, 10).until(lambda d: js(
+  WebDriverWait(browser, chromium.WAIT_S).until(lambda d: js(
       "const c = document.querySelector('.raw treescope-container');"
       "return c.shadowRoot.querySelector('canvas') !== null;"))
 

@@ -176,7 +176,7 @@ def test_long_inputs_in_a_real_browser(browser, tmp_path):
   path = show.heads(w, labels, window=(1000, 2000), max_tokens=side).save(
       tmp_path / "heads.html")
   browser.get(path.resolve().as_uri())
-  WebDriverWait(browser, 10).until(ready)
+  WebDriverWait(browser, chromium.WAIT_S).until(ready)
   assert css("#window-note").text.startswith(
       "Showing queries 1000\u20131047 of 3000 and keys 1000\u20131047")
   # Cell (40, 7) of the window: positions 1040 and 1007.
@@ -187,7 +187,7 @@ def test_long_inputs_in_a_real_browser(browser, tmp_path):
   values = rng.normal(size=t).astype(np.float32)
   path = show.tokens(labels, values).save(tmp_path / "tokens.html")
   browser.get(path.resolve().as_uri())
-  WebDriverWait(browser, 10).until(ready)
+  WebDriverWait(browser, chromium.WAIT_S).until(ready)
   toks = browser.find_elements(By.CSS_SELECTOR, ".tv")
   assert len(toks) == t
   assert toks[2999].get_attribute("data-value") == chromium.fixed3(

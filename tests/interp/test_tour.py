@@ -166,7 +166,7 @@ def _open(browser, cell_html, path):
   url = path.resolve().as_uri()
   browser.get(url)
   browser.switch_to.frame(browser.find_element(By.TAG_NAME, "iframe"))
-  WebDriverWait(browser, 10).until(
+  WebDriverWait(browser, chromium.WAIT_S).until(
       lambda d: d.find_element(By.TAG_NAME, "body").get_attribute(
           "data-ready") == "true")
   return url
