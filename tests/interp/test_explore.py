@@ -300,10 +300,12 @@ def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
                                                 str(best["head"]))
 
   # Treescope's raw-array panel renders once opened and in view.
+  # Scrolled to on every poll: on loaded cores the page's layout can
+  # still move after one scroll and leave the panel out of view, unrendered.
   css("#raw-details summary").click()
-  js("document.querySelector('.raw treescope-container').scrollIntoView()")
   WebDriverWait(browser, chromium.WAIT_S).until(lambda d: js(
       "const c = document.querySelector('.raw treescope-container');"
+      "c.scrollIntoView();"
       "return c.shadowRoot.querySelector('canvas') !== null;"))
 
   errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
