@@ -14,9 +14,6 @@ import numpy as np
 from mha_jax.measure import report as report_lib
 
 
-head_name = report_lib.head_name
-
-
 def ablation_counts(r):
   """How many heads' zero / mean-ablation margin interval lies below 0."""
   return {k: int((np.asarray(r["ablation"][k]["margin"]["ci95"])[..., 1]
@@ -32,7 +29,8 @@ def _layer_of_max(r, key):
 def _above(r, key, level=0.5):
   """Heads (L<l>H<h>) whose mean `key` share exceeds `level`."""
   m = np.asarray(r["heads"][key]["trained"]["mean"])
-  return [head_name(l, h) for l, h in zip(*np.nonzero(m > level))]
+  return [report_lib.head_name(l, h)
+          for l, h in zip(*np.nonzero(m > level))]
 
 
 def _positional_claim(r):

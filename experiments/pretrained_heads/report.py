@@ -52,7 +52,7 @@ def _extreme_table(r):
     flat = int(np.argmin(m) if k == "entropy" else np.argmax(m))
     idx = np.unravel_index(flat, m.shape)
     above = int((m > 0.5).sum()) if k != "entropy" else "-"
-    rows.append([_NAMES[k], claims.head_name(*idx), _ci(h["trained"], idx),
+    rows.append([_NAMES[k], report_lib.head_name(*idx), _ci(h["trained"], idx),
                  _ci(h["init"], idx),
                  report_lib.fmt(float(np.max(h["init"]["mean"])
                                       if k != "entropy" else
@@ -68,7 +68,7 @@ def _top_table(r):
   rows = []
   for k in ("previous", "next", "self"):
     for t in r["top"][k]:
-      rows.append([_NAMES[k], claims.head_name(t['layer'], t['head']),
+      rows.append([_NAMES[k], report_lib.head_name(t['layer'], t['head']),
                    f"{report_lib.fmt(t['mean'])} "
                    f"{report_lib.interval(t['ci95'])}",
                    report_lib.fmt(t["init"]), report_lib.fmt(t["uniform"])])
@@ -117,7 +117,7 @@ def _ablation_rows(r, n):
   rows = []
   for f in order:
     idx = np.unravel_index(int(f), dm.shape)
-    rows.append([claims.head_name(*idx), _ci(z["margin"], idx),
+    rows.append([report_lib.head_name(*idx), _ci(z["margin"], idx),
                  _ci(z["accuracy"], idx), _ci(m["margin"], idx),
                  _ci(m["accuracy"], idx)])
   return rows
