@@ -502,6 +502,17 @@
   }
   // The Treescope panel exists only on the explorer's pages.
   $("raw-section").hidden = !document.querySelector(".raw");
+  // Treescope draws an array once its box is in view, judged by an
+  // intersection ratio above 0. A panel opened at the page's end lands just
+  // below the window's edge: "intersecting" at ratio 0, which it does not
+  // count, and no later notice comes unless the reader scrolls away and
+  // back (at the page's end, none can). So the panel opens in full view.
+  $("raw-details").addEventListener("toggle", () => {
+    const shown = document.querySelector(".raw:not([hidden])");
+    if ($("raw-details").open && shown) {
+      shown.scrollIntoView({block: "nearest"});
+    }
+  });
   if (DATA.token_values) {
     $("tokens-section").hidden = false;
     buildTokenValues();
