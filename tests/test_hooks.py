@@ -432,6 +432,14 @@ def test_replace_takes_the_slice_an_int_index_picks():
                                                     heads=2))
   np.testing.assert_array_equal(one_head, run(
       MODEL, TOKENS, patch=hooks.replace(site, z, heads=2)))
+  # An axis of size 1 broadcasts: a mean over the batch with keepdims, and
+  # one example's slice patched into every example.
+  for value in (z.mean(0, keepdims=True), z[:1, :, 2]):
+    full = jnp.broadcast_to(value if value.ndim == 4 else value[:, :, None],
+                            z.shape)
+    np.testing.assert_array_equal(
+        run(MODEL, TOKENS, patch=hooks.replace(site, value, heads=2)),
+        run(MODEL, TOKENS, patch=hooks.replace(site, full, heads=2)))
   # A wrong T, or a slice where `heads` is a list: refused, not broadcast.
   shapes = r"\[B, Tq, H, Dv\]=\[3, 6, 4, 4\]"
   _raises_both_ways(hooks.replace(site, z[:, :4], heads=1),

@@ -138,14 +138,16 @@ def _estimates(graphdef, state, clean, corrupted, metric_args, kind, sites,
                noising):
   """Activation and attribution patching per head and position (kind
   "logit": `logit_metric` of (targets, mask); "logprob_0": the mean
-  log-softmax of output 0). `noising` is traced: one compile, both ways."""
+  log-softmax of output 0). `noising` is traced: one compile, both ways;
+  None leaves it out, to the functions' default."""
   model = nnx.merge(graphdef, state)
   if kind == "logit":
     metric = patching.logit_metric(*metric_args)
   else:
     metric = lambda out: jnp.mean(jax.nn.log_softmax(out)[..., 0])
+  way = {} if noising is None else {"noising": noising}
   return {name: fn(model, clean, corrupted, metric, sites, per_position=True,
-                   noising=noising)
+                   **way)
           for name, fn in (("act", patching.activation_patching),
                            ("attr", patching.attribution_patching))}
 
@@ -171,6 +173,27 @@ def test_attribution_is_exact_where_the_metric_is_linear_in_the_site():
       act, attr = out["act", noising][site], out["attr", noising][site]
       assert np.max(np.abs(act)) > 0.05  # a real change is being compared
       np.testing.assert_allclose(attr, act, atol=2e-4, err_msg=site)
+
+
+def test_denoising_is_the_default_of_both_estimates():
+  """Clean patched into corrupted unless `noising` says otherwise. With a
+  final LayerNorm the metric is not linear in the sites, so the two ways
+  give different shares and a default of noising would show."""
+  graphdef, state = nnx.split(_random_model())
+  rng = np.random.default_rng(0)
+  clean, corrupt, targets = (rng.integers(0, 10, (4, 6)) for _ in range(3))
+  args = (graphdef, state, clean, corrupt, (targets, np.ones((4, 6))),
+          "logit", ("blocks.0.attn.z", "blocks.1.resid_pre"))
+  ways = _both_estimates(*args)
+  default = _estimates(*args, None)
+  for name in ("act", "attr"):
+    for site, value in default[name].items():
+      assert np.max(np.abs(ways[name, True][site] - ways[name, False][site])
+                    ) > 0.05, (name, site)
+      # Two compiled programs (a constant way against a traced one): equal
+      # up to float32 rounding of O(1) shares; the ways differ by > 0.05.
+      np.testing.assert_allclose(value, ways[name, False][site], atol=1e-5,
+                                 err_msg=f"{name} {site}")
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
