@@ -406,6 +406,14 @@ def test_an_index_past_either_end_fails_naming_site_axis_size_and_value():
   _raises_both_ways(hooks.ablate("blocks.0.resid_post", positions=T),
                     r"'blocks\.0\.resid_post': `positions`=6, out of range "
                     r"for axis 1 \(T\) of resid_post \[B, T, D\]=\[3, 6, 16\]")
+  # The ends themselves are in range: -H is head 0 and -T position 0, as
+  # in Python.
+  for site, kw, same in (("blocks.0.attn.z", {"heads": -H}, {"heads": 0}),
+                         ("blocks.0.attn.z", {"positions": [-T, 2]},
+                          {"positions": [0, 2]})):
+    np.testing.assert_array_equal(
+        run(MODEL, TOKENS, patch=hooks.ablate(site, **kw)),
+        run(MODEL, TOKENS, patch=hooks.ablate(site, **same)))
 
 
 def test_negative_indices_count_from_the_end_as_in_python():
