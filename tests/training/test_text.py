@@ -109,8 +109,9 @@ def test_locate_finds_the_file_and_offset_at_file_boundaries(tmp_path):
   np.testing.assert_array_equal(offset, [0, 6, 0, 2, 0, 2])
   texts = [bytes(w.tolist()).decode() for w in split.windows(index)]
   assert texts == ["0123", "6789", "abcd", "cdef", "PQRS", "RSTU"]
-  with pytest.raises(ValueError, match=r"window index outside \[0, 13\)"):
-    split.locate([13])
+  for outside in (13, -1):
+    with pytest.raises(ValueError, match=r"window index outside \[0, 13\)"):
+      split.locate([outside])
 
 
 def test_windows_from_bits_cover_64_bit_numbers(tmp_path):
@@ -214,6 +215,41 @@ def test_single_file_is_cut_into_pieces_at_line_ends(tmp_path):
   assert len(docs) == 10 and len(c.held_out.documents) == 2
   assert sum(d.size for d in docs) == len(lines)
   assert [d.start % 9 for d in docs] == [0] * 10  # cuts after a newline
+
+
+def _pieces(tmp_path, text, pieces):
+  """The documents a single file is cut into, in order, as (start, text)."""
+  path = _write(tmp_path, {"one.txt": text}) / "one.txt"
+  c = text_corpus.load(str(path), window=2, split_seed=0, pieces=pieces,
+                       held_out_fraction=0.3)
+  docs = sorted(c.train.documents + c.held_out.documents,
+                key=lambda d: d.start)
+  data = path.read_bytes()
+  return [(d.start, data[d.start:d.start + d.size].decode()) for d in docs]
+
+
+def test_single_file_cuts_land_just_after_the_next_newline(tmp_path):
+  """Each even cut point (size * i // pieces) moves to just past the
+  first newline at or after it; the pieces tile the file in order. Lines
+  of 9 bytes and 7 pieces put the even cuts inside lines."""
+  lines = "".join(f"line {i:03d}\n" for i in range(100))
+  got = _pieces(tmp_path, lines, 7)
+  starts = [0] + [lines.index("\n", len(lines) * i // 7) + 1
+                  for i in range(1, 7)]
+  assert [s for s, _ in got] == starts
+  assert "".join(t for _, t in got) == lines
+  assert all(t.endswith("\n") for _, t in got)
+
+
+@pytest.mark.parametrize("gap, moved", [(4095, True), (4096, False)])
+def test_a_cut_looks_for_a_newline_within_4_kib(tmp_path, gap, moved):
+  """The newline `gap` bytes past the even cut: within the 4096 bytes
+  looked at (gap 4095) the cut moves past it; one byte further it stays
+  at the even point, inside the line."""
+  half = 5000
+  text = "x" * (half + gap) + "\n" + "y" * (half - gap - 1)
+  got = _pieces(tmp_path, text, 2)
+  assert [s for s, _ in got] == [0, half + gap + 1 if moved else half]
 
 
 def test_byte_counts_count_pairs_within_files(tmp_path):
