@@ -267,6 +267,26 @@ def test_byte_counts_count_pairs_within_files(tmp_path):
     assert bi[ord("b"), ord("a")] == 2 and bi[ord("a"), ord("b")] == 2
 
 
+def test_byte_counts_carry_pairs_across_the_chunks_of_one_file(tmp_path,
+                                                               monkeypatch):
+  """Streamed in chunks of 3 bytes, a file's pairs that straddle two
+  chunks count as they do read whole: the counts equal a plain count over
+  each file's text."""
+  _write(tmp_path, {"a.txt": "abcdefgh", "b.txt": "mnopq", "c.txt": "xyz"})
+  c = text_corpus.load(str(tmp_path), window=2, glob="*.txt",
+                       held_out_fraction=0.3, split_seed=0)
+  text = [d.path.read_text() for d in c.train.documents]
+  assert max(map(len, text)) > 3  # a file spans several chunks
+  want = np.zeros((256, 256), np.int64)
+  for t in text:
+    for a, b in zip(t, t[1:]):
+      want[ord(a), ord(b)] += 1
+  monkeypatch.setattr(text_corpus, "_CHUNK", 3)
+  uni, bi = text_corpus.byte_counts(c.train)
+  np.testing.assert_array_equal(bi, want)
+  assert uni.sum() == sum(map(len, text))
+
+
 @pytest.mark.parametrize("files, corpus, match", [
     ({}, "missing", "does not exist"),
     ({}, ".", "holds no non-empty file matching '\\*.py'"),
