@@ -243,6 +243,24 @@ def test_soft_cap_bounds_the_scores_and_leaves_masked_keys_at_minus_inf():
   assert np.array_equal(finite[0, 0], np.tril(np.ones((5, 5), bool)))
 
 
+def test_scores_and_allowed_known_answers():
+  """The softmax input, by hand: q.k scaled, plus the bias, minus slope x
+  distance, -inf where not allowed; `allowed` with no rule allows all."""
+  qk = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])  # [Tq 2, Tk 3]
+  bias = jnp.array([[0.5, -1.0, 0.0], [0.0, 2.0, -0.5]])
+  q_pos, k_pos = jnp.array([1, 2]), jnp.arange(3)
+  assert score_rules.allowed(q_pos, k_pos) is None
+  ok = score_rules.allowed(q_pos, k_pos, is_causal=True)
+  np.testing.assert_array_equal(ok, [[True, True, False], [True, True, True]])
+  s, dcap = score_rules.scores(qk, q_pos, k_pos, scale=0.5, bias=bias,
+                               slopes=jnp.array(0.25), ok=ok)
+  distance = np.array([[1, 0, 1], [2, 1, 0]])
+  want = 0.5 * np.asarray(qk) + np.asarray(bias) - 0.25 * distance
+  want[0, 2] = -np.inf
+  np.testing.assert_array_equal(s, want)
+  assert dcap is None
+
+
 def test_alibi_slopes_are_the_papers():
   np.testing.assert_allclose(score_rules.alibi_slopes(8),
                              [2.0 ** -i for i in range(1, 9)])
@@ -250,6 +268,10 @@ def test_alibi_slopes_are_the_papers():
                              [0.25, 0.0625, 2 ** -6, 2 ** -8])
   with pytest.raises(ValueError, match="num_heads.*power of two"):
     score_rules.alibi_slopes(6)
+  np.testing.assert_allclose(score_rules.alibi_slopes(1), [2.0 ** -8])
+  for bad in (0, -2, 2.0, "4"):
+    with pytest.raises(ValueError, match=r"`num_heads` must be a positive int"):
+      score_rules.alibi_slopes(bad)
   with pytest.raises(model_config.ModelConfigError, match="num_heads"):
     model_config.ModelConfig(vocab_size=5, d_model=12, num_layers=1,
                              num_heads=6, max_len=8, positions="alibi")
