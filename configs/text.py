@@ -31,6 +31,7 @@ def shrink(c) -> None:
                       explorer_length=24,
                       early_positions=(2, 6), late_positions=(24, 32),
                       max_offset=8)
+  c.experiment.control.update(seeds=(0, 1), num_steps=6, analysis_examples=8)
 
 
 def get_config(arg=None):
@@ -88,6 +89,16 @@ def get_config(arg=None):
   e.early_positions = (16, 48)
   e.late_positions = (192, 256)
   e.max_offset = 8  # fixed offsets 0..max_offset tried for positional heads
+  # The induction detectors' controls (experiments/text_heads/control.py):
+  # experiment 1's models (configs/induction.py) trained and scored by
+  # the same code, where the detectors must fire (2 layers) and must not
+  # (at init; a trained 1-layer model).
+  e.control = ml_collections.ConfigDict(dict(
+      seeds=(0, 1, 2),  # experiment 1's seeds
+      num_steps=800,  # experiment 1's steps
+      negative_layers=1,  # experiment 1's control depth
+      analysis_examples=128,  # experiment 1's held-out examples per seed
+  ))
   # Taxonomy thresholds (weight a head puts on its class's keys, mean over
   # the queries that have such keys); see experiments/text_heads/heads.py. Fixed
   # before the first full run; the word-start score (syntactic) was added
