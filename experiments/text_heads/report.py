@@ -270,7 +270,8 @@ def _control_lines(config, results) -> list[str]:
       "the sequences as they are, the repeated-text score on their first "
       f"{cc['seq_len'] // 2} tokens given twice, as for the text models. "
       f"The trained {deep} models have induction heads (experiment 1's own "
-      f"induction score of their best head {_ms(s[deep]['experiment1_induction'], 2)} "
+      "induction score of their best head "
+      f"{_ms(s[deep]['experiment1_induction'], 2)} "
       f"here), so a detector must fire there; at initialisation, and in "
       f"the trained {shallow} models, which have no earlier layer to tell a "
       "key what came before it, it must not. A head fires when its score "
@@ -565,7 +566,8 @@ def _control_claims(config, summary, variants, ctl):
       f"{v} {_ms(summary[v]['best_span_induction'], 2)} -> "
       f"{_ms(summary[v]['best_span_induction_strict'], 3)} (untrained "
       f"{summary[v]['best_span_induction_strict_init']['mean']:.3f}, trained "
-      f"minus untrained {_paired(summary[v]['best_span_induction_strict_minus_init'])})"
+      "minus untrained "
+      f"{_paired(summary[v]['best_span_induction_strict_minus_init'])})"
       for v in variants)
   offsets = sorted({d for v in variants
                     for d in summary[v]["top_span_head_offset"]})
@@ -594,7 +596,8 @@ def _control_claims(config, summary, variants, ctl):
             "here says little.")
          if n_fire == 0 else
          f"The best strict head clears the induction threshold in "
-         + ", ".join(f"{v} {n} of {summary[v]['best_span_induction_strict']['n']}"
+         + ", ".join(f"{v} {n} of "
+                     f"{summary[v]['best_span_induction_strict']['n']}"
                      for v, n in fired.items())
          + " seeds: the strict span score finds induction-like attention "
          "that the repeated-text score does not."))
