@@ -8,10 +8,12 @@ this Python's standard library, 3 seeds each, held-out files kept apart
 by a seeded split. Reports held-out bits per byte beside a unigram and a
 bigram model of the same files, which heads each model grows (previous
 byte, induction, positional, line start, indentation, bracket, word
-start, sink) with their floors and ablation, and the in-context-learning
-score over training. 20 min on 2 shared cores; expect 2.85 (L4+MLP) to
-3.14 (L2) bits per byte against the bigram's 3.62, previous-byte and
-word-start heads, and no induction head (docs/text.md).
+start, sink) with their floors and ablation, the in-context-learning
+score over training, and the induction detectors' controls (experiment
+1's models, trained and untrained). 15 to 35 min on 2 shared cores;
+expect 2.85 (L4+MLP) to 3.14 (L2) bits per byte against the bigram's
+3.62, previous-byte and word-start heads, and no induction head
+(docs/text.md).
 `--config=configs/text.py:smoke`: one tiny model, two seeds, seconds.
 Any other text: `--config.task.corpus=PATH` (a file, or a directory with
 `--config.task.corpus_glob='*.txt'`).
