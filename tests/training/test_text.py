@@ -12,6 +12,7 @@ import json
 import math
 import pathlib
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -20,6 +21,8 @@ import pytest
 
 from configs import text as text_config
 from mha_jax.interp import head_metrics
+from mha_jax.interp import wired_circuit
+from mha_jax.models.transformer import DecoderLM
 from mha_jax.training import config as config_lib
 from mha_jax.measure import report as report_lib
 from mha_jax.training import tasks
@@ -27,9 +30,6 @@ from mha_jax.training import text_corpus
 from experiments.text_heads import control
 from experiments.text_heads import heads
 from experiments.text_heads import survey
-from flax import nnx
-from mha_jax.interp import wired_circuit
-from mha_jax.models.transformer import DecoderLM
 
 import entry_points
 
