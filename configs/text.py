@@ -8,10 +8,12 @@ this Python's standard library, 3 seeds each, held-out files kept apart
 by a seeded split. Reports held-out bits per byte beside a unigram and a
 bigram model of the same files, which heads each model grows (previous
 byte, induction, positional, line start, indentation, bracket, word
-start, sink) with their floors and ablation, and the in-context-learning
-score over training. 20 min on 2 shared cores; expect 2.85 (L4+MLP) to
-3.14 (L2) bits per byte against the bigram's 3.62, previous-byte and
-word-start heads, and no induction head (docs/text.md).
+start, sink) with their floors and ablation, the in-context-learning
+score over training, and the induction detectors' controls (experiment
+1's models, trained and untrained). 15 to 35 min on 2 shared cores;
+expect 2.85 (L4+MLP) to 3.14 (L2) bits per byte against the bigram's
+3.62, previous-byte and word-start heads, and no induction head
+(docs/text.md).
 `--config=configs/text.py:smoke`: one tiny model, two seeds, seconds.
 Any other text: `--config.task.corpus=PATH` (a file, or a directory with
 `--config.task.corpus_glob='*.txt'`).
@@ -31,6 +33,7 @@ def shrink(c) -> None:
                       explorer_length=24,
                       early_positions=(2, 6), late_positions=(24, 32),
                       max_offset=8)
+  c.experiment.control.update(seeds=(0, 1), num_steps=6, analysis_examples=8)
 
 
 def get_config(arg=None):
@@ -88,6 +91,16 @@ def get_config(arg=None):
   e.early_positions = (16, 48)
   e.late_positions = (192, 256)
   e.max_offset = 8  # fixed offsets 0..max_offset tried for positional heads
+  # The induction detectors' controls (experiments/text_heads/control.py):
+  # experiment 1's models (configs/induction.py) trained and scored by
+  # the same code, where the detectors must fire (2 layers) and must not
+  # (at init; a trained 1-layer model).
+  e.control = ml_collections.ConfigDict(dict(
+      seeds=(0, 1, 2),  # experiment 1's seeds
+      num_steps=800,  # experiment 1's steps
+      negative_layers=1,  # experiment 1's control depth
+      analysis_examples=128,  # experiment 1's held-out examples per seed
+  ))
   # Taxonomy thresholds (weight a head puts on its class's keys, mean over
   # the queries that have such keys); see experiments/text_heads/heads.py. Fixed
   # before the first full run; the word-start score (syntactic) was added

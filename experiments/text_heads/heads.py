@@ -31,6 +31,15 @@ The keys each score credits, its "targets" `[B, T, T]` (query, key):
     `head_metrics.induction_targets`; larger k asks for a longer match, which
     a byte-level induction head needs because single bytes repeat
     everywhere).
+  * strict span induction with k bytes: the same keys, less those that
+    a head without any copying would also hit. A key fewer than
+    `min_distance` positions back is dropped (so a head at one fixed
+    offset below it, the previous-byte head included, scores 0 however
+    the text repeats), and so is every key of a query whose k bytes are
+    one byte repeated (runs of spaces, `====`), where the earlier
+    "occurrence" is the run itself. The plain score credits a
+    previous-byte head inside every run of k + 1 equal bytes, which
+    indented code is full of.
   * rare byte: the earlier byte(s) rarest in the training counts
     (Voita et al.'s "rare words" head, on bytes).
   * repeated text: for a segment of n bytes given twice, the byte after
@@ -191,6 +200,29 @@ def span_induction_targets(tokens, k: int = 1):
   return follows & ~jnp.eye(t, dtype=bool)[None]
 
 
+def strict_span_induction_targets(tokens, k: int = 3, *,
+                                  min_distance: int = 2):
+  """`[B, T, T]`: `span_induction_targets(tokens, k)` with key <= i -
+  min_distance, for queries whose k bytes i-k+1..i are not all one byte.
+
+  `min_distance` >= 2: distance 1 is the previous byte, the key this
+  score exists to leave out. As in the plain score, a query fewer than k
+  bytes into the window has no span and so no key.
+  """
+  tokens = jnp.asarray(tokens)
+  if min_distance < 2:
+    raise ValueError("strict_span_induction_targets: `min_distance` must "
+                     f"be >= 2, got {min_distance}")
+  t = tokens.shape[-1]
+  run = jnp.ones(tokens.shape, bool)  # [B, T]: bytes i-k+1..i all equal
+  for m in range(1, k):
+    run = run & jnp.pad(tokens[:, m:] == tokens[:, :-m], ((0, 0), (m, 0)),
+                        constant_values=True)
+  pos = jnp.arange(t)
+  far = pos[None, :] <= pos[:, None] - min_distance  # [Tq, Tk]
+  return span_induction_targets(tokens, k) & far[None] & ~run[..., None]
+
+
 def rare_byte_targets(tokens, counts, *, first_id: int = tasks.NUM_SPECIAL):
   """`[B, T, T]`: the earlier key(s) whose byte has the fewest training
   counts (`counts [V]`) among the keys before the query."""
@@ -234,8 +266,9 @@ def text_scores(weights, tokens, *, counts, max_offset: int, span: int = 3,
   """Every text score of one layer on natural text: name -> `[H]`.
 
   first_token, line_start, indentation, open_bracket, word_start,
-  span_induction (k = `span`), rare_byte, fixed_offset (best d) and
-  fixed_offset_weight;
+  span_induction (k = `span`), span_induction_strict (k = `span`, keys
+  more than `max_offset` back: no offset the positional class tests is
+  credited), rare_byte, fixed_offset (best d) and fixed_offset_weight;
   plus `head_metrics.head_metrics` (previous-token, induction, duplicate-token,
   entropy, ...).
   """
@@ -254,6 +287,8 @@ def text_scores(weights, tokens, *, counts, max_offset: int, span: int = 3,
       word_start=target_score(w, word_start_targets(tokens,
                                                     first_id=first_id)),
       span_induction=target_score(w, span_induction_targets(tokens, span)),
+      span_induction_strict=target_score(w, strict_span_induction_targets(
+          tokens, span, min_distance=max_offset + 1)),
       rare_byte=target_score(w, rare_byte_targets(tokens, counts,
                                                   first_id=first_id)),
       fixed_offset=d, fixed_offset_weight=mass)

@@ -10,6 +10,7 @@ import pathlib
 
 import numpy as np
 
+from experiments.text_heads import control as control_lib
 from experiments.text_heads import figures as text_figures
 from experiments.text_heads import heads
 from experiments.text_heads import run as run_lib
@@ -49,6 +50,7 @@ def _head_rows(r):
                    f"{s['open_bracket'][l, h]:.2f}",
                    f"{s['word_start'][l, h]:.2f}",
                    f"{s['span_induction'][l, h]:.2f}",
+                   f"{s['span_induction_strict'][l, h]:.2f}",
                    f"{s['rare_byte'][l, h]:.2f}",
                    f"{s['entropy'][l, h]:.2f}",
                    f"{abl['bpb'][l, h]:+.3f}", f"{abl['repeat'][l, h]:+.3f}"])
@@ -59,13 +61,15 @@ def _head_rows(r):
                f"{u['line_start']:.2f}", f"{u['indentation']:.2f}",
                f"{u['open_bracket']:.2f}", f"{u['word_start']:.2f}",
                f"{u['span_induction']:.2f}",
+               f"{u['span_induction_strict']:.2f}",
                f"{u['rare_byte']:.2f}", f"{u['entropy']:.2f}", "-", "-"])
   return rows
 
 
 HEAD_COLUMNS = ["head", "class", "first byte", "repeat induction",
                 "best offset: weight", "line start", "indentation",
-                "open bracket", "word start", "3-byte induction", "rare byte",
+                "open bracket", "word start", "3-byte induction",
+                "strict 3-byte induction", "rare byte",
                 "entropy (nats)", "ablation Δbpb", "ablation Δrepeat bits"]
 
 
@@ -210,6 +214,136 @@ def _heads_lines(config, results) -> list[str]:
   return lines
 
 
+_DETECTOR_NAMES = {
+    "repeat_induction": "repeated text (the taxonomy's)",
+    "span_induction": "3-byte span, plain",
+    "span_induction_strict": "3-byte span, strict",
+}
+
+
+def _control_verdict(x) -> str:
+  """'passed' when a detector fires in every seed of the trained deep
+  model and in no seed at init or of the shallow model, else why not."""
+  deep, shallow = x
+  ok_pos = deep["seeds_firing"] == deep["seeds"]
+  ok_neg = deep["seeds_firing_init"] == 0 and shallow["seeds_firing"] == 0
+  if ok_pos and ok_neg:
+    return "passed"
+  return "FAILED (" + ", ".join(
+      w for w, bad in (("did not fire in every trained seed", not ok_pos),
+                       ("fired where no induction head exists", not ok_neg))
+      if bad) + ")"
+
+
+def _control_lines(config, results) -> list[str]:
+  """The detectors on models whose answer is known (control.py)."""
+  thr = config.experiment.thresholds
+  ctl = results["control"]
+  cc, s = ctl["config"], ctl["summary"]
+  deep, shallow = (f"L{d}" for d in cc["layers"])
+  rows = []
+  for k in control_lib.DETECTORS:
+    for label, depth, which, must in (
+        (f"{deep} trained", deep, "trained", "fire"),
+        (f"{deep} at init", deep, "init", "stay silent"),
+        (f"{shallow} trained", shallow, "trained", "stay silent")):
+      x = s[depth][k]
+      fired = x["seeds_firing" if which == "trained" else "seeds_firing_init"]
+      rows.append([_DETECTOR_NAMES[k], label, must,
+                   f"{_ms(x[which], 2)} ("
+                   + ", ".join(f"{v:.2f}" for v in x[which]["values"]) + ")",
+                   f"{x['uniform']['mean']:.3f}",
+                   f"{fired} of {x['seeds']}"])
+  verdicts = "; ".join(
+      f"{_DETECTOR_NAMES[k]} {_control_verdict((s[deep][k], s[shallow][k]))}"
+      for k in control_lib.DETECTORS)
+  layers = sorted({l for l in s[deep]["repeat_induction"]["best_layer"]})
+  return [
+      "## Controls: the induction detectors on models whose answer is known",
+      "",
+      "Experiment 1's models (`configs/induction.py`: attention-only, "
+      f"{cc['steps']} steps on sequences of {cc['seq_len']} random tokens "
+      "with one segment repeated; seeds "
+      f"{cc['seeds']}) scored by this experiment's own code "
+      "(`survey.head_scores`, `experiments/text_heads/control.py`) on "
+      f"{cc['examples']} held-out sequences per seed: the span scores on "
+      "the sequences as they are, the repeated-text score on their first "
+      f"{cc['seq_len'] // 2} tokens given twice, as for the text models. "
+      f"The trained {deep} models have induction heads (experiment 1's own "
+      "induction score of their best head "
+      f"{_ms(s[deep]['experiment1_induction'], 2)} "
+      f"here), so a detector must fire there; at initialisation, and in "
+      f"the trained {shallow} models, which have no earlier layer to tell a "
+      "key what came before it, it must not. A head fires when its score "
+      f"is >= {thr.induction:g} and >= {thr.floor_ratio:g} times uniform "
+      "attention's on the same sequences (the taxonomy's induction rule). "
+      "Cells: the best head, mean ± std over seeds (per seed).",
+      "",
+      report_lib.md_table(["detector", "model", "must", "best head",
+                           "uniform", "seeds with a head firing"], rows),
+      "",
+      f"Verdict: {verdicts}. In the trained {deep} models the best "
+      "repeated-text head is in layer "
+      + " or ".join(str(l) for l in layers) + " (per seed: "
+      + ", ".join(str(l) for l in s[deep]["repeat_induction"]["best_layer"])
+      + f"; layers count from 0, and experiment 1's induction heads are in "
+      "layer 1). Wall time of the controls: "
+      f"{ctl['time_s'] / 60:.1f} min.",
+      "",
+  ]
+
+
+def _strict_lines(config, results) -> list[str]:
+  """The plain and the strict span score of the text models, side by side."""
+  e = config.experiment
+  thr = e.thresholds
+  summary, runs = results["variants"], results["runs"]
+  variants = list(summary)
+  first = summary[variants[0]]
+  rows = []
+  for v in variants:
+    x = summary[v]
+    rows.append([
+        v,
+        f"{_ms(x['best_span_induction'], 2)} "
+        f"({x['best_span_induction_init']['mean']:.2f})",
+        _paired(x["best_span_induction_minus_init"], 2),
+        f"{_ms(x['best_span_induction_strict'], 3)} "
+        f"({x['best_span_induction_strict_init']['mean']:.3f})",
+        _paired(x["best_span_induction_strict_minus_init"], 3),
+        ", ".join(f"{d}: {w:.2f}" for d, w in zip(
+            x["top_span_head_offset"], x["top_span_head_offset_weight"])),
+        ", ".join(f"{a:.2f} -> {b:.3f}" for a, b in zip(
+            x["top_span_head_plain"]["values"],
+            x["top_span_head_strict"]["values"]))])
+  return [
+      "## A span score that does not credit the previous byte",
+      "",
+      "The plain 3-byte span score credits the key after any earlier "
+      "occurrence of the query's last 3 bytes. Inside a run of 4 or more "
+      "equal bytes (the spaces of indented code) the previous byte is "
+      "such a key, so a previous-byte head scores there without copying "
+      "anything. The strict score keeps only keys more than "
+      f"{e.max_offset} positions back (no offset the positional class "
+      f"tests, 0-{e.max_offset}, can score) and drops queries whose 3 "
+      "bytes are one byte repeated (`heads.strict_span_induction_targets`)."
+      " Best head per model, mean ± std over seeds (the same model "
+      "untrained in brackets); trained minus untrained with its 95% t "
+      "interval over seeds (paired: the same windows); and the head the "
+      "plain score ranks first in each seed: its best fixed offset and "
+      "the weight there, and its plain -> strict score. Uniform "
+      f"attention: plain {first['uniform_span_induction']['mean']:.3f}, "
+      f"strict {first['uniform_span_induction_strict']['mean']:.3f}.",
+      "",
+      report_lib.md_table(
+          ["model", "plain: best head (init)", "trained - init [95%]",
+           "strict: best head (init)", "trained - init [95%]",
+           "plain's top head per seed, offset: weight",
+           "its plain -> strict"], rows),
+      "",
+  ]
+
+
 def _report(config, results) -> str:
   """report.md: the setup, the heads, ablations, dynamics, claims."""
   e, tr = config.experiment, config.train
@@ -217,7 +351,8 @@ def _report(config, results) -> str:
   variants = list(summary)
   thr = e.thresholds
   first_seed = e.seeds[0]
-  lines = _setup_lines(config, results) + _heads_lines(config, results)
+  lines = (_setup_lines(config, results) + _heads_lines(config, results)
+           + _control_lines(config, results) + _strict_lines(config, results))
   abl_rows = []
   for v, x in summary.items():
     for cls, a in x["class_ablation"].items():
@@ -275,7 +410,7 @@ def _report(config, results) -> str:
       "",
       "## What this shows",
       "",
-  ] + _claims(config, summary, variants)
+  ] + _claims(config, summary, variants, results["control"])
   return "\n".join(lines)
 
 
@@ -286,7 +421,7 @@ def _sign_words(ci, below, within, above):
   return below if ci[1] < 0 else above if ci[0] > 0 else within
 
 
-def _claims(config, summary, variants):
+def _claims(config, summary, variants, results_control):
   """The findings, worded from the numbers (no stronger than they are)."""
   e = config.experiment
   first = summary[variants[0]]
@@ -344,10 +479,10 @@ def _claims(config, summary, variants):
           f"model) costs {_ms(a['bpb'])} bits per byte, as many random heads "
           f"{_ms(a['random_bpb'])} (difference {d['diff']:+.3f}, Welch 95% "
           f"interval {report_lib.interval(d['ci95'])}).")
-  return out + _induction_claims(config, summary, variants)
+  return out + _induction_claims(config, summary, variants, results_control)
 
 
-def _induction_claims(config, summary, variants):
+def _induction_claims(config, summary, variants, results_control):
   """Whether induction heads formed, and what the ICL score shows."""
   e = config.experiment
   thr = e.thresholds
@@ -381,6 +516,7 @@ def _induction_claims(config, summary, variants):
                           for v in variants)
         + f" (best head {ind}); the second copy costs {gain} bits per "
         "byte less than the first.")
+  out += _control_claims(config, summary, variants, results_control)
   icl = []
   for v in variants:
     x = summary[v]["icl_minus_bigram"]
@@ -395,6 +531,76 @@ def _induction_claims(config, summary, variants):
          " Without induction heads, this score cannot be tied to them "
          "here; the relation Olsson et al. describe is not testable at "
          "this amount of training."))
+  return out
+
+
+def _strict_fires(config, summary, variants) -> dict:
+  """Per model, the seeds whose best strict span head clears the
+  induction threshold and floor_ratio x uniform attention."""
+  thr = config.experiment.thresholds
+  return {v: int(np.sum(control_lib.fires(
+      summary[v]["best_span_induction_strict"]["values"],
+      summary[v]["uniform_span_induction_strict"]["mean"], thr)))
+          for v in variants}
+
+
+def _control_claims(config, summary, variants, ctl):
+  """What the controls and the strict span score say about the claim."""
+  thr = config.experiment.thresholds
+  s = ctl["summary"]
+  deep, shallow = (f"L{d}" for d in ctl["config"]["layers"])
+  out = []
+  for k in control_lib.DETECTORS:
+    d, sh = s[deep][k], s[shallow][k]
+    out.append(
+        f"* Control, {_DETECTOR_NAMES[k]}: on experiment 1's trained {deep} "
+        f"models the best head scores {_ms(d['trained'], 2)} and fires in "
+        f"{d['seeds_firing']} of {d['seeds']} seeds; at initialisation "
+        f"{_ms(d['init'], 2)} ({d['seeds_firing_init']} firing), trained "
+        f"{shallow} {_ms(sh['trained'], 2)} ({sh['seeds_firing']} firing); "
+        f"uniform attention {d['uniform']['mean']:.3f}, threshold "
+        f"{thr.induction:g}: {_control_verdict((d, sh))}.")
+  first = summary[variants[0]]
+  fired = _strict_fires(config, summary, variants)
+  cells = "; ".join(
+      f"{v} {_ms(summary[v]['best_span_induction'], 2)} -> "
+      f"{_ms(summary[v]['best_span_induction_strict'], 3)} (untrained "
+      f"{summary[v]['best_span_induction_strict_init']['mean']:.3f}, trained "
+      "minus untrained "
+      f"{_paired(summary[v]['best_span_induction_strict_minus_init'])})"
+      for v in variants)
+  offsets = sorted({d for v in variants
+                    for d in summary[v]["top_span_head_offset"]})
+  weights = [w for v in variants
+             for w in summary[v]["top_span_head_offset_weight"]]
+  n_fire = sum(fired.values())
+  passed = all(_control_verdict((s[deep][k], s[shallow][k])) == "passed"
+               for k in ("repeat_induction", "span_induction_strict"))
+  out.append(
+      "* Strict span score: the best head's 3-byte span score, plain -> "
+      f"strict, is {cells}; uniform attention "
+      f"{first['uniform_span_induction']['mean']:.3f} -> "
+      f"{first['uniform_span_induction_strict']['mean']:.3f}. The head the "
+      "plain score ranks first has its best fixed offset at "
+      + " or ".join(str(d) for d in offsets)
+      + f" in every model and seed (weight there {min(weights):.2f} to "
+      f"{max(weights):.2f}). "
+      + (f"No model's best strict head clears the induction threshold "
+         f"{thr.induction:g} (and {thr.floor_ratio:g} x uniform) in any "
+         "seed"
+         + (", and both detectors passed their controls, so the "
+            "conclusion stands: no induction head, by the repeated-text "
+            "score and by the strict span score."
+            if passed else
+            ", but a control FAILED (above), so the detectors' silence "
+            "here says little.")
+         if n_fire == 0 else
+         f"The best strict head clears the induction threshold in "
+         + ", ".join(f"{v} {n} of "
+                     f"{summary[v]['best_span_induction_strict']['n']}"
+                     for v, n in fired.items())
+         + " seeds: the strict span score finds induction-like attention "
+         "that the repeated-text score does not."))
   return out
 
 

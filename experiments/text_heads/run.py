@@ -4,8 +4,9 @@
 training files of the corpus, measures every model on held-out files with
 `experiments.text_heads.survey` (bits per byte beside n-gram models, every
 head's scores with their floors, the taxonomy, ablations, and the scores
-at every checkpoint), writes the explorer page of one model and returns
-the results dict. Shape letters: L layers, H heads, T length.
+at every checkpoint), writes the explorer page of one model, runs the
+induction detectors' controls (`experiments.text_heads.control`) and
+returns the results dict. Shape letters: L layers, H heads, T length.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 
 import numpy as np
 
+from experiments.text_heads import control
 from experiments.text_heads import heads
 from experiments.text_heads import survey
 from mha_jax.interp import explorer
@@ -41,6 +43,8 @@ BEST = (
     ("duplicate_token", "earlier copies of the same byte"),
     ("induction", "byte after an earlier copy of the byte (k = 1)"),
     ("span_induction", "byte after an earlier copy of the last 3 bytes"),
+    ("span_induction_strict", "the same, keys beyond the fixed offsets, "
+     "no one-byte runs"),
     ("repeat_induction", "byte after the earlier copy, repeated text"),
     ("rare_byte", "rarest earlier byte"),
 )
@@ -105,8 +109,9 @@ def _corpus_info(corpus) -> dict:
 
 
 def measure(config, workdir, *, reuse: bool = False) -> dict:
-  """Train (or reuse) and measure every variant's seeds; returns the
-  results dict ("corpus", "variants", "runs" and the times)."""
+  """Train (or reuse) and measure every variant's seeds, then the
+  detectors' controls; returns the results dict ("corpus", "variants",
+  "control", "runs" and the times)."""
   start, cpu_start = time.time(), _cpu_seconds()
   e = config.experiment
   workdir = pathlib.Path(workdir)
@@ -132,8 +137,12 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
       if variant == e.variants[-1] and r.seed == e.seeds[0]:
         _shown(workdir, res, model, init, batch, e,
                f"{variant}, seed {r.seed}")
+  t0 = time.time()
+  ctl = control.measure(config, workdir / "control", reuse=reuse)
+  ctl["time_s"] = round(time.time() - t0, 1)
   return {"corpus": _corpus_info(corpus),
           "variants": {v: _summary(rs) for v, rs in by_variant.items()},
+          "control": ctl,
           "runs": runs,
           "wall_time_s": round(time.time() - start, 1),
           "train_time_s": round(train_s, 1),
@@ -188,12 +197,22 @@ def _summary(rs) -> dict:
     out[f"uniform_{key}"] = [uniform_best(r, key) for r in rs]
   for cls in heads.CLASSES:
     out[f"count_{cls}"] = [r["taxonomy"]["counts"][cls] for r in rs]
+  # The strict span score against the plain one: the head the plain
+  # score ranks first, and what the strict score makes of it.
+  top = [_top_span_head(r) for r in rs]
+  out["top_span_head_plain"] = [t["plain"] for t in top]
+  out["top_span_head_strict"] = [t["strict"] for t in top]
+  for key in ("span_induction", "span_induction_strict"):
+    out[f"best_{key}_minus_init"] = [
+        a - b for a, b in zip(out[f"best_{key}"], out[f"best_{key}_init"])]
   corr = [r["landmarks"]["corr_icl_induction"] for r in rs]
   summary = {k: stats.summary(v) for k, v in out.items()}
   summary["corr_icl_induction"] = (stats.summary([c for c in corr
                                                   if c is not None])
                                    if any(c is not None for c in corr)
                                    else None)
+  summary["top_span_head_offset"] = [t["offset"] for t in top]
+  summary["top_span_head_offset_weight"] = [t["offset_weight"] for t in top]
   summary["induction_first_step"] = [r["landmarks"]["induction_first_step"]
                                      for r in rs]
   summary["positional_offsets"] = sorted(
@@ -208,6 +227,18 @@ def _summary(rs) -> dict:
           k: stats.summary([h[k] for h in have])
           for k in ("heads", "bpb", "random_bpb", "repeat", "random_repeat")}
   return summary
+
+
+def _top_span_head(r) -> dict:
+  """The head with the best plain span-induction score in one run: its
+  plain and strict scores, its best fixed offset and the weight there."""
+  s = r["scores"]
+  at = np.unravel_index(np.argmax(s["span_induction"]),
+                        np.shape(s["span_induction"]))
+  return {"plain": float(s["span_induction"][at]),
+          "strict": float(s["span_induction_strict"][at]),
+          "offset": int(s["fixed_offset"][at]),
+          "offset_weight": float(s["fixed_offset_weight"][at])}
 
 
 def _explorer(workdir, model, init, batch, e, title):

@@ -12,6 +12,7 @@ import json
 import math
 import pathlib
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -20,10 +21,13 @@ import pytest
 
 from configs import text as text_config
 from mha_jax.interp import head_metrics
+from mha_jax.interp import wired_circuit
+from mha_jax.models.transformer import DecoderLM
 from mha_jax.training import config as config_lib
 from mha_jax.measure import report as report_lib
 from mha_jax.training import tasks
 from mha_jax.training import text_corpus
+from experiments.text_heads import control
 from experiments.text_heads import heads
 from experiments.text_heads import survey
 
@@ -383,6 +387,87 @@ def test_span_induction_targets():
   assert _keys(k1, 4) == [2]  # "b" alone did, at 1
 
 
+def test_strict_span_targets_drop_near_keys_and_one_byte_runs():
+  # Old and strict keys of queries in a 2-periodic text: the strict score
+  # keeps keys at least min_distance back, that distance included.
+  tokens = _ids("ababababab")
+  #              0123456789
+  assert _keys(heads.span_induction_targets(tokens, 3), 9) == [4, 6, 8]
+  for d, keys in ((2, [4, 6]), (5, [4]), (6, [])):
+    strict = heads.strict_span_induction_targets(tokens, 3, min_distance=d)
+    assert _keys(strict, 9) == keys, d
+  # A run of 14 spaces: its last query has plain keys 5..14, and keys
+  # 5 and 6 are 9 or more back, but its 3 bytes are one byte repeated.
+  tokens = _ids("ab" + " " * 14 + "c")
+  assert _keys(heads.span_induction_targets(tokens, 3), 15) == list(
+      range(5, 15))
+  strict = heads.strict_span_induction_targets(tokens, 3, min_distance=9)
+  assert not np.any(np.asarray(strict))
+  with pytest.raises(ValueError, match="min_distance"):
+    heads.strict_span_induction_targets(tokens, 3, min_distance=1)
+
+
+def test_strict_span_score_gives_a_previous_byte_head_nothing():
+  text = "abcd" + " " * 6 + "xyz" + "abcd"
+  #       0123    4-9        10-12  13-16
+  # Plain targets: queries 8 (key 7) and 9 (keys 7, 8) inside the run,
+  # and 15 (key 3) and 16 (key 4) after "abc" and "bcd" repeat, 12 back.
+  tokens = _ids(text)
+  t = tokens.shape[1]
+  w = _one_hot_heads([lambda i: max(i - 1, 0),  # the previous byte
+                      lambda i: i - 12 if i >= 13 else 0],  # induction
+                     t)
+  plain = heads.target_score(w, heads.span_induction_targets(tokens, 3))
+  strict = heads.target_score(
+      w, heads.strict_span_induction_targets(tokens, 3, min_distance=9))
+  # Previous byte: both run queries hit, neither copy query: 2 of 4.
+  np.testing.assert_allclose(plain, [0.5, 0.5], atol=1e-6)
+  np.testing.assert_allclose(strict, [0.0, 1.0], atol=1e-6)
+  # text_scores' strict score keeps keys beyond its fixed offsets: with
+  # max_offset 11 the copy, 12 back, still counts; with 12 it does not.
+  for max_offset, want in ((11, [0.0, 1.0]), (12, [0.0, 0.0])):
+    s = heads.text_scores(w, tokens, counts=np.ones(256),
+                          max_offset=max_offset)
+    np.testing.assert_allclose(s["span_induction_strict"], want, atol=1e-6)
+    np.testing.assert_allclose(s["span_induction"], [0.5, 0.5], atol=1e-6)
+
+
+def test_controls_fire_on_the_wired_induction_head_and_not_at_init():
+  """The text experiment's detectors on a model known to have an
+  induction head (mha_jax.interp.wired_circuit: layer-1 head 1) and on
+  the same architecture untrained."""
+  x = np.array([[3, 4, 5, 6, 3, 4, 5, 6], [9, 2, 7, 11, 9, 2, 7, 11]])
+  rep = {"inputs": x, "targets": np.roll(x, -1, axis=1),
+         "loss_mask": np.ones(x.shape, np.float32)}
+  thr = {"induction": 0.4, "floor_ratio": 2.0}
+  uniform = control.detector_floors(rep, rep, max_offset=2)
+  # Uniform attention on queries 4..7 of the repeat: 1 / (i + 1) each.
+  assert uniform["repeat_induction"] == pytest.approx(
+      np.mean([1 / 5, 1 / 6, 1 / 7, 1 / 8]), rel=1e-5)
+  wired = control.detector_scores(wired_circuit.build(), rep, rep,
+                                  max_offset=2)
+  # Queries 5-7 find the token after the earlier copy; query 4 (the
+  # first token again) attends to key 0 instead, whose previous-token
+  # slot holds its own token (nothing comes before it) and which is
+  # also the head's fallback: 3 of 4 queries, one-hot.
+  assert wired["repeat_induction"][1, 1] == pytest.approx(0.75, abs=1e-3)
+  # Layer 0 looks one back and at itself, never 3 back; layer-1 head 0
+  # matches tokens with unscaled weights, so it stays near uniform.
+  np.testing.assert_allclose(wired["repeat_induction"][0], [0.0, 0.0],
+                             atol=1e-3)
+  firing = control.fires(wired["repeat_induction"],
+                         uniform["repeat_induction"], thr)
+  assert firing.tolist() == [[False, False], [False, True]]
+  init = DecoderLM(wired_circuit.config(), rngs=nnx.Rngs(0))
+  s = control.detector_scores(init, rep, rep, max_offset=2)
+  assert not np.any(control.fires(s["repeat_induction"],
+                                  uniform["repeat_induction"], thr))
+  # The rule: the threshold AND floor_ratio x the floor.
+  assert control.fires([0.45, 0.45, 0.39], 0.2, thr).tolist() == [
+      True, True, False]
+  assert not control.fires(0.45, 0.3, thr)
+
+
 def test_rare_and_first_token_and_repeat_targets():
   counts = np.full(256, 100)
   counts[ord("q")] = 1
@@ -524,3 +609,30 @@ def test_smoke_run_reports_what_results_json_holds(tmp_path):
   assert len(dyn["icl"]) == len(dyn["steps"])
   assert dyn["bpb"][-1] == pytest.approx(results["runs"]["L2_seed0"]["bpb"],
                                          rel=1e-5)
+  # The controls: experiment 1's models at both depths, every seed, each
+  # best head beside the same model untrained, summarised with ddof 1,
+  # and their table row in the report.
+  ctl = results["control"]
+  assert set(ctl["runs"]) == {f"L{d}_seed{s}" for d in (1, 2)
+                              for s in config.experiment.control.seeds}
+  for depth in ("L1", "L2"):
+    for which in ("trained", "init"):
+      for k in control.DETECTORS:
+        x = ctl["summary"][depth][k][which]
+        want = [ctl["runs"][f"{depth}_seed{s}"][which]["best"][k]
+                for s in (0, 1)]
+        assert x["values"] == want
+        assert x["std"] == pytest.approx(np.std(want, ddof=1))
+  # Trained and untrained are different models (smoke windows are too
+  # short for a strict key, so that score is 0 in both).
+  assert (ctl["summary"]["L2"]["span_induction"]["trained"]["values"]
+          != ctl["summary"]["L2"]["span_induction"]["init"]["values"])
+  x = ctl["summary"]["L2"]["repeat_induction"]
+  row = [r for r in report.splitlines()
+         if r.startswith("| repeated text (the taxonomy's) | L2 trained |")]
+  assert row and row[0].endswith(f"| {x['seeds_firing']} of 2 |")
+  # The strict span score sits beside the plain one for every run.
+  v = results["variants"]["L2"]
+  assert v["best_span_induction_strict"]["values"] == [
+      float(np.max(results["runs"][f"L2_seed{s}"]["scores"]
+                   ["span_induction_strict"])) for s in (0, 1)]
