@@ -26,8 +26,9 @@ run: install
 	@echo "Report: runs/induction/report.md (figures beside it)"
 
 # Heads on real text (docs/text.md): byte-level models of the standard
-# library's code, 4 models x 3 seeds (about 20 min on 2 shared cores),
-# writing runs/text_heads/report.md.
+# library's code, 4 models x 3 seeds and the induction controls, writing
+# runs/text_heads/report.md: 33 min on loaded cores (14.7 min on idle ones
+# before the controls, which took 2.2 min of the loaded run).
 text_heads: install
 	$(BIN)/python -m experiments.text_heads --workdir=runs/text_heads
 
@@ -41,10 +42,12 @@ experiments: install
 
 # The committed results: each experiment's report.md, results.json and
 # figures, copied from its run into docs/results/<name>/ (never edited by
-# hand; tests check the README's numbers against them). About 55 minutes
-# on 2 idle cores; RESULTS=induction limits it to one experiment, and
-# `make publish` copies finished runs without running them again.
-RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads
+# hand; tests check the README's numbers against them). The first ten
+# took 95 minutes on 2 loaded cores; kv_cache adds 1.5 minutes and
+# context_parallel about 20. RESULTS=induction limits it to one
+# experiment, and `make publish` copies finished runs without running
+# them again.
+RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads kv_cache context_parallel
 results: install
 	for e in $(RESULTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \
