@@ -42,14 +42,23 @@ from mha_jax import hooks as hooks_lib
 
 Metric = Callable[[jax.Array], jax.Array]
 
-def logprob_metric(targets: jax.Array, mask: jax.Array) -> Metric:
-  """Mean log-probability of `targets [B, T]` where `mask [B, T]` is 1:
-  minus the task's loss (higher is better)."""
+def per_example_logprob(targets: jax.Array, mask: jax.Array) -> Metric:
+  """`[B]`: each example's summed log-probability of `targets [B, T]`
+  where `mask [B, T]` is 1 (for intervals over examples: the pooled
+  `logprob_metric` is their sum over the mask's total)."""
   def metric(logits):
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     hit = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return jnp.sum(hit * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return jnp.sum(hit * mask, axis=-1)
   return metric
+
+
+def logprob_metric(targets: jax.Array, mask: jax.Array) -> Metric:
+  """Mean log-probability of `targets [B, T]` where `mask [B, T]` is 1:
+  minus the task's loss (higher is better)."""
+  per_example = per_example_logprob(targets, mask)
+  return lambda logits: (jnp.sum(per_example(logits))
+                         / jnp.maximum(jnp.sum(mask), 1.0))
 
 
 def logit_metric(targets: jax.Array, mask: jax.Array) -> Metric:
@@ -271,8 +280,9 @@ def _routed_metric(model, target, metric, delta, bases, receiver_layer,
       _, acts = model(target, patch={base_site: moved}, capture=(site,))
       new = acts[site]
       head_axis = hooks_lib.site_axes(site)[0]
-      sel = ((_one_hot(r, head_axis, new.shape) | (r < 0))
-             & jnp.any(routes[i] != 0))
+      # Where nothing is routed to this input, moved is the target run's
+      # own residual stream: patching it changes nothing.
+      sel = _one_hot(r, head_axis, new.shape) | (r < 0)
       patch[site] = _replace_at(new, sel)
   direct = jnp.einsum("btsd,s->btd", delta, routes[3])
   last = f"blocks.{model.config.num_layers - 1}.resid_post"

@@ -5,7 +5,8 @@ Known answers come from the hand-wired circuit of `mha_jax.interp.wired_circuit`
 patching a run into itself (1 and 0 by definition), from a model that is
 linear in the patched site (attribution is exact there), and from
 shrinking a perturbation (attribution's error shrinks faster than the
-change).
+change). Last, the calibration of attribution against activation
+patching and patching fractions from per-example sums (`calibration`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import ml_collections
 import numpy as np
 import pytest
 
+from mha_jax.interp import calibration
 from mha_jax.interp import corruption
 from mha_jax.interp import patching
 from mha_jax.training import tasks
 from mha_jax.interp import wired_circuit as wc
 from mha_jax.models.model_config import ModelConfig
+from mha_jax.measure import stats
 from mha_jax.models.transformer import DecoderLM
 
 
@@ -404,3 +407,72 @@ def test_induction_pairs_with_a_fixed_layout():
                                 np.isin(np.arange(20), [9, 10, 11]))
   with pytest.raises(ValueError, match="layout"):
     corruption.induction_pairs(jax.random.key(5), cfg, layout=(4, 2, 4))
+
+
+# Calibration (`mha_jax.interp.calibration`).
+
+
+def test_a_scaled_estimate_ranks_right_and_has_the_scale_as_slope():
+  actual = np.array([0.9, 0.05, -0.1, 0.3])
+  cal = calibration.calibration(actual, 0.1 * actual + 0.02, k=2)
+  assert cal["slope"] == pytest.approx(0.1)
+  assert cal["pearson"] == pytest.approx(1.0)
+  assert cal["top_k"] == 1.0 and cal["n"] == 4
+
+
+def test_top_k_agreement_counts_the_shared_largest_magnitudes():
+  actual = np.array([0.9, 0.05, -0.6, 0.3])
+  # Largest |actual|: 0 then 2; the estimate's: 3 then 0.
+  estimate = np.array([0.5, 0.0, 0.1, -0.8])
+  assert calibration.top_k_agreement(actual, estimate, 1) == 0.0
+  assert calibration.top_k_agreement(actual, estimate, 2) == 0.5
+  assert calibration.top_k_agreement(actual, estimate, 4) == 1.0
+
+
+def test_calibration_without_spread_has_no_slope_or_r():
+  cal = calibration.calibration([0.2, 0.2, 0.2], [0.1, 0.3, 0.2])
+  assert cal["slope"] is None and cal["pearson"] is None
+
+
+def test_bad_inputs_are_refused_by_name():
+  with pytest.raises(ValueError, match="same number"):
+    calibration.calibration([1.0, 2.0], [1.0, 2.0, 3.0])
+  with pytest.raises(ValueError, match="`k` must be in"):
+    calibration.top_k_agreement([1.0, 2.0], [1.0, 2.0], 3)
+  with pytest.raises(ValueError, match="at least 2 examples"):
+    calibration.bootstrap_fractions(np.zeros((1, 1)), [0.0], [1.0], False)
+
+
+def _metric_sums(rng, b=40):
+  count = rng.integers(1, 5, b).astype(float)
+  clean = -0.2 * count + rng.normal(0, 0.1, b)
+  corrupt = -3.0 * count + rng.normal(0, 0.5, b)
+  patched = np.stack([clean * 0.3 + corrupt * 0.7, clean, corrupt])
+  return patched, clean, corrupt
+
+
+def test_pooled_fractions_are_the_patching_scores():
+  """A run equal to the clean one scores 1 denoising and 0 noising; the
+  corrupted run the reverse; a mix of the two sums scores its share."""
+  patched, clean, corrupt = _metric_sums(np.random.default_rng(0))
+  den = calibration.pooled_fractions(patched, clean, corrupt, False)
+  noi = calibration.pooled_fractions(patched, clean, corrupt, True)
+  np.testing.assert_allclose(den[1:], [1.0, 0.0], atol=1e-12)
+  np.testing.assert_allclose(noi[1:], [0.0, 1.0], atol=1e-12)
+  np.testing.assert_allclose(den[0], 0.3, atol=1e-12)  # linear in sums
+  np.testing.assert_allclose(den + noi, 1.0, atol=1e-12)
+
+
+def test_bootstrap_fractions_match_the_generic_bootstrap():
+  """Same seed, same draws: the vectorised interval of each set equals
+  `stats.bootstrap_interval` of the fraction recomputed per resample."""
+  patched, clean, corrupt = _metric_sums(np.random.default_rng(1))
+  got = calibration.bootstrap_fractions(patched, clean, corrupt, True,
+                                        resamples=300, seed=4)
+  rows = np.column_stack([patched[0], clean, corrupt])
+  want = stats.bootstrap_interval(
+      rows, lambda r: calibration.pooled_fractions(
+          r[:, 0][None], r[:, 1], r[:, 2], True)[0],
+      resamples=300, seed=4)
+  np.testing.assert_allclose(got[0], want, rtol=1e-12)
+  assert got[0][0] < 0.7 < got[0][1]  # noising the 0.3 mix: 0.7
