@@ -124,7 +124,8 @@ def _claim_rows(claims):
     det = "-" if c["detectable"] is None else f"{c['detectable']:.2f}"
     rows.append([key, f"`{kind}`", d, f"`{spec}`",
                  report_lib.summary(c, 3), per_seed,
-                 report_lib.summary(c["metric"], 2), floor, det])
+                 report_lib.summary(c["metric"], 2),
+                 report_lib.summary(c["vs_chance"], 2), floor, det])
   return rows
 
 
@@ -344,12 +345,17 @@ def _report(config, results, figures):
       "under one corruption. Fraction: mean ± std [95% t interval] over "
       f"seeds; per seed with a 95% bootstrap interval over its "
       f"{e.analysis_examples} examples ({e.bootstrap_resamples} "
-      "resamples); the raw patched metric; the floor, the same route from "
-      "the best OTHER layer-0 head; the smallest difference these seeds "
-      "detect with 80% power (`stats.detectable_difference`).",
+      "resamples); the raw patched metric; 'vs chance', the same patch "
+      "read against chance instead of the corrupted run (noise: (m_clean "
+      "- m) / (m_clean - chance), the share of the above-chance log-prob "
+      "lost, above 1 where the patch leaves the model below chance; "
+      "denoise: (m - chance) / (m_clean - chance)); the floor, the same "
+      "route from the best OTHER layer-0 head; the smallest difference "
+      "these seeds detect with 80% power (`stats.detectable_difference`).",
       "",
       md(["key", "corruption", "way", "set", "fraction", "per seed "
-          "[bootstrap]", "patched metric", "floor", "detectable"],
+          "[bootstrap]", "patched metric", "vs chance", "floor",
+          "detectable"],
          _claim_rows(results["claims"])),
       "",
       "## Attribution patching calibrated against activation patching",

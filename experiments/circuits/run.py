@@ -148,19 +148,28 @@ def _measure_run(r, config, kinds, position_pairs) -> dict:
 
 def _claim_summaries(runs, chance) -> dict:
   """Over seeds, per HEADLINES key: `stats.summary` of the per-seed
-  values (t interval), of their floors and of the raw patched metric,
+  values (t interval), of their floors, of the raw patched metric and
+  of the same patch read against chance ("vs_chance"),
   each seed's bootstrap interval over examples, and the smallest
   difference these seeds would detect (80% power); per corruption the
   raw clean and corrupted metric beside `chance`."""
   rs = list(runs.values())
   out = {}
-  for key, *_ in survey.HEADLINES:
+  for key, kind, d, _ in survey.HEADLINES:
     c = [r["claims"][key] for r in rs]
     s = stats.summary([x["value"] for x in c])
+    clean = [r["claims"]["reference"][kind][0] for r in rs]
+    # The same patch read against chance instead of the corrupted run:
+    # the share of the clean run's above-chance log-prob lost (noising)
+    # or present (denoising).
+    vs_chance = [((m_c - x["metric"]) if d == "noise"
+                  else (x["metric"] - chance)) / (m_c - chance)
+                 for x, m_c in zip(c, clean)]
     floors = [x["floor"] for x in c]
     out[key] = dict(
         s, bootstrap=[x["interval"] for x in c],
         metric=stats.summary([x["metric"] for x in c]),
+        vs_chance=stats.summary(vs_chance),
         floor=None if None in floors else stats.summary(floors),
         sets=[x["set"] for x in c],
         detectable=(None if s["std"] is None else
