@@ -22,6 +22,12 @@ X" and the value of the token after it, so restoring one alone can
 restore nothing while removing it removes much (Heimersheim and Nanda
 2024, "How to use and interpret activation patching").
 
+Path patching moves one sender's change (a head's output, or the
+embedding's: `EMBED`) into one input of a later layer; `joint_path_patching`
+moves SETS of them in one run (keys and values together, every sender at
+once, a head's paths through later heads against its direct path), so an
+AND is measured rather than inferred from single paths.
+
 `reference=(m_c, m_x)` replaces the two normalising runs (to score runs
 against another pair's difference). Nothing here is jitted: callers jit
 at the outside, with the metric's arrays as arguments. The many patches
