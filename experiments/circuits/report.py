@@ -97,7 +97,8 @@ _KINDS = {
               "paths into the values (the token copied)",
               "keys and queries (intact)"),
     "no_match": ("every earlier occurrence of a second-copy token",
-                 "a corrupted run near chance, to read fractions against",
+                 "whether the model is wrong with confidence even with no "
+                 "match to copy (a candidate run near chance)",
                  "keys apart from values (breaks both, as first_copy)"),
 }
 

@@ -26,7 +26,9 @@ sequence of uniform random symbols with the clean layout:
                  second copy, replaced by a symbol that does not: no
                  earlier occurrence, real or by chance, is left to copy
                  from, so a model cannot be confidently wrong by copying
-                 one; its corrupted run is the one to read near chance.
+                 one: the candidate for a corrupted run near chance (a
+                 model wrong with confidence even without a match stays
+                 below it).
                  (Those symbols are then absent from the prefix: the one
                  corruption whose token statistics differ from clean.)
 
