@@ -13,6 +13,7 @@ import numpy as np
 
 from experiments.circuits import claims
 from experiments.circuits import figures as circuit_plots
+from experiments.circuits import survey as survey_lib
 from mha_jax.measure import report as report_lib
 
 
@@ -79,7 +80,69 @@ def _head(h, layer=0):
   return report_lib.head_name(layer, h)
 
 
-def _summary_rows(summary, per_seed, baselines):
+# What each corruption (`corruption.KINDS`) replaces, which paths it can
+# reveal and which it cannot (module docstring of `corruption`).
+_KINDS = {
+    "first_copy": ("the whole first copy",
+                   "keys and values together: noising one of them, "
+                   "denoising both jointly",
+                   "the queries (untouched); keys apart from values"),
+    "second_copy": ("the second copy (the queries)",
+                    "paths into the queries",
+                    "keys and values (intact)"),
+    "key": ("first-copy tokens at even offsets (even predictions scored)",
+            "paths into the keys (their previous-token information)",
+            "values and queries (intact)"),
+    "value": ("first-copy tokens at odd offsets (even predictions scored)",
+              "paths into the values (the token copied)",
+              "keys and queries (intact)"),
+    "no_match": ("every earlier occurrence of a second-copy token",
+                 "whether the model is wrong with confidence even with no "
+                 "match to copy (a candidate run near chance)",
+                 "keys apart from values (breaks both, as first_copy)"),
+}
+
+
+def _kind_rows(claims):
+  ref = claims["reference"]
+  return [[f"`{k}`", what, can, cannot,
+           report_lib.summary(ref[k]["clean"], 2),
+           report_lib.summary(ref[k]["corrupted"], 2)]
+          for k, (what, can, cannot) in _KINDS.items() if k in ref]
+
+
+def _claim_rows(claims):
+  """One row per HEADLINES key: the fraction over seeds with its t
+  interval, per seed with its bootstrap interval over examples, the raw
+  patched metric, the floor and the detectable difference."""
+  rows = []
+  for key, kind, d, spec in survey_lib.HEADLINES:
+    c = claims[key]
+    per_seed = "; ".join(f"{v:.2f} {report_lib.interval(b, 2)}"
+                         for v, b in zip(c["values"], c["bootstrap"]))
+    floor = ("-" if c["floor"] is None
+             else report_lib.summary(c["floor"], 2))
+    det = "-" if c["detectable"] is None else f"{c['detectable']:.2f}"
+    rows.append([key, f"`{kind}`", d, f"`{spec}`",
+                 report_lib.summary(c, 3), per_seed,
+                 report_lib.summary(c["metric"], 2),
+                 report_lib.summary(c["vs_chance"], 2), floor, det])
+  return rows
+
+
+def _calibration_rows(cal):
+  rows = []
+  for name, c in cal.items():
+    if not isinstance(c, dict) or "slope" not in c:
+      continue
+    d, layer = name.rsplit("_l", 1)
+    rows.append([d, f"layer {layer}"] + [
+        "n/a" if c[k] is None else report_lib.summary(c[k], 2)
+        for k in ("slope", "pearson", "top_k")])
+  return rows
+
+
+def _summary_rows(summary, per_seed, baselines, ci95):
   comp, copy = baselines["composition"], baselines["copying"]["copying"]
   random = {"prev_k_comp": comp["k"], "cur_v_comp": comp["v"],
             "copying_l1_mean": copy, "copying_l0_mean": copy}
@@ -90,7 +153,8 @@ def _summary_rows(summary, per_seed, baselines):
     if k in random:
       label += f" (random: {report_lib.fmt(*random[k])})"
     rows.append([k, report_lib.fmt(*summary[k], digits=digits), label,
-                 ", ".join(f"{v:.{digits}f}" for v in per_seed[k])])
+                 ", ".join(f"{v:.{digits}f}" for v in per_seed[k]),
+                 report_lib.interval(ci95[k], digits)])
   return rows
 
 
@@ -256,10 +320,69 @@ def _report(config, results, figures):
   seeds = list(e.seeds)
   md = report_lib.md_table
   lines = _intro_lines(config, results) + [
+      "## Corruptions: which path each can see",
+      "",
+      "Each corruption replaces some tokens of the clean sequence by other "
+      "symbols drawn uniformly (`mha_jax/interp/corruption.py`); the raw "
+      "metric (mean log-prob of the scored targets, mean ± std [95% t "
+      f"interval] over the {len(seeds)} seeds) of the clean and the "
+      f"corrupted run; chance is {results['claims']['chance']:.2f} "
+      "(uniform over the symbols). Fractions are shares of clean minus "
+      "corrupted, so a corrupted run far below chance (confidently wrong) "
+      "makes every fraction a share of a larger gap.",
+      "",
+      md(["corruption", "replaces", "can reveal", "cannot reveal",
+          "clean metric", "corrupted metric"],
+         _kind_rows(results["claims"])),
+      "",
+      "## The circuit's numbers, with intervals",
+      "",
+      "Each row: a set of paths (`joint_sets` in "
+      "`experiments/circuits/survey.py`: `prev` / `cur` the seed's "
+      "previous- and current-token head, `embed` the embedding, `all` "
+      "every sender, `max` the strongest layer-0 head, `and:all_v` the "
+      "previous-token head into the keys with every sender into the "
+      "values), patched into the q, k or v of all layer-1 heads at once "
+      "under one corruption. Fraction: mean ± std [95% t interval] over "
+      f"seeds; per seed with a 95% bootstrap interval over its "
+      f"{e.analysis_examples} examples ({e.bootstrap_resamples} "
+      "resamples); the raw patched metric; 'vs chance', the same patch "
+      "read against chance instead of the corrupted run (noise: (m_clean "
+      "- m) / (m_clean - chance), the share of the above-chance log-prob "
+      "lost, above 1 where the patch leaves the model below chance; "
+      "denoise: (m - chance) / (m_clean - chance)); the floor, the same "
+      "route from the best OTHER layer-0 head; the smallest difference "
+      "these seeds detect with 80% power (`stats.detectable_difference`).",
+      "",
+      md(["key", "corruption", "way", "set", "fraction", "per seed "
+          "[bootstrap]", "patched metric", "vs chance", "floor",
+          "detectable"],
+         _claim_rows(results["claims"])),
+      "",
+      "## Attribution patching calibrated against activation patching",
+      "",
+      "Per layer and direction, over the heads' z under every corruption "
+      f"({len(_KINDS)} x {config.model.num_heads} points per seed): the "
+      "least-squares slope of attribution on activation patching (1: "
+      "sizes right), Pearson r, and top-1 agreement (the head with the "
+      "largest |effect| is the same, per corruption). Over seeds: mean ± "
+      "std [95% t interval]. The pooled r over both layers (the old "
+      "statistic): denoise "
+      f"{report_lib.summary(results['calibration']['denoise_pooled_r'], 2)}"
+      ", noise "
+      f"{report_lib.summary(results['calibration']['noise_pooled_r'], 2)}.",
+      "",
+      md(["way", "layer", "slope", "Pearson r", "top-1 agreement"],
+         _calibration_rows(results["calibration"])),
+      "",
       "## Summary (mean ± std over seeds)",
       "",
-      md(["key", "mean ± std", "quantity", "per seed"],
-         _summary_rows(summary, per_seed, baselines)),
+      "The first-copy corruption's numbers (the earlier analysis), each "
+      "seed on its own pairs; last column: the 95% t interval.",
+      "",
+      md(["key", "mean ± std", "quantity", "per seed", "95% t interval"],
+         _summary_rows(summary, per_seed, baselines,
+                       results["summary_ci95"])),
       "",
       "## The models",
       "",
@@ -334,7 +457,8 @@ def _report(config, results, figures):
       "",
       "## What this shows",
       "",
-  ] + claims.lines(config, runs, summary, baselines, matters)
+  ] + claims.lines(config, runs, summary, baselines, matters,
+                   results["claims"], results["calibration"])
   return "\n".join(lines)
 
 

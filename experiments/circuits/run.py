@@ -23,6 +23,7 @@ from mha_jax.interp import explorer
 from mha_jax.measure import curves
 from mha_jax.measure import report as report_lib
 from mha_jax.measure import runs as runs_lib
+from mha_jax.measure import stats
 from mha_jax.training import tasks
 from mha_jax.training import train
 
@@ -105,26 +106,32 @@ _SUMMARY_KEYS = (
 
 
 
-def _pairs(config):
-  """(per-head pairs, per-position pairs of one fixed layout)."""
+def _pairs(config, seed):
+  """`{kind: pairs}` of every corruption on one batch of clean sequences,
+  and the per-position pairs of one fixed layout: drawn for each training
+  seed, so that an interval over seeds covers the evaluation draw too."""
   e = config.experiment
-  key = jax.random.PRNGKey(e.data_seed)
+  key = jax.random.fold_in(jax.random.PRNGKey(e.data_seed), seed)
   layout = (e.segment, e.first, e.second)
+  task = _task(config, e.analysis_examples)
   # Jitted: one program each instead of every sampling op compiled alone.
-  pairs = jax.jit(lambda k: corruption.induction_pairs(
-      k, _task(config, e.analysis_examples)))(key)
+  kinds = jax.jit(lambda k: {kind: corruption.induction_pairs(k, task,
+                                                              kind=kind)
+                             for kind in corruption.KINDS})(key)
   position_pairs = jax.jit(lambda k: corruption.induction_pairs(
       k, _task(config, e.position_examples), layout=layout))(
           jax.random.fold_in(key, 1))
-  return pairs, position_pairs
+  return kinds, position_pairs
 
 
-def _measure_run(r, config, pairs, position_pairs) -> dict:
+def _measure_run(r, config, kinds, position_pairs) -> dict:
   """Everything measured on one trained run (a `runs_lib.SeedRun`)."""
   e = config.experiment
   tokens = np.arange(tasks.NUM_SPECIAL, config.task.vocab_size)
+  pairs = kinds["first_copy"]
   res = survey.survey(r.state.model(), pairs, position_pairs,
-                              tokens=tokens)
+                      tokens=tokens, corrupted=kinds,
+                      resamples=e.bootstrap_resamples)
   res["dynamics"] = survey.checkpoint_scores(r.run_dir, pairs)
   steps, losses = curves.read(r.run_dir)
   res["curve"] = {"steps": steps, "loss": losses,
@@ -134,7 +141,62 @@ def _measure_run(r, config, pairs, position_pairs) -> dict:
                                                       steps, losses)
   res["derived"] = dict(survey.summarise(res, e.threshold),
                         **_position_numbers(res, e))
+  res["claims"] = survey.corruption_numbers(res)
+  res["calibration"] = survey.attribution_calibration(res)
   return res
+
+
+def _claim_summaries(runs, chance) -> dict:
+  """Over seeds, per HEADLINES key: `stats.summary` of the per-seed
+  values (t interval), of their floors, of the raw patched metric and
+  of the same patch read against chance ("vs_chance"),
+  each seed's bootstrap interval over examples, and the smallest
+  difference these seeds would detect (80% power); per corruption the
+  raw clean and corrupted metric beside `chance`."""
+  rs = list(runs.values())
+  out = {}
+  for key, kind, d, _ in survey.HEADLINES:
+    c = [r["claims"][key] for r in rs]
+    s = stats.summary([x["value"] for x in c])
+    clean = [r["claims"]["reference"][kind][0] for r in rs]
+    # The same patch read against chance instead of the corrupted run:
+    # the share of the clean run's above-chance log-prob lost (noising)
+    # or present (denoising).
+    vs_chance = [((m_c - x["metric"]) if d == "noise"
+                  else (x["metric"] - chance)) / (m_c - chance)
+                 for x, m_c in zip(c, clean)]
+    floors = [x["floor"] for x in c]
+    out[key] = dict(
+        s, bootstrap=[x["interval"] for x in c],
+        metric=stats.summary([x["metric"] for x in c]),
+        vs_chance=stats.summary(vs_chance),
+        floor=None if None in floors else stats.summary(floors),
+        sets=[x["set"] for x in c],
+        detectable=(None if s["std"] is None else
+                    stats.detectable_difference(s["std"], s["n"])))
+  out["reference"] = {
+      kind: {which: stats.summary([r["claims"]["reference"][kind][i]
+                                   for r in rs])
+             for i, which in enumerate(("clean", "corrupted"))}
+      for kind in rs[0]["claims"]["reference"]}
+  out["chance"] = chance
+  return out
+
+
+def _calibration_summaries(runs) -> dict:
+  """Per `attribution_calibration` entry and number: `stats.summary` over
+  the seeds (None where a seed has no value)."""
+  rs = [r["calibration"] for r in runs.values()]
+  out = {}
+  for name, first in rs[0].items():
+    if isinstance(first, dict):
+      out[name] = {k: (None if any(r[name][k] is None for r in rs) else
+                       stats.summary([r[name][k] for r in rs]))
+                   for k in ("slope", "pearson", "top_k")}
+      out[name]["k"] = first["k"]
+    else:
+      out[name] = stats.summary([r[name] for r in rs])
+  return out
 
 
 def measure(config, workdir, *, reuse: bool = False) -> dict:
@@ -143,20 +205,25 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
   "setup")."""
   e = config.experiment
   workdir = pathlib.Path(workdir)
-  pairs, position_pairs = _pairs(config)
   baselines = _baselines(config)
   runs = {}
   for r in runs_lib.seed_runs(config, workdir, e.seeds, "seed{seed}",
                               reuse=reuse):
+    kinds, position_pairs = _pairs(config, r.seed)
     if r.seed == e.seeds[0]:
-      shown = r  # kept for the explorer page
-    runs[f"seed{r.seed}"] = _measure_run(r, config, pairs, position_pairs)
+      shown, shown_pairs = r, kinds["first_copy"]  # for the explorer page
+    runs[f"seed{r.seed}"] = _measure_run(r, config, kinds, position_pairs)
   summary = {k: report_lib.mean_std([r["derived"][k] for r in runs.values()])
              for k in _SUMMARY_KEYS}
   per_seed = {k: [r["derived"][k] for r in runs.values()]
               for k in _SUMMARY_KEYS}
-  _write_explorer(shown, runs[f"seed{shown.seed}"], workdir, pairs)
+  _write_explorer(shown, runs[f"seed{shown.seed}"], workdir, shown_pairs)
+  chance = -float(np.log(config.task.vocab_size - tasks.NUM_SPECIAL))
   return {"summary": summary, "per_seed": per_seed,
+          "summary_ci95": {k: stats.t_interval(v) for k, v in
+                           per_seed.items()},
+          "claims": _claim_summaries(runs, chance),
+          "calibration": _calibration_summaries(runs),
           "baselines": baselines, "runs": runs,
           "setup": {"layout": [e.segment, e.first, e.second],
                     "metric": "mean log-prob of the targets in the second "

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.interp import calibration
 from mha_jax.interp import composition
 from mha_jax.interp import head_metrics
 from mha_jax.interp import patching
@@ -49,18 +50,110 @@ def _setup(graphdef, state, pairs):
 
 
 # `noising` is traced: one compiled program serves both directions.
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
-def _per_head(graphdef, state, pairs, noising, sender_layer, receiver_layer):
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
+def _per_head(graphdef, state, pairs, noising, sender_layer, receiver_layer,
+              grid=True):
+  """Activation and attribution patching of every head's z `[L, H]` and,
+  with `grid`, the path grid of `sender_layer` -> `receiver_layer`."""
   model, args = _setup(graphdef, state, pairs)
   z = _sites(model.config.num_layers, "attn.z")
   act = patching.activation_patching(sites=z, noising=noising, **args)
   attr = patching.attribution_patching(sites=z, noising=noising, **args)
-  return {"activation": jnp.stack([act[s] for s in z]),  # [L, H]
-          "attribution": jnp.stack([attr[s] for s in z]),
-          "path": patching.path_patching_grid(
+  out = {"activation": jnp.stack([act[s] for s in z]),  # [L, H]
+         "attribution": jnp.stack([attr[s] for s in z]),
+         "reference": jnp.stack(args["reference"])}
+  if grid:
+    out["path"] = patching.path_patching_grid(
+        sender_layer=sender_layer, receiver_layer=receiver_layer,
+        noising=noising, **args)
+  return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6))
+def _joint_raw(graphdef, state, pairs, routes, noising, sender_layer,
+               receiver_layer):
+  """Per-example summed log-probs `[B]` of the clean and corrupted runs
+  and `[S, B]` of each joint set of `routes [S, 4, H + 1]`."""
+  model = nnx.merge(graphdef, state)
+  metric = patching.per_example_logprob(pairs["targets"], pairs["loss_mask"])
+  return {"patched": patching.joint_path_patching(
+              model, pairs["inputs"], pairs["corrupted"], metric, routes,
               sender_layer=sender_layer, receiver_layer=receiver_layer,
-              noising=noising, **args),
-          "reference": jnp.stack(args["reference"])}
+              noising=noising, normalise=False),
+          "clean": metric(model(pairs["inputs"])),
+          "corrupted": metric(model(pairs["corrupted"]))}
+
+
+def joint_sets(num_heads: int, prev: int):
+  """`(names, routes [S, 4, H + 1])`: the sets of paths measured jointly.
+
+  Per sender (`h<i>` a layer-0 head, `embed` the embedding): each route
+  alone (`:q`, `:k`, `:v`, `:logits`), its paths through the layer-1
+  heads (`:qkv`) and everything (`:all`, its whole output). Then every
+  sender into one input or more (`all:q`, `all:k`, `all:v`, `all:kv`,
+  `all:qkv`), every layer-0 head into layer 1 (`heads:qkv`) and
+  everywhere (`heads:all`), and the AND of keys and values: the
+  previous-token head into the keys with every sender (`and:all_v`) or
+  the embedding (`and:embed_v`) into the values.
+  """
+  heads = list(range(num_heads))
+  senders = {f"h{h}": h for h in heads} | {"embed": patching.EMBED}
+  every = heads + [patching.EMBED]
+  qkv = ("q", "k", "v")
+  sets = {}
+  for name, s in senders.items():
+    for to in patching.ROUTES:
+      sets[f"{name}:{to}"] = [(s, to)]
+    sets[f"{name}:qkv"] = [(s, to) for to in qkv]
+    sets[f"{name}:all"] = [(s, to) for to in patching.ROUTES]
+  for ins in ("q", "k", "v", "kv", "qkv"):
+    sets[f"all:{ins}"] = [(s, to) for s in every for to in ins]
+  sets["heads:qkv"] = [(h, to) for h in heads for to in qkv]
+  sets["heads:all"] = [(h, to) for h in heads for to in patching.ROUTES]
+  sets["and:all_v"] = [(prev, "k")] + [(s, "v") for s in every]
+  sets["and:embed_v"] = [(prev, "k"), (patching.EMBED, "v")]
+  return list(sets), np.stack([patching.route(num_heads, p)
+                               for p in sets.values()])
+
+
+def _bootstrap_seed(pairs):
+  """A bootstrap seed from the pairs themselves: each seed's own draws."""
+  return int(np.asarray(pairs["inputs"]).sum()) % (2 ** 31)
+
+
+def corruption_scores(model, pairs, *, prev: int,
+                      sender_layer: int = 0, receiver_layer: int = 1,
+                      resamples: int = 1000) -> dict:
+  """One corruption's joint sets and per-head patching, as NumPy.
+
+  Returns per direction ("denoise", "noise"): "fraction" `[S]` (the
+  patching score of each set of `joint_sets`), "interval" `[S, 2]` (95%
+  bootstrap over the examples), "metric" `[S]` (the raw patched mean
+  log-prob), "activation" and "attribution" `[L, H]`; and "names" `[S]`,
+  "reference" (the raw clean and corrupted mean log-prob) and "examples".
+  """
+  graphdef, state = nnx.split(model)
+  names, routes = joint_sets(model.config.num_heads, prev)
+  count = np.asarray(pairs["loss_mask"]).sum(-1)
+  out = {"names": names, "examples": int(count.size)}
+  for d in DIRECTIONS:
+    noising = d == "noise"
+    raw = jax.tree.map(np.asarray, _joint_raw(
+        graphdef, state, pairs, jnp.asarray(routes), jnp.asarray(noising),
+        sender_layer, receiver_layer))
+    args = (raw["patched"], raw["clean"], raw["corrupted"], noising)
+    heads = jax.tree.map(np.asarray, _per_head(
+        graphdef, state, pairs, jnp.asarray(noising), sender_layer,
+        receiver_layer, False))
+    out[d] = {"fraction": calibration.pooled_fractions(*args),
+              "interval": calibration.bootstrap_fractions(
+                  *args, resamples=resamples, seed=_bootstrap_seed(pairs)),
+              "metric": raw["patched"].sum(-1) / count.sum(),
+              "activation": heads["activation"],
+              "attribution": heads["attribution"]}
+    out["reference"] = [float(raw["clean"].sum() / count.sum()),
+                        float(raw["corrupted"].sum() / count.sum())]
+  return out
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -137,7 +230,8 @@ def _weights_and_dla(graphdef, state, pairs, tokens, sender_layer,
   }
 
 
-def survey(model, pairs, position_pairs, *, tokens, sender_layer: int = 0,
+def survey(model, pairs, position_pairs, *, tokens, corrupted=None,
+           resamples: int = 1000, sender_layer: int = 0,
            receiver_layer: int = 1) -> dict:
   """Everything experiment 6 measures on one model, as NumPy.
 
@@ -147,6 +241,10 @@ def survey(model, pairs, position_pairs, *, tokens, sender_layer: int = 0,
     position_pairs: the same with one fixed layout (positions line up).
     tokens: the token ids that occur (the task's symbols), for the full OV
       circuits and the reference logit of the direct attribution.
+    corrupted: `{kind: pairs}` of `corruption.KINDS` (the same clean
+      sequences), each measured by `corruption_scores` under
+      "corruptions", with the roles of `roles_of`; None: none.
+    resamples: bootstrap resamples of the examples, for those.
 
   Returns a dict: "heads" (per direction, "denoise" and "noise": the
   "activation" and "attribution" patching scores of each head's `z`,
@@ -166,7 +264,16 @@ def survey(model, pairs, position_pairs, *, tokens, sender_layer: int = 0,
                                   position_pairs)}
   out.update(_weights_and_dla(graphdef, state, pairs, jnp.asarray(tokens),
                               sender_layer, receiver_layer))
-  return jax.tree.map(np.asarray, out)
+  out = jax.tree.map(np.asarray, out)
+  if corrupted:
+    prev, _ = roles_of(out["scores"])
+    out["corruptions"] = {
+        kind: corruption_scores(model, p, prev=prev,
+                                sender_layer=sender_layer,
+                                receiver_layer=receiver_layer,
+                                resamples=resamples)
+        for kind, p in corrupted.items()}
+  return out
 
 
 def checkpoint_scores(run_dir, batch) -> dict:
@@ -189,6 +296,13 @@ def checkpoint_scores(run_dir, batch) -> dict:
   return out
 
 
+def roles_of(scores):
+  """The layer-0 previous-token and current-token heads (argmax of each
+  score, `head_scores`)."""
+  return (int(np.argmax(scores["previous_token"][0])),
+          int(np.argmax(scores["current_token"][0])))
+
+
 def roles(result) -> dict:
   """The layer-0 previous-token and current-token heads of a `survey`
   result (argmax of each score) and the numbers that say what each does:
@@ -200,8 +314,8 @@ def roles(result) -> dict:
   composition)."""
   sc, comp = result["scores"], result["composition"]
   noise, denoise = result["heads"]["noise"], result["heads"]["denoise"]
-  out = {"prev_head": int(np.argmax(sc["previous_token"][0])),
-         "cur_head": int(np.argmax(sc["current_token"][0]))}
+  prev, cur = roles_of(sc)
+  out = {"prev_head": prev, "cur_head": cur}
   for name in ("prev", "cur"):
     h = out[f"{name}_head"]
     for kind in "qkv":
@@ -266,3 +380,101 @@ def summarise(result, threshold: float) -> dict:
       induction_half_step=curves.half_way_step(steps, induction),
       prev_formed_step=curves.first_above(steps, prev_curve, threshold),
       induction_formed_step=curves.first_above(steps, induction, threshold))
+
+
+# The numbers the claims quote: (key, corruption, direction, set). In a
+# set, `prev` / `cur` are the seed's role heads and `max` the layer-0 head
+# with the largest value (`max:q`: the strongest query path).
+HEADLINES = (
+    ("fc_prev_k_noise", "first_copy", "noise", "prev:k"),
+    ("fc_prev_k_denoise", "first_copy", "denoise", "prev:k"),
+    ("fc_cur_v_noise", "first_copy", "noise", "cur:v"),
+    ("fc_embed_v_noise", "first_copy", "noise", "embed:v"),
+    ("fc_q_max_noise", "first_copy", "noise", "max:q"),
+    ("fc_and_denoise", "first_copy", "denoise", "and:all_v"),
+    ("fc_and_embed_denoise", "first_copy", "denoise", "and:embed_v"),
+    ("fc_all_v_denoise", "first_copy", "denoise", "all:v"),
+    ("fc_kv_denoise", "first_copy", "denoise", "all:kv"),
+    ("fc_kv_noise", "first_copy", "noise", "all:kv"),
+    ("fc_heads_qkv_denoise", "first_copy", "denoise", "heads:qkv"),
+    ("fc_heads_qkv_noise", "first_copy", "noise", "heads:qkv"),
+    ("fc_prev_direct_noise", "first_copy", "noise", "prev:logits"),
+    ("fc_prev_through_noise", "first_copy", "noise", "prev:qkv"),
+    ("sc_q_max_noise", "second_copy", "noise", "max:q"),
+    ("sc_cur_q_noise", "second_copy", "noise", "cur:q"),
+    ("sc_prev_q_noise", "second_copy", "noise", "prev:q"),
+    ("sc_embed_q_noise", "second_copy", "noise", "embed:q"),
+    ("sc_all_q_noise", "second_copy", "noise", "all:q"),
+    ("sc_all_q_denoise", "second_copy", "denoise", "all:q"),
+    ("key_prev_k_noise", "key", "noise", "prev:k"),
+    ("key_prev_k_denoise", "key", "denoise", "prev:k"),
+    ("key_cur_k_noise", "key", "noise", "cur:k"),
+    ("key_all_k_denoise", "key", "denoise", "all:k"),
+    ("val_cur_v_noise", "value", "noise", "cur:v"),
+    ("val_cur_v_denoise", "value", "denoise", "cur:v"),
+    ("val_embed_v_noise", "value", "noise", "embed:v"),
+    ("val_embed_v_denoise", "value", "denoise", "embed:v"),
+    ("val_all_v_denoise", "value", "denoise", "all:v"),
+    ("nm_prev_k_noise", "no_match", "noise", "prev:k"),
+    ("nm_cur_v_noise", "no_match", "noise", "cur:v"),
+    ("nm_kv_denoise", "no_match", "denoise", "all:kv"),
+)
+
+
+def _resolve(spec, names, values, prev, cur):
+  """`(set name, floor)` of a HEADLINES set: the floor is the largest
+  value of the same route among the other layer-0 heads (None for sets
+  that are not one head's)."""
+  sender, route = spec.split(":")
+  heads = [n for n in names if n.startswith("h") and n.endswith(f":{route}")]
+  if sender == "max":
+    name = max(heads, key=lambda n: values[names.index(n)])
+  elif sender in ("prev", "cur"):
+    name = f"h{prev if sender == 'prev' else cur}:{route}"
+  else:
+    return spec, None
+  others = [values[names.index(n)] for n in heads if n != name]
+  return name, (float(max(others)) if others else None)
+
+
+def corruption_numbers(result) -> dict:
+  """A `survey` result's HEADLINES, each `{"value", "interval",
+  "metric", "floor", "set"}` (the fraction, its bootstrap interval over
+  examples, the raw patched mean log-prob, the floor of `_resolve`), and
+  per corruption the raw clean and corrupted metric (`reference`)."""
+  prev, cur = roles_of(result["scores"])
+  out = {}
+  for key, kind, d, spec in HEADLINES:
+    c = result["corruptions"][kind]
+    names, values = list(c["names"]), c[d]["fraction"]
+    name, floor = _resolve(spec, names, values, prev, cur)
+    i = names.index(name)
+    out[key] = {"value": float(values[i]),
+                "interval": [float(x) for x in c[d]["interval"][i]],
+                "metric": float(c[d]["metric"][i]), "floor": floor,
+                "set": name}
+  out["reference"] = {kind: [float(x) for x in c["reference"]]
+                      for kind, c in result["corruptions"].items()}
+  return out
+
+
+def attribution_calibration(result, k: int = 1) -> dict:
+  """Per layer and direction, attribution against activation patching of
+  the heads' z over every corruption: `calibration.calibration` of the
+  pooled points (slope, r) and the top-k agreement within each
+  corruption, averaged; and "pooled_r" over both layers (the old
+  statistic, which mostly measures how the layers differ)."""
+  out = {}
+  for d in DIRECTIONS:
+    per = [result["corruptions"][kind][d]
+           for kind in result["corruptions"]]
+    act = np.stack([p["activation"] for p in per])  # [C, L, H]
+    attr = np.stack([p["attribution"] for p in per])
+    for layer in range(act.shape[1]):
+      cal = calibration.calibration(act[:, layer], attr[:, layer], k=k)
+      cal["top_k"] = float(np.mean([
+          calibration.top_k_agreement(a, e, k)
+          for a, e in zip(act[:, layer], attr[:, layer])]))
+      out[f"{d}_l{layer}"] = cal
+    out[f"{d}_pooled_r"] = calibration.calibration(act, attr)["pearson"]
+  return out

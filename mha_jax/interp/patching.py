@@ -22,6 +22,12 @@ X" and the value of the token after it, so restoring one alone can
 restore nothing while removing it removes much (Heimersheim and Nanda
 2024, "How to use and interpret activation patching").
 
+Path patching moves one sender's change (a head's output, or the
+embedding's: `EMBED`) into one input of a later layer; `joint_path_patching`
+moves SETS of them in one run (keys and values together, every sender at
+once, a head's paths through later heads against its direct path), so an
+AND is measured rather than inferred from single paths.
+
 `reference=(m_c, m_x)` replaces the two normalising runs (to score runs
 against another pair's difference). Nothing here is jitted: callers jit
 at the outside, with the metric's arrays as arguments. The many patches
@@ -36,19 +42,29 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from mha_jax import hooks as hooks_lib
 
 Metric = Callable[[jax.Array], jax.Array]
 
-def logprob_metric(targets: jax.Array, mask: jax.Array) -> Metric:
-  """Mean log-probability of `targets [B, T]` where `mask [B, T]` is 1:
-  minus the task's loss (higher is better)."""
+def per_example_logprob(targets: jax.Array, mask: jax.Array) -> Metric:
+  """`[B]`: each example's summed log-probability of `targets [B, T]`
+  where `mask [B, T]` is 1 (for intervals over examples: the pooled
+  `logprob_metric` is their sum over the mask's total)."""
   def metric(logits):
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     hit = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return jnp.sum(hit * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return jnp.sum(hit * mask, axis=-1)
   return metric
+
+
+def logprob_metric(targets: jax.Array, mask: jax.Array) -> Metric:
+  """Mean log-probability of `targets [B, T]` where `mask [B, T]` is 1:
+  minus the task's loss (higher is better)."""
+  per_example = per_example_logprob(targets, mask)
+  return lambda logits: (jnp.sum(per_example(logits))
+                         / jnp.maximum(jnp.sum(mask), 1.0))
 
 
 def logit_metric(targets: jax.Array, mask: jax.Array) -> Metric:
@@ -218,92 +234,166 @@ def attribution_patching(model, clean, corrupted, metric: Metric,
 
 
 _INPUTS = ("q", "k", "v")
+# Where a sender's change can go: an input of the receiver layer's heads,
+# or the readout (the sender's direct path to the logits).
+ROUTES = _INPUTS + ("logits",)
+EMBED = "embed"  # the sender that is the token (and position) embedding
 
 
 def _path_runs(model, clean, corrupted, sender_layer, receiver_layer,
                noising):
   """What every sender -> receiver patch needs, from two captured runs.
 
-  Returns `(target inputs, delta [B, T, H, D], bases)`: delta is each
-  sender head's source-minus-target output (its `result`); `bases` maps
-  the last block's `resid_post` (the direct path to the logits) and, when
-  `receiver_layer` is not None, that layer's `resid_pre` to the target
-  run's values `[B, T, D]`.
+  Returns `(target inputs, delta [B, T, H + 1, D], bases)`: delta is each
+  sender head's source-minus-target output (its `result`), and last (H)
+  the embedding's (`blocks.0.resid_pre`); `bases` maps the last block's
+  `resid_post` (the direct path to the logits) and, when `receiver_layer`
+  is not None, that layer's `resid_pre` to the target run's values `[B,
+  T, D]`.
   """
   if receiver_layer is not None and receiver_layer <= sender_layer:
     raise ValueError(f"path patching: the receiver layer ({receiver_layer})"
                      f" must come after the sender layer ({sender_layer})")
   source, target = _swap(clean, corrupted, noising)
-  result = f"blocks.{sender_layer}.attn.result"
+  result, embed = f"blocks.{sender_layer}.attn.result", "blocks.0.resid_pre"
   bases = (f"blocks.{model.config.num_layers - 1}.resid_post",)
   if receiver_layer is not None:
     bases += (f"blocks.{receiver_layer}.resid_pre",)
-  _, src = model(source, capture=(result,))
-  _, tgt = model(target, capture=(result,) + bases)
-  return target, src[result] - tgt[result], {b: tgt[b] for b in bases}
+  _, src = model(source, capture=(result, embed))
+  _, tgt = model(target, capture=(result, embed) + bases)
+  delta = jnp.concatenate([src[result] - tgt[result],
+                           (src[embed] - tgt[embed])[:, :, None]], axis=2)
+  return target, delta, {b: tgt[b] for b in bases}
 
 
-def _path_metric(model, target, metric, delta, bases, receiver_layer, which,
-                 s, r):
-  """Metric of the target run where only sender head `s`'s change reaches
-  input `which` (0, 1, 2: q, k, v) of receiver head `r` (-1: every head
-  of the layer). `which`, `s` and `r` may be traced: all three inputs are
-  patched, each with a selector that is False where it does not apply."""
-  base_site = f"blocks.{receiver_layer}.resid_pre"
-  moved = bases[base_site] + jnp.take(delta, s, axis=2)  # [B, T, D]
-  sites = tuple(f"blocks.{receiver_layer}.attn.{x}" for x in _INPUTS)
-  # The receiver's inputs as they would be from the moved residual stream
-  # (its LayerNorm, projection and rotary rerun by the model itself); the
-  # rest of this run is thrown away.
-  _, acts = model(target, patch={base_site: moved}, capture=sites)
+def _routed_metric(model, target, metric, delta, bases, receiver_layer,
+                   routes, r):
+  """Metric of the target run where sender s's change reaches route i
+  (q, k, v of receiver head `r`, -1: every head of the layer; 3: the
+  readout) with weight `routes[i, s]` (`routes [4, H + 1]`, 0 or 1;
+  traced, like `r`). Each input is recomputed from the target run's
+  residual stream plus the changes routed to it; everything else stays at
+  the target run's values, and what follows the receiver runs normally."""
   patch = {}
-  for i, site in enumerate(sites):
-    new = acts[site]
-    head_axis = hooks_lib.site_axes(site)[0]
-    sel = (_one_hot(r, head_axis, new.shape) | (r < 0)) & (which == i)
-    patch[site] = _replace_at(new, sel)
+  if receiver_layer is not None:
+    base_site = f"blocks.{receiver_layer}.resid_pre"
+    for i, name in enumerate(_INPUTS):
+      site = f"blocks.{receiver_layer}.attn.{name}"
+      moved = bases[base_site] + jnp.einsum("btsd,s->btd", delta, routes[i])
+      # The input as it would be from the moved residual stream (its
+      # LayerNorm, projection and rotary rerun by the model itself); the
+      # rest of this run is thrown away.
+      _, acts = model(target, patch={base_site: moved}, capture=(site,))
+      new = acts[site]
+      head_axis = hooks_lib.site_axes(site)[0]
+      # Where nothing is routed to this input, moved is the target run's
+      # own residual stream: patching it changes nothing.
+      sel = _one_hot(r, head_axis, new.shape) | (r < 0)
+      patch[site] = _replace_at(new, sel)
+  direct = jnp.einsum("btsd,s->btd", delta, routes[3])
+  last = f"blocks.{model.config.num_layers - 1}.resid_post"
+  patch[last] = lambda x: x + direct
   return metric(model(target, patch=patch))
 
 
-def _direct_metric(model, target, metric, delta, bases, s):
-  """Metric of the target run where sender head `s`'s change reaches only
-  the readout (added to the last residual stream)."""
-  site = f"blocks.{model.config.num_layers - 1}.resid_post"
-  moved = bases[site] + jnp.take(delta, s, axis=2)  # [B, T, D]
-  return metric(model(target, patch={site: moved}))
+def route(num_heads: int, paths) -> np.ndarray:
+  """The `[4, H + 1]` route matrix of `joint_path_patching` for `paths`,
+  pairs `(sender, to)`: sender a head of the sender layer (0..H-1) or
+  `EMBED`, `to` one of `ROUTES` ("q", "k", "v", "logits")."""
+  out = np.zeros((len(ROUTES), num_heads + 1), np.float32)
+  for sender, to in paths:
+    if to not in ROUTES:
+      raise ValueError(f"route: a path's receiver must be one of {ROUTES}, "
+                       f"got {to!r}")
+    if sender == EMBED:
+      s = num_heads
+    elif isinstance(sender, (int, np.integer)) and 0 <= sender < num_heads:
+      s = int(sender)
+    else:
+      raise ValueError(f"route: a path's sender must be a head in [0, "
+                       f"{num_heads}) or {EMBED!r}, got {sender!r}")
+    out[ROUTES.index(to), s] = 1.0
+  return out
+
+
+def joint_path_patching(model, clean, corrupted, metric: Metric, routes, *,
+                        sender_layer: int, receiver_layer: int,
+                        noising: bool = False, reference=None,
+                        normalise: bool = True,
+                        batch_size: int | None = None) -> jax.Array:
+  """Sets of paths patched together, one set per row of `routes`.
+
+  `routes [N, 4, H + 1]` (`route` builds one row): row n sends the change
+  of every sender s (the heads of `sender_layer`, then the embedding) to
+  every route i (q, k, v of all heads of `receiver_layer`, then the
+  readout) where `routes[n, i, s]` is 1, all in one patched run. So keys
+  and values restored together test an AND that one path at a time
+  cannot, and a head's paths through the receivers (q, k, v) can be set
+  beside its direct path (the readout). Routing one head to all four is
+  patching that head's whole output when the receiver is the last layer;
+  routing every sender to all four is patching the receiver layer's
+  `resid_pre`.
+
+  Returns `[N]` scores (module docstring), or with `normalise=False` the
+  raw metric of each patched run (`[N, ...]`: the metric may return an
+  array, per example say).
+  """
+  if reference is None and normalise:
+    reference = reference_metrics(model, clean, corrupted, metric)
+  routes = jnp.asarray(routes, jnp.float32)
+  n_s = model.config.num_heads + 1
+  if routes.ndim != 3 or routes.shape[1:] != (len(ROUTES), n_s):
+    raise ValueError(f"joint_path_patching: `routes` must be [N, "
+                     f"{len(ROUTES)}, {n_s}] (routes, heads + embedding), "
+                     f"got shape {routes.shape}")
+  target, delta, bases = _path_runs(model, clean, corrupted, sender_layer,
+                                    receiver_layer, noising)
+  m = jax.lax.map(lambda w: _routed_metric(model, target, metric, delta,
+                                           bases, receiver_layer, w, -1),
+                  routes, batch_size=batch_size)
+  return _score(m, reference, noising) if normalise else m
+
+
+def _sender_index(sender, num_heads):
+  """A sender `(layer, head)` or `(EMBED,)` as (sender layer, index)."""
+  if sender[0] == EMBED:
+    return 0, num_heads
+  return sender[0], sender[1]
 
 
 def path_patching(model, clean, corrupted, metric: Metric, *,
-                  sender: tuple[int, int], receiver: tuple,
+                  sender: tuple, receiver: tuple,
                   noising: bool = False, reference=None) -> jax.Array:
   """One path: sender head -> one input of one receiver head.
 
-  `sender = (layer, head)`; `receiver = (layer, head, input)` with input
-  "q", "k" or "v" (for k and v, `head` is the kv head; -1: every head of
-  the layer at once), or `("logits",)` for the sender's direct path to
-  the readout. The sender's source output reaches only that input: the
-  receiver's input is recomputed from the target run's residual stream
-  plus the sender's change, while every other head, and the sender's
-  effect on any layer in between, stay at the target run's values;
-  everything downstream of the receiver then runs normally. Returns the
-  scalar score (denoising or noising, as in the module docstring).
+  `sender = (layer, head)`, or `("embed",)` for the embedding's direct
+  path; `receiver = (layer, head, input)` with input "q", "k" or "v" (for
+  k and v, `head` is the kv head; -1: every head of the layer at once),
+  or `("logits",)` for the sender's direct path to the readout. The
+  sender's source output reaches only that input: the receiver's input is
+  recomputed from the target run's residual stream plus the sender's
+  change, while every other head, and the sender's effect on any layer in
+  between, stay at the target run's values; everything downstream of the
+  receiver then runs normally. Returns the scalar score (denoising or
+  noising, as in the module docstring).
   """
   direct = receiver[0] == "logits"
   if not direct and (len(receiver) != 3 or receiver[2] not in _INPUTS):
     raise ValueError(f"path_patching: `receiver` must be (layer, head, 'q' "
                      f"| 'k' | 'v') or ('logits',), got {receiver!r}")
-  if not direct and receiver[0] <= sender[0]:
+  layer, s = _sender_index(sender, model.config.num_heads)
+  if not direct and receiver[0] <= layer:
     raise ValueError(f"path patching: the receiver layer ({receiver[0]})"
-                     f" must come after the sender layer ({sender[0]})")
+                     f" must come after the sender layer ({layer})")
   if reference is None:
     reference = reference_metrics(model, clean, corrupted, metric)
-  target, delta, bases = _path_runs(model, clean, corrupted, sender[0],
+  target, delta, bases = _path_runs(model, clean, corrupted, layer,
                                     None if direct else receiver[0], noising)
-  if direct:
-    m = _direct_metric(model, target, metric, delta, bases, sender[1])
-  else:
-    m = _path_metric(model, target, metric, delta, bases, receiver[0],
-                     _INPUTS.index(receiver[2]), sender[1], receiver[1])
+  w = jnp.zeros((len(ROUTES), delta.shape[2])).at[
+      ROUTES.index("logits" if direct else receiver[2]), s].set(1.0)
+  m = _routed_metric(model, target, metric, delta, bases,
+                     None if direct else receiver[0], w,
+                     -1 if direct else receiver[1])
   return _score(m, reference, noising)
 
 
@@ -311,38 +401,46 @@ def path_patching_grid(model, clean, corrupted, metric: Metric, *,
                        sender_layer: int, receiver_layer: int,
                        noising: bool = False, reference=None,
                        batch_size: int | None = None) -> dict:
-  """`path_patching` from every head of one layer into every head and
-  input of a later layer, plus each sender's direct path to the logits.
+  """`path_patching` from every head of one layer, and from the
+  embedding, into every head and input of a later layer, plus each
+  sender's direct path to the logits.
 
   Returns `{"q": [Hs, Hr], "k": [Hs, K], "v": [Hs, K], "logits": [Hs]}`
   (rows: sender heads; columns: receiver heads, kv heads for k and v) and
   `{"q_all", "k_all", "v_all"}`, each `[Hs]`: the sender's change reaching
   that input of EVERY receiver head at once (where receivers back each
-  other up, one at a time understates the path). One `jax.lax.map` runs
-  all the q, k, v paths, another the direct ones.
+  other up, one at a time understates the path); the same for the
+  embedding as a sender under `embed_<key>` (`[Hr]`, `[K]` or scalars).
+  One `jax.lax.map` runs every path.
   """
   if reference is None:
     reference = reference_metrics(model, clean, corrupted, metric)
   target, delta, bases = _path_runs(model, clean, corrupted, sender_layer,
                                     receiver_layer, noising)
-  n_s = delta.shape[2]
+  n_s = delta.shape[2]  # the heads, then the embedding
   n_q = model.config.num_heads
   n_kv = model.config.num_kv_heads or n_q
-  # Every (input, sender, receiver or -1 for all) triple, as flat indices.
-  triples = [(i, s, r) for i, n in enumerate((n_q, n_kv, n_kv))
+  # Every (route, sender, receiver or -1 for all) triple, as flat indices;
+  # the readout (route 3) has no receiver head.
+  triples = [(i, s, r) for i, n in enumerate((n_q, n_kv, n_kv, 0))
              for s in range(n_s) for r in list(range(n)) + [-1]]
   which, s, r = (jnp.asarray(x) for x in zip(*triples))
-  m = jax.lax.map(lambda a: _path_metric(model, target, metric, delta, bases,
-                                         receiver_layer, *a),
-                  (which, s, r), batch_size=batch_size)
-  score = _score(m, reference, noising)
+
+  def one(a):
+    w = jnp.zeros((len(ROUTES), n_s)).at[a[0], a[1]].set(1.0)
+    return _routed_metric(model, target, metric, delta, bases,
+                          receiver_layer, w, a[2])
+
+  score = _score(jax.lax.map(one, (which, s, r), batch_size=batch_size),
+                 reference, noising)
   out, start = {}, 0
-  for name, n in zip(_INPUTS, (n_q, n_kv, n_kv)):
+  for name, n in zip(ROUTES, (n_q, n_kv, n_kv, 0)):
     block = score[start:start + n_s * (n + 1)].reshape(n_s, n + 1)
-    out[name], out[f"{name}_all"] = block[:, :n], block[:, n]
+    if name == "logits":
+      out[name], out["embed_logits"] = block[:-1, 0], block[-1, 0]
+    else:
+      out[name], out[f"{name}_all"] = block[:-1, :n], block[:-1, n]
+      out[f"embed_{name}"], out[f"embed_{name}_all"] = (block[-1, :n],
+                                                        block[-1, n])
     start += n_s * (n + 1)
-  m = jax.lax.map(lambda s: _direct_metric(model, target, metric, delta,
-                                           bases, s),
-                  jnp.arange(n_s), batch_size=batch_size)
-  out["logits"] = _score(m, reference, noising)
   return out

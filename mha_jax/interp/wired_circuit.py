@@ -25,8 +25,10 @@ which the readout reads. With no match, head 1 attends to position 0 (a
 fixed token in every sequence), so a run without the earlier copy falls
 back to the same place whatever else it holds.
 
-So the one path that matters is layer-1 head 0 -> the keys of layer-2
-head 1 (K-composition); every other path is exactly zero. All LayerNorm
+So two paths matter, both into layer-2 head 1: layer-1 head 0 -> its
+keys (K-composition) and the embedding -> its values (and, for the
+second copy, the embedding -> its queries); every other path is exactly
+zero. Each corruption of `pairs` breaks a known set of them. All LayerNorm
 scales are 1 and all biases 0; the scores are scaled so that the patterns
 that matter are one-hot to float precision (`checks` says how close).
 """
@@ -51,9 +53,9 @@ SINK = V  # the head dimension every query of the induction head shares
 BOS = 1  # the token at position 0 of every sequence
 
 # Clean sequences (T + 1 tokens: inputs and targets): BOS, a 3-token
-# segment, a filler, the segment again, the filler. Corrupted: the first
-# copy replaced by tokens that occur nowhere else. All tokens distinct
-# otherwise, so no match happens by chance.
+# segment, a filler, the segment again, the filler. Corrupted (`pairs`):
+# some of them replaced by tokens that occur nowhere else. All tokens
+# distinct otherwise, so no match happens by chance.
 _CLEAN = np.array([[BOS, 3, 4, 5, 6, 3, 4, 5, 6],
                    [BOS, 9, 2, 7, 11, 9, 2, 7, 11]])
 _FIRST_COPY = np.array([[7, 8, 9], [3, 4, 10]])
@@ -115,13 +117,31 @@ def build(scale: float = 6.0, out_scale: float = 10.0) -> DecoderLM:
   return model
 
 
-def pairs() -> dict:
-  """`inputs`, `corrupted`, `targets`, `loss_mask`, all `[B, T]`: the loss
-  counts the second copy after its first token, as the task does."""
+# The corruptions of `corruption.KINDS` that single out one path, on the
+# wired sequences: the positions whose tokens are replaced (by ones that
+# occur nowhere else) and the predictions scored (offsets into the second
+# copy). "key": the first copy's offset 0, the previous token of the key
+# that prediction 0 finds; "value": offset 1, the token it copies.
+WIRED_KINDS = {"first_copy": (range(FIRST, FIRST + SEGMENT), (0, 1)),
+               "second_copy": (range(SECOND, SECOND + SEGMENT), (0, 1)),
+               "key": ((FIRST,), (0,)),
+               "value": ((FIRST + 1,), (0,))}
+
+
+def pairs(kind: str = "first_copy") -> dict:
+  """`inputs`, `corrupted`, `targets`, `loss_mask`, all `[B, T]`, for one
+  of `WIRED_KINDS`: the loss counts the second copy after its first token,
+  as the task does ("key", "value": prediction 0 only, as
+  `corruption.corrupt` scores even offsets)."""
+  if kind not in WIRED_KINDS:
+    raise ValueError(f"wired_circuit.pairs: `kind` must be one of "
+                     f"{tuple(WIRED_KINDS)}, got {kind!r}")
+  where, scored = WIRED_KINDS[kind]
   corrupt = _CLEAN.copy()
-  corrupt[:, FIRST:FIRST + SEGMENT] = _FIRST_COPY
+  # _FIRST_COPY holds tokens absent from each clean row: no chance match.
+  corrupt[:, list(where)] = _FIRST_COPY[:, :len(where)]
   mask = np.zeros((len(_CLEAN), T), np.float32)
-  mask[:, SECOND:SECOND + SEGMENT - 1] = 1.0
+  mask[:, [SECOND + j for j in scored]] = 1.0
   return {"inputs": jnp.asarray(_CLEAN[:, :-1]),
           "corrupted": jnp.asarray(corrupt[:, :-1]),
           "targets": jnp.asarray(_CLEAN[:, 1:]),

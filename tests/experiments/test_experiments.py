@@ -24,6 +24,7 @@ import sys
 import numpy as np
 import pytest
 
+from experiments.circuits import survey as circuit_survey
 from mha_jax.measure import report as report_lib
 
 import entry_points
@@ -561,6 +562,19 @@ def test_circuits(tmp_path):
     assert _row(summary, key)[1] == report_lib.fmt(mean, std, digits=digits)
     assert _row(summary, key)[3] == ", ".join(
         f"{v:.{digits}f}" for v in results["per_seed"][key])
+  # The joint sets score one path exactly as the path grid does (two
+  # code paths: routes through `joint_path_patching` on per-example sums,
+  # and `path_patching_grid` on the pooled metric).
+  for claim, key in (("fc_prev_k_noise", "prev_k_noise"),
+                     ("fc_prev_k_denoise", "prev_k_denoise"),
+                     ("fc_cur_v_noise", "cur_v_noise")):
+    np.testing.assert_allclose(results["claims"][claim]["values"],
+                               results["per_seed"][key], rtol=1e-4,
+                               atol=1e-5)
+  rows = entry_points.table(report, "| key | corruption | way |")
+  assert [r[0] for r in rows] == [h[0] for h in circuit_survey.HEADLINES]
+  for r in rows:
+    assert r[4] == report_lib.summary(results["claims"][r[0]], 3)
   run = results["runs"]["seed0"]
   noise = run["heads"]["noise"]["path"]
   paths = entry_points.table(report, "| seed, head | prev-token |")

@@ -5,7 +5,8 @@ Known answers come from the hand-wired circuit of `mha_jax.interp.wired_circuit`
 patching a run into itself (1 and 0 by definition), from a model that is
 linear in the patched site (attribution is exact there), and from
 shrinking a perturbation (attribution's error shrinks faster than the
-change).
+change). Last, the calibration of attribution against activation
+patching and patching fractions from per-example sums (`calibration`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import ml_collections
 import numpy as np
 import pytest
 
+from mha_jax.interp import calibration
 from mha_jax.interp import corruption
 from mha_jax.interp import patching
 from mha_jax.training import tasks
 from mha_jax.interp import wired_circuit as wc
 from mha_jax.models.model_config import ModelConfig
+from mha_jax.measure import stats
 from mha_jax.models.transformer import DecoderLM
 
 
@@ -36,10 +39,19 @@ def _metric(pairs):
   return patching.logprob_metric(pairs["targets"], pairs["loss_mask"])
 
 
+# The joint sets the wired tests route: the AND of keys and values (the
+# previous-token head into the keys, the embedding into the values), and
+# the previous-token head everywhere (its whole output).
+_WIRED_ROUTES = np.stack([
+    patching.route(2, [(0, "k"), (patching.EMBED, "v")]),
+    patching.route(2, [(0, to) for to in patching.ROUTES])])
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _wired_paths(graphdef, state, pairs, noising):
-  """The grid, one single path through the public function, and the
-  activation patching of each head's z, in one direction."""
+  """The grid, one single path through the public function, the joint
+  sets and the activation patching of each head's z, in one direction.
+  Every kind of pairs has the same shapes: one compile serves them all."""
   model = nnx.merge(graphdef, state)
   args = dict(model=model, clean=pairs["inputs"],
               corrupted=pairs["corrupted"], metric=_metric(pairs))
@@ -47,6 +59,12 @@ def _wired_paths(graphdef, state, pairs, noising):
               sender_layer=0, receiver_layer=1, noising=noising, **args),
           "one": patching.path_patching(
               sender=(0, 0), receiver=(1, 1, "k"), noising=noising, **args),
+          "embed_v": patching.path_patching(
+              sender=(patching.EMBED,), receiver=(1, 1, "v"),
+              noising=noising, **args),
+          "joint": patching.joint_path_patching(
+              routes=_WIRED_ROUTES, sender_layer=0, receiver_layer=1,
+              noising=noising, **args),
           "z": patching.activation_patching(
               sites=("blocks.0.attn.z", "blocks.1.attn.z"), noising=noising,
               **args)}
@@ -61,38 +79,77 @@ def _reference(graphdef, state, pairs):
 
 def test_the_wired_patterns_are_one_hot(wired):
   """What the known answers below rest on."""
-  (graphdef, state), pairs = wired
+  (graphdef, state), _ = wired
   model = nnx.merge(graphdef, state)
-  for tokens in (pairs["inputs"], pairs["corrupted"]):
-    assert min(wc.checks(model, tokens).values()) > 1 - 1e-4
-  m_clean, m_corrupt = _reference(graphdef, state, pairs)
-  assert m_clean > -0.5 and m_corrupt < -3.0
+  for kind in wc.WIRED_KINDS:
+    pairs = wc.pairs(kind)
+    for tokens in (pairs["inputs"], pairs["corrupted"]):
+      assert min(wc.checks(model, tokens).values()) > 1 - 1e-4, kind
+    m_clean, m_corrupt = _reference(graphdef, state, pairs)
+    assert m_clean > -0.5 and m_corrupt < -3.0, kind
 
 
-def test_path_patching_finds_the_one_wired_path(wired):
-  (graphdef, state), pairs = wired
+# What each corruption breaks on the wired model, as grid entries that
+# must be 1 (every other entry 0): the previous-token head L1H1 (sender 0)
+# into the keys of the induction head L2H2 (receiver 1), the embedding
+# into its values or queries. The first copy holds both a key's previous
+# token and the value it copies, so noising either path removes all of
+# it; the other three each break one path only.
+_BREAKS = {"first_copy": (("k", (0, 1)), ("k_all", (0,)), ("embed_v", (1,)),
+                          ("embed_v_all", ())),
+           "key": (("k", (0, 1)), ("k_all", (0,))),
+           "value": (("embed_v", (1,)), ("embed_v_all", ())),
+           "second_copy": (("embed_q", (1,)), ("embed_q_all", ()))}
+
+
+def _only(grid, ones, err):
+  """Every entry of `grid` 0 except `ones` (key, index) pairs, which are 1."""
+  for key, value in grid.items():
+    want = np.zeros(np.shape(value))
+    for k, idx in ones:
+      if k == key:
+        want[idx] = 1.0
+    np.testing.assert_allclose(value, want, atol=1e-3, err_msg=f"{err} {key}")
+
+
+@pytest.mark.parametrize("kind", list(_BREAKS))
+def test_each_corruption_reveals_exactly_the_wired_paths_it_breaks(wired,
+                                                                    kind):
+  (graphdef, state), _ = wired
+  pairs = wc.pairs(kind)
   noise = _wired_paths(graphdef, state, pairs, jnp.asarray(True))
   denoise = _wired_paths(graphdef, state, pairs, jnp.asarray(False))
-  g = noise["grid"]
-  # Noising L1H1's path into L2H2's keys removes everything ...
-  np.testing.assert_allclose(g["k"][0, 1], 1.0, atol=1e-3)
-  np.testing.assert_allclose(g["k_all"][0], 1.0, atol=1e-3)
-  np.testing.assert_allclose(noise["one"], g["k"][0, 1], atol=1e-6)
-  # ... and every other path nothing: nobody else reads S or R.
-  others = np.concatenate([np.asarray(g[k]).ravel() for k in g])
-  assert np.sum(np.abs(others) > 1e-3) == 2  # k[0, 1] and k_all[0]
-  # Denoising that path alone restores nothing: the keys now find the
-  # earlier copy, but its tokens (the values) are still corrupted.
-  for k, v in denoise["grid"].items():
-    np.testing.assert_allclose(v, 0.0, atol=1e-3, err_msg=k)
-  # Patching the sender's whole output equals its one path (it has no
-  # other reader); patching the induction head's output restores all of
-  # the second copy (its residual stream is then the clean one).
+  _only(noise["grid"], _BREAKS[kind], f"{kind} noise")
+  np.testing.assert_allclose(noise["one"], noise["grid"]["k"][0, 1],
+                             atol=1e-6)
+  np.testing.assert_allclose(noise["embed_v"], noise["grid"]["embed_v"][1],
+                             atol=1e-6)
+  if kind == "first_copy":
+    # An AND: restoring the keys alone finds the earlier copy, whose
+    # tokens (the values) are still corrupted, and restoring the values
+    # alone finds nothing to copy them from: every path alone restores 0.
+    _only(denoise["grid"], (), "first_copy denoise")
+  else:
+    # One path broken: restoring it alone restores everything.
+    _only(denoise["grid"], _BREAKS[kind], f"{kind} denoise")
+  # Keys and values together restore (and remove) all of it, except
+  # where the queries were broken, which neither path touches.
+  and_ = 0.0 if kind == "second_copy" else 1.0
+  for d in (noise, denoise):
+    np.testing.assert_allclose(d["joint"][0], and_, atol=1e-3)
+
+
+def test_a_heads_every_path_at_once_is_its_whole_output(wired):
+  """Routing the previous-token head to q, k, v and the readout is
+  patching its z; the induction head's z restores all of the second copy
+  (its residual stream is then the clean one)."""
+  (graphdef, state), pairs = wired
   z0, z1 = "blocks.0.attn.z", "blocks.1.attn.z"
-  np.testing.assert_allclose(noise["z"][z0], [g["k_all"][0], 0.0],
-                             atol=1e-3)
-  np.testing.assert_allclose(denoise["z"][z0], [0.0, 0.0], atol=1e-3)
-  np.testing.assert_allclose(denoise["z"][z1], [0.0, 1.0], atol=1e-5)
+  for noising in (True, False):
+    d = _wired_paths(graphdef, state, pairs, jnp.asarray(noising))
+    np.testing.assert_allclose(d["z"][z0][0], d["joint"][1], atol=1e-5)
+    np.testing.assert_allclose(d["z"][z0][1], 0.0, atol=1e-3)
+  np.testing.assert_allclose(d["z"][z1], [0.0, 1.0], atol=1e-5)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -253,6 +310,54 @@ def test_attribution_agrees_with_patching_to_first_order():
   assert gaps[1] < gaps[0] / 4  # first order: about / 10
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _joint_vs_activation(graphdef, state, clean, corrupted, metric_args,
+                         routes, noising):
+  model = nnx.merge(graphdef, state)
+  metric = patching.logit_metric(*metric_args)
+  args = (model, clean, corrupted, metric)
+  return (patching.joint_path_patching(*args, routes, sender_layer=0,
+                                       receiver_layer=1, noising=noising),
+          patching.activation_patching(
+              *args, ("blocks.0.attn.z", "blocks.1.resid_pre"),
+              noising=noising))
+
+
+def test_joint_routes_that_cover_a_whole_output_are_activation_patching():
+  """In a 2-layer attention-only model a layer-0 head's output reaches the
+  logits only through layer 1's q, k, v and directly: routed to all four
+  it is patching its z; every sender (embedding included) to all four is
+  patching layer 1's resid_pre. Exact, for a random model with a final
+  LayerNorm (nonlinear), in both directions."""
+  graphdef, state = nnx.split(_random_model())
+  rng = np.random.default_rng(5)
+  clean, corrupt, targets = (rng.integers(0, 10, (4, 6)) for _ in range(3))
+  everything = [(s, to) for s in (0, 1, patching.EMBED)
+                for to in patching.ROUTES]
+  routes = np.stack([patching.route(2, [(h, to) for to in patching.ROUTES])
+                     for h in (0, 1)] + [patching.route(2, everything)])
+  for noising in (False, True):
+    joint, act = _joint_vs_activation(graphdef, state, clean, corrupt,
+                                      (targets, np.ones((4, 6))), routes,
+                                      jnp.asarray(noising))
+    assert np.min(np.abs(act["blocks.0.attn.z"])) > 0.05  # real changes
+    np.testing.assert_allclose(joint[:2], act["blocks.0.attn.z"], atol=1e-4)
+    np.testing.assert_allclose(joint[2], act["blocks.1.resid_pre"],
+                               atol=1e-4)
+
+
+def test_route_refuses_unknown_senders_and_receivers():
+  with pytest.raises(ValueError, match="receiver must be one of"):
+    patching.route(2, [(0, "z")])
+  with pytest.raises(ValueError, match=r"sender must be a head in \[0, 2\)"):
+    patching.route(2, [(2, "k")])
+  with pytest.raises(ValueError, match=r"`routes` must be \[N, 4, 3\]"):
+    patching.joint_path_patching(_random_model(), np.zeros((1, 6), int),
+                                 np.zeros((1, 6), int), lambda x: x.sum(),
+                                 np.zeros((4, 3)), sender_layer=0,
+                                 receiver_layer=1, reference=(0.0, 1.0))
+
+
 def test_path_patching_refuses_a_receiver_that_cannot_receive(wired):
   (graphdef, state), pairs = wired
   model = nnx.merge(graphdef, state)
@@ -302,3 +407,72 @@ def test_induction_pairs_with_a_fixed_layout():
                                 np.isin(np.arange(20), [9, 10, 11]))
   with pytest.raises(ValueError, match="layout"):
     corruption.induction_pairs(jax.random.key(5), cfg, layout=(4, 2, 4))
+
+
+# Calibration (`mha_jax.interp.calibration`).
+
+
+def test_a_scaled_estimate_ranks_right_and_has_the_scale_as_slope():
+  actual = np.array([0.9, 0.05, -0.1, 0.3])
+  cal = calibration.calibration(actual, 0.1 * actual + 0.02, k=2)
+  assert cal["slope"] == pytest.approx(0.1)
+  assert cal["pearson"] == pytest.approx(1.0)
+  assert cal["top_k"] == 1.0 and cal["n"] == 4
+
+
+def test_top_k_agreement_counts_the_shared_largest_magnitudes():
+  actual = np.array([0.9, 0.05, -0.6, 0.3])
+  # Largest |actual|: 0 then 2; the estimate's: 3 then 0.
+  estimate = np.array([0.5, 0.0, 0.1, -0.8])
+  assert calibration.top_k_agreement(actual, estimate, 1) == 0.0
+  assert calibration.top_k_agreement(actual, estimate, 2) == 0.5
+  assert calibration.top_k_agreement(actual, estimate, 4) == 1.0
+
+
+def test_calibration_without_spread_has_no_slope_or_r():
+  cal = calibration.calibration([0.2, 0.2, 0.2], [0.1, 0.3, 0.2])
+  assert cal["slope"] is None and cal["pearson"] is None
+
+
+def test_bad_inputs_are_refused_by_name():
+  with pytest.raises(ValueError, match="same number"):
+    calibration.calibration([1.0, 2.0], [1.0, 2.0, 3.0])
+  with pytest.raises(ValueError, match="`k` must be in"):
+    calibration.top_k_agreement([1.0, 2.0], [1.0, 2.0], 3)
+  with pytest.raises(ValueError, match="at least 2 examples"):
+    calibration.bootstrap_fractions(np.zeros((1, 1)), [0.0], [1.0], False)
+
+
+def _metric_sums(rng, b=40):
+  count = rng.integers(1, 5, b).astype(float)
+  clean = -0.2 * count + rng.normal(0, 0.1, b)
+  corrupt = -3.0 * count + rng.normal(0, 0.5, b)
+  patched = np.stack([clean * 0.3 + corrupt * 0.7, clean, corrupt])
+  return patched, clean, corrupt
+
+
+def test_pooled_fractions_are_the_patching_scores():
+  """A run equal to the clean one scores 1 denoising and 0 noising; the
+  corrupted run the reverse; a mix of the two sums scores its share."""
+  patched, clean, corrupt = _metric_sums(np.random.default_rng(0))
+  den = calibration.pooled_fractions(patched, clean, corrupt, False)
+  noi = calibration.pooled_fractions(patched, clean, corrupt, True)
+  np.testing.assert_allclose(den[1:], [1.0, 0.0], atol=1e-12)
+  np.testing.assert_allclose(noi[1:], [0.0, 1.0], atol=1e-12)
+  np.testing.assert_allclose(den[0], 0.3, atol=1e-12)  # linear in sums
+  np.testing.assert_allclose(den + noi, 1.0, atol=1e-12)
+
+
+def test_bootstrap_fractions_match_the_generic_bootstrap():
+  """Same seed, same draws: the vectorised interval of each set equals
+  `stats.bootstrap_interval` of the fraction recomputed per resample."""
+  patched, clean, corrupt = _metric_sums(np.random.default_rng(1))
+  got = calibration.bootstrap_fractions(patched, clean, corrupt, True,
+                                        resamples=300, seed=4)
+  rows = np.column_stack([patched[0], clean, corrupt])
+  want = stats.bootstrap_interval(
+      rows, lambda r: calibration.pooled_fractions(
+          r[:, 0][None], r[:, 1], r[:, 2], True)[0],
+      resamples=300, seed=4)
+  np.testing.assert_allclose(got[0], want, rtol=1e-12)
+  assert got[0][0] < 0.7 < got[0][1]  # noising the 0.3 mix: 0.7
