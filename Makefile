@@ -44,7 +44,7 @@ experiments: install
 # figures, copied from its run into docs/results/<name>/ (never edited by
 # hand; tests check the README's numbers against them). The first ten
 # took 95 minutes on 2 loaded cores; kv_cache adds 1.5 minutes and
-# context_parallel about 20. RESULTS=induction limits it to one
+# context_parallel 4 (19 on loaded cores). RESULTS=induction limits it to one
 # experiment, and `make publish` copies finished runs without running
 # them again.
 RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads kv_cache context_parallel

@@ -3,7 +3,7 @@ the longest sequence this machine trains through one attention layer.
 
   .venv/bin/python -m experiments.context_parallel --workdir=runs/context_parallel
 
-About 20 minutes on 2 CPU cores (19 min measured, sharing the machine),
+About 4 minutes on 2 idle CPU cores (230 s measured; 19 min on loaded ones),
 nearly all of it the long run (skip it with
 --config.experiment.long_len=0). Two measurements:
   * memory: XLA's memory analysis of the compiled forward+backward of

@@ -2,7 +2,7 @@ r"""Context parallelism on simulated CPU devices: memory and a long run.
 
   .venv/bin/python -m experiments.context_parallel --workdir=runs/context_parallel
 
-About 20 minutes on 2 CPU cores (configs/context_parallel.py says what is
+About 4 minutes on 2 idle CPU cores (configs/context_parallel.py says what is
 measured; `--config.experiment.long_len=0` skips the long run). Starts
 itself again with `experiment.devices` simulated CPU devices when fewer
 exist, then writes report.md and results.json into the workdir.

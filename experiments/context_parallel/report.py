@@ -20,6 +20,9 @@ def report(r: dict) -> str:
           for name in ("argument", "output", "temp", "alias", "peak")]
   text = f"""# Context parallelism: memory per device, and a long sequence
 
+Command: {report_lib.command("experiments.context_parallel")} (config
+`configs/context_parallel.py`).
+
 Causal attention forward+backward, B = 1, H = K = {m['heads']}, Dh =
 {m['head_dim']}, float32, blocks of {r['block']}; the ring on a sequence
 axis of {n} simulated CPU devices, layout "{r['layout']}".
@@ -53,7 +56,6 @@ Compiled peak per device {_mib(per)} MiB, {_mib(per * n)} MiB for the
 def write(config, results, workdir) -> dict:
   """report.md and results.json into `workdir` (the report is printed
   too); returns what results.json holds."""
-  del config  # every number the report needs is in `results`
   text = report(results)
   print(text)
-  return report_lib.write_outputs(workdir, results, text)
+  return report_lib.write_outputs(workdir, results, text, config=config)

@@ -472,6 +472,10 @@ def test_context_parallel_command_line(tmp_path):
   # Each device holds 1/8 of the sequence: its program needs far less.
   assert m["ratio"] < 0.25
   assert results["long"]["finite"] and results["long"]["tokens"] == 512
+  # The command that ran, as every report says it, and its config saved.
+  assert ("Command: `.venv/bin/python -m experiments.context_parallel "
+          "--config=configs/context_parallel.py:smoke") in report
+  assert results["config"]["experiment"]["long_len"] == 512
 
 
 def test_every_entry_point_has_an_end_to_end_test():
