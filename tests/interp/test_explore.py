@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import importlib
+import importlib.util
 import json
 import pathlib
 import re
@@ -31,6 +32,8 @@ from mha_jax.models import transformer
 
 import chromium
 import entry_points
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _smoke_config(name="default"):
@@ -235,6 +238,31 @@ def test_encoder_decoder_views(tmp_path):
       lambda: config_lib.build_model(continuous, nnx.Rngs(params=0)))
   with pytest.raises(ValueError, match="takes continuous inputs"):
     explorer.text_batch(abstract, continuous, "3 4")
+
+
+def test_refresh_pages_rewraps_an_old_page_into_the_one_written_now(
+    explored, tmp_path):
+  """scripts/refresh_pages.py on a page whose script is out of date gives
+  back exactly the page the explorer writes now (title, JSON and Treescope
+  panels kept byte for byte); a current page is left as it is, and a file
+  that is no page fails by name."""
+  spec = importlib.util.spec_from_file_location(
+      "refresh_pages", ROOT / "scripts" / "refresh_pages.py")
+  refresh_pages = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(refresh_pages)
+  now = explored["path"].read_text()
+  script = (ROOT / "mha_jax" / "interp" / "explorer_static" / "page.js"
+            ).read_text()
+  assert now.count(script) == 1
+  old = tmp_path / "old.html"
+  old.write_text(now.replace(script, "/* an older page script */"))
+  assert refresh_pages.refresh(old)
+  assert old.read_text() == now
+  assert not refresh_pages.refresh(old)
+  (tmp_path / "other.html").write_text("<html><title>x</title></html>")
+  with pytest.raises(ValueError, match="expected a page written by "
+                     "explorer.page_html, with its data"):
+    refresh_pages.refresh(tmp_path / "other.html")
 
 
 # --------------------------------------------------------------- browser
