@@ -48,9 +48,8 @@ DETECTORS = ("repeat_induction", "span_induction", "span_induction_strict")
 def fires(score, floor, thresholds) -> np.ndarray:
   """`[...]` bool: `score` >= thresholds.induction and >= floor_ratio x
   `floor` (a float: uniform attention's score), the taxonomy's rule."""
-  s = np.asarray(score, np.float64)
-  return ((s >= float(thresholds["induction"]))
-          & (s >= float(thresholds["floor_ratio"]) * float(floor)))
+  return heads.clears_threshold(score, float(floor), thresholds["induction"],
+                               thresholds["floor_ratio"])
 
 
 def detector_scores(model, batch, rep_batch, *, max_offset: int,

@@ -320,6 +320,15 @@ CLASS_SCORES = {
 }
 
 
+def clears_threshold(score, floor, threshold, floor_ratio) -> np.ndarray:
+  """`[...]` bool: `score` >= `threshold` and >= `floor_ratio` x `floor`
+  (the same score of uniform attention): the taxonomy's rule for one
+  score, which `classify` and the detectors' controls both apply."""
+  s = np.asarray(score, np.float64)
+  return (s >= float(threshold)) & (s >= float(floor_ratio) * np.asarray(
+      floor, np.float64))
+
+
 def classify(scores: dict, floors: dict, thresholds) -> dict:
   """The taxonomy of a model's heads from their scores.
 
@@ -339,9 +348,8 @@ def classify(scores: dict, floors: dict, thresholds) -> dict:
     thr = float(thresholds[cls])
     hit = np.zeros(shape, bool)
     for name in names:
-      s = np.asarray(scores[name], np.float64)
       floor = np.broadcast_to(np.asarray(floors[name], np.float64), shape)
-      hit |= (s >= thr) & (s >= thresholds["floor_ratio"] * floor)
+      hit |= clears_threshold(scores[name], floor, thr, thresholds["floor_ratio"])
     clears[cls] = hit
   label = np.full(shape, "other", object)
   for cls in reversed(CLASSES[:-1]):  # earlier classes overwrite later
