@@ -248,8 +248,8 @@ def _path_runs(model, clean, corrupted, sender_layer, receiver_layer,
   sender head's source-minus-target output (its `result`), and last (H)
   the embedding's (`blocks.0.resid_pre`); `bases` maps the last block's
   `resid_post` (the direct path to the logits) and, when `receiver_layer`
-  is not None, that layer's `resid_pre` to the target run's values `[B,
-  T, D]`.
+  is not None, that layer's `resid_pre` (`[B, T, D]`) and its q, k, v to
+  the target run's values.
   """
   if receiver_layer is not None and receiver_layer <= sender_layer:
     raise ValueError(f"path patching: the receiver layer ({receiver_layer})"
@@ -258,7 +258,8 @@ def _path_runs(model, clean, corrupted, sender_layer, receiver_layer,
   result, embed = f"blocks.{sender_layer}.attn.result", "blocks.0.resid_pre"
   bases = (f"blocks.{model.config.num_layers - 1}.resid_post",)
   if receiver_layer is not None:
-    bases += (f"blocks.{receiver_layer}.resid_pre",)
+    bases += (f"blocks.{receiver_layer}.resid_pre",) + tuple(
+        f"blocks.{receiver_layer}.attn.{x}" for x in _INPUTS)
   _, src = model(source, capture=(result, embed))
   _, tgt = model(target, capture=(result, embed) + bases)
   delta = jnp.concatenate([src[result] - tgt[result],
@@ -280,15 +281,22 @@ def _routed_metric(model, target, metric, delta, bases, receiver_layer,
     for i, name in enumerate(_INPUTS):
       site = f"blocks.{receiver_layer}.attn.{name}"
       moved = bases[base_site] + jnp.einsum("btsd,s->btd", delta, routes[i])
-      # The input as it would be from the moved residual stream (its
-      # LayerNorm, projection and rotary rerun by the model itself); the
-      # rest of this run is thrown away.
-      _, acts = model(target, patch={base_site: moved}, capture=(site,))
-      new = acts[site]
+
+      def recomputed(moved=moved, site=site):
+        # The input as it would be from the moved residual stream (its
+        # LayerNorm, projection and rotary rerun by the model itself); the
+        # rest of this run is thrown away.
+        return model(target, patch={base_site: moved}, capture=(site,))[1][
+            site]
+
+      # Where nothing is routed to this input (one path at a time: two of
+      # the three), it keeps the target run's value and that model run is
+      # skipped (under `lax.map` without a batch size, only the branch
+      # taken runs).
+      routed = jnp.any(routes[i] != 0)
+      new = jax.lax.cond(routed, recomputed, lambda site=site: bases[site])
       head_axis = hooks_lib.site_axes(site)[0]
-      # Where nothing is routed to this input, moved is the target run's
-      # own residual stream: patching it changes nothing.
-      sel = _one_hot(r, head_axis, new.shape) | (r < 0)
+      sel = (_one_hot(r, head_axis, new.shape) | (r < 0)) & routed
       patch[site] = _replace_at(new, sel)
   direct = jnp.einsum("btsd,s->btd", delta, routes[3])
   last = f"blocks.{model.config.num_layers - 1}.resid_post"
