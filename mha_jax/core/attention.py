@@ -131,14 +131,26 @@ def _head_scores(q, k, mask, bias, slope, q_pos, q_seg, k_seg, *,
   if q_pos is None:
     q_pos = score_rules.default_q_positions(tq, tk)
   k_pos = jnp.arange(tk)
+  q, scale = _fold_scale(q, score_rules.scale_of(rules, q.shape[-1]))
   qk = jnp.einsum("qd,kd->qk", q, k,
                   preferred_element_type=jnp.float32)  # [Tq, Tk]
   ok = score_rules.allowed(q_pos, k_pos, mask=mask, is_causal=is_causal,
                            rules=rules, q_seg=q_seg, k_seg=k_seg)
-  s, _ = score_rules.scores(qk, q_pos, k_pos,
-                            scale=score_rules.scale_of(rules, q.shape[-1]),
-                            rules=rules, bias=bias, slopes=slope, ok=ok)
+  s, _ = score_rules.scores(qk, q_pos, k_pos, scale=scale, rules=rules,
+                            bias=bias, slopes=slope, ok=ok)
   return s
+
+
+def _fold_scale(q, scale):
+  """`(q', scale')` with q'.k * scale' = scale * (q.k): in float32 the
+  scale multiplies q ([Tq, Dh]) instead of the scores ([Tq, Tk]), as
+  flax.linen does, which saves a pass over the scores and lets XLA's CPU
+  backend fuse the score product with the softmax; docs/performance.md.
+  Lower precisions keep it on the float32 scores, where it does not
+  round q (the blockwise kernel's rule, `flash.prescaled`)."""
+  if flash.prescaled(q.dtype):
+    return q * jnp.asarray(scale, q.dtype), 1.0
+  return q, scale
 
 
 def _head_mix(weights, v):
@@ -257,6 +269,7 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   # Head-major q and k: the score matmul is then batched over (B, K) and
   # writes [B, K, G, Tq, Tk] directly. With q as [B, Tq, K, G, Dh], XLA on
   # CPU transposed the whole score matrix after the matmul (compiled HLO).
+  q, scale = _fold_scale(q, score_rules.scale_of(rules, dh))
   qg = q.reshape(b, tq, kh, g, dh).transpose(0, 2, 3, 1, 4)  # [B,K,G,Tq,Dh]
   kt = k.transpose(0, 2, 1, 3)  # [B, K, Tk, Dh]
   qk = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt,
@@ -280,7 +293,7 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   slopes = (None if rules.alibi_slopes is None else
             rules.alibi_slopes.reshape(1, kh, g, 1, 1))
   logits, _ = score_rules.scores(
-      qk, q_pos, k_pos, scale=score_rules.scale_of(rules, dh), rules=rules,
+      qk, q_pos, k_pos, scale=scale, rules=rules,
       bias=to_5d(_to_4d(bias)), slopes=slopes, ok=ok)
   pattern, weights = _weights(logits.reshape(b, h, tq, tk), keep,
                               dropout_rate, hooks, rules.sinks)
