@@ -307,11 +307,14 @@ def test_ring_program_only_permutes_slices_and_never_gathers():
     assert f"f32[{H}]" in line, line  # d sinks only
 
 
-def test_model_trains_with_the_ring_on_a_sequence_axis():
-  """A DecoderLM with implementation 'ring' on a (data 2, sequence 2,
-  model 2) mesh: loss and gradients equal the same model with 'flash' on
-  one device, and a captured activation comes back split along the
-  sequence."""
+@pytest.mark.parametrize("impl", ["ring", "all_to_all"])
+def test_model_trains_with_context_parallelism_on_a_sequence_axis(impl):
+  """A DecoderLM with implementation 'ring' or 'all_to_all' on a (data 2,
+  sequence 2, model 2) mesh: loss and gradients equal the same model with
+  'flash' on one device, a captured activation comes back split along the
+  sequence, and a head ablated by `head_mask` gives the one-device
+  logits. All-to-all here has 2 query heads and 1 kv head per device, so
+  it repeats the kv head before the swap."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from configs import default  # pylint: disable=g-import-not-at-top
   from mha_jax.models import transformer  # pylint: disable=g-import-not-at-top
@@ -321,7 +324,7 @@ def test_model_trains_with_the_ring_on_a_sequence_axis():
   c.task.update(name="copy", batch_size=4, seq_len=16, vocab_size=16)
   c.model.update(d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
                  attention_only=False, positions="rotary",
-                 implementation="ring")
+                 implementation=impl)
   c.mesh.update(data=2, sequence=2, model=2)
   mesh = sharding.mesh_from_config(c)
   state = train.create_train_state(c)
@@ -358,6 +361,17 @@ def test_model_trains_with_the_ring_on_a_sequence_axis():
                                             capture=("blocks.0.attn.q",))
   np.testing.assert_allclose(np.asarray(q), np.asarray(
       want["blocks.0.attn.q"]), rtol=1e-6, atol=1e-6)
+  # Ablating head 1 (a patch of the z site) on the mesh: the one-device
+  # logits with the same head ablated, which differ from the plain ones.
+  ablate = jnp.array([[1.0, 0.0, 1.0, 1.0]])
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda m, x, hm: m(x, head_mask=hm))(
+        model, placed["inputs"], ablate)
+  ref_model = nnx.merge(ref_graph, ref_params)
+  want = ref_model(batch["inputs"], head_mask=ablate)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
+                             atol=1e-5)
+  assert np.abs(np.asarray(want - ref_model(batch["inputs"]))).max() > 1e-3
   # The training loop's step on that mesh (run under jax.set_mesh): its
   # loss is the one-device loss of the same batch before the update.
   step, _, make = train.step_fns(c, mesh)
