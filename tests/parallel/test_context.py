@@ -1,8 +1,10 @@
-"""Context parallelism on one device: layouts, and bad input refused by name.
+"""Context parallelism on one device: layouts, the ring's block range, refusals.
 
 The values are checked on 8 simulated devices (multidevice/
 test_context_parallel.py); these checks need no devices at all: every
-error is raised from shapes and the mesh's axis sizes, before tracing.
+error is raised from shapes and the mesh's axis sizes, before tracing,
+and the ring's block range is read under `vmap`, which stands in for the
+mesh's axis index.
 """
 
 import jax
@@ -13,6 +15,7 @@ import pytest
 import mha_jax
 from configs import default
 from mha_jax.core import score_rules
+from mha_jax.core.kernels import flash
 from mha_jax.parallel import all_to_all
 from mha_jax.parallel import context
 from mha_jax.parallel import ring
@@ -128,3 +131,93 @@ def test_mesh_from_config_counts_the_sequence_axis():
   with pytest.raises(ValueError, match="config.mesh.sequence: .*2 x 3 does "
                      "not divide the 8"):
     sharding.mesh_from_config(c, devices=[object()] * 8)
+
+
+def _ring_block_counts(n, t, block, layout):
+  """`[N]`: the key blocks each device's ring visits under the causal rule
+  (summed over its query blocks, the N slices that reach it and their
+  runs), read from the kernel's block range (`flash._kv_block_range`) at
+  the positions and key starts the ring itself builds (`ring._prepare`,
+  `ring._for_run`; `vmap` stands in for the mesh's axis index)."""
+  mesh = _mesh(sequence=n)
+  q = jnp.zeros((1, t, 1, 1))
+  plan = context.plan(mesh, q, q, fn="test", layout=layout)
+  c, runs = t // n, 2 if layout == "zigzag" else 1
+  cfg = flash.block_config(jnp.float32, 1, score_rules.NO_RULES, True, c,
+                           c // runs, block, block, halve_backward=False)
+  rg = ring._Ring(plan=plan, cfg=cfg, offset=0, kv_local=c)
+  local = jnp.zeros((1, c, 1, 1))
+
+  def count(_):
+    qt, bundle, ex = ring._prepare(rg, local, local, local, None, None, None,
+                                   None, None)
+    nq, nk = qt.shape[3] // cfg.bq, bundle[0].shape[3] // cfg.bk
+    total = 0
+    for step in range(n):
+      for run in range(runs):
+        ex_r, _ = ring._for_run(rg, ex, bundle, ring._source(rg, step), run)
+        for i in range(nq):
+          first, end = flash._kv_block_range(i, nk, ex_r, cfg)  # pylint: disable=protected-access
+          total += jnp.maximum(end - first, 0)
+    return total
+
+  return np.asarray(jax.vmap(count, axis_name=context.SEQUENCE)(
+      jnp.arange(n)))
+
+
+def _needed_block_counts(n, t, block, layout):
+  """The same count from first principles: device r's positions written
+  out from the layout's definition, and a (query block, key block) pair
+  counted when some query may see some real key of it (k <= q)."""
+  c = t // n
+  if layout == "contiguous":
+    held = lambda r: [np.arange(r * c, (r + 1) * c)]
+  else:
+    half = c // 2
+    chunk = lambda i: np.arange(i * half, (i + 1) * half)
+    held = lambda r: [chunk(r), chunk(2 * n - 1 - r)]
+  counts = []
+  for r in range(n):
+    q = np.concatenate(held(r))
+    total = 0
+    for src in range(n):
+      for keys in held(src):  # one run of consecutive positions
+        for qs in range(0, len(q), block):
+          for ks in range(0, len(keys), block):
+            total += bool(np.any(keys[ks:ks + block][None]
+                                 <= q[qs:qs + block][:, None]))
+    counts.append(total)
+  return np.array(counts)
+
+
+def test_ring_block_range_known_answer():
+  """T = 32 on 4 devices, blocks of 4. Contiguous: device r's two query
+  blocks see both blocks of each of the r earlier slices and 3 of its own
+  (the diagonal hides one), so 4 r + 3. Zigzag: every run is one block;
+  device r's chunks r and 7 - r see r + 1 and 8 - r chunks: 9 each. The
+  same 36 blocks in all, spread evenly."""
+  np.testing.assert_array_equal(_ring_block_counts(4, 32, 4, "contiguous"),
+                                [3, 7, 11, 15])
+  np.testing.assert_array_equal(_ring_block_counts(4, 32, 4, "zigzag"),
+                                [9, 9, 9, 9])
+
+
+@pytest.mark.parametrize("block", [5, 3])
+@pytest.mark.parametrize("layout", context.LAYOUTS)
+def test_ring_block_range_visits_exactly_the_blocks_it_needs(layout, block):
+  """T = 96 on 8 devices, runs of C / 2 = 6 (zigzag): the ring visits
+  exactly the blocks holding an allowed pair, so none is missed and none
+  fully masked is visited, whose cost the value checks cannot see. With
+  blocks of 3, which divide the runs, zigzag gives every device the same
+  count. Blocks of 5 leave partial blocks in every slice and run, and a
+  query block straddling the two runs visits the late run's range: zigzag
+  then keeps the busiest device within 1.5x of the idlest (64 down to 50
+  blocks). Contiguous: more than 5x either way."""
+  got = _ring_block_counts(8, 96, block, layout)
+  np.testing.assert_array_equal(got, _needed_block_counts(8, 96, block,
+                                                          layout))
+  spread = got.max() / got.min()
+  if layout == "contiguous":
+    assert spread > 5, got
+  else:
+    assert spread < (1.5 if block == 5 else 1.0 + 1e-9), got

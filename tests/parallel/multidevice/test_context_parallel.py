@@ -49,12 +49,13 @@ B, T, H, DH = 2, 96, 8, 8
 BLOCK = 5
 
 
-def _inputs(kv_heads, seed=0):
+def _inputs(kv_heads, seed=0, tq=T):
+  """q and d_out of length `tq`, k and v of length T."""
   ks = jax.random.split(jax.random.PRNGKey(seed), 6)
-  q = jax.random.normal(ks[0], (B, T, H, DH))
+  q = jax.random.normal(ks[0], (B, tq, H, DH))
   k = jax.random.normal(ks[1], (B, T, kv_heads, DH))
   v = jax.random.normal(ks[2], (B, T, kv_heads, DH))
-  d_out = jax.random.normal(ks[3], (B, T, H, DH))
+  d_out = jax.random.normal(ks[3], (B, tq, H, DH))
   sinks = jax.random.normal(ks[4], (H,))
   slopes = jnp.linspace(0.0, 0.3, H)
   return q, k, v, d_out, sinks, slopes
@@ -65,23 +66,26 @@ SEGMENTS = jnp.asarray(np.stack([np.r_[np.zeros(41), np.ones(55)],
                                  np.r_[np.zeros(7), np.ones(89)]]), jnp.int32)
 
 
-def _rules(kind, sinks, slopes):
+def _rules(kind, sinks, slopes, tq=T):
+  """With tq < T the queries are the last tq positions (the bottom-right
+  alignment), so their segment ids are the keys' last tq."""
+  q_seg = SEGMENTS[:, T - tq:]
   if kind == "plain":
     return score_rules.NO_RULES
   if kind == "window_segments":
     return score_rules.ScoreRules(local_window=(17, 3),
-                                  q_segment_ids=SEGMENTS,
+                                  q_segment_ids=q_seg,
                                   kv_segment_ids=SEGMENTS)
   # Every rule at once.
   return score_rules.ScoreRules(
       local_window=(30, 2), soft_cap=3.0, sinks=sinks, alibi_slopes=slopes,
-      q_segment_ids=SEGMENTS, kv_segment_ids=SEGMENTS)
+      q_segment_ids=q_seg, kv_segment_ids=SEGMENTS)
 
 
 def _grads(path, q, k, v, d_out, sinks, slopes, kind, is_causal, mask):
   """out and d(q, k, v, sinks, slopes) of sum(out * d_out) along `path`."""
   def loss(q, k, v, sinks, slopes):
-    rules = _rules(kind, sinks, slopes)
+    rules = _rules(kind, sinks, slopes, q.shape[1])
     out = path(q, k, v, rules, is_causal, mask)
     return jnp.sum(out * d_out), out
   (_, out), grads = jax.jit(jax.value_and_grad(
@@ -95,8 +99,10 @@ def _one_device(q, k, v, rules, is_causal, mask):
 
 
 def _bounds(q, k, v, d_out, sinks, slopes, kind, is_causal, mask):
-  """The elementwise bounds of the module docstring, from the weights."""
-  rules = _rules(kind, sinks, slopes)
+  """The elementwise bounds of the module docstring, from the weights
+  (Tq = q.shape[1], Tk = T)."""
+  tq = q.shape[1]
+  rules = _rules(kind, sinks, slopes, tq)
   out, p = attention.attend(q, k, v, mask=mask, is_causal=is_causal,
                             rules=rules, implementation="einsum")
   g = H // k.shape[2]
@@ -109,8 +115,8 @@ def _bounds(q, k, v, d_out, sinks, slopes, kind, is_causal, mask):
             + delta[..., None])
   scale = score_rules.scale_of(rules, DH)
   per_kv = lambda x: x.reshape(B, T, k.shape[2], g, DH).sum(3)
-  dist = jnp.abs(jnp.arange(T)[:, None] - jnp.arange(T)[None]).astype(
-      jnp.float32)
+  dist = jnp.abs(jnp.arange(T - tq, T)[:, None]
+                 - jnp.arange(T)[None]).astype(jnp.float32)
   sums = {
       "out": jnp.einsum("bhqk,bkhd->bqhd", p, jnp.abs(rep(v))),
       "q": scale * jnp.einsum("bhqk,bkhd->bqhd", ds, jnp.abs(rep(k))),
@@ -118,14 +124,16 @@ def _bounds(q, k, v, d_out, sinks, slopes, kind, is_causal, mask):
       "v": per_kv(jnp.einsum("bhqk,bqhd->bkhd", p, jnp.abs(d_out))),
       "sinks": jnp.sum((1.0 - p.sum(-1)) * jnp.abs(delta), axis=(0, 2)),
       "slopes": jnp.einsum("bhqk,qk->h", ds, dist)}
-  n = {"out": T, "q": T + DH, "k": g * T + DH, "v": g * T,
-       "sinks": B * T + DH, "slopes": B * T * T + DH}
+  n = {"out": T, "q": T + DH, "k": g * tq + DH, "v": g * tq,
+       "sinks": B * tq + DH, "slopes": B * tq * T + DH}
   return {name: 2 * (n[name] + T + 8) * U * s + 1e-30
           for name, s in sums.items()}
 
 
-def _check(path, kv_heads, kind, is_causal, mask=None):
-  q, k, v, d_out, sinks, slopes = _inputs(kv_heads)
+def _check(path, kv_heads, kind, is_causal, mask=None, tq=T):
+  """Values and gradients of `path` within the bound of the one-device
+  kernel's; returns the path's out and gradients for further checks."""
+  q, k, v, d_out, sinks, slopes = _inputs(kv_heads, tq=tq)
   args = (q, k, v, d_out, sinks, slopes, kind, is_causal, mask)
   want_out, want = _grads(_one_device, *args)
   got_out, got = _grads(path, *args)
@@ -138,6 +146,7 @@ def _check(path, kv_heads, kind, is_causal, mask=None):
     err = np.abs(np.asarray(a) - np.asarray(b))
     worst = float(np.max(err / np.asarray(bound[name])))
     assert worst <= 1.0, (name, worst, float(err.max()))
+  return got_out, got
 
 
 def _ring_path(mesh, layout):
@@ -179,6 +188,11 @@ def _key_mask():
     # Sequence axis 8: every rule, causal, GQA; zigzag with a key mask.
     (dict(sequence=8), "contiguous", 2, "all_rules", True, False),
     (dict(sequence=8), "zigzag", 2, "window_segments", True, True),
+    # Sequence axis 8, non-causal: every key slice of every device counts
+    # (causal hides the later slices, and whatever the ring does with
+    # them), and with no window the kernel's full block range.
+    (dict(sequence=8), "zigzag", 2, "all_rules", False, True),
+    (dict(sequence=8), "contiguous", 1, "plain", False, False),
     # 2 x 4 with heads: GQA split over "model"; MQA picked per device,
     # non-causal.
     (dict(sequence=2, model=4), "zigzag", 4, "all_rules", True, False),
@@ -196,6 +210,8 @@ def test_ring_equals_one_device(axes, layout, kv_heads, kind, is_causal,
 @pytest.mark.parametrize("axes,kv_heads,kind,is_causal,masked", [
     # 2 kv heads do not split over 8: repeated up to the query heads.
     (dict(sequence=8), 2, "all_rules", True, True),
+    # 8 kv heads split over 8 without repeating them; non-causal.
+    (dict(sequence=8), 8, "window_segments", False, True),
     (dict(sequence=2, model=4), 8, "window_segments", False, False),
     (dict(sequence=2, model=4), 1, "all_rules", True, False),
 ])
@@ -203,6 +219,53 @@ def test_all_to_all_equals_one_device(axes, kv_heads, kind, is_causal,
                                       masked):
   _check(_a2a_path(_mesh(**axes)), kv_heads, kind, is_causal,
          _key_mask() if masked else None)
+
+
+def _path(impl, mesh, layout):
+  return _ring_path(mesh, layout) if impl == "ring" else _a2a_path(mesh)
+
+
+@pytest.mark.parametrize("impl,layout", [("ring", "zigzag"),
+                                         ("all_to_all", None)])
+def test_causal_bottom_right_with_fewer_queries_than_keys(impl, layout):
+  """Tq = 48 queries against Tk = 96 keys, causal: query i sits at
+  position i + Tk - Tq (the ring adds that offset to the positions its
+  layout gives; all-to-all leaves it to the kernel). Every rule that reads
+  positions (causal, window, ALiBi) and query segment ids that differ
+  from the keys' see the alignment."""
+  _check(_path(impl, _mesh(sequence=8), layout), 2, "all_rules", True,
+         _key_mask(), tq=48)
+
+
+def _left_padded_mask():
+  """Row 0: keys 0..20 are padding, so under the causal rule queries
+  0..20 have no allowed key; row 1: every key is padding."""
+  first = jnp.array([21, T])
+  return (jnp.arange(T)[None] >= first[:, None])[:, None, None, :]
+
+
+@pytest.mark.parametrize("impl,layout,kind", [
+    ("ring", "contiguous", "window_segments"),
+    ("ring", "zigzag", "all_rules"),
+    ("all_to_all", None, "window_segments")])
+def test_rows_with_no_allowed_key_give_exactly_zero(impl, layout, kind):
+  """The one-device policy: a query that may attend to nothing outputs 0
+  (not the mean of the values, not NaN) and gets dq = 0. On the ring such
+  a row sees slice after slice with no allowed key, where an unguarded
+  running max of -inf gives exp(-inf + inf) = NaN and an unguarded
+  normaliser 0 / 0; with sinks ("all_rules") the row's only weight is the
+  sink, which has no value."""
+  out, grads = _check(_path(impl, _mesh(sequence=8), layout), 2, kind, True,
+                      _left_padded_mask())
+  empty = np.zeros((B, T), bool)
+  empty[0, :21] = True
+  empty[1] = True
+  out, dq = np.asarray(out), np.asarray(grads[0])
+  assert np.all(out[empty] == 0.0), np.abs(out[empty]).max()
+  assert np.all(dq[empty] == 0.0), np.abs(dq[empty]).max()
+  assert np.all(out[~empty].any(-1)), "a row with keys came out 0"
+  for g in grads:
+    assert np.isfinite(np.asarray(g)).all()
 
 
 def _collectives(hlo):
@@ -243,11 +306,14 @@ def test_ring_program_only_permutes_slices_and_never_gathers():
     assert f"f32[{H}]" in line, line  # d sinks only
 
 
-def test_model_trains_with_the_ring_on_a_sequence_axis():
-  """A DecoderLM with implementation 'ring' on a (data 2, sequence 2,
-  model 2) mesh: loss and gradients equal the same model with 'flash' on
-  one device, and a captured activation comes back split along the
-  sequence."""
+@pytest.mark.parametrize("impl", ["ring", "all_to_all"])
+def test_model_trains_with_context_parallelism_on_a_sequence_axis(impl):
+  """A DecoderLM with implementation 'ring' or 'all_to_all' on a (data 2,
+  sequence 2, model 2) mesh: loss and gradients equal the same model with
+  'flash' on one device, a captured activation comes back split along the
+  sequence, and a head ablated by `head_mask` gives the one-device
+  logits. All-to-all here has 2 query heads and 1 kv head per device, so
+  it repeats the kv head before the swap."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from configs import default  # pylint: disable=g-import-not-at-top
   from mha_jax.models import transformer  # pylint: disable=g-import-not-at-top
@@ -257,7 +323,7 @@ def test_model_trains_with_the_ring_on_a_sequence_axis():
   c.task.update(name="copy", batch_size=4, seq_len=16, vocab_size=16)
   c.model.update(d_model=32, num_layers=1, num_heads=4, num_kv_heads=2,
                  attention_only=False, positions="rotary",
-                 implementation="ring")
+                 implementation=impl)
   c.mesh.update(data=2, sequence=2, model=2)
   mesh = sharding.mesh_from_config(c)
   state = train.create_train_state(c)
@@ -294,6 +360,17 @@ def test_model_trains_with_the_ring_on_a_sequence_axis():
                                             capture=("blocks.0.attn.q",))
   np.testing.assert_allclose(np.asarray(q), np.asarray(
       want["blocks.0.attn.q"]), rtol=1e-6, atol=1e-6)
+  # Ablating head 1 (a patch of the z site) on the mesh: the one-device
+  # logits with the same head ablated, which differ from the plain ones.
+  ablate = jnp.array([[1.0, 0.0, 1.0, 1.0]])
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda m, x, hm: m(x, head_mask=hm))(
+        model, placed["inputs"], ablate)
+  ref_model = nnx.merge(ref_graph, ref_params)
+  want = ref_model(batch["inputs"], head_mask=ablate)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
+                             atol=1e-5)
+  assert np.abs(np.asarray(want - ref_model(batch["inputs"]))).max() > 1e-3
   # The training loop's step on that mesh (run under jax.set_mesh): its
   # loss is the one-device loss of the same batch before the update.
   step, _, make = train.step_fns(c, mesh)
