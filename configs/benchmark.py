@@ -25,7 +25,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.smoke = smoke  # a smoke report draws no conclusion
   # Comma-separated names (a tuple of strings cannot be overridden from the
   # command line as "a,b").
-  c.sets = "standard,bf16,long"  # shape sets to run, in this order
+  c.sets = "standard,bf16,long,train_step"  # shape sets, in this order
   c.shape = ml_collections.ConfigDict(dict(B=8, n=512, D=256, h=8))
   c.long_shape = ml_collections.ConfigDict(dict(B=1, D=512, h=8))
   c.long_n = (2048,)  # "long": causal and not, fwd and fwd+bwd
@@ -47,9 +47,32 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.max_score_gib = 1.0
   c.matmul_n = 2048  # the n x n x n matmul whose GFLOP/s is the yardstick
   c.timeout_s = 3600  # per case (each runs in its own process)
+  # The "train_step" set (experiments/benchmark/train_step.py): one whole
+  # optimizer step of an experiment's model, mha_jax's paths against the
+  # same model in PyTorch and TransformerLens, timed in interleaved rounds
+  # in one process. A spec is an experiment config plus overrides of its
+  # model and task fields.
+  c.train_step = ml_collections.ConfigDict()
+  ts = c.train_step
+  ts.shapes = "induction,text_size"  # keys of `specs`, in this order
+  ts.paths = "einsum,vmap,flash,auto,torch,transformer_lens"
+  ts.rounds = 10  # timed steps per path (medians and per-round ratios)
+  ts.warmup = 3  # untimed steps per path after compiling
+  ts.specs = ml_collections.ConfigDict(dict(
+      # Experiment 1's model as it trains (L2 H4 D64 T32 B64 V32).
+      induction=dict(config="induction", model={}, task={}),
+      # The real-text experiment's default model (L2 H4 D64 T256 B8).
+      text=dict(config="text", model={}, task={}),
+      # The text task at a size where the step is matmul-bound.
+      text_size=dict(config="text",
+                     model=dict(num_layers=4, num_heads=8, d_model=256),
+                     task=dict(batch_size=16)),
+  ))
   if smoke:
-    c.sets = "standard"
+    c.sets = "standard,train_step"
     c.shape.update(B=1, n=32, D=16, h=2)
     c.paths = "einsum,jax.nn"
     c.update(repeats=1, warmup=0, matmul_n=64, timeout_s=300)
+    ts.update(shapes="tiny", paths="einsum,torch", rounds=2, warmup=1)
+    ts.specs.tiny = dict(config="induction:smoke", model={}, task={})
   return c

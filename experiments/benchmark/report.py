@@ -16,8 +16,9 @@ def _fmt(x, digits=1):
   return "-" if x is None else report_lib.fmt(x, digits=digits)
 
 
-def markdown(rows, mm, matmul_n=2048):
-  """One table per shape; a row per path; skipped paths say why."""
+def markdown(rows, mm, matmul_n=2048, steps=()):
+  """One table per shape; a row per path; skipped paths say why; then the
+  train-step tables (`steps`)."""
   out = [f"Plain matmul ({matmul_n}^3, same run): {mm['float32']:.1f} "
          f"GFLOP/s float32, {mm['bfloat16']:.1f} GFLOP/s bfloat16.", ""]
   keys = []
@@ -61,7 +62,38 @@ def markdown(rows, mm, matmul_n=2048):
       out.append(line)
     out.append("")
   out += window_scaling(rows)
+  out += train_step_tables(steps)
   return "\n".join(out)
+
+
+def _ratio(r, peer):
+  x = r.get(f"x_{peer}")
+  return "-" if x is None else (f"{x['median']:.2f} "
+                                f"({x['min']:.2f}-{x['max']:.2f})")
+
+
+def train_step_tables(rows) -> list[str]:
+  """One table per train-step shape: ms per step and, per PyTorch peer,
+  the median over rounds of this path's time / the peer's (range)."""
+  out = []
+  for shape in dict.fromkeys(r["shape"] for r in rows):
+    group = [r for r in rows if r["shape"] == shape]
+    s = group[0]
+    peers = [p for p in ("torch", "transformer_lens")
+             if any(f"x_{p}" in r for r in group)]
+    out += [f"### train_step: {shape} (L={s['L']} H={s['H']} D={s['D']} "
+            f"T={s['T']} B={s['B']} V={s['V']})", ""]
+    head = "| path | ms per step |" + "".join(
+        f" x {p} (range) |" for p in peers)
+    out += [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in group:
+      if r.get("skipped"):
+        out.append(f"| {r['path']} | skipped: {r['skipped']} |")
+        continue
+      out.append(f"| {r['path']} | {_fmt(r['step_ms'])} |"
+                 + "".join(f" {_ratio(r, p)} |" for p in peers))
+    out.append("")
+  return out
 
 
 def window_scaling(rows) -> list[str]:
@@ -91,7 +123,9 @@ def _header(meta) -> str:
   return (f"Command: python -m experiments.benchmark "
           f"{' '.join(meta['argv'])}\n"
           f"({meta['date']}, jax {meta['jax']}, {meta['backend']}, "
-          f"{meta['cpus']} CPUs, load average {meta['load_avg_start'][0]:.1f} "
+          f"{meta['cpus']} CPUs, torch {meta.get('torch')}, "
+          f"transformer_lens {meta.get('transformer_lens')}, "
+          f"load average {meta['load_avg_start'][0]:.1f} "
           f"at start, {meta['load_avg_end'][0]:.1f} at end)\n\n")
 
 
@@ -100,7 +134,8 @@ def write(config, results, workdir) -> dict:
   returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   meta = results["meta"]
-  table = markdown(results["rows"], meta["matmul_gflops"], config.matmul_n)
+  table = markdown(results["rows"], meta["matmul_gflops"], config.matmul_n,
+                   results.get("train_step", ()))
   written = report_lib.write_outputs(workdir, results, _header(meta) + table,
                                        config=config)
   # This report has always been table.md (the docs link it by that name).

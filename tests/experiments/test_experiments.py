@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import re
+import statistics
 import subprocess
 import sys
 
@@ -415,6 +416,18 @@ def test_benchmark(tmp_path, monkeypatch):
     assert cells[1] == f"{r['fwd_ms']:.1f}"
     assert cells[5] == f"{r['fwdbwd_ms']:.1f}"
   assert _row(table, "jax.nn")[4] == "1.00"  # the only anchor is 1x itself
+  # The train-step set: one tiny step of experiment 1's smoke model in
+  # mha_jax and in PyTorch, interleaved; the ratio is per round.
+  steps = {r["path"]: r for r in results["train_step"]}
+  assert list(steps) == ["einsum", "torch"]
+  ours, peer = steps["einsum"], steps["torch"]
+  per_round = [a / b for a, b in zip(ours["step_s"], peer["step_s"])]
+  assert ours["x_torch"]["median"] == pytest.approx(
+      statistics.median(per_round))
+  assert ours["x_torch"]["min"] == pytest.approx(min(per_round))
+  cells = _row(entry_points.table(report, "| path | ms per step |"), "einsum")
+  assert cells[1] == f"{ours['step_ms']:.1f}"
+  assert cells[2].startswith(f"{ours['x_torch']['median']:.2f} (")
 
 
 def test_mesh_check_command_line(tmp_path):

@@ -1,0 +1,196 @@
+r"""The train-step benchmark set: one optimizer step, mha_jax against PyTorch.
+
+What a user deciding between libraries times: a whole training step
+(forward, loss, backward, gradient clipping, AdamW) of the attention-only
+decoder the experiments train. Each shape is an experiment's own config
+(`configs/<name>.py`) with optional overrides of its model and task
+fields (configs/benchmark.py, `train_step.shapes`); the batch is that
+task's own first batch, and the same arrays feed every library.
+
+Paths:
+- mha_jax's implementations (`einsum`, `vmap`, `flash`, `auto`, ...): the
+  experiment's `train.train_step_jit`, with `model.implementation` set;
+- `torch`: the same model written in PyTorch (`torch_models.Decoder`; a
+  test checks it computes the same loss and gradients on the same
+  weights), with `F.scaled_dot_product_attention`;
+- `transformer_lens`: TransformerLens's `HookedTransformer` of the same
+  sizes, as users run it.
+torch and transformer_lens are optional: a path that cannot be imported
+is skipped, saying so.
+
+Timing: everything runs in this one process, built and warmed up first
+(`warmup` untimed steps each, so compilation is out), then `rounds`
+rounds; each round times one step of every path, in an order that rotates
+from round to round so no path always follows the same one. A figure is
+the median over rounds; a ratio is the median over rounds of the two
+paths' times in the same round, with its range (min-max), so a drift of
+the machine's speed during the run cancels. torch uses as many threads as
+JAX's CPU client has devices' cores (`torch.set_num_threads(os.cpu_count())`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import statistics
+import time
+
+import jax
+
+from mha_jax.core import attention
+from mha_jax.training import config as config_lib
+from mha_jax.training import train
+
+PEERS = ("torch", "transformer_lens")
+
+
+def experiment_config(spec, implementation=None):
+  """The experiment config `spec.config` names ("text", or "induction:smoke"
+  with the argument its `get_config` takes), with `spec.model` and
+  `spec.task` overrides (and `model.implementation` when given)."""
+  name, _, arg = spec.config.partition(":")  # "induction:smoke" as in --config
+  try:
+    module = importlib.import_module(f"configs.{name}")
+  except ModuleNotFoundError as e:
+    raise ValueError(f"config.train_step.specs: no configs/{name}.py") from e
+  c = module.get_config(arg or None)
+  c.model.update(dict(spec.get("model", {})))
+  c.task.update(dict(spec.get("task", {})))
+  if implementation is not None:
+    c.model.implementation = implementation
+  return c
+
+
+def peer_sizes(c):
+  """The sizes `torch_models` builds from; ValueError naming the model
+  fields the PyTorch peers do not mirror."""
+  m = config_lib.model_config(c)
+  unsupported = [name for name, bad in (
+      ("attention_only", not m.attention_only),
+      ("positions", m.positions != "rotary"), ("final_ln", not m.final_ln),
+      ("use_bias", m.use_bias),
+      ("num_kv_heads", m.num_kv_heads not in (None, m.num_heads)),
+      ("head_dim", m.head_dim not in (None, m.d_model // m.num_heads)),
+      ) if bad]
+  if unsupported:
+    raise ValueError(f"train_step: the PyTorch peers mirror attention-only "
+                     f"rotary decoders only; model fields {unsupported} "
+                     "differ")
+  return dict(vocab_size=m.vocab_size, d_model=m.d_model,
+              num_layers=m.num_layers, num_heads=m.num_heads,
+              seq_len=c.task.seq_len)
+
+
+def _jax_step(c):
+  state = train.create_train_state(c)
+  batch = train.batch_fn(c)(jax.random.PRNGKey(0))
+  holder = {"state": state}
+
+  def step():
+    holder["state"], metrics = train.train_step_jit(holder["state"], batch)
+    return jax.block_until_ready(metrics["loss"])
+  return step, batch
+
+
+def _peer_step(path, c, batch):
+  """A step closure for a PyTorch peer, or the reason it is skipped."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    from experiments.benchmark import torch_models  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return f"{path}: torch is not importable here (not a dependency)"
+  sizes = peer_sizes(c)
+  torch.manual_seed(c.train.seed)
+  if path == "torch":
+    model = torch_models.Decoder(**sizes)
+  else:
+    try:
+      model = torch_models.hooked_transformer(**sizes, seed=c.train.seed)
+    except ImportError:
+      return "transformer_lens is not importable here (not a dependency)"
+  opt = torch_models.optimizer(model, c.train)
+  tb = torch_models.batch_to_torch(batch)
+  return lambda: torch_models.train_step(model, opt, tb, c.train.grad_clip)
+
+
+def _ratio(times, a, b):
+  """Median and range over rounds of times[a] / times[b]."""
+  r = [x / y for x, y in zip(times[a], times[b])]
+  return {"median": statistics.median(r), "min": min(r), "max": max(r)}
+
+
+def measure_shape(name, spec, paths, rounds, warmup):
+  """Rows for one shape: one per path, timed in interleaved rounds."""
+  steps, rows, batch = {}, {}, None
+  for path in paths:
+    if path in PEERS:
+      continue
+    c = experiment_config(spec, path)
+    steps[path], batch = _jax_step(c)
+  base = experiment_config(spec)
+  if batch is None:  # only peers asked for: the batch the task draws
+    batch = train.batch_fn(base)(jax.random.PRNGKey(0))
+  for path in paths:
+    if path in PEERS:
+      step = _peer_step(path, base, batch)
+      if isinstance(step, str):
+        rows[path] = {"skipped": step}
+        continue
+      steps[path] = step
+  for step in steps.values():
+    for _ in range(warmup):
+      step()
+  times = {p: [] for p in steps}
+  order = list(steps)
+  for r in range(rounds):
+    shift = r % len(order)
+    for path in order[shift:] + order[:shift]:
+      start = time.perf_counter()
+      steps[path]()
+      times[path].append(time.perf_counter() - start)
+  out = []
+  m = config_lib.model_config(base)
+  for path in paths:
+    row = {"set": "train_step", "shape": name, "path": path,
+           "L": m.num_layers, "H": m.num_heads, "D": m.d_model,
+           "T": base.task.seq_len, "B": base.task.batch_size,
+           "V": m.vocab_size, **rows.get(path, {})}
+    if path in times:
+      row["step_s"] = times[path]
+      row["step_ms"] = 1e3 * statistics.median(times[path])
+      for peer in PEERS:
+        if peer in times and peer != path:
+          row[f"x_{peer}"] = _ratio(times, path, peer)
+    print(f"[train_step] {name} {path}: "
+          + (row.get("skipped") or f"{row['step_ms']:.1f} ms/step"),
+          flush=True)
+    out.append(row)
+  return out
+
+
+def sweep(config) -> list[dict]:
+  """Every shape of `config.train_step.shapes` (comma-separated keys of
+  `config.train_step.specs`) on every path of `config.train_step.paths`."""
+  ts = config.train_step
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.set_num_threads(os.cpu_count())
+  except ImportError:
+    pass
+  names = [s.strip() for s in ts.shapes.split(",") if s.strip()]
+  paths = [p.strip() for p in ts.paths.split(",") if p.strip()]
+  bad = [p for p in paths
+         if p not in PEERS and not attention.known_implementation(p)]
+  if bad:
+    raise ValueError(f"config.train_step.paths: unknown {bad}; expected "
+                     f"{sorted(attention.IMPLEMENTATIONS) + ['auto']} or "
+                     f"{list(PEERS)}")
+  unknown = [s for s in names if s not in ts.specs]
+  if unknown:
+    raise ValueError(f"config.train_step.shapes: unknown {unknown}; "
+                     f"expected keys of config.train_step.specs "
+                     f"{sorted(ts.specs)}")
+  rows = []
+  for name in names:
+    rows += measure_shape(name, ts.specs[name], paths, ts.rounds, ts.warmup)
+  return rows

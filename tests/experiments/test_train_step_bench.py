@@ -1,0 +1,121 @@
+"""The train-step benchmark compares like with like: the PyTorch model it
+times is the project's DecoderLM (same loss and gradients on the same
+weights), and its ratios and table follow from the timings."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import benchmark as benchmark_config
+from experiments.benchmark import report
+from experiments.benchmark import train_step
+from mha_jax.training import config as config_lib
+from mha_jax.training import train
+
+torch = pytest.importorskip("torch")
+torch_models = pytest.importorskip("experiments.benchmark.torch_models")
+
+
+@pytest.fixture(scope="module")
+def pair():
+  """Experiment 1's config at 2 layers of width 32 with 4 heads (Dh = 8:
+  the scale 1/sqrt(8) is not a power of two), its DecoderLM and a batch,
+  and the PyTorch Decoder holding the same weights."""
+  c = train_step.experiment_config(
+      benchmark_config.get_config().train_step.specs.induction)
+  c.model.update(d_model=32, num_heads=4)
+  c.task.update(batch_size=4)
+  state = train.create_train_state(c)
+  batch = train.batch_fn(c)(jax.random.PRNGKey(3))
+  m = config_lib.model_config(c)
+  dec = torch_models.Decoder(m.vocab_size, m.d_model, m.num_layers,
+                             m.num_heads, c.task.seq_len)
+  torch_models.load_from(dec, state.params)
+  return state, batch, dec, torch_models.batch_to_torch(batch)
+
+
+def test_the_pytorch_model_is_the_decoder_lm(pair):
+  """Loss and every gradient agree in float32 on the same weights and
+  batch: a wrong rotary pairing, LayerNorm epsilon, causal rule, scale or
+  weight layout in the mirror would show here."""
+  state, batch, dec, tb = pair
+
+  def loss_fn(params):
+    return train.compute_loss(nnx.merge(state.graphdef, params), batch,
+                              "xent")[0]
+  value, grads = jax.value_and_grad(loss_fn)(state.params)
+  loss = torch_models.loss(dec, tb["inputs"], tb["targets"], tb["loss_mask"])
+  loss.backward()
+  assert float(loss.detach()) == pytest.approx(float(value), rel=1e-6)
+  g = lambda x: np.asarray(x[...])
+  d = dec.embed.weight.shape[1]
+  for i, block in enumerate(dec.blocks):
+    attn = grads["blocks"][i]["attn"]
+    want = np.concatenate([g(attn[n]).reshape(d, -1)
+                           for n in ("w_q", "w_k", "w_v")], axis=1).T
+    np.testing.assert_allclose(block.qkv.weight.grad.numpy(), want,
+                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(block.out.weight.grad.numpy(),
+                               g(attn["w_o"]).reshape(-1, d).T,
+                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(block.ln.weight.grad.numpy(),
+                               g(grads["blocks"][i]["ln_attn"]["scale"]),
+                               rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(dec.embed.weight.grad.numpy(),
+                             g(grads["embed"]["embed"]["embedding"]),
+                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(dec.readout.weight.grad.numpy(),
+                             g(grads["readout"]["kernel"]).T,
+                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(dec.readout.bias.grad.numpy(),
+                             g(grads["readout"]["bias"]),
+                             rtol=1e-4, atol=1e-6)
+
+
+def test_the_pytorch_step_is_adamw_with_decay_on_matrices_only(pair):
+  """Adam's first update is -lr * g / (|g| + eps) elementwise, whatever
+  clipping did to g's norm; AdamW also shrinks the decayed weights by
+  lr * weight_decay first. So after one step the readout bias (a vector:
+  no decay) moves by -lr sign(g), and the readout matrix by that minus
+  lr * weight_decay * W: the decay groups of `make_optimizer`."""
+  state, batch, dec, tb = pair
+  c = train_step.experiment_config(
+      benchmark_config.get_config().train_step.specs.induction)
+  lr, wd = c.train.learning_rate, c.train.weight_decay
+  opt = torch_models.optimizer(dec, c.train)
+  bias0 = dec.readout.bias.detach().clone().numpy()
+  w0 = dec.readout.weight.detach().clone().numpy()
+  dec.zero_grad(set_to_none=True)
+  torch_models.train_step(dec, opt, tb, c.train.grad_clip)
+  grads = jax.grad(lambda p: train.compute_loss(
+      nnx.merge(state.graphdef, p), batch, "xent")[0])(state.params)
+  g_bias = np.asarray(grads["readout"]["bias"][...])
+  g_w = np.asarray(grads["readout"]["kernel"][...]).T
+  big = np.abs(g_bias) > 1e-5  # where eps = 1e-8 does not matter
+  np.testing.assert_allclose((dec.readout.bias.detach().numpy() - bias0)[big],
+                             -lr * np.sign(g_bias[big]), rtol=1e-3)
+  big = np.abs(g_w) > 1e-5
+  want = -lr * wd * w0 - lr * np.sign(g_w)
+  np.testing.assert_allclose((dec.readout.weight.detach().numpy() - w0)[big],
+                             want[big], rtol=1e-3, atol=1e-7)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("paths", "einsum,tf", "config.train_step.paths: unknown ['tf']"),
+    ("shapes", "induction,huge", "config.train_step.shapes: unknown ['huge']"),
+])
+def test_bad_settings_are_refused_by_name(field, value, needle):
+  c = benchmark_config.get_config("smoke")
+  c.train_step[field] = value
+  with pytest.raises(ValueError) as e:
+    train_step.sweep(c)
+  assert needle in str(e.value)
+
+
+def test_the_peers_refuse_a_model_they_do_not_mirror():
+  spec = benchmark_config.get_config().train_step.specs.induction
+  c = train_step.experiment_config(spec)
+  c.model.attention_only = False
+  with pytest.raises(ValueError, match=r"model fields \['attention_only'\]"):
+    train_step.peer_sizes(c)
