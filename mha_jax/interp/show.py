@@ -33,6 +33,7 @@ import html
 import math
 import pathlib
 
+import jax.numpy as jnp
 import numpy as np
 
 from mha_jax.interp import explorer
@@ -86,9 +87,13 @@ def _finite(x, fn: str, name: str, what: str) -> np.ndarray:
   """`x` as float32 numpy, refused with a clear error unless numeric,
   non-empty and finite."""
   a = np.asarray(x)
-  if not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
-    raise TypeError(f"show.{fn}: `{name}` must be a numeric array {what}, "
-                    f"got dtype {a.dtype}")
+  # jnp.issubdtype, not numpy's: numpy does not count ml_dtypes' types
+  # (bfloat16, float8_*, int4), which jax arrays come in, as numbers.
+  # Complex is refused: the cast below would drop the imaginary part.
+  if not (a.dtype == bool or jnp.issubdtype(a.dtype, jnp.floating)
+          or jnp.issubdtype(a.dtype, jnp.integer)):
+    raise TypeError(f"show.{fn}: `{name}` must be a real numeric array "
+                    f"{what}, got dtype {a.dtype}")
   a = a.astype(np.float32)
   if a.size == 0:
     raise ValueError(f"show.{fn}: `{name}` is empty (shape {a.shape}); "

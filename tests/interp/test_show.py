@@ -11,6 +11,7 @@ import html
 import json
 import re
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -92,6 +93,26 @@ def test_tokens_and_heads_bar_hold_their_values():
   assert mha_jax.show is show  # the name the issue and notebooks use
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16,
+                                   jnp.float8_e4m3fn])
+def test_low_precision_floats_are_shown_as_their_float32_cast(dtype):
+  """Models run and capture in bfloat16; numpy does not count ml_dtypes'
+  floats (bfloat16, float8_*) as numbers, so they need their own check."""
+  w = jnp.asarray(_causal_pattern((2, 2, 3, 3)), dtype)
+  v = jnp.asarray([0.25, -1.5, 3.0], dtype)
+  bars = jnp.asarray(np.arange(6.0).reshape(2, 3) / 7, dtype)
+  as32 = lambda x: np.asarray(x).astype(np.float32)
+  kind = page_data(show.heads(w, list("abc"), scores={"s": bars[:, :2]}
+                              ).page)["kinds"][0]
+  np.testing.assert_array_equal(floats(kind["weights"]), as32(w).ravel())
+  assert [r["values"][0] for r in kind["table"]["rows"]] == list(
+      as32(bars[:, :2]).ravel())
+  tv = page_data(show.tokens(list("abc"), v).page)["token_values"]
+  np.testing.assert_array_equal(floats(tv["values"]), as32(v))
+  hv = page_data(show.heads_bar(bars).page)["head_values"]
+  np.testing.assert_array_equal(floats(hv["values"]), as32(bars).ravel())
+
+
 def test_long_pattern_is_windowed_and_says_so():
   t = 40
   w = _causal_pattern((1, 2, t, t)).astype(np.float32)
@@ -153,7 +174,11 @@ NAN[1, 0, 2, 1] = np.nan
     (lambda: show.heads_bar(np.ones((2, 2, 2))),
      r"`values` must be \[L, H\] or \[H\], got shape \[2, 2, 2\]"),
     (lambda: show.heads_bar(np.zeros((3, 0))), r"`values` is empty"),
-    (lambda: show.heads_bar(["a"]), r"`values` must be a numeric array"),
+    (lambda: show.heads_bar(["a"]),
+     r"`values` must be a real numeric array \[L, H\] or \[H\], got dtype "
+     r"<U1"),
+    (lambda: show.tokens(list("ab"), np.ones(2, np.complex64)),
+     r"`values` must be a real numeric array .*, got dtype complex64"),
 ])
 def test_bad_input_names_the_argument(call, message):
   with pytest.raises((ValueError, TypeError), match=message):
