@@ -185,6 +185,32 @@ def test_bad_input_names_the_argument(call, message):
     call()
 
 
+SCORES_HINT = "`blocks.{l}.attn.scores` capture is -inf at masked keys"
+NEG_INF = np.where(np.isnan(NAN), -np.inf, NAN)  # -inf at [1, 0, 2, 1]
+
+
+@pytest.mark.parametrize("call, name, hint", [
+    # Pre-softmax scores passed as the pattern: the hint says what to pass.
+    (lambda: show.heads(NEG_INF, list("abc")), "show.heads: `pattern`", True),
+    (lambda: show.heads(NAN, list("abc")), "show.heads: `pattern`", False),
+    (lambda: show.heads(W, list("abc"), scores={"dla": NEG_INF[:, :, 2, 1]}),
+     "show.heads: `scores['dla']`", False),
+    (lambda: show.tokens(list("abc"), NEG_INF[1, 0, 2]),
+     "show.tokens: `values`", False),
+    (lambda: show.heads_bar(NEG_INF[:, :, 2, 1]), "show.heads_bar: `values`",
+     False),
+], ids=["pattern-inf", "pattern-nan", "scores-table", "tokens", "heads_bar"])
+def test_non_finite_error_names_the_argument_and_hints_only_where_it_applies(
+    call, name, hint):
+  """-inf in `pattern` is most likely the masked scores capture; the same
+  hint on per-token or per-head values, or on a NaN, would mislead."""
+  with pytest.raises(ValueError) as err:
+    call()
+  message = str(err.value)
+  assert message.startswith(f"{name} has 1 non-finite values"), message
+  assert (SCORES_HINT in message) == hint, message
+
+
 def test_long_inputs_in_a_real_browser(browser, tmp_path):
   """3000 tokens: the heads page holds a window and reads positions in the
   whole sequence under the pointer; the token page holds every value."""
