@@ -23,8 +23,8 @@ import pytest
 
 import chromium
 
-nbclient = pytest.importorskip("nbclient", reason="pip install -e '.[test]'")
-nbformat = pytest.importorskip("nbformat", reason="pip install -e '.[test]'")
+nbclient = chromium.import_or_skip("nbclient", "pip install -e '.[test]'")
+nbformat = chromium.import_or_skip("nbformat", "pip install -e '.[test]'")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "docs" / "notebooks" / "tour.ipynb"
