@@ -235,6 +235,7 @@ def test_long_inputs_in_a_real_browser(browser, tmp_path):
   assert (css("#readout").get_attribute("data-query"),
           css("#readout").get_attribute("data-key")) == ("1040", "1007")
   assert css("#readout-value").text == chromium.fixed3(w[0, 0, 1040, 1007])
+  assert not chromium.console_errors(browser)
   values = rng.normal(size=t).astype(np.float32)
   path = show.tokens(labels, values).save(tmp_path / "tokens.html")
   browser.get(path.resolve().as_uri())
@@ -243,4 +244,37 @@ def test_long_inputs_in_a_real_browser(browser, tmp_path):
   assert len(toks) == t
   assert toks[2999].get_attribute("data-value") == chromium.fixed3(
       values[2999])
+  assert not chromium.console_errors(browser)
+
+
+def test_score_table_in_a_real_browser(browser, tmp_path):
+  """Every cell of the heads page's table is its array's value to 3
+  decimals, in the row of its head; a click on a header puts the largest
+  first."""
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
+  import chromium  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  css = lambda sel: browser.find_element(By.CSS_SELECTOR, sel)
+  dla = rng.normal(size=(2, 3)).astype(np.float32)
+  patching = rng.uniform(size=(2, 3)).astype(np.float32)
+  path = show.heads(_causal_pattern((2, 3, 4, 4)), list("abcd"),
+                    scores={"dla": dla, "patching": patching}).save(
+                        tmp_path / "scores.html")
+  browser.get(path.resolve().as_uri())
+  WebDriverWait(browser, chromium.WAIT_S).until(
+      lambda d: d.find_element(By.TAG_NAME, "body").get_attribute(
+          "data-ready") == "true")
+  assert [e.get_attribute("data-col") for e in browser.find_elements(
+      By.CSS_SELECTOR, "#scores thead th[data-col]")] == ["dla", "patching"]
+  expected = [[f"L{l}H{h}", chromium.fixed3(dla[l, h]),
+               chromium.fixed3(patching[l, h])]
+              for l in range(2) for h in range(3)]
+  cells = lambda: [
+      [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+      for tr in browser.find_elements(By.CSS_SELECTOR, "#scores tbody tr")]
+  assert cells() == expected
+  css("#scores th[data-col='patching'] button").click()
+  order = np.argsort(-patching.ravel(), kind="stable")
+  assert cells() == [expected[i] for i in order]
   assert not chromium.console_errors(browser)
