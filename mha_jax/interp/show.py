@@ -33,6 +33,7 @@ import html
 import math
 import pathlib
 
+import jax.numpy as jnp
 import numpy as np
 
 from mha_jax.interp import explorer
@@ -82,13 +83,19 @@ class View:
 # ------------------------------------------------------------ checking
 
 
-def _finite(x, fn: str, name: str, what: str) -> np.ndarray:
+def _finite(x, fn: str, name: str, what: str, *,
+            inf_hint: str = "") -> np.ndarray:
   """`x` as float32 numpy, refused with a clear error unless numeric,
-  non-empty and finite."""
+  non-empty and finite; `inf_hint` is added to that error when `x` holds
+  -inf (the argument's likely mistake)."""
   a = np.asarray(x)
-  if not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
-    raise TypeError(f"show.{fn}: `{name}` must be a numeric array {what}, "
-                    f"got dtype {a.dtype}")
+  # jnp.issubdtype, not numpy's: numpy does not count ml_dtypes' types
+  # (bfloat16, float8_*, int4), which jax arrays come in, as numbers.
+  # Complex is refused: the cast below would drop the imaginary part.
+  if not (a.dtype == bool or jnp.issubdtype(a.dtype, jnp.floating)
+          or jnp.issubdtype(a.dtype, jnp.integer)):
+    raise TypeError(f"show.{fn}: `{name}` must be a real numeric array "
+                    f"{what}, got dtype {a.dtype}")
   a = a.astype(np.float32)
   if a.size == 0:
     raise ValueError(f"show.{fn}: `{name}` is empty (shape {a.shape}); "
@@ -96,11 +103,11 @@ def _finite(x, fn: str, name: str, what: str) -> np.ndarray:
   bad = ~np.isfinite(a)
   if bad.any():
     first = tuple(int(i) for i in np.argwhere(bad)[0])
+    hint = f". {inf_hint}" if inf_hint and np.isneginf(a).any() else ""
     raise ValueError(
         f"show.{fn}: `{name}` has {int(bad.sum())} non-finite values "
-        f"(first at {list(first)}: {a[first]}); expected finite {what}. "
-        "Masked positions of `scores` are -inf: pass the `pattern` (0 "
-        "there) or drop them")
+        f"(first at {list(first)}: {a[first]}); expected finite {what}"
+        f"{hint}")
   return a
 
 
@@ -194,8 +201,12 @@ def heads(pattern, tokens, *, key_tokens=None, scores=None,
   Raises ValueError naming the argument: a pattern not 3-D or 4-D, labels
   that do not match its sides, an empty sequence, a non-finite weight.
   """
+  # -inf is what the pre-softmax capture holds where the mask hides a key.
   w = _per_layer(_finite(pattern, "heads", "pattern",
-                         "[H, Tq, Tk] or [L, H, Tq, Tk]"), 4, "heads",
+                         "[H, Tq, Tk] or [L, H, Tq, Tk]",
+                         inf_hint="The `blocks.{l}.attn.scores` capture is "
+                         "-inf at masked keys: pass `blocks.{l}.attn.pattern`"
+                         " (the weights, 0 there)"), 4, "heads",
                  "pattern", "[H, Tq, Tk] or [L, H, Tq, Tk]")
   num_layers, num_heads, tq, tk = w.shape
   q_labels = _labels(tokens, "heads", "tokens")

@@ -268,6 +268,19 @@ def test_refresh_pages_rewraps_an_old_page_into_the_one_written_now(
 # --------------------------------------------------------------- browser
 
 
+def test_a_missing_test_extra_skips_here_and_fails_under_ci(monkeypatch):
+  missing = "mha_jax_no_such_module"
+  monkeypatch.delenv("CI", raising=False)
+  with pytest.raises(pytest.skip.Exception, match="the hint"):
+    chromium.import_or_skip(missing, "the hint")
+  monkeypatch.setenv("CI", "true")
+  # Any outcome caught, so that a skip here fails this test, not skips it.
+  with pytest.raises(BaseException, match=f"{missing}.*the hint") as err:
+    chromium.import_or_skip(missing, "the hint")
+  assert err.type is pytest.fail.Exception, err.type
+  assert chromium.import_or_skip("json", "the hint") is json
+
+
 def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
   from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top

@@ -11,6 +11,7 @@ import html
 import json
 import re
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -92,6 +93,26 @@ def test_tokens_and_heads_bar_hold_their_values():
   assert mha_jax.show is show  # the name the issue and notebooks use
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16,
+                                   jnp.float8_e4m3fn])
+def test_low_precision_floats_are_shown_as_their_float32_cast(dtype):
+  """Models run and capture in bfloat16; numpy does not count ml_dtypes'
+  floats (bfloat16, float8_*) as numbers, so they need their own check."""
+  w = jnp.asarray(_causal_pattern((2, 2, 3, 3)), dtype)
+  v = jnp.asarray([0.25, -1.5, 3.0], dtype)
+  bars = jnp.asarray(np.arange(6.0).reshape(2, 3) / 7, dtype)
+  as32 = lambda x: np.asarray(x).astype(np.float32)
+  kind = page_data(show.heads(w, list("abc"), scores={"s": bars[:, :2]}
+                              ).page)["kinds"][0]
+  np.testing.assert_array_equal(floats(kind["weights"]), as32(w).ravel())
+  assert [r["values"][0] for r in kind["table"]["rows"]] == list(
+      as32(bars[:, :2]).ravel())
+  tv = page_data(show.tokens(list("abc"), v).page)["token_values"]
+  np.testing.assert_array_equal(floats(tv["values"]), as32(v))
+  hv = page_data(show.heads_bar(bars).page)["head_values"]
+  np.testing.assert_array_equal(floats(hv["values"]), as32(bars).ravel())
+
+
 def test_long_pattern_is_windowed_and_says_so():
   t = 40
   w = _causal_pattern((1, 2, t, t)).astype(np.float32)
@@ -153,11 +174,41 @@ NAN[1, 0, 2, 1] = np.nan
     (lambda: show.heads_bar(np.ones((2, 2, 2))),
      r"`values` must be \[L, H\] or \[H\], got shape \[2, 2, 2\]"),
     (lambda: show.heads_bar(np.zeros((3, 0))), r"`values` is empty"),
-    (lambda: show.heads_bar(["a"]), r"`values` must be a numeric array"),
+    (lambda: show.heads_bar(["a"]),
+     r"`values` must be a real numeric array \[L, H\] or \[H\], got dtype "
+     r"<U1"),
+    (lambda: show.tokens(list("ab"), np.ones(2, np.complex64)),
+     r"`values` must be a real numeric array .*, got dtype complex64"),
 ])
 def test_bad_input_names_the_argument(call, message):
   with pytest.raises((ValueError, TypeError), match=message):
     call()
+
+
+SCORES_HINT = "`blocks.{l}.attn.scores` capture is -inf at masked keys"
+NEG_INF = np.where(np.isnan(NAN), -np.inf, NAN)  # -inf at [1, 0, 2, 1]
+
+
+@pytest.mark.parametrize("call, name, hint", [
+    # Pre-softmax scores passed as the pattern: the hint says what to pass.
+    (lambda: show.heads(NEG_INF, list("abc")), "show.heads: `pattern`", True),
+    (lambda: show.heads(NAN, list("abc")), "show.heads: `pattern`", False),
+    (lambda: show.heads(W, list("abc"), scores={"dla": NEG_INF[:, :, 2, 1]}),
+     "show.heads: `scores['dla']`", False),
+    (lambda: show.tokens(list("abc"), NEG_INF[1, 0, 2]),
+     "show.tokens: `values`", False),
+    (lambda: show.heads_bar(NEG_INF[:, :, 2, 1]), "show.heads_bar: `values`",
+     False),
+], ids=["pattern-inf", "pattern-nan", "scores-table", "tokens", "heads_bar"])
+def test_non_finite_error_names_the_argument_and_hints_only_where_it_applies(
+    call, name, hint):
+  """-inf in `pattern` is most likely the masked scores capture; the same
+  hint on per-token or per-head values, or on a NaN, would mislead."""
+  with pytest.raises(ValueError) as err:
+    call()
+  message = str(err.value)
+  assert message.startswith(f"{name} has 1 non-finite values"), message
+  assert (SCORES_HINT in message) == hint, message
 
 
 def test_long_inputs_in_a_real_browser(browser, tmp_path):
@@ -184,6 +235,7 @@ def test_long_inputs_in_a_real_browser(browser, tmp_path):
   assert (css("#readout").get_attribute("data-query"),
           css("#readout").get_attribute("data-key")) == ("1040", "1007")
   assert css("#readout-value").text == chromium.fixed3(w[0, 0, 1040, 1007])
+  assert not chromium.console_errors(browser)
   values = rng.normal(size=t).astype(np.float32)
   path = show.tokens(labels, values).save(tmp_path / "tokens.html")
   browser.get(path.resolve().as_uri())
@@ -192,4 +244,37 @@ def test_long_inputs_in_a_real_browser(browser, tmp_path):
   assert len(toks) == t
   assert toks[2999].get_attribute("data-value") == chromium.fixed3(
       values[2999])
+  assert not chromium.console_errors(browser)
+
+
+def test_score_table_in_a_real_browser(browser, tmp_path):
+  """Every cell of the heads page's table is its array's value to 3
+  decimals, in the row of its head; a click on a header puts the largest
+  first."""
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
+  import chromium  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  css = lambda sel: browser.find_element(By.CSS_SELECTOR, sel)
+  dla = rng.normal(size=(2, 3)).astype(np.float32)
+  patching = rng.uniform(size=(2, 3)).astype(np.float32)
+  path = show.heads(_causal_pattern((2, 3, 4, 4)), list("abcd"),
+                    scores={"dla": dla, "patching": patching}).save(
+                        tmp_path / "scores.html")
+  browser.get(path.resolve().as_uri())
+  WebDriverWait(browser, chromium.WAIT_S).until(
+      lambda d: d.find_element(By.TAG_NAME, "body").get_attribute(
+          "data-ready") == "true")
+  assert [e.get_attribute("data-col") for e in browser.find_elements(
+      By.CSS_SELECTOR, "#scores thead th[data-col]")] == ["dla", "patching"]
+  expected = [[f"L{l}H{h}", chromium.fixed3(dla[l, h]),
+               chromium.fixed3(patching[l, h])]
+              for l in range(2) for h in range(3)]
+  cells = lambda: [
+      [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+      for tr in browser.find_elements(By.CSS_SELECTOR, "#scores tbody tr")]
+  assert cells() == expected
+  css("#scores th[data-col='patching'] button").click()
+  order = np.argsort(-patching.ravel(), kind="stable")
+  assert cells() == [expected[i] for i in order]
   assert not chromium.console_errors(browser)

@@ -23,8 +23,8 @@ import pytest
 
 import chromium
 
-nbclient = pytest.importorskip("nbclient", reason="pip install -e '.[test]'")
-nbformat = pytest.importorskip("nbformat", reason="pip install -e '.[test]'")
+nbclient = chromium.import_or_skip("nbclient", "pip install -e '.[test]'")
+nbformat = chromium.import_or_skip("nbformat", "pip install -e '.[test]'")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "docs" / "notebooks" / "tour.ipynb"
@@ -37,7 +37,13 @@ def _extra_cells(arrays: pathlib.Path) -> list[str]:
       f"np.savez({str(arrays)!r}, pattern=pattern, labels=labels, "
       "token_loss=token_loss, ablation=ablation, restored=restored, "
       "dla=dla['heads'], **({'bert_pattern': bert_pattern, "
-      "'bert_labels': bert_labels} if minilm else {}))",
+      "'bert_labels': bert_labels} if minilm else {}), "
+      "prompt=prompt, generated=new, copy=copy, cached=new_logits, "
+      # The uncached model on the prompt and what was generated: causal, so
+      # row j holds the logits a decode without the cache draws token j
+      # from.
+      "uncached=np.asarray(model(np.concatenate([prompt, new])[None]))"
+      "[0, len(prompt) - 1:-1])",
       f"show.heads(pattern[:, :, :3, :3], [{HOSTILE!r}, 'a', 'b'])",
       f"show.tokens([{HOSTILE!r}, 'a'], np.asarray([0.5, -0.25]))",
       f"show.heads_bar(ablation, name={HOSTILE!r})",
@@ -141,7 +147,8 @@ def test_tour_runs_and_shows_the_arrays_it_computed(executed):
                                   arrays[name].astype(np.float32).ravel())
   text = "".join(o.get("text", "") for c in nb.cells
                  for o in c.get("outputs", []))
-  assert "held-out loss" in text and "generated" in text
+  assert "held-out loss" in text
+  _check_generation(arrays, text)
   if minilm:
     bert = views[5]["kinds"][0]
     assert (bert["num_layers"], bert["num_heads"]) == (6, 12)
@@ -150,6 +157,31 @@ def test_tour_runs_and_shows_the_arrays_it_computed(executed):
                                   arrays["bert_pattern"].ravel())
   else:
     assert "all-MiniLM-L6-v2 is not installed" in text
+
+
+def _check_generation(arrays, text):
+  """The cached generation: a prompt whose continuation is determined, the
+  copy it is compared with, and greedy tokens from the logits the uncached
+  model gives. The smoke model is barely trained, so whether it
+  continues the copy is not asserted, only that the count says what it
+  did."""
+  prompt, new, copy = arrays["prompt"], arrays["generated"], arrays["copy"]
+  t, n = len(prompt), len(new)
+  assert n >= 1 and copy.shape == (n,)
+  # Each token an induction head reads, from the prompt's last on, occurs
+  # once before, and the copy is what followed it there.
+  s = np.concatenate([prompt, copy])
+  for p in range(t - 1, t - 1 + n):
+    before = np.flatnonzero(s[:p] == s[p])
+    assert len(before) == 1, f"token {s[p]} at {p} of {s}: at {before} before"
+    assert s[before[0] + 1] == s[p + 1], (p, before, s)
+  # The cache changes nothing but the cost: the logits each token came
+  # from are the uncached model's, and each token is their argmax.
+  cached = arrays["cached"]
+  np.testing.assert_allclose(cached, arrays["uncached"], atol=1e-4)
+  np.testing.assert_array_equal(new, cached.argmax(1))
+  assert f"{int(np.sum(new == copy))} of {n} generated tokens continue " \
+      "the copy" in text
 
 
 # --------------------------------------------------------------- browser
