@@ -45,6 +45,7 @@ from mha_jax.core import multi_head
 from mha_jax.core import params as params_lib
 from mha_jax.core import score_rules
 from mha_jax.measure import timing
+from mha_jax.training import host_memory
 
 ANCHORS = ["flax.linen", "flax.nnx", "jax.nn", "jax.nn.cudnn", "torch"]
 OURS = ["default", "vmap", "einsum", "flash", "xla", "cudnn", "auto"]
@@ -333,6 +334,9 @@ def sweep(config) -> tuple[list[dict], dict]:
 def _main(argv):
   if len(argv) != 2:
     raise SystemExit("usage: python -m experiments.benchmark.bench CASE_JSON")
+  # As in every experiment's process (experiments/cli.py): the workers
+  # time what a training run sees.
+  host_memory.keep_freed_memory()
   print("RESULT " + json.dumps(run_case(json.loads(argv[1]))))
 
 

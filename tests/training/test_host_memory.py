@@ -1,0 +1,52 @@
+"""keep_freed_memory: a big block freed and allocated again reuses its
+pages instead of faulting in fresh ones (each case in its own process,
+since the setting is process-wide; the probe uses malloc as XLA does,
+not numpy, which asks for huge pages)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from mha_jax.training import host_memory
+
+_PROBE = """
+import ctypes, resource, sys
+from mha_jax.training import host_memory
+if sys.argv[1] == "keep":
+  first = host_memory.keep_freed_memory()
+  print("applied", first["applied"], host_memory.keep_freed_memory() is first)
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+size = 100 * 2**20
+def touch_and_free():  # what XLA does with a call's scratch
+  block = libc.malloc(size)
+  ctypes.memset(block, 1, size)
+  libc.free(block)
+touch_and_free()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+touch_and_free()
+print("faults", resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _faults(mode):
+  out = subprocess.run([sys.executable, "-c", _PROBE, mode], check=True,
+                       capture_output=True, text=True).stdout
+  lines = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
+  return lines, int(lines["faults"][0])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="glibc's mallopt: Linux only")
+def test_a_freed_block_is_reused_without_page_faults():
+  if host_memory._loaded_allocator():
+    pytest.skip("another allocator is preloaded here")
+  _, plain = _faults("plain")
+  lines, kept = _faults("keep")
+  assert lines["applied"] == ["True", "True"]  # and the same answer again
+  # 100 MiB is 25,600 pages of 4 KiB: glibc maps a block that large
+  # afresh each time, so the second one faults every page in again.
+  assert plain >= 25_000, plain
+  assert kept < 1_000, kept
