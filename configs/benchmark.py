@@ -1,4 +1,4 @@
-r"""Side-by-side attention benchmark: mha_jax's paths against the libraries.
+r"""Side-by-side benchmark: mha_jax's paths against the libraries.
 
   python -m experiments.benchmark --workdir=runs/benchmark
   python -m experiments.benchmark --workdir=runs/benchmark_long \
@@ -10,8 +10,10 @@ and "bf16" time `shape` in float32 and bfloat16 (forward and
 forward+backward, not causal); "long" times B=1, D and h of `long_shape` at
 every n of `long_n`, causal and not, plus forward-only causal runs at every
 n of `long_fwd_n`; "window" times a causal sliding window of `window`
-keys at every n of `window_n` (B, D and h of `long_shape`). `:smoke`
-times two paths on one tiny shape (seconds).
+keys at every n of `window_n` (B, D and h of `long_shape`); "train_step"
+times whole training steps of the `train_step` specs against PyTorch and
+TransformerLens (about 100 s for the two default shapes). `:smoke` times
+two paths on one tiny shape and one tiny training step (seconds).
 """
 
 import ml_collections

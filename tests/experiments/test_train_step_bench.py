@@ -119,3 +119,22 @@ def test_the_peers_refuse_a_model_they_do_not_mirror():
   c.model.attention_only = False
   with pytest.raises(ValueError, match=r"model fields \['attention_only'\]"):
     train_step.peer_sizes(c)
+
+
+def test_the_profile_sorts_xla_ops_by_what_was_fused_into_them():
+  """Each instruction of a compiled program gets the kind of work inside
+  it (the dot of a fusion makes it a matmul, whatever else it holds)."""
+  from experiments.benchmark import profile  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  a = jnp.ones((8, 8))
+  text = jax.jit(lambda a: (jnp.exp(a @ a.T).T, jnp.max(a, axis=0))
+                 ).lower(a).compile().as_text()
+  ops = profile._hlo_ops(text)
+  kinds = {name: profile._kind(opcodes) for name, (_, _, opcodes) in ops.items()}
+  with_dot = [n for n, (_, _, o) in ops.items() if "dot" in o]
+  assert with_dot and all(kinds[n] == "matmul" for n in with_dot)
+  assert "reduction" in kinds.values()
+  assert profile._kind({"exponential", "add"}) == "exp (softmax)"
+  assert profile._kind({"transpose", "multiply"}) == "layout (transpose, copy)"
+  assert profile._kind({"pad", "add"}) == "slices, pads, concatenations"
+  assert profile._kind({"add", "multiply"}) == "other elementwise"
