@@ -69,6 +69,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       text_size=dict(config="text",
                      model=dict(num_layers=4, num_heads=8, d_model=256),
                      task=dict(batch_size=16)),
+      # Experiment 1's smoke model: the smoke run's one step (seconds).
+      tiny=dict(config="induction:smoke", model={}, task={}),
   ))
   if smoke:
     c.sets = "standard,train_step"
@@ -76,5 +78,4 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.paths = "einsum,jax.nn"
     c.update(repeats=1, warmup=0, matmul_n=64, timeout_s=300)
     ts.update(shapes="tiny", paths="einsum,torch", rounds=2, warmup=1)
-    ts.specs.tiny = dict(config="induction:smoke", model={}, task={})
   return c
