@@ -31,7 +31,6 @@ from absl import flags
 from ml_collections import config_flags
 
 from mha_jax.measure import report as report_lib
-from mha_jax.training import host_memory
 
 
 class _NoTpuProbeLine(logging.Filter):
@@ -119,12 +118,9 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def run_app(main_fn: Callable[[list[str]], None]) -> None:
-  """`absl.app.run(main_fn)` with `parse_flags`, the command line
-  recorded for the reports this process writes, and freed host memory
-  kept for reuse (`host_memory.keep_freed_memory`: on CPU, XLA's scratch
-  then stops page-faulting on every call)."""
+  """`absl.app.run(main_fn)` with `parse_flags`, and the command line
+  recorded for the reports this process writes."""
   def _main(argv):
-    host_memory.keep_freed_memory()
     # `python -m <this package>` and the flags as typed (absl has consumed
     # them from `argv`).
     spec = sys.modules["__main__"].__spec__

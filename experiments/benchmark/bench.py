@@ -257,7 +257,9 @@ def measure(config, set_name, shape, paths, mm_gflops):
     else:
       row.update(_spawn({"path": path, "shape": shape,
                          "warmup": config.warmup,
-                         "repeats": config.repeats}, config.timeout_s))
+                         "repeats": config.repeats,
+                         "keep_freed_memory": config.keep_freed_memory},
+                        config.timeout_s))
     for mode in shape["modes"]:
       if f"{mode}_s" in row:
         ms = 1e3 * statistics.median(row[f"{mode}_s"])
@@ -334,10 +336,10 @@ def sweep(config) -> tuple[list[dict], dict]:
 def _main(argv):
   if len(argv) != 2:
     raise SystemExit("usage: python -m experiments.benchmark.bench CASE_JSON")
-  # As in every experiment's process (experiments/cli.py): the workers
-  # time what a training run sees.
-  host_memory.keep_freed_memory()
-  print("RESULT " + json.dumps(run_case(json.loads(argv[1]))))
+  case = json.loads(argv[1])
+  if case.get("keep_freed_memory"):  # config.keep_freed_memory
+    host_memory.keep_freed_memory()
+  print("RESULT " + json.dumps(run_case(case)))
 
 
 if __name__ == "__main__":

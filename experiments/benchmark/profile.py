@@ -1,6 +1,7 @@
 r"""Where a training step's time goes: mha_jax's ops and PyTorch's, side by side.
 
-  python -m experiments.benchmark.profile --shape=text_size --path=einsum
+  python -m experiments.benchmark.profile --shape=text_size --path=einsum \
+      [--keep_freed_memory]
 
 Traces `steps` steps of one train-step shape of configs/benchmark.py with
 `jax.profiler` (a Perfetto trace), and sums each XLA operation's time
@@ -160,7 +161,8 @@ def profile_torch(config, steps, top):
 def main(argv):
   del argv
   fl = flags.FLAGS
-  print("host memory:", host_memory.keep_freed_memory()["reason"])
+  if fl.keep_freed_memory:
+    print("host memory kept:", host_memory.keep_freed_memory()["reason"])
   specs = benchmark_config.get_config().train_step.specs
   if fl.shape not in specs:
     raise SystemExit(f"--shape: expected one of {sorted(specs)}, got "
@@ -178,4 +180,6 @@ if __name__ == "__main__":
   flags.DEFINE_string("path", "einsum", "mha_jax's implementation.")
   flags.DEFINE_integer("steps", 5, "Profiled steps of each library.")
   flags.DEFINE_integer("top", 12, "Rows of each table.")
+  flags.DEFINE_bool("keep_freed_memory", False, "Keep freed host memory "
+                    "for reuse first (mha_jax.training.host_memory).")
   app.run(main)

@@ -39,6 +39,7 @@ import jax
 
 from mha_jax.core import attention
 from mha_jax.training import config as config_lib
+from mha_jax.training import host_memory
 from mha_jax.training import train
 
 PEERS = ("torch", "transformer_lens")
@@ -172,6 +173,8 @@ def sweep(config) -> list[dict]:
   """Every shape of `config.train_step.shapes` (comma-separated keys of
   `config.train_step.specs`) on every path of `config.train_step.paths`."""
   ts = config.train_step
+  if config.keep_freed_memory:  # this process runs every train-step path
+    host_memory.keep_freed_memory()
   try:
     import torch  # pylint: disable=g-import-not-at-top
     torch.set_num_threads(os.cpu_count())
