@@ -24,8 +24,11 @@ rounds; each round times one step of every path, in an order that rotates
 from round to round so no path always follows the same one. A figure is
 the median over rounds; a ratio is the median over rounds of the two
 paths' times in the same round, with its range (min-max), so a drift of
-the machine's speed during the run cancels. torch uses as many threads as
-JAX's CPU client has devices' cores (`torch.set_num_threads(os.cpu_count())`).
+the machine's speed during the run cancels. torch gets one thread per
+core (`torch.set_num_threads(os.cpu_count())`), as XLA's CPU client does.
+With `config.keep_freed_memory` the process keeps freed host memory for
+reuse first (mha_jax.training.host_memory), which changes every path's
+time, torch's included.
 """
 
 from __future__ import annotations
