@@ -5,7 +5,7 @@ compiled program, about 250 MB for a training step of the text task at
 L4 H8 D256 B16) with `malloc` and frees it when the call returns. glibc
 serves any block over 32 MB with a fresh `mmap` and gives it back with
 `munmap`, so every call touches new pages: 63,000 minor page faults per
-step there, 160-180 ms of kernel time per step across the two cores, and
+step there, 158-178 ms of kernel time per step across the two cores, and
 the kernel zeroes each page before XLA writes it (docs/performance.md,
 "The training step"). PyTorch's eager ops allocate blocks small enough
 for glibc's free lists and do not pay this.
