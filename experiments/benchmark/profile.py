@@ -22,7 +22,6 @@ import collections
 import glob
 import gzip
 import json
-import os
 import re
 import resource
 import sys
@@ -85,14 +84,7 @@ def _faults(fn, steps):
 
 
 def profile_jax(config, steps, top):
-  state = train.create_train_state(config)
-  batch = train.batch_fn(config)(jax.random.PRNGKey(0))
-  compiled = train.train_step_jit.lower(state, batch).compile()
-  holder = {"state": state}
-
-  def step():
-    holder["state"], metrics = compiled(holder["state"], batch)
-    jax.block_until_ready(metrics["loss"])
+  step, _, compiled = train_step.jax_step(config)
   for _ in range(3):
     step()
   faults, sys_s = _faults(step, steps)
@@ -108,7 +100,7 @@ def profile_jax(config, steps, top):
   by_kind, by_line = collections.Counter(), collections.Counter()
   for e in events:
     if e.get("ph") == "X" and e["name"] in ops:
-      shape, op_name, opcodes = ops[e["name"]]
+      _, op_name, opcodes = ops[e["name"]]
       by_kind[_kind(opcodes)] += e["dur"] / 1e3 / steps
       where = re.sub(r"^jit\(train_step\)/", "", op_name) or "(no op_name)"
       by_line[(_kind(opcodes), where[-70:])] += e["dur"] / 1e3 / steps
@@ -126,19 +118,12 @@ def profile_jax(config, steps, top):
 
 
 def profile_torch(config, steps, top):
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-    from experiments.benchmark import torch_models  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    print("\ntorch: skipped, not importable here (not a dependency)")
+  step = train_step.peer_step(
+      "torch", config, train.batch_fn(config)(jax.random.PRNGKey(0)))
+  if isinstance(step, str):
+    print(f"\nskipped: {step}")
     return
-  torch.set_num_threads(os.cpu_count())  # as the benchmark does
-  model = torch_models.Decoder(**train_step.peer_sizes(config))
-  opt = torch_models.optimizer(model, config.train)
-  batch = torch_models.batch_to_torch(
-      train.batch_fn(config)(jax.random.PRNGKey(0)))
-  step = lambda: torch_models.train_step(model, opt, batch,
-                                         config.train.grad_clip)
+  import torch  # pylint: disable=g-import-not-at-top
   for _ in range(3):
     step()
   faults, sys_s = _faults(step, steps)

@@ -85,24 +85,30 @@ def peer_sizes(c):
               seq_len=c.task.seq_len)
 
 
-def _jax_step(c):
+def jax_step(c):
+  """`(step, batch, compiled)`: a closure running one training step of
+  config `c` on its task's first batch (blocking until done), the batch,
+  and the compiled step program (whose HLO the profile reads)."""
   state = train.create_train_state(c)
   batch = train.batch_fn(c)(jax.random.PRNGKey(0))
+  compiled = train.train_step_jit.lower(state, batch).compile()
   holder = {"state": state}
 
   def step():
-    holder["state"], metrics = train.train_step_jit(holder["state"], batch)
+    holder["state"], metrics = compiled(holder["state"], batch)
     return jax.block_until_ready(metrics["loss"])
-  return step, batch
+  return step, batch, compiled
 
 
-def _peer_step(path, c, batch):
-  """A step closure for a PyTorch peer, or the reason it is skipped."""
+def peer_step(path, c, batch):
+  """A step closure for a PyTorch peer (`PEERS`) of config `c` on `batch`,
+  or the reason it is skipped. torch gets one thread per core."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
     from experiments.benchmark import torch_models  # pylint: disable=g-import-not-at-top
   except ImportError:
     return f"{path}: torch is not importable here (not a dependency)"
+  torch.set_num_threads(os.cpu_count())
   sizes = peer_sizes(c)
   torch.manual_seed(c.train.seed)
   if path == "torch":
@@ -130,13 +136,13 @@ def measure_shape(name, spec, paths, rounds, warmup):
     if path in PEERS:
       continue
     c = experiment_config(spec, path)
-    steps[path], batch = _jax_step(c)
+    steps[path], batch, _ = jax_step(c)
   base = experiment_config(spec)
   if batch is None:  # only peers asked for: the batch the task draws
     batch = train.batch_fn(base)(jax.random.PRNGKey(0))
   for path in paths:
     if path in PEERS:
-      step = _peer_step(path, base, batch)
+      step = peer_step(path, base, batch)
       if isinstance(step, str):
         rows[path] = {"skipped": step}
         continue
@@ -178,11 +184,6 @@ def sweep(config) -> list[dict]:
   ts = config.train_step
   if config.keep_freed_memory:  # this process runs every train-step path
     host_memory.keep_freed_memory()
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-    torch.set_num_threads(os.cpu_count())
-  except ImportError:
-    pass
   names = [s.strip() for s in ts.shapes.split(",") if s.strip()]
   paths = [p.strip() for p in ts.paths.split(",") if p.strip()]
   bad = [p for p in paths

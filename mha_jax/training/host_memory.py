@@ -63,10 +63,9 @@ def keep_freed_memory() -> dict:
   global _done
   if _done is not None:
     return _done
-  other = _loaded_allocator()
   if not sys.platform.startswith("linux"):
     _done = {"applied": False, "reason": f"not Linux ({sys.platform})"}
-  elif other:
+  elif other := _loaded_allocator():
     _done = {"applied": False,
              "reason": f"{other} is the allocator here; it reuses memory"}
   else:
