@@ -17,6 +17,7 @@ import jax
 
 from experiments.benchmark import bench
 from experiments.benchmark import train_step
+from mha_jax.training import host_memory
 
 
 def measure(config, workdir) -> dict:
@@ -24,6 +25,11 @@ def measure(config, workdir) -> dict:
   "rows": one dict per (set, shape, path), `bench.sweep`'s; "train_step":
   one dict per (shape, path) of the train-step set, `train_step.sweep`'s
   (empty when that set is not chosen)}."""
+  if config.keep_freed_memory:
+    # Before JAX runs anything: made after the matmul yardstick, the
+    # text-size step still faulted as often as without it (90,000 a step
+    # against 34,000 when made first; docs/performance.md).
+    host_memory.keep_freed_memory()
   pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
   start = time.time()
   load_start = os.getloadavg()

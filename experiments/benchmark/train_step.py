@@ -26,9 +26,9 @@ the median over rounds; a ratio is the median over rounds of the two
 paths' times in the same round, with its range (min-max), so a drift of
 the machine's speed during the run cancels. torch gets one thread per
 core (`torch.set_num_threads(os.cpu_count())`), as XLA's CPU client does.
-With `config.keep_freed_memory` the process keeps freed host memory for
-reuse first (mha_jax.training.host_memory), which changes every path's
-time, torch's included.
+With `config.keep_freed_memory` the benchmark's process keeps freed host
+memory for reuse before anything runs (run.py; mha_jax.training.
+host_memory), which changes every path's time, torch's included.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ import jax
 
 from mha_jax.core import attention
 from mha_jax.training import config as config_lib
-from mha_jax.training import host_memory
 from mha_jax.training import train
 
 PEERS = ("torch", "transformer_lens")
@@ -182,8 +181,6 @@ def sweep(config) -> list[dict]:
   """Every shape of `config.train_step.shapes` (comma-separated keys of
   `config.train_step.specs`) on every path of `config.train_step.paths`."""
   ts = config.train_step
-  if config.keep_freed_memory:  # this process runs every train-step path
-    host_memory.keep_freed_memory()
   names = [s.strip() for s in ts.shapes.split(",") if s.strip()]
   paths = [p.strip() for p in ts.paths.split(",") if p.strip()]
   bad = [p for p in paths

@@ -14,14 +14,18 @@ for glibc's free lists and do not pay this.
 its heap and never hand freed memory back to the system, with one arena
 for all threads (a worker thread's arena cannot hold such a block; without
 the one arena the faults stayed, 90,000 a step). The next call then
-reuses the pages of the last one: 0 faults a step, and that step about a
-quarter faster. What it costs: the process keeps its peak footprint until it
+reuses the pages of the last one: 0 faults a step when it is called
+before any JAX computation, and that step about a quarter faster. Its
+effect depends on what ran before it: with a 2048^3 matmul run between it
+and the step the step faulted 34,000 times, and called after that matmul
+90,000 times, as without it (docs/performance.md); preloading tcmalloc
+does not depend on order. What it costs: the process keeps its peak footprint until it
 exits, and with one arena the threads share one lock, which made
 experiment 1's small run (`make run`) slower, 93-116 s against 85-91 s.
 So it is opt-in and process-wide: the library never calls it on import
 and the experiments do not; a script or notebook whose compiled step
 needs more than 32 MB of scratch (`compiled.memory_analysis()`) calls it
-once before the first step, and the benchmark does with
+once before JAX runs anything, and the benchmark does with
 `--config.keep_freed_memory=True`.
 
 Elsewhere it does nothing and says why: another allocator (tcmalloc or
