@@ -96,6 +96,11 @@ TARGETS = {
     "text_corpus": ("mha_jax/training/text_corpus.py",
                     ["locate", "_cut", "split_of", "byte_counts"], None,
                     "tests/training/test_text.py", True),
+    # The BPE corpus: windows, starts, the byte table and the counts.
+    "text_tokens": ("mha_jax/training/text_tokens.py",
+                    ["_byte_level_map", "windows", "_encode", "_split",
+                     "counts", "check_vocab"], None,
+                    "tests/training/test_text_tokens.py", True),
 }
 
 # The operators kept model slips one makes: + for -, * for /, < for <=,

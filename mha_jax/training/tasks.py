@@ -15,7 +15,9 @@ A batch holds:
 Token ids: 0 = PAD, 1 = BOS, 2 = SEP, data symbols are 3..V-1 (the
 two-offset token task has no special tokens: its symbols are 0..V-1).
 The `text` task reads real files (`mha_jax.training.text_corpus`): byte b is id
-b + 3, so V = 259.
+b + 3, so V = 259. The `text_tokens` task reads the same files in the tokens
+of a byte-level BPE trained on the training files
+(`mha_jax.training.text_tokens`): V = `task.vocab_size` ids, 0-2 reserved.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax.training import text_corpus
+from mha_jax.training import text_tokens
 
 PAD, BOS, SEP = 0, 1, 2
 NUM_SPECIAL = 3
@@ -208,20 +211,49 @@ def text_batch(key, cfg):
   of `cfg.repeat_span` bytes repeated later in the window
   (`_repeat_spans`), a training signal for induction heads in real text.
   """
-  b, t = cfg.batch_size, cfg.seq_len
-  bits = jax.random.bits(key, (b, 2), jnp.uint32)
-
-  def read(bits_host):
-    return text_split(cfg).windows_from_bits(bits_host, first_id=NUM_SPECIAL)
-
-  seq = jax.pure_callback(read, jax.ShapeDtypeStruct((b, t + 1), jnp.int32),
-                          bits, vmap_method="sequential")  # [B, T+1]
+  seq = _windows(key, cfg, lambda: text_split(cfg), NUM_SPECIAL)
   p = float(_text_field(cfg, "repeat_prob"))
   if p > 0:  # off: the batch is exactly what it was before the option
     seq = _repeat_spans(jax.random.fold_in(key, 1), seq, p,
                         tuple(_text_field(cfg, "repeat_span")))
+  return _next_token(seq)
+
+
+def _windows(key, cfg, split, first_id):
+  """`[B, T + 1]` int32 windows of `split()` picked by 64 random bits per
+  example from `key`, read on the host (see `text_batch`)."""
+  b, t = cfg.batch_size, cfg.seq_len
+  bits = jax.random.bits(key, (b, 2), jnp.uint32)
+
+  def read(bits_host):
+    return split().windows_from_bits(bits_host, first_id=first_id)
+
+  return jax.pure_callback(read, jax.ShapeDtypeStruct((b, t + 1), jnp.int32),
+                           bits, vmap_method="sequential")
+
+
+def _next_token(seq):
+  """Next-token prediction on windows `seq [B, T + 1]`, loss everywhere."""
   return {"inputs": seq[:, :-1], "targets": seq[:, 1:],
-          "loss_mask": jnp.ones((b, t), jnp.float32)}
+          "loss_mask": jnp.ones(seq[:, 1:].shape, jnp.float32)}
+
+
+def text_tokens_of(cfg) -> text_tokens.TokenCorpus:
+  """The `text_tokens` task's corpus: the byte corpus of the same fields
+  in the tokens of its BPE of `cfg.vocab_size` ids (cached on disk)."""
+  return text_tokens.load(text_corpus_of(cfg), vocab_size=cfg.vocab_size,
+                          window=cfg.seq_len + 1,
+                          cache_dir=cfg.get("cache_dir", ""))
+
+
+def text_tokens_batch(key, cfg):
+  """Windows of T + 1 BPE tokens of real text from split `cfg.split`:
+  the byte task's windows (`text_batch`), in tokens, inside one file."""
+  # Read (or train) the tokenizer now, while tracing: a bad setting
+  # raises its ValueError here rather than inside the host callback.
+  corpus = text_tokens_of(cfg)
+  split = lambda: corpus.split(_text_field(cfg, "split"))
+  return _next_token(_windows(key, cfg, split, 0))
 
 
 def _repeat_spans(key, seq, prob, span):
@@ -301,6 +333,17 @@ def _check_text(cfg):
   text_split(cfg)  # the corpus exists, decodes and has windows: fail now
 
 
+def _check_text_tokens(cfg):
+  text_tokens.check_vocab(cfg.vocab_size)
+  _need(cfg.seq_len >= 2, "seq_len", f"must be >= 2, got {cfg.seq_len}")
+  split = _text_field(cfg, "split")
+  _need(split in ("train", "held_out"), "split",
+        f"expected 'train' or 'held_out', got {split!r}")
+  # The files exist and decode; the tokenizer is trained (or read from
+  # its cache) when the first batch is traced, not by every validation.
+  text_corpus_of(cfg)
+
+
 def _token_io(cfg):
   return dict(vocab_size=cfg.vocab_size, input_dim=0, output_dim=0)
 
@@ -327,6 +370,8 @@ TASKS = {
                  lambda c: dict(vocab_size=TEXT_VOCAB, input_dim=0,
                                 output_dim=0),
                  "decoder", "xent", _check_text),
+    "text_tokens": Task(text_tokens_batch, _token_io, "decoder", "xent",
+                        _check_text_tokens),
 }
 
 

@@ -33,7 +33,9 @@ def _batch(name, seed=0, **overrides):
   return {k: np.asarray(v) for k, v in batch.items()}, cfg
 
 
-@pytest.mark.parametrize("name", sorted(tasks.TASKS))
+# text_tokens trains a tokenizer on its corpus first: its batches are
+# checked on a small corpus in tests/training/test_text_tokens.py.
+@pytest.mark.parametrize("name", sorted(set(tasks.TASKS) - {"text_tokens"}))
 def test_deterministic_in_key_and_shapes(name):
   a, cfg = _batch(name, seed=1)
   b, _ = _batch(name, seed=1)
