@@ -204,9 +204,9 @@ def _readout(model):
   return g, w_u
 
 
-def full_ov_circuits(model, layer: int, tokens=None) -> jax.Array:
-  """`E P M P diag(g_f) W_U` `[H, N, N]` of each head of `layer` for the
-  token ids `tokens` (None: the whole vocabulary)."""
+def _full_ov_factors(model, layer: int, tokens=None):
+  """`(a [H, N, Dv], b [H, Dv, N])` with `a @ b` the full OV circuit:
+  `a = E P diag(g) W_V`, `b = W_O P diag(g_f) W_U`."""
   w = head_weights(model, layer)
   e = model.embed.embed.embedding[...]  # [V, D]
   g_f, w_u = _readout(model)
@@ -214,14 +214,29 @@ def full_ov_circuits(model, layer: int, tokens=None) -> jax.Array:
     tokens = jnp.asarray(tokens)
     e, w_u = e[tokens], w_u[:, tokens]
   p = centring(e.shape[-1])
-  m = ov_circuits(w["w_v"], w["w_o"], w["g"])  # [H, D, D] (ends with P)
-  return (e @ p)[None] @ m @ (g_f[:, None] * w_u)[None]
+  a = (e @ p)[None] @ (w["g"][None, :, None] * w["w_v"])
+  return a, w["w_o"] @ p[None] @ (g_f[:, None] * w_u)[None]
+
+
+def full_ov_circuits(model, layer: int, tokens=None) -> jax.Array:
+  """`E P M P diag(g_f) W_U` `[H, N, N]` of each head of `layer` for the
+  token ids `tokens` (None: the whole vocabulary)."""
+  a, b = _full_ov_factors(model, layer, tokens)
+  return a @ b
 
 
 def copying_scores(model, layer: int, tokens=None) -> dict:
   """`{"copying", "positive_share"}`, each `[H]`: `copying_score` of each
-  head's full OV circuit."""
-  score, share = copying_score(full_ov_circuits(model, layer, tokens))
+  head's full OV circuit.
+
+  The circuit `a @ b` `[N, N]` has rank at most Dv, and its nonzero
+  eigenvalues are those of `b @ a` `[Dv, Dv]` (zeros add nothing to
+  either sum), so the smaller of the two products is decomposed: a 4k
+  vocabulary costs a 16 x 16 eigenproblem per head, not a 4k x 4k one.
+  """
+  a, b = _full_ov_factors(model, layer, tokens)
+  small = b @ a if b.shape[-2] < a.shape[-2] else a @ b
+  score, share = copying_score(small)
   return {"copying": score, "positive_share": share}
 
 

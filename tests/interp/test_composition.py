@@ -227,3 +227,21 @@ def test_random_baseline_is_the_ratio_of_its_draws():
   for k in "qkv":
     np.testing.assert_allclose(got[k], want[k], rtol=1e-5, err_msg=k)
   assert np.min(np.abs(want["q"] - want["k"])) > 1e-3
+
+
+def test_copying_scores_equal_the_eigenvalues_of_the_whole_circuit():
+  """The low-rank route (eigenvalues of b @ a, Dv x Dv) against NumPy's
+  eigenvalues of the whole V x V full OV circuit, on a random model whose
+  vocabulary (12) is wider than its heads (Dv = 8)."""
+  model = _random_rotary_model()
+  full = np.asarray(composition.full_ov_circuits(model, 1), np.float64)
+  assert full.shape[-1] > 8
+  got = composition.copying_scores(model, 1)
+  for h in range(full.shape[0]):
+    lam = np.linalg.eigvals(full[h])
+    mass = np.abs(lam).sum()
+    np.testing.assert_allclose(got["copying"][h], lam.real.sum() / mass,
+                               atol=1e-4)
+    np.testing.assert_allclose(got["positive_share"][h],
+                               np.maximum(lam.real, 0).sum() / mass,
+                               atol=1e-4)
