@@ -135,13 +135,6 @@ def repeated_batch(batch, n: int) -> dict:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _loss(graphdef, state, inputs, targets, gates):
-  model = nnx.merge(graphdef, state)
-  logits = model(inputs, head_mask=gates).astype(jnp.float32)
-  return optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-
-
-@functools.partial(jax.jit, static_argnums=0)
 def _loss_and_weights(graphdef, state, inputs, targets):
   logits, weights = nnx.merge(graphdef, state)(inputs, return_weights=True)
   loss = optax.softmax_cross_entropy_with_integer_labels(
@@ -150,17 +143,13 @@ def _loss_and_weights(graphdef, state, inputs, targets):
 
 
 def _gates(model):
-  return np.ones((model.config.num_layers, model.config.num_heads),
-                 np.float32)
+  return held_out.head_gates(model)
 
 
 def per_position_loss(model, batch, gates=None) -> np.ndarray:
   """Next-byte loss in BITS at every position, `[B, T]`; `gates [L, H]`
   multiplies each head's output (0 removes it)."""
-  gates = _gates(model) if gates is None else np.asarray(gates, np.float32)
-  graphdef, state = nnx.split(model)
-  return np.asarray(_loss(graphdef, state, batch["inputs"],
-                          batch["targets"], gates)) / LN2
+  return held_out.per_position_loss(model, batch, gates) / LN2
 
 
 def bits_per_byte(model, batch, gates=None) -> float:

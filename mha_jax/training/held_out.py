@@ -16,8 +16,10 @@ import functools
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
 from mha_jax.training import train
 
@@ -64,3 +66,31 @@ def eval_loss(model, batch, loss: str) -> dict:
   """`{"loss": float}` (and `"accuracy"` for class targets) on `batch`."""
   metrics = _metrics(*nnx.split(model), batch, loss)
   return {k: float(v) for k, v in metrics.items()}
+
+
+def head_gates(model, ablate=()) -> np.ndarray:
+  """`[L, H]` head gates of a decoder: 1, and 0 at the `(layer, head)`
+  pairs of `ablate` (the `head_mask` that zero-ablates them)."""
+  gates = np.ones((model.config.num_layers, model.config.num_heads),
+                  np.float32)
+  for l, h in ablate:
+    gates[l, h] = 0.0
+  return gates
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _per_position(graphdef, state, inputs, targets, gates):
+  model = nnx.merge(graphdef, state)
+  logits = model(inputs, head_mask=gates).astype(jnp.float32)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+
+
+def per_position_loss(model, batch, gates=None) -> np.ndarray:
+  """Next-token cross-entropy `[B, T]` in nats of a decoder on `batch`
+  ("inputs", "targets"), every position; `gates [L, H]` multiplies each
+  head's output (`head_gates`; None: all 1)."""
+  gates = head_gates(model) if gates is None else gates
+  graphdef, state = nnx.split(model)
+  return np.asarray(_per_position(graphdef, state, batch["inputs"],
+                                  batch["targets"],
+                                  jnp.asarray(gates, jnp.float32)))
