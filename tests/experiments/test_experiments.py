@@ -502,6 +502,8 @@ def test_every_entry_point_has_an_end_to_end_test():
             # explore: tests/interp/test_explore.py; text_heads: tests/training/test_text.py;
             # sinks: tests/experiments/test_sinks.py
             "text_heads", "sinks",
+            # text_induction: tests/experiments/test_text_induction.py
+            "text_induction",
             # pretrained_bench: tests/pretrained/test_pretrained_bench.py
             "pretrained_bench", "pretrained_heads"}
   helpers = {"__init__", "cli",  # cli: the flags every experiment shares
