@@ -128,3 +128,42 @@ def test_smoke_run_reports_what_results_json_holds(tmp_path):
   assert b["task"]["name"] == "text" and b["task"]["vocab_size"] == 259
   assert b["model"] == json.loads(
       (workdir / "tokens_seed0" / "config.json").read_text())["model"]
+
+
+def test_ngram_baselines_known_answer(tmp_path):
+  """Unigram (add-one) and bigram (unigram prior of weight one) bits,
+  counted by hand from the training files' token lists."""
+  rng = np.random.default_rng(0)
+  words = ["x", "value", "return", "(", ")", ":", "\n", "def", "  ", "+"]
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  for i in range(6):  # unequal frequencies, so every count differs
+    (folder / f"m{i}.py").write_text(" ".join(rng.choice(
+        words, 600, p=np.arange(1, 11) / 55)))
+  config = text_induction_config.get_config("smoke")
+  config.task.corpus = str(folder)
+  config.task.cache_dir = str(tmp_path / "cache")
+  tc = tasks.text_tokens_of(config.task)
+  v = config.task.vocab_size
+  uni, pairs, after = np.zeros(v), {}, np.zeros(v)
+  for i in range(len(tc.train.documents)):
+    t = tc.train.document_tokens(i).tolist()
+    for a in t:
+      uni[a] += 1
+    for a, b in zip(t[:-1], t[1:]):
+      pairs[a, b] = pairs.get((a, b), 0) + 1
+      after[a] += 1
+  x = tc.held_out.windows(np.arange(3))
+  batch = {"inputs": x[:, :-1], "targets": x[:, 1:]}
+  got = run_lib.ngram_baselines(config, batch)
+  p_uni = (uni + 1) / (uni.sum() + v)
+  bits_uni, bits_bi = [], []
+  for a, b in zip(batch["inputs"].ravel(), batch["targets"].ravel()):
+    bits_uni.append(-np.log2(p_uni[b]))
+    bits_bi.append(-np.log2((pairs.get((a, b), 0) + p_uni[b])
+                            / (after[a] + 1)))
+  nbytes = tc.token_bytes[batch["targets"]].sum()
+  assert got["unigram"]["bits_per_token"] == pytest.approx(np.mean(bits_uni))
+  assert got["bigram"]["bits_per_token"] == pytest.approx(np.mean(bits_bi))
+  assert got["bigram"]["bits_per_byte"] == pytest.approx(
+      np.sum(bits_bi) / nbytes)
