@@ -233,7 +233,7 @@ def write(config, results, workdir) -> dict:
   report = "\n\n".join([
       "# Induction heads on real text: BPE tokens against bytes",
       f"Command: {report_lib.command(MODULE)}. "
-      f"{report_lib.wall_time(results['wall_time_s'], False)} "
+      f"{report_lib.wall_time(results['wall_time_s'], results['reused'])} "
       f"({results['cpu_time_s'] / 60:.1f} CPU-minutes).",
       "## Setup",
       f"Corpus: {c['corpus']}, {c['train']['files']} training files "

@@ -267,7 +267,7 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
   for kind in KINDS:
     summary.update(_summary(by_kind[kind], kind))
   return {"corpus": info, "summary": summary, "runs": runs, **examples,
-          "wall_time_s": round(time.time() - start, 1),
+          "reused": reuse, "wall_time_s": round(time.time() - start, 1),
           "cpu_time_s": round(_cpu_seconds() - cpu0, 1)}
 
 

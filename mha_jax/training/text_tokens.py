@@ -110,10 +110,12 @@ class TokenCorpus:
 
   @property
   def vocab_size(self) -> int:
+    """The BPE's ids: the V asked for, or fewer when a small corpus runs
+    out of pairs to merge (a model of V ids then leaves the rest unused)."""
     return len(self.token_bytes)
 
   def split(self, name: str) -> TokenSplit:
-    text_corpus.Corpus.split(self.bytes, name)  # the same check of the name
+    self.bytes.split(name)  # the byte corpus's check of the name
     return self.train if name == "train" else self.held_out
 
   def encode(self, text: str) -> np.ndarray:
@@ -123,20 +125,6 @@ class TokenCorpus:
     """The text of ids `[T]` (a cut multi-byte character is replaced)."""
     return self.tokenizer.decode([int(i) for i in np.ravel(ids)],
                                  skip_special_tokens=True)
-
-  def labels(self, ids) -> list:
-    """One readable label per id (`text_corpus.byte_label`'s symbols for
-    newline, space and tab; specials as `<id>`)."""
-    out = []
-    for i in np.ravel(ids):
-      i = int(i)
-      if i < len(SPECIALS):
-        out.append(f"<{i}>")
-        continue
-      raw = _id_bytes(self.tokenizer, i)
-      out.append("".join(text_corpus.byte_label(b) for b in raw)
-                 if any(b < 33 or b > 126 for b in raw) else raw.decode())
-    return out
 
 
 def _new_tokenizer() -> tokenizers.Tokenizer:
