@@ -230,6 +230,8 @@ def write(config, results, workdir) -> dict:
       draw(results["runs"], kind, seeds, e, str(workdir / f))
       figs.append(f)
   c = results["corpus"]
+  positions = (config.train.num_steps * config.task.batch_size
+               * config.task.seq_len)
   report = "\n\n".join([
       "# Induction heads on real text: BPE tokens against bytes",
       f"Command: {report_lib.command(MODULE)}. "
@@ -246,8 +248,10 @@ def write(config, results, workdir) -> dict:
       f"{config.model.num_heads} heads, d_model {config.model.d_model}, "
       f"attention only, rotary; T = {config.task.seq_len}, batch "
       f"{config.task.batch_size}, {config.train.num_steps} steps "
-      f"({config.train.num_steps * config.task.batch_size * config.task.seq_len:,}"
-      " positions per model). The byte control is the same model, budget "
+      f"({positions:,} positions per model: about "
+      f"{positions * c['train']['bytes_per_token'] / 1e6:.1f} MB of text "
+      f"for the token model, {positions / 1e6:.1f} MB for the byte "
+      "model). The byte control is the same model, budget "
       f"and T on bytes. Seeds {seeds}. Every score is on "
       f"{e.analysis_examples} held-out windows per seed; prefix matching "
       f"on {e.repeat_examples} sequences of {e.repeat_length} random ids "
