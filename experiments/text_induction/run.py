@@ -3,7 +3,7 @@
 `measure` trains, per seed, the config's model on BPE tokens and the same
 model on bytes (the control: same depth, width, heads, T, batch and steps,
 so the same number of positions and nearly the same compute; it reads
-about 3.3 times fewer bytes of text), then measures every checkpoint of
+about 2.6 times fewer bytes of text at V = 1024), then measures every checkpoint of
 both on held-out files (`scores.measure`), finds when each seed's
 induction heads formed and when its in-context-learning score moved, and
 ablates the formed heads. Returns the results dict.
