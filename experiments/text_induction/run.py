@@ -95,7 +95,7 @@ def landmarks(traj, threshold) -> dict:
   steps = traj["steps"]
   best = traj["prefix_matching"].max(axis=(1, 2))  # [S]
   icl = np.asarray(traj["icl"])
-  formed = curves.first_above(steps, best, threshold)
+  formed = curves.first_step(steps, best >= threshold)  # as `heads`
   icl_step = curves.half_way_step(steps, icl)
   final = traj["prefix_matching"][-1]
   heads = [(int(l), int(h)) for l, h in zip(*np.nonzero(final >= threshold))]
