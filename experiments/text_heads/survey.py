@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import math
-import pathlib
 import re
 
 from flax import nnx
@@ -142,10 +141,6 @@ def _loss_and_weights(graphdef, state, inputs, targets):
   return loss, weights["self"]
 
 
-def _gates(model):
-  return held_out.head_gates(model)
-
-
 def per_position_loss(model, batch, gates=None) -> np.ndarray:
   """Next-byte loss in BITS at every position, `[B, T]`; `gates [L, H]`
   multiplies each head's output (0 removes it)."""
@@ -232,7 +227,7 @@ def ablation(model, batch, rep_batch) -> dict:
   """Each head removed alone: `[L, H]` increase of held-out bits per byte
   ("bpb") and of the bits on the repeated half ("repeat")."""
   n = np.shape(rep_batch["inputs"])[1] // 2
-  ones = _gates(model)
+  ones = held_out.head_gates(model)
   clean = bits_per_byte(model, batch, ones)
   clean_rep = _halves(per_position_loss(model, rep_batch, ones), n)[1]
   out = {"bpb": np.zeros(ones.shape), "repeat": np.zeros(ones.shape),
@@ -257,7 +252,7 @@ def class_ablation(model, batch, rep_batch, label, *, draws: int = 4,
   random sets of as many heads ("random_bpb", "random_repeat").
   """
   n = np.shape(rep_batch["inputs"])[1] // 2
-  ones = _gates(model)
+  ones = held_out.head_gates(model)
   label = np.asarray(label)
   clean = bits_per_byte(model, batch, ones)
   clean_rep = _halves(per_position_loss(model, rep_batch, ones), n)[1]
@@ -337,8 +332,7 @@ def dynamics(run_dir, batch, rep_batch, *, early, late) -> dict:
   previous-token score, read from the same repeated-text patterns: one
   forward pass with weights per checkpoint).
   """
-  steps = sorted(int(p.name) for p in (pathlib.Path(run_dir) / "checkpoints")
-                 .iterdir() if p.name.isdigit())
+  steps = train.checkpoint_steps(run_dir)
   n = np.shape(rep_batch["inputs"])[1] // 2
   out = {k: [] for k in ("steps", "bpb", "icl", "repeat_gain",
                          "max_induction", "max_previous_token")}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pathlib
 
+import matplotlib
 import numpy as np
 
 from experiments.text_induction import run as run_lib
@@ -51,7 +52,7 @@ def bump_figure(runs, kind, seeds, e, path):
     for i in pick:
       loss = np.asarray(tr["loss_by_position"][i])
       ax.plot(centre, [loss[a:b].mean() for a, b in bins], marker=".",
-              label=f"step {steps[i]}", color=plots_color(i, len(steps)))
+              label=f"step {steps[i]}", color=_shade(i, len(steps)))
     for lo, hi in (e.early_positions, e.late_positions):
       ax.axvspan(lo + 1, hi, color="grey", alpha=0.15)
     ax.set_xscale("log")
@@ -62,9 +63,8 @@ def bump_figure(runs, kind, seeds, e, path):
   plots.save(fig, path)
 
 
-def plots_color(i, n):
+def _shade(i, n):
   """A colour from light to dark along the checkpoints."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
   return matplotlib.colormaps["viridis"](0.9 * (1 - i / max(n - 1, 1)))
 
 

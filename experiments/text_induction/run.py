@@ -55,12 +55,6 @@ def _token_bytes(config, kind):
   return np.asarray([0] * tasks.NUM_SPECIAL + [1] * text_corpus.NUM_BYTES)
 
 
-def _checkpoints(run_dir) -> list:
-  return [0] + sorted(int(p.name) for p in (pathlib.Path(run_dir) /
-                                            "checkpoints").iterdir()
-                      if p.name.isdigit())
-
-
 def trajectory(r, kind, e) -> dict:
   """`scores.measure` at step 0 and every checkpoint of run `r`, as
   lists over steps, plus the uniform floor of the prefix-matching score."""
@@ -74,7 +68,7 @@ def trajectory(r, kind, e) -> dict:
                                seed=held_out.ANALYSIS_SEED + r.seed)
   token_bytes = _token_bytes(r.config, kind)
   out = {"steps": []}
-  for step in _checkpoints(r.run_dir):
+  for step in [0] + train.checkpoint_steps(r.run_dir):
     model = train.load_state(r.run_dir, step)[0].model()
     m = scores.measure(model, batch, rep, token_bytes,
                        early=tuple(e.early_positions),
@@ -110,8 +104,8 @@ def landmarks(traj, threshold) -> dict:
 
 def ablation(model, batch, heads, e, seed) -> dict:
   """The ICL score intact, with `heads` zero-ablated, and with as many
-  other heads (`e.random_draws` random draws; every choice when there are
-  fewer) ablated. None when no head formed."""
+  other heads ablated (`e.random_draws` independent random draws; none
+  when fewer other heads than `heads` exist). None when no head formed."""
   if not heads:
     return None
   kw = dict(early=tuple(e.early_positions), late=tuple(e.late_positions))

@@ -315,14 +315,19 @@ def _check_offsets(cfg):
   _need(cfg.seq_len > 3, "seq_len", f"must be > 3, got {cfg.seq_len}")
 
 
-def _check_text(cfg):
-  _need(cfg.vocab_size == TEXT_VOCAB, "vocab_size",
-        f"the text task has {TEXT_VOCAB} ids (256 bytes + PAD, BOS, SEP), "
-        f"got {cfg.vocab_size}")
+def _check_windows(cfg):
+  """The fields both text tasks read: the window length and the split."""
   _need(cfg.seq_len >= 2, "seq_len", f"must be >= 2, got {cfg.seq_len}")
   split = _text_field(cfg, "split")
   _need(split in ("train", "held_out"), "split",
         f"expected 'train' or 'held_out', got {split!r}")
+
+
+def _check_text(cfg):
+  _need(cfg.vocab_size == TEXT_VOCAB, "vocab_size",
+        f"the text task has {TEXT_VOCAB} ids (256 bytes + PAD, BOS, SEP), "
+        f"got {cfg.vocab_size}")
+  _check_windows(cfg)
   p = _text_field(cfg, "repeat_prob")
   _need(0.0 <= p <= 1.0, "repeat_prob", f"must be in [0, 1], got {p}")
   lo, hi = _text_field(cfg, "repeat_span")
@@ -335,10 +340,7 @@ def _check_text(cfg):
 
 def _check_text_tokens(cfg):
   text_tokens.check_vocab(cfg.vocab_size)
-  _need(cfg.seq_len >= 2, "seq_len", f"must be >= 2, got {cfg.seq_len}")
-  split = _text_field(cfg, "split")
-  _need(split in ("train", "held_out"), "split",
-        f"expected 'train' or 'held_out', got {split!r}")
+  _check_windows(cfg)
   # The files exist and decode; the tokenizer is trained (or read from
   # its cache) when the first batch is traced, not by every validation.
   text_corpus_of(cfg)

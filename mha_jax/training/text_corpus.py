@@ -266,6 +266,11 @@ def _memmap(doc: Document) -> np.ndarray:
                    shape=(doc.size,))
 
 
+def read_text(doc: Document) -> str:
+  """The whole text of a document (`load` has checked it is UTF-8)."""
+  return bytes(_memmap(doc)).decode("utf-8")
+
+
 def chunks(split: Split):
   """Every document's bytes in order, as `(document index, uint8 chunk)`."""
   for i, doc in enumerate(split.documents):

@@ -169,10 +169,6 @@ def _id_bytes(tok: tokenizers.Tokenizer, i: int) -> bytes:
   return bytes(table[c] for c in tok.id_to_token(i))
 
 
-def _text(doc: text_corpus.Document) -> str:
-  return bytes(text_corpus._memmap(doc)).decode("utf-8")  # pylint: disable=protected-access
-
-
 def cache_key(corpus: text_corpus.Corpus, vocab_size: int) -> str:
   """Hex digest of the settings and of every document's bytes and side."""
   h = hashlib.sha256()
@@ -207,15 +203,17 @@ def train_tokenizer(corpus: text_corpus.Corpus,
       vocab_size=vocab_size, special_tokens=list(SPECIALS),
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
       show_progress=False)
-  tok.train_from_iterator((_text(d) for d in corpus.train.documents),
+  tok.train_from_iterator((text_corpus.read_text(d)
+                           for d in corpus.train.documents),
                           trainer=trainer)
   return tok
 
 
 def _encode(tok, split) -> tuple[np.ndarray, np.ndarray]:
   """`(tokens uint16, starts [N + 1])` of every document of `split`."""
-  ids = [e.ids for e in tok.encode_batch([_text(d) for d in split.documents],
-                                         add_special_tokens=False)]
+  ids = [e.ids for e in tok.encode_batch(
+      [text_corpus.read_text(d) for d in split.documents],
+      add_special_tokens=False)]
   starts = np.concatenate([[0], np.cumsum([len(i) for i in ids])])
   tokens = (np.concatenate([np.asarray(i, np.uint16) for i in ids])
             if starts[-1] else np.zeros(0, np.uint16))

@@ -361,6 +361,13 @@ def check_run(workdir) -> pathlib.Path:
   return workdir
 
 
+def checkpoint_steps(workdir) -> list[int]:
+  """The steps of a run's saved checkpoints, sorted (its folder names)."""
+  return sorted(int(p.name) for p in
+                (pathlib.Path(workdir) / "checkpoints").iterdir()
+                if p.name.isdigit())
+
+
 def load_state(workdir, step: int | None = None):
   """`(TrainState, config)` of a run, from checkpoint `step` (None: latest).
 
