@@ -49,6 +49,11 @@ def get_config(arg=None):
   t.split = "train"
   t.split_seed = 0
   t.held_out_fraction = 0.1
+  # Planted repeats (off): that share of training windows gets a span of
+  # repeat_span tokens copied over a later stretch, an explicit induction
+  # signal; every measurement reads held-out files as they are.
+  t.repeat_prob = 0.0
+  t.repeat_span = (8, 32)
   t.cache_dir = ""  # "": $XDG_CACHE_HOME/mha_jax (or ~/.cache/mha_jax)
 
   tr = c.train

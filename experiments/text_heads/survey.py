@@ -63,17 +63,9 @@ def parse_variant(name: str, *, repeat_prob: float) -> dict:
           "task.repeat_prob": repeat_prob if m.group(3) else 0.0}
 
 
-def held_out_config(config) -> ml_collections.ConfigDict:
-  """A copy of `config` whose batches come from the held-out files."""
-  c = ml_collections.ConfigDict(config.to_dict())
-  c.task.split = "held_out"
-  c.task.repeat_prob = 0.0  # held-out text as it is, whatever trained on
-  return c
-
-
 def held_out_batch(config, num_examples: int, seed: int) -> dict:
   """`num_examples` held-out windows (the text task's batch dict)."""
-  batch = held_out.analysis_batch(held_out_config(config), num_examples,
+  batch = held_out.analysis_batch(held_out.text_config(config), num_examples,
                                   seed=seed)
   return jax.tree.map(np.asarray, batch)
 

@@ -58,7 +58,7 @@ def _token_bytes(config, kind):
 def trajectory(r, kind, e) -> dict:
   """`scores.measure` at step 0 and every checkpoint of run `r`, as
   lists over steps, plus the uniform floor of the prefix-matching score."""
-  hc = runs_lib.variant(r.config, **{"task.split": "held_out"})
+  hc = held_out.text_config(r.config)
   batch = {k: np.asarray(v) for k, v in held_out.analysis_batch(
       hc, e.analysis_examples, seed=held_out.ANALYSIS_SEED + r.seed).items()}
   ids = np.arange(tasks.NUM_SPECIAL, r.config.task.vocab_size)

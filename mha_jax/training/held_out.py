@@ -40,6 +40,16 @@ def analysis_batch(config, num_examples: int,
   return train.batch_fn(c)(jax.random.PRNGKey(seed))
 
 
+def text_config(config) -> ml_collections.ConfigDict:
+  """A copy of a text task's `config` whose batches are the held-out files
+  as they are: split "held_out" and no planted repeats
+  (`task.repeat_prob` 0), whatever the model trained on."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.task.split = "held_out"
+  c.task.repeat_prob = 0.0
+  return c
+
+
 # Jitted once per model structure (the graphdef is static, the parameters
 # are arguments): every seed of a setting reuses one compiled program.
 @functools.partial(jax.jit, static_argnums=0)

@@ -212,11 +212,17 @@ def text_batch(key, cfg):
   (`_repeat_spans`), a training signal for induction heads in real text.
   """
   seq = _windows(key, cfg, lambda: text_split(cfg), NUM_SPECIAL)
+  return _next_token(_maybe_repeat(key, cfg, seq))
+
+
+def _maybe_repeat(key, cfg, seq):
+  """`seq` with `cfg.repeat_prob`'s repeated spans (`_repeat_spans`); as
+  it is when the option is off (0, the default), bit for bit."""
   p = float(_text_field(cfg, "repeat_prob"))
-  if p > 0:  # off: the batch is exactly what it was before the option
-    seq = _repeat_spans(jax.random.fold_in(key, 1), seq, p,
-                        tuple(_text_field(cfg, "repeat_span")))
-  return _next_token(seq)
+  if p == 0:
+    return seq
+  return _repeat_spans(jax.random.fold_in(key, 1), seq, p,
+                       tuple(_text_field(cfg, "repeat_span")))
 
 
 def _windows(key, cfg, split, first_id):
@@ -248,12 +254,14 @@ def text_tokens_of(cfg) -> text_tokens.TokenCorpus:
 
 def text_tokens_batch(key, cfg):
   """Windows of T + 1 BPE tokens of real text from split `cfg.split`:
-  the byte task's windows (`text_batch`), in tokens, inside one file."""
+  the byte task's windows (`text_batch`), in tokens, inside one file.
+  `cfg.repeat_prob` and `cfg.repeat_span` plant repeated spans as there,
+  counted in tokens."""
   # Read (or train) the tokenizer now, while tracing: a bad setting
   # raises its ValueError here rather than inside the host callback.
   corpus = text_tokens_of(cfg)
   split = lambda: corpus.split(_text_field(cfg, "split"))
-  return _next_token(_windows(key, cfg, split, 0))
+  return _next_token(_maybe_repeat(key, cfg, _windows(key, cfg, split, 0)))
 
 
 def _repeat_spans(key, seq, prob, span):
@@ -316,11 +324,19 @@ def _check_offsets(cfg):
 
 
 def _check_windows(cfg):
-  """The fields both text tasks read: the window length and the split."""
+  """The fields both text tasks read: the window length, the split and
+  the repeated spans."""
   _need(cfg.seq_len >= 2, "seq_len", f"must be >= 2, got {cfg.seq_len}")
   split = _text_field(cfg, "split")
   _need(split in ("train", "held_out"), "split",
         f"expected 'train' or 'held_out', got {split!r}")
+  p = _text_field(cfg, "repeat_prob")
+  _need(0.0 <= p <= 1.0, "repeat_prob", f"must be in [0, 1], got {p}")
+  lo, hi = _text_field(cfg, "repeat_span")
+  _need(p == 0 or (1 <= lo <= hi and 2 * hi <= cfg.seq_len + 1),
+        "repeat_span",
+        f"needs 1 <= min <= max and two copies of max ids within seq_len "
+        f"+ 1 = {cfg.seq_len + 1}, got ({lo}, {hi})")
 
 
 def _check_text(cfg):
@@ -328,13 +344,6 @@ def _check_text(cfg):
         f"the text task has {TEXT_VOCAB} ids (256 bytes + PAD, BOS, SEP), "
         f"got {cfg.vocab_size}")
   _check_windows(cfg)
-  p = _text_field(cfg, "repeat_prob")
-  _need(0.0 <= p <= 1.0, "repeat_prob", f"must be in [0, 1], got {p}")
-  lo, hi = _text_field(cfg, "repeat_span")
-  _need(p == 0 or (1 <= lo <= hi and 2 * hi <= cfg.seq_len + 1),
-        "repeat_span",
-        f"needs 1 <= min <= max and two copies of max bytes within seq_len "
-        f"+ 1 = {cfg.seq_len + 1}, got ({lo}, {hi})")
   text_split(cfg)  # the corpus exists, decodes and has windows: fail now
 
 

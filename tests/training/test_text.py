@@ -25,6 +25,7 @@ from mha_jax.interp import wired_circuit
 from mha_jax.models.transformer import DecoderLM
 from mha_jax.training import config as config_lib
 from mha_jax.measure import report as report_lib
+from mha_jax.training import held_out
 from mha_jax.training import tasks
 from mha_jax.training import text_corpus
 from experiments.text_heads import control
@@ -188,7 +189,7 @@ def test_repeated_spans_copy_earlier_bytes_and_leave_the_rest(tmp_path):
   # Held-out windows stay as they are whatever the training side gets.
   config = text_config.get_config("smoke")
   config.task.repeat_prob = 1.0
-  assert survey.held_out_config(config).task.repeat_prob == 0.0
+  assert held_out.text_config(config).task.repeat_prob == 0.0
   assert survey.parse_variant("L2+MLP+rep", repeat_prob=0.3) == {
       "model.num_layers": 2, "model.attention_only": False,
       "task.repeat_prob": 0.3}

@@ -13,6 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from mha_jax.training import held_out
 from mha_jax.training import tasks
 from mha_jax.training import text_corpus
 from mha_jax.training import text_tokens
@@ -169,11 +170,12 @@ def test_corpus_without_text_fails_by_name(tmp_path):
 
 
 def _task_cfg(tmp_path, corpus_dir, **kw):
-  return ml_collections.ConfigDict(dict(
+  fields = dict(
       name="text_tokens", corpus=str(corpus_dir), corpus_glob="*.txt",
       pieces=20, split="train", split_seed=0, held_out_fraction=0.3,
       seq_len=8, vocab_size=300, batch_size=6,
-      cache_dir=str(tmp_path / "cache"), **kw))
+      cache_dir=str(tmp_path / "cache"))
+  return ml_collections.ConfigDict({**fields, **kw})
 
 
 def test_task_batch_is_next_token_windows(word_corpus, tmp_path):
@@ -201,3 +203,50 @@ def test_task_batch_is_next_token_windows(word_corpus, tmp_path):
   held_windows = {tuple(w) for w in tc.held_out.windows(
       np.arange(tc.held_out.num_windows))}
   assert all(tuple(r) in {w[:-1] for w in held_windows} for r in rows)
+
+
+def _is_one_copy(new, old, lo, hi) -> bool:
+  """Whether `new` is `old` with one span of lo..hi ids copied over a
+  later stretch: new = old except new[s2 + j] = old[s1 + j], j < L, for
+  some lo <= L <= hi and s1 + L <= s2."""
+  n = len(old)
+  for length in range(lo, hi + 1):
+    for s1 in range(n - 2 * length + 1):
+      for s2 in range(s1 + length, n - length + 1):
+        want = old.copy()
+        want[s2:s2 + length] = old[s1:s1 + length]
+        if np.array_equal(new, want):
+          return True
+  return False
+
+
+def test_task_plants_repeated_spans_in_training_windows_only(word_corpus):
+  root, _, _ = word_corpus
+  lo, hi = 2, 4
+  cfg = _task_cfg(root, root / "text", batch_size=32)
+
+  def window(c):  # [B, T + 1]: the window each example was cut from
+    b = jax.jit(lambda k: tasks.text_tokens_batch(
+        k, ml_collections.FrozenConfigDict(c)))(jax.random.PRNGKey(5))
+    return np.concatenate([b["inputs"], b["targets"][:, -1:]], 1)
+
+  plain = window(cfg)
+  off = window(dict(cfg.to_dict(), repeat_prob=0.0, repeat_span=(lo, hi)))
+  np.testing.assert_array_equal(off, plain)  # off: bit for bit the same
+  rep = window(dict(cfg.to_dict(), repeat_prob=1.0, repeat_span=(lo, hi)))
+  assert all(_is_one_copy(n, o, lo, hi) for n, o in zip(rep, plain))
+  assert np.any(rep != plain, axis=1).sum() >= 16  # most copies change it
+  planted = ml_collections.ConfigDict(dict(cfg.to_dict(), repeat_prob=1.0))
+  held = held_out.text_config(ml_collections.ConfigDict({"task": planted}))
+  assert (held.task.split, held.task.repeat_prob) == ("held_out", 0.0)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("repeat_prob", -0.1, r"task\.repeat_prob: must be in \[0, 1\]"),
+    ("repeat_span", (3, 5), r"task\.repeat_span: .*seq_len \+ 1 = 9"),
+])
+def test_bad_repeat_fields_fail_by_name(word_corpus, field, value, match):
+  root, _, _ = word_corpus
+  cfg = _task_cfg(root, root / "text", **{"repeat_prob": 1.0, field: value})
+  with pytest.raises(ValueError, match=match):
+    tasks.get_task("text_tokens").check(cfg)
