@@ -354,7 +354,7 @@ def check_run(workdir) -> pathlib.Path:
     raise FileNotFoundError(f"--workdir={workdir}: no config.json, so not a "
                             f"training run{hint}")
   ckpt = workdir / "checkpoints"
-  if not ckpt.is_dir() or not any(p.name.isdigit() for p in ckpt.iterdir()):
+  if not ckpt.is_dir() or not checkpoint_steps(workdir):
     raise FileNotFoundError(f"--workdir={workdir}: no checkpoint in "
                             f"{ckpt}; train the run (python -m "
                             "experiments.train) before reading it")
