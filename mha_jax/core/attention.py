@@ -75,8 +75,7 @@ def masked_softmax(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
   """float32 softmax over the last axis; masked keys and empty rows give 0."""
   logits = logits.astype(jnp.float32)
   if mask is not None:
-    # -inf rather than a large negative number: exp(-inf) is exactly 0.
-    logits = jnp.where(mask, logits, -jnp.inf)
+    logits = score_rules.forbid(logits, mask)
   return _softmax_rows(logits)
 
 

@@ -237,6 +237,35 @@ def scores(qk, q_pos, k_pos, *, scale, rules=NO_RULES, bias=None,
     t = jnp.tanh(s / rules.soft_cap)
     s, dcap = rules.soft_cap * t, 1.0 - t * t
   if ok is not None:
-    # -inf rather than a large negative number: exp(-inf) is exactly 0.
-    s = jnp.where(ok, s, -jnp.inf)
+    s = forbid(s, ok)
   return s, dcap
+
+
+@jax.custom_jvp
+def forbid(s: jax.Array, ok: jax.Array) -> jax.Array:
+  """`s` where `ok` allows a key, -inf elsewhere (`ok` broadcasts to `s`).
+
+  -inf rather than a large negative number: exp(-inf) is exactly 0. The
+  tangent passes through unmasked (`_forbid_jvp`).
+  """
+  return jnp.where(ok, s, -jnp.inf)
+
+
+@forbid.defjvp
+def _forbid_jvp(primals, tangents):
+  # Autodiff's rule for the select zeroes the tangent of a forbidden key,
+  # and its transpose is one more full pass over [B, H, Tq, Tk] in the
+  # backward, which XLA's CPU backend did not fuse (about 10% of the
+  # text-size training step; docs/performance.md). It is redundant: the
+  # masked scores only reach the softmax, directly or through a `scores`
+  # hook, and the softmax rule multiplies the tangent of every key by its
+  # weight, which is exactly 0 for a key at -inf. So with finite q and k
+  # both modes give the same numbers (a zero may change sign). A hook
+  # patch that writes a finite value over a forbidden score replaces it,
+  # and its own rule sends that key no gradient. What changes is NaN or
+  # inf in the keys of forbidden slots: forward mode (jvp) now carries it
+  # into the row's tangent, as reverse mode already did through the
+  # softmax's row sum and dq = ds k.
+  (s, ok), (ds, _) = primals, tangents
+  out = forbid(s, ok)
+  return out, jnp.broadcast_to(ds, out.shape)

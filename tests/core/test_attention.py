@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from mha_jax.core import attention
+from mha_jax import hooks as hooks_lib
 from mha_jax.core import worked_example as wx
 
 IMPLS = ("vmap", "einsum")
@@ -334,6 +335,55 @@ def test_masked_softmax_derivatives_match_finite_differences():
   jacobian = jax.jacfwd(f)(logits)  # [3, 5, 3, 5]
   assert np.all(jacobian[1][:, 1, [1, 3, 4]] == 0)  # masked keys: no gradient
   assert np.all(jacobian[2] == 0)  # the empty row is constant 0
+
+
+def _select_rule_attention(q, k, v, allowed, patch=None):
+  """The same attention built from jnp.where and jax.nn.softmax, whose own
+  derivative rules zero every forbidden key's tangent; `patch` acts on the
+  masked scores [B, H, Tq, Tk] as a `scores` hook patch would."""
+  s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  s = jnp.where(allowed, s, -jnp.inf)
+  w = jax.nn.softmax(s if patch is None else patch(s), axis=-1)
+  return jnp.einsum("bhqk,bkhd->bqhd", w, v)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("patched", [False, True])
+def test_masked_scores_differentiate_like_the_select_rule(impl, patched):
+  # `score_rules.forbid` passes the tangent of a forbidden key through
+  # (the softmax's weight 0 removes it); gradients and forward-mode
+  # tangents must equal those of the plain select, also when a `scores`
+  # patch writes finite values over forbidden keys (clipping at -2, and
+  # opening key 0 to every query).
+  rng = np.random.default_rng(5)
+  b, t, h, d = 2, 5, 2, 4
+  q, k, v = (jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.float32)
+             for _ in range(3))
+  pad = jnp.asarray([[True] * 5, [True] * 3 + [False] * 2])  # [B, Tk]
+  mask = pad[:, None, None, :]
+  allowed = mask & jnp.tril(jnp.ones((1, 1, t, t), bool))
+  patch = None
+  if patched:
+    patch = lambda s: jnp.maximum(s, -2.0).at[..., 0].set(0.5)
+  hooks = hooks_lib.Hooks(patch={"scores": patch} if patched else {})
+
+  def ours(q, k, v):
+    out, _ = attention.attend(q, k, v, mask=mask, is_causal=True,
+                              implementation=impl, hooks=hooks)
+    return out
+
+  theirs = lambda q, k, v: _select_rule_attention(q, k, v, allowed, patch)
+  cot = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.float32)
+  loss = lambda f: lambda *a: jnp.sum(f(*a) * cot)
+  grads = jax.grad(loss(ours), argnums=(0, 1, 2))(q, k, v)
+  expected = jax.grad(loss(theirs), argnums=(0, 1, 2))(q, k, v)
+  for got, want in zip(grads, expected):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  tangents = tuple(jnp.asarray(rng.normal(size=x.shape), jnp.float32)
+                   for x in (q, k, v))
+  _, jvp = jax.jvp(ours, (q, k, v), tangents)
+  _, jvp_want = jax.jvp(theirs, (q, k, v), tangents)
+  np.testing.assert_allclose(jvp, jvp_want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
