@@ -334,7 +334,8 @@ def choose_implementation(q, k, *, dropout=False, backend=None):
 def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                  rules=score_rules.NO_RULES):
   """The path `kernels/auto.py` picks for this call (`mha_jax.explain_auto`
-  says which and why); on CPU "flash", or "einsum" under dropout."""
+  says which and why). The weights of a path that forms them (einsum on
+  CPU for small scores) are not returned: `auto` is weightless."""
   impl = auto.select_for(q, k, v, mask=mask, bias=bias,
                                 is_causal=is_causal, dropout=keep is not None,
                                 rules=rules.active()).implementation

@@ -36,10 +36,16 @@ def _call(**kw):
 
 # (id, backend, call, expected implementation, {candidate: phrase in why}).
 CASES = [
-    # CPU: the measured choice, nothing faster to rule out.
-    ("cpu-f32", "cpu", _call(q_dtype=F32), "flash", {}),
-    ("cpu-bf16-mask", "cpu", _call(q_dtype=BF16, mask=True, is_causal=True),
-     "flash", {}),
+    # CPU: the measured rule, einsum while the float32 scores fit in 32
+    # MiB. The standard shape's are 8*8*512*512*4 bytes = 64 MiB.
+    ("cpu-f32", "cpu", _call(q_dtype=F32), "flash",
+     {"einsum": "(64 MiB > 32 MiB)"}),
+    ("cpu-f32-32mib", "cpu", _call(q_dtype=F32, batch=4), "einsum", {}),
+    ("cpu-f32-just-over", "cpu",
+     _call(q_dtype=F32, batch=4, q_len=513), "flash", {"einsum": "> 32 MiB"}),
+    ("cpu-bf16-mask", "cpu",
+     _call(q_dtype=BF16, mask=True, is_causal=True, batch=1), "flash",
+     {"einsum": "float32 only"}),
     ("cpu-dropout", "cpu", _call(q_dtype=F32, dropout=True), "einsum",
      {"flash": "never forms the weights"}),
     ("cpu-weights", "cpu", _call(q_dtype=F32, weights=True), "einsum",
@@ -145,14 +151,26 @@ def test_without_cudnn_in_available_gpu_falls_back():
 
 
 def test_cpu_choice_matches_the_measured_rule():
-  """CPU behaviour is unchanged: flash, or einsum under dropout, at any
-  dtype, width, mask or length."""
+  """CPU: flash for lower precisions or float32 scores over 32 MiB, at
+  any width, mask or GQA; einsum under dropout, and for float32 scores
+  of at most 32 MiB (B * H * Tq * Tk <= 2**23)."""
   for call in (_call(q_dtype=F32), _call(q_dtype=BF16, head_dim=512),
                _call(q_dtype=F16, mask=True, bias=True, num_kv_heads=1),
-               _call(q_dtype=F32, batch=1, q_len=65536, kv_len=65536)):
+               _call(q_dtype=F32, batch=1, q_len=65536, kv_len=65536),
+               _call(q_dtype=F32, batch=1, num_heads=1, q_len=2 ** 12,
+                     kv_len=2 ** 11 + 1)):
     assert auto.select("cpu", **call).implementation == "flash"
     assert auto.select("cpu", dropout=True,
                               **call).implementation == "einsum"
+  for call in (_call(q_dtype=F32, batch=16, q_len=256, kv_len=256),
+               _call(q_dtype=F32, batch=1, num_heads=1, q_len=2 ** 12,
+                     kv_len=2 ** 11, mask=True, bias=True, num_kv_heads=1),
+               _call(q_dtype=F32, batch=1, q_len=1, kv_len=2 ** 20)):
+    choice = auto.select("cpu", **call)
+    assert choice.implementation == "einsum", call
+    assert choice.ruled_out == ()
+    assert auto.select("cpu", available={"flash"},
+                       **call).implementation == "flash"
 
 
 def test_explain_auto_reads_arrays_and_agrees_with_attend():
@@ -169,6 +187,7 @@ def test_explain_auto_reads_arrays_and_agrees_with_attend():
                               backend="gpu").implementation == "einsum"
   # The legacy helper and auto's dispatch agree with the selection.
   assert attention.choose_implementation(q, k, backend="gpu") == "cudnn"
+  # 2 * 4 * 128 * 64 float32 scores fit in 32 MiB, but q is bfloat16.
   assert attention.choose_implementation(q, k, backend="cpu") == "flash"
 
 

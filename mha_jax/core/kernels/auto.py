@@ -10,7 +10,7 @@ weights are wanted), so it runs without a device and is unit-tested on CPU.
 It walks the candidates of a backend from the fastest down and keeps, for
 each one it passes over, the reason in words:
 
-  cpu  flash (measured fastest at every shape tried by experiments.benchmark)
+  cpu  einsum (float32) -> flash once the float32 scores pass 32 MiB
   gpu  cudnn -> xla, or flash once the float32 scores pass 1 GiB
   tpu  pallas_tpu -> xla, or flash once the float32 scores pass 1 GiB
 
@@ -63,6 +63,13 @@ def _rules_reason(candidate, rules) -> str | None:
 # Above this many bytes of float32 scores [B, H, Tq, Tk], a path that forms
 # them (xla) gives way to the blockwise one, whose memory is O(T).
 SCORE_BYTES_LIMIT = 2 ** 30
+# On CPU, up to this many bytes of float32 scores the dense einsum path
+# took 0.53-0.84x the blockwise path's forward+backward time and 0.78-1.11x
+# its forward (two runs, 8 and 32 MiB, causal or not); from 64 MiB the
+# blockwise forward was faster under a causal mask (1.2-1.4x at 64 MiB,
+# 1.4-4.5x at 128-512), and its memory is O(T) (python -m
+# experiments.benchmark.dense_vs_blockwise; docs/performance.md).
+CPU_DENSE_SCORE_BYTES = 32 * 2 ** 20
 _HALF = frozenset({"float16", "bfloat16"})
 # Pallas TPU flash attention tiles q and k in blocks of 128
 # (BlockSizes.get_default, MIN_BLOCK_SIZE).
@@ -114,6 +121,30 @@ def _trailing(shape, name: str):
     raise TypeError(f"select: `{name}` must be a bool or a shape, got "
                     f"{shape!r}") from e
   return ((1,) * 2 + dims)[-2:]
+
+
+def _cpu_choice(*, batch, num_heads, q_len, kv_len, dtypes, available):
+  """float32 einsum while the scores fit in CPU_DENSE_SCORE_BYTES, flash
+  beyond; its weights are formed but not returned (`auto` is weightless).
+  Lower precisions were not measured and keep the blockwise path."""
+  mib = 4 * batch * num_heads * q_len * kv_len / 2 ** 20
+  limit = CPU_DENSE_SCORE_BYTES / 2 ** 20
+  if set(dtypes) != {"float32"}:
+    why = ("the CPU comparison was measured in float32 only "
+           f"(q, k, v: {', '.join(dtypes)})")
+  elif mib > limit:
+    why = (f"it forms the float32 scores [B, H, Tq, Tk] ({mib:.3g} MiB > "
+           f"{limit:.0f} MiB), where the blockwise forward is faster under "
+           "a causal mask and its memory O(T)")
+  elif "einsum" not in available:
+    why = "not among the available implementations"
+  else:
+    return AutoChoice("einsum", "on CPU the dense path is faster forward+"
+                      "backward than the blockwise one while the float32 "
+                      f"scores fit in {limit:.0f} MiB ({mib:.3g} MiB here; "
+                      "python -m experiments.benchmark.dense_vs_blockwise)")
+  return AutoChoice("flash", "blockwise online softmax: O(T) memory, any "
+                    "shape, mask, bias and GQA", (("einsum", why),))
 
 
 def _scores_fit(batch, num_heads, q_len, kv_len) -> bool:
@@ -272,8 +303,8 @@ def select(backend: str, *, q_dtype, k_dtype=None, v_dtype=None,
         tuple((n, why) for n in weightless))
 
   if backend == "cpu":
-    return AutoChoice("flash", "on CPU the blockwise path measured fastest at "
-                      "every shape tried (python -m experiments.benchmark)")
+    return _cpu_choice(batch=batch, num_heads=num_heads, q_len=q_len,
+                       kv_len=kv_len, dtypes=dtypes, available=available)
 
   ruled_out = []
   same_width, one_dtype = value_dim == head_dim, len(set(dtypes)) == 1
