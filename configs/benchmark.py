@@ -64,6 +64,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   ts.paths = "einsum,vmap,flash,auto,torch,transformer_lens"
   ts.rounds = 10  # timed steps per path (medians and per-round ratios)
   ts.warmup = 3  # untimed steps per path after compiling
+  # Each timed block of a path's consecutive steps lasts about this long
+  # (after one untimed step); experiments/benchmark/train_step.py says why.
+  ts.min_block_s = 0.1
   ts.specs = ml_collections.ConfigDict(dict(
       # Experiment 1's model as it trains (L2 H4 D64 T32 B64 V32).
       induction=dict(config="induction", model={}, task={}),

@@ -20,11 +20,17 @@ is skipped, saying so.
 
 Timing: everything runs in this one process, built and warmed up first
 (`warmup` untimed steps each, so compilation is out), then `rounds`
-rounds; each round times one step of every path, in an order that rotates
-from round to round so no path always follows the same one. A figure is
-the median over rounds; a ratio is the median over rounds of the two
-paths' times in the same round, with its range (min-max), so a drift of
-the machine's speed during the run cancels. torch gets one thread per
+rounds. In each round every path, in an order that rotates from round to
+round, runs one untimed step and then a timed block of consecutive steps
+(as many as last `min_block_s` at its warm-up speed; a path's time in the
+round is the block's mean). The untimed step is there because a library's
+worker threads keep spinning for a while after its step returns: timed
+straight after torch's step, the same compiled mha_jax program took 40%
+longer at the `induction` shape (11-12 ms against 15-18), and the
+rotation always put the same path there. A figure is the median over
+rounds; a ratio is the median over rounds of the two paths' times in the
+same round, with its range (min-max), so a drift of the machine's speed
+during the run cancels. torch gets one thread per
 core (`torch.set_num_threads(os.cpu_count())`), as XLA's CPU client does.
 With `config.keep_freed_memory` the benchmark's process keeps freed host
 memory for reuse before anything runs (run.py; mha_jax.training.
@@ -34,6 +40,7 @@ host_memory), which changes every path's time, torch's included.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import statistics
 import time
@@ -128,7 +135,17 @@ def _ratio(times, a, b):
   return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
-def measure_shape(name, spec, paths, rounds, warmup):
+def _timed_block(step, count):
+  """Seconds per step over `count` consecutive calls of `step`, after one
+  untimed call (see the module docstring)."""
+  step()
+  start = time.perf_counter()
+  for _ in range(count):
+    step()
+  return (time.perf_counter() - start) / count
+
+
+def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0):
   """Rows for one shape: one per path, timed in interleaved rounds."""
   steps, rows, batch = {}, {}, None
   for path in paths:
@@ -146,17 +163,18 @@ def measure_shape(name, spec, paths, rounds, warmup):
         rows[path] = {"skipped": step}
         continue
       steps[path] = step
-  for step in steps.values():
+  block = {}
+  for path, step in steps.items():
     for _ in range(warmup):
       step()
+    seconds = _timed_block(step, 1)
+    block[path] = max(1, math.ceil(min_block_s / seconds))
   times = {p: [] for p in steps}
   order = list(steps)
   for r in range(rounds):
     shift = r % len(order)
     for path in order[shift:] + order[:shift]:
-      start = time.perf_counter()
-      steps[path]()
-      times[path].append(time.perf_counter() - start)
+      times[path].append(_timed_block(steps[path], block[path]))
   out = []
   m = config_lib.model_config(base)
   for path in paths:
@@ -165,6 +183,7 @@ def measure_shape(name, spec, paths, rounds, warmup):
            "T": base.task.seq_len, "B": base.task.batch_size,
            "V": m.vocab_size, **rows.get(path, {})}
     if path in times:
+      row["block_steps"] = block[path]
       row["step_s"] = times[path]
       row["step_ms"] = 1e3 * statistics.median(times[path])
       for peer in PEERS:
@@ -196,5 +215,6 @@ def sweep(config) -> list[dict]:
                      f"{sorted(ts.specs)}")
   rows = []
   for name in names:
-    rows += measure_shape(name, ts.specs[name], paths, ts.rounds, ts.warmup)
+    rows += measure_shape(name, ts.specs[name], paths, ts.rounds, ts.warmup,
+                          ts.min_block_s)
   return rows
