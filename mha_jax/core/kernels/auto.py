@@ -127,12 +127,12 @@ def _cpu_choice(*, batch, num_heads, q_len, kv_len, dtypes, available):
   """float32 einsum while the scores fit in CPU_DENSE_SCORE_BYTES, flash
   beyond; its weights are formed but not returned (`auto` is weightless).
   Lower precisions were not measured and keep the blockwise path."""
-  mib = 4 * batch * num_heads * q_len * kv_len / 2 ** 20
-  limit = CPU_DENSE_SCORE_BYTES / 2 ** 20
+  nbytes = _score_bytes(batch, num_heads, q_len, kv_len)
+  mib, limit = nbytes / 2 ** 20, CPU_DENSE_SCORE_BYTES / 2 ** 20
   if set(dtypes) != {"float32"}:
     why = ("the CPU comparison was measured in float32 only "
            f"(q, k, v: {', '.join(dtypes)})")
-  elif mib > limit:
+  elif nbytes > CPU_DENSE_SCORE_BYTES:
     why = (f"it forms the float32 scores [B, H, Tq, Tk] ({mib:.3g} MiB > "
            f"{limit:.0f} MiB), where the blockwise forward is faster under "
            "a causal mask and its memory O(T)")
@@ -147,8 +147,9 @@ def _cpu_choice(*, batch, num_heads, q_len, kv_len, dtypes, available):
                     "shape, mask, bias and GQA", (("einsum", why),))
 
 
-def _scores_fit(batch, num_heads, q_len, kv_len) -> bool:
-  return 4 * batch * num_heads * q_len * kv_len <= SCORE_BYTES_LIMIT
+def _score_bytes(batch, num_heads, q_len, kv_len) -> int:
+  """Bytes of the float32 scores [B, H, Tq, Tk] a dense path forms."""
+  return 4 * batch * num_heads * q_len * kv_len
 
 
 def _fallback(ruled_out, *, batch, num_heads, q_len, kv_len, same_width,
@@ -156,10 +157,11 @@ def _fallback(ruled_out, *, batch, num_heads, q_len, kv_len, same_width,
   """The accelerator rule without a fused kernel: xla while the float32
   scores fit in 1 GiB, flash beyond (and where jax.nn cannot take the call).
   """
-  gib = 4 * batch * num_heads * q_len * kv_len / 2 ** 30
+  nbytes = _score_bytes(batch, num_heads, q_len, kv_len)
+  gib = nbytes / 2 ** 30
   if _rules_reason("xla", rules):
     ruled_out.append(("xla", _rules_reason("xla", rules)))
-  elif not _scores_fit(batch, num_heads, q_len, kv_len):
+  elif nbytes > SCORE_BYTES_LIMIT:
     ruled_out.append(("xla", f"it forms the float32 scores [B, H, Tq, Tk] "
                       f"({gib:.1f} GiB > 1 GiB)"))
   elif not same_width:
