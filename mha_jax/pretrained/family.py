@@ -23,11 +23,18 @@ from mha_jax.pretrained.errors import PretrainedError
 @dataclasses.dataclass(frozen=True)
 class Rule:
   """Source tensor `source` (with `{l}` for the layer) in layout `src` ->
-  the parameter paths `targets` (dotted, `{l}` too) in layout `dst`."""
+  the parameter paths `targets` (dotted, `{l}` too) in layout `dst`.
+
+  `gguf`: the same tensor's name in llama.cpp's GGUF files
+  (`blk.{l}.attn_q.weight`), or None where the family has no GGUF form.
+  GGUF lists a tensor's dimensions innermost first, so once read as a
+  NumPy array it has the `src` layout too.
+  """
   source: str
   src: str
   targets: tuple[str, ...] | str
   dst: str
+  gguf: str | None = None
 
   @property
   def paths(self) -> tuple[str, ...]:
