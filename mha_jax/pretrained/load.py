@@ -1,12 +1,14 @@
-"""`load_pretrained`: a Hugging Face directory -> an mha_jax model.
+"""`load_pretrained`: a Hugging Face directory or a GGUF file -> a model.
 
     model = mha_jax.load_pretrained("path/to/gpt2")     # a DecoderLM
+    model = mha_jax.load_pretrained("smollm2.Q4_1.gguf")  # the same, GGUF
     logits, acts = model(tokens, capture=("blocks.3.attn.pattern",))
 
-Everything that can be wrong is found from config.json and the
-safetensors headers, before a byte of weight data is read; then each
-tensor is read from the memory-mapped file, laid out by the family's
-table (`layout.py`) and put on the device, one at a time.
+Everything that can be wrong is found from config.json (or the GGUF
+metadata) and the tensor headers, before a byte of weight data is read;
+then each tensor is read from the memory-mapped file (a GGUF tensor
+dequantized to float32), laid out by the family's table (`layout.py`)
+and put on the device, one at a time.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from flax import nnx
 from mha_jax.models import transformer
 from mha_jax.models.model_config import ModelConfig
 from mha_jax.models.model_config import ModelConfigError
+from mha_jax.pretrained import gguf_files
 from mha_jax.pretrained import layout
 from mha_jax.pretrained import safetensors_files
 from mha_jax.pretrained import weights
@@ -73,38 +76,74 @@ def config_from_fields(fields: dict, where, **overrides):
     raise PretrainedError(where, f"gives an invalid ModelConfig: {e}") from e
 
 
+class _Source:
+  """A checkpoint's config.json fields, tensors and how to read one: a
+  Hugging Face directory, or a GGUF file (`gguf_files`)."""
+
+  def __init__(self, path):
+    self.path = pathlib.Path(path)
+    if self.path.is_file() and (self.path.suffix == ".gguf"
+                                or gguf_files.is_gguf(self.path)):
+      self.reader = gguf_files.open_reader(self.path)
+      self.where = self.path
+      self.meta = gguf_files.metadata(self.reader)
+      self.arch, _ = gguf_files.architecture(self.meta, self.where)
+      self.tensors = gguf_files.list_tensors(self.reader, self.path)
+      self.fields = gguf_files.config_fields(self.meta, self.tensors,
+                                             self.where)
+      self.naming = "gguf"
+    else:
+      self.reader = None
+      self.fields = read_config_json(self.path)
+      self.where = self.path / CONFIG
+      self.naming = "source"
+      self.tensors = None  # listed on demand: load_config reads no header
+
+  def list_tensors(self):
+    if self.tensors is None:
+      self.tensors = safetensors_files.list_tensors(
+          safetensors_files.checkpoint_files(self.path))
+    return self.tensors
+
+  def read(self, info, config):
+    if self.reader is None:
+      return safetensors_files.read_tensor(info)
+    return gguf_files.read_tensor(self.reader, info, self.arch, config)
+
+
 def load_config(path, **overrides) -> ModelConfig:
-  """The `ModelConfig` of a checkpoint directory, reading no weights."""
-  directory = pathlib.Path(path)
-  return config_from_fields(read_config_json(directory), directory / CONFIG,
-                            **overrides)[1]
+  """The `ModelConfig` of a checkpoint directory or GGUF file, reading
+  no weights."""
+  source = _Source(path)
+  return config_from_fields(source.fields, source.where, **overrides)[1]
 
 
 def load_pretrained(path, *, implementation: str = "einsum",
                     param_dtype=jnp.float32, dtype=None):
-  """A `DecoderLM` (GPT-2, Llama, Mistral, Qwen2, Gemma 2, GPT-NeoX) or
-  `Encoder` (BERT) with the weights of a local Hugging Face directory.
+  """A `DecoderLM` (GPT-2, Llama, Mistral, Qwen2, Gemma 2, Gemma 3,
+  GPT-NeoX) or `Encoder` (BERT) with the weights of a local checkpoint.
 
   Args:
     path: a directory with config.json and model.safetensors (or shards
-      with model.safetensors.index.json).
+      with model.safetensors.index.json), or a GGUF file (architectures
+      `gguf_files.ARCHITECTURES`: llama, gemma3), whose tensors are
+      dequantized to float32 (`gguf.quants`) and then cast to
+      `param_dtype`.
     implementation: the attention path (a key of
       `attention.IMPLEMENTATIONS`); "einsum" and "vmap" form every hook
       site, "flash" is the fastest on long inputs.
-    param_dtype: the parameters' dtype (the checkpoint's values are cast:
-      bf16 -> float32 is exact).
+    param_dtype: the parameters' dtype (the checkpoint's values are cast
+      with rounding to nearest even: bf16 -> float32 is exact).
     dtype: the compute dtype (None: `param_dtype`).
 
   Raises PretrainedError (a ValueError) naming the file, tensor or field
-  when anything does not match, before any model is built.
+  (GGUF: key) when anything does not match, before any model is built.
   """
-  directory = pathlib.Path(path)
-  fields = read_config_json(directory)
+  source = _Source(path)
   family, config = config_from_fields(
-      fields, directory / CONFIG, implementation=implementation,
+      source.fields, source.where, implementation=implementation,
       param_dtype=param_dtype, dtype=dtype)
-  tensors = safetensors_files.list_tensors(
-      safetensors_files.checkpoint_files(directory))
+  tensors = source.list_tensors()
   cls = MODELS[family.model]
   abstract = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
@@ -113,8 +152,8 @@ def load_pretrained(path, *, implementation: str = "einsum",
   sizes = weights.axis_sizes(config)
   values = {}
   for info, rule, paths in weights.plan(family, config, tensors, shapes,
-                                        directory):
-    arrays = layout.to_params(safetensors_files.read_tensor(info), rule.src,
+                                        source.path, source.naming):
+    arrays = layout.to_params(source.read(info, config), rule.src,
                               rule.dst, sizes)
     for p, a in zip(paths, arrays):
       if a.shape != shapes[p]:  # a table whose layouts disagree with us
@@ -124,6 +163,3 @@ def load_pretrained(path, *, implementation: str = "einsum",
   new = nnx.from_flat_state([(p, v.replace(values[".".join(map(str, p))]))
                              for p, v in nnx.to_flat_state(state)])
   return nnx.merge(graphdef, new)
-
-
-

@@ -42,6 +42,8 @@ class TensorInfo:
   def is_float(self) -> bool:
     return self.dtype in _FLOATS
 
+  float_kinds = ", ".join(_FLOATS)  # for error messages
+
 
 def checkpoint_files(directory: pathlib.Path) -> list[pathlib.Path]:
   """The safetensors files of a directory: the single file or the shards

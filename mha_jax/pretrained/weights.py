@@ -21,13 +21,19 @@ def axis_sizes(config) -> dict[str, int]:
               t=config.type_vocab_size, three=3)
 
 
-def expand(family, num_layers: int):
-  """Every rule of the table with `{l}` filled: [(source, rule, paths)]."""
+def expand(family, num_layers: int, naming: str = "source"):
+  """Every rule of the table with `{l}` filled: [(name, rule, paths)].
+
+  `naming`: "source" (the Hugging Face names) or "gguf" (the GGUF
+  column; rules without a GGUF name are left out)."""
   out = []
   for rule in family.rules:
-    layers = range(num_layers) if "{l}" in rule.source else [None]
+    name = getattr(rule, naming)
+    if name is None:
+      continue
+    layers = range(num_layers) if "{l}" in name else [None]
     for l in layers:
-      out.append((rule.source.format(l=l), rule,
+      out.append((name.format(l=l), rule,
                   tuple(p.format(l=l) for p in rule.paths)))
   return out
 
@@ -40,23 +46,25 @@ def checkpoint_name(family, source: str, paths) -> str:
   return family.prefix + source
 
 
-def plan(family, config, tensors, param_shapes, where):
+def plan(family, config, tensors, param_shapes, where, naming="source"):
   """`[(TensorInfo, rule, paths)]`: each parameter's source tensor.
 
   `tensors`: {name: TensorInfo} of the checkpoint; `param_shapes`:
-  {dotted path: shape} of the model. Raises PretrainedError for a tensor
+  {dotted path: shape} of the model; `naming`: as in `expand` (GGUF
+  names carry no prefix and no ignored buffers). Raises PretrainedError for a tensor
   the table does not know (or one whose parameter this config lacks), a
   parameter no tensor fills, a wrong shape or a non-float dtype, naming
   the file, the tensor, what was expected and what came.
   """
   table = {src: (rule, paths)
-           for src, rule, paths in expand(family, config.num_layers)}
+           for src, rule, paths in expand(family, config.num_layers, naming)}
   sizes = axis_sizes(config)
+  prefix = family.prefix if naming == "source" else None
   filled, out = {}, []
   for name, info in sorted(tensors.items()):
-    src = (name[len(family.prefix):] if name.startswith(family.prefix)
-           else name)
-    if any(re.fullmatch(p, src) for p, _ in family.ignored):
+    src = name[len(prefix):] if prefix and name.startswith(prefix) else name
+    if naming == "source" and any(re.fullmatch(p, src)
+                                  for p, _ in family.ignored):
       continue
     if src not in table:
       raise PretrainedError(info.file, f"unexpected tensor {name!r}: the "
@@ -78,7 +86,7 @@ def plan(family, config, tensors, param_shapes, where):
                             f" got {list(info.shape)}")
     if not info.is_float:
       raise PretrainedError(info.file, f"tensor {name!r}: expected a float "
-                            f"dtype (F32, F16, BF16, F64), got {info.dtype}")
+                            f"dtype ({info.float_kinds}), got {info.dtype}")
     for p in paths:
       filled[p] = name
     out.append((info, rule, paths))

@@ -1,0 +1,244 @@
+"""Reading GGUF files (llama.cpp's format) as a checkpoint source, no torch.
+
+A GGUF file holds key-value metadata (`general.*`, `<arch>.*` for the
+architecture, `tokenizer.ggml.*`) and named tensors, quantized or not.
+The `gguf` package parses the header and memory-maps the data;
+`gguf.quants.dequantize` turns every quantized type it knows (F32, F16,
+BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K ... Q6_K and more) into float32
+in NumPy, one tensor at a time, so loading holds one float32 copy of the
+model plus one tensor.
+
+This module turns a file into what the safetensors path has:
+- `config_fields`: the metadata as config.json fields of the family the
+  architecture maps to (`ARCHITECTURES`), so the family's own `from_hf`
+  builds the `ModelConfig` and refuses what it does not implement. Every
+  `<arch>.*` key is either mapped or known not to change the forward pass;
+  any other is refused by name, as config.json fields are.
+- `list_tensors` / `read_tensor`: the tensors under their GGUF names
+  (the family tables' `gguf` column), each read as float32 in the
+  layout of the Hugging Face tensor, with llama.cpp's conversion undone:
+  - llama: the converter permutes the rows of q and k from Hugging
+    Face's rotate-half order to the interleaved pairs (2i, 2i + 1) that
+    llama.cpp rotates; `unpermute_qk` restores them.
+  - gemma3: the converter stores Gemma's RMSNorm weights as 1 + w;
+    `read_tensor` subtracts 1 in float32, as transformers' GGUF loader
+    does, so the weights equal its converted tensors bit for bit.
+
+GGUF lists dimensions innermost first (`ne`); the package reverses them,
+so a matrix stored `[in, out]` in `ne` arrives as the `[out, in]` array
+of a torch `Linear` weight, the layout the tables name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import gguf
+import numpy as np
+from gguf import quants
+
+from mha_jax.pretrained.errors import PretrainedError
+
+MAGIC = b"GGUF"
+_Q = gguf.GGMLQuantizationType
+# Float and quantized types `gguf.quants.dequantize` reads.
+SUPPORTED = tuple(t for t in _Q if t in (_Q.F32, _Q.F16) or
+                  t in quants._type_traits)  # pylint: disable=protected-access
+
+# Metadata keys of an architecture -> config.json fields. A key mapped to
+# None is read only to check it (see `config_fields`).
+_COMMON_KEYS = {
+    "block_count": "num_hidden_layers",
+    "context_length": "max_position_embeddings",
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "rope.freq_base": "rope_theta",
+    "vocab_size": "vocab_size",
+    "attention.sliding_window": "sliding_window",
+    "attention.value_length": None,  # must equal key_length
+    "rope.dimension_count": None,  # must equal the head width
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+  """How one GGUF `general.architecture` becomes a family.
+
+  model_type: the config.json `model_type` (the family) it loads as.
+  permute_qk: undo llama.cpp's q/k row permutation.
+  norm_shift: subtracted from every `*norm.weight` (Gemma's 1 + w).
+  keys: metadata keys (after `<arch>.`) -> config.json fields.
+  """
+  model_type: str
+  permute_qk: bool
+  norm_shift: float
+  keys: dict
+
+
+ARCHITECTURES = {
+    "llama": Architecture("llama", permute_qk=True, norm_shift=0.0,
+                          keys=_COMMON_KEYS),
+    "gemma3": Architecture("gemma3_text", permute_qk=False, norm_shift=1.0,
+                           keys=_COMMON_KEYS),
+}
+# Keys outside `<arch>.*` that describe the file, not the model's math.
+_NEUTRAL_PREFIXES = ("general.", "tokenizer.", "GGUF.", "quantize.",
+                     "split.")
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFTensor:
+  """One tensor of a GGUF file: `shape` in NumPy order (outermost
+  first), `dtype` the GGML type's name; `is_float` says whether
+  `gguf.quants` can read it as float32."""
+  name: str
+  file: pathlib.Path
+  dtype: str
+  shape: tuple[int, ...]
+  index: int  # its position in the reader's tensor list
+
+  @property
+  def is_float(self) -> bool:
+    return self.dtype in {t.name for t in SUPPORTED}
+
+  float_kinds = ("a type gguf.quants dequantizes: "
+                 + ", ".join(t.name for t in SUPPORTED))
+
+
+def is_gguf(path) -> bool:
+  """Whether `path` is a file that starts with GGUF's magic bytes."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    return False
+  with open(path, "rb") as f:
+    return f.read(4) == MAGIC
+
+
+def open_reader(path) -> gguf.GGUFReader:
+  """The memory-mapped reader of a GGUF file; a missing, truncated or
+  corrupt file raises a PretrainedError naming it."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise PretrainedError(path, "expected a GGUF file, got no such file")
+  if not is_gguf(path):
+    raise PretrainedError(path, f"expected a GGUF file (magic {MAGIC!r}), "
+                          "got other bytes")
+  try:
+    reader = gguf.GGUFReader(path)
+  except (ValueError, IndexError, OSError, KeyError) as e:
+    raise PretrainedError(path, f"expected a complete GGUF file, the gguf "
+                          f"package could not read it ({type(e).__name__}: "
+                          f"{e}); is it truncated?") from e
+  for t in reader.tensors:  # the reader does not check that data fits
+    if t.data.nbytes != int(t.n_bytes):
+      raise PretrainedError(path, f"tensor {t.name!r}: expected "
+                            f"{int(t.n_bytes)} bytes, the file holds "
+                            f"{t.data.nbytes}; is it truncated?")
+  return reader
+
+
+def metadata(reader: gguf.GGUFReader) -> dict:
+  """Every key's value as Python data, except the tokenizer's long
+  arrays (tokens, scores, merges, token types), read on demand."""
+  out = {}
+  for key, field in reader.fields.items():
+    if key.startswith("tokenizer.ggml.") and field.types and (
+        field.types[0] == gguf.GGUFValueType.ARRAY):
+      out[key] = ...  # present; `gguf_tokenizer` reads it
+      continue
+    out[key] = field.contents()
+  return out
+
+
+def architecture(meta: dict, where) -> tuple[str, Architecture]:
+  arch = meta.get("general.architecture")
+  if arch not in ARCHITECTURES:
+    raise PretrainedError(where, f"key 'general.architecture': mha_jax loads "
+                          f"{sorted(ARCHITECTURES)}, got {arch!r}")
+  return arch, ARCHITECTURES[arch]
+
+
+def config_fields(meta: dict, tensors: dict, where) -> dict:
+  """The config.json fields that `meta` (from `metadata`) stands for.
+
+  `tensors` ({name: GGUFTensor}) settles what the metadata leaves out:
+  the vocabulary (the embedding's rows, when `<arch>.vocab_size` is
+  absent) and tied embeddings (no `output.weight`). Raises a
+  PretrainedError naming the key for any `<arch>.*` key not understood,
+  or a value mha_jax does not implement.
+  """
+  arch, spec = architecture(meta, where)
+  fields = {"model_type": spec.model_type}
+  prefix = arch + "."
+  for key, value in meta.items():
+    if not key.startswith(prefix):
+      if not key.startswith(_NEUTRAL_PREFIXES):
+        raise PretrainedError(where, f"key {key!r}={value!r} is not "
+                              f"understood by the GGUF loader")
+      continue
+    name = key[len(prefix):]
+    if name not in spec.keys:
+      raise PretrainedError(where, f"key {key!r}={value!r} is not "
+                            f"understood by the {arch} GGUF loader (it reads "
+                            f"{sorted(prefix + k for k in spec.keys)})")
+    if spec.keys[name] is not None:
+      fields[spec.keys[name]] = value
+  heads = fields.get("num_attention_heads")
+  if "head_dim" not in fields and isinstance(heads, int) and heads > 0:
+    fields["head_dim"] = fields.get("hidden_size", 0) // heads
+  for name in ("attention.value_length", "rope.dimension_count"):
+    got = meta.get(prefix + name)
+    if got is not None and got != fields.get("head_dim"):
+      raise PretrainedError(where, f"key {prefix + name!r}: mha_jax expects "
+                            f"the head width {fields.get('head_dim')} (no "
+                            f"partial rotary or separate value width), got "
+                            f"{got}")
+  if "vocab_size" not in fields and "token_embd.weight" in tensors:
+    fields["vocab_size"] = tensors["token_embd.weight"].shape[0]
+  fields["tie_word_embeddings"] = "output.weight" not in tensors
+  return fields
+
+
+def list_tensors(reader: gguf.GGUFReader, path) -> dict[str, GGUFTensor]:
+  """Every tensor of the file by name."""
+  path = pathlib.Path(path)
+  out = {}
+  for i, t in enumerate(reader.tensors):
+    if t.name in out:
+      raise PretrainedError(path, f"tensor {t.name!r} appears twice")
+    shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+    out[t.name] = GGUFTensor(t.name, path, t.tensor_type.name, shape, i)
+  return out
+
+
+def unpermute_qk(w: np.ndarray, heads: int) -> np.ndarray:
+  """Undo llama.cpp's row permutation of a q or k weight `[heads * Dh,
+  ...]`: within each head, the converter moved row i and row i + Dh/2
+  (rotate-half partners) to rows 2i and 2i + 1."""
+  dh = w.shape[0] // heads
+  x = w.reshape(heads, dh // 2, 2, *w.shape[1:])  # stored: row 2i + half
+  return np.swapaxes(x, 1, 2).reshape(w.shape)  # row half * Dh/2 + i
+
+
+def read_tensor(reader: gguf.GGUFReader, info: GGUFTensor, arch: str,
+                config) -> np.ndarray:
+  """One tensor, dequantized to float32 in the Hugging Face layout (the
+  conversions of the module docstring undone)."""
+  t = reader.tensors[info.index]
+  spec = ARCHITECTURES[arch]
+  x = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32)
+  x = x.reshape(info.shape)
+  if spec.permute_qk and info.name.endswith(("attn_q.weight",
+                                             "attn_q.bias")):
+    x = unpermute_qk(x, config.num_heads)
+  elif spec.permute_qk and info.name.endswith(("attn_k.weight",
+                                               "attn_k.bias")):
+    x = unpermute_qk(x, config.num_kv_heads or config.num_heads)
+  if spec.norm_shift and info.name.endswith("norm.weight"):
+    x = x - np.float32(spec.norm_shift)
+  return x
