@@ -1,0 +1,119 @@
+"""Tiny GGUF files written from tiny random transformers models, the way
+llama.cpp's converter writes them, for the GGUF loader's fast tests.
+
+The writer is independent of mha_jax's tables: tensor names come from
+the `gguf` package's own name map (`gguf.get_tensor_name_map`), and the
+two conversions llama.cpp makes are written here from its documented
+behaviour: for llama, the rows of q and k are permuted from Hugging
+Face's rotate-half order to interleaved pairs (row i*2 + half holds
+the rotate-half row half * Dh/2 + i of its head); for Gemma, every
+RMSNorm weight is stored as 1 + w. transformers reads the same file
+with its own GGUF loader, the reference.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import torch
+import transformers as tf
+
+from tests.pretrained import hf_models
+
+Q = gguf.GGMLQuantizationType
+# One quantized type per kind of tensor, so that the loader meets each
+# of the package's types that can be written in NumPy; a matrix whose
+# rows are not a whole number of blocks is written as F16 instead (as
+# llama.cpp falls back).
+TYPES = {"token_embd": Q.Q8_0, "attn_q": Q.Q8_0, "attn_k": Q.Q4_1,
+         "attn_v": Q.Q5_0, "attn_output": Q.Q5_1, "ffn_gate": Q.Q4_0,
+         "ffn_up": Q.BF16, "ffn_down": Q.Q8_0, "output": Q.Q4_0}
+
+
+def llama_config():
+  """A tiny Llama with GQA, a non-default eps and a rotary base far from
+  10^4 (llama.cpp's llama arch has no biases and default rope here)."""
+  return tf.LlamaConfig(
+      vocab_size=hf_models.VOCAB, hidden_size=32, intermediate_size=64,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+      max_position_embeddings=64, rms_norm_eps=1e-2,
+      rope_parameters=dict(rope_type="default", rope_theta=100.0),
+      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+
+
+def build_llama(seed=hf_models.SEED):
+  """The random float32 transformers model the GGUF file is made from."""
+  config = llama_config()
+  config._attn_implementation = "eager"  # pylint: disable=protected-access
+  torch.manual_seed(seed)
+  model = tf.AutoModelForCausalLM.from_config(config).eval()
+  hf_models.randomize(model, seed)
+  return model
+
+
+def permute_for_llama_cpp(w: np.ndarray, heads: int) -> np.ndarray:
+  """Rotate-half row order -> llama.cpp's interleaved pairs, per head."""
+  dh = w.shape[0] // heads
+  x = w.reshape(heads, 2, dh // 2, *w.shape[1:])  # [heads, half, i, ...]
+  return np.swapaxes(x, 1, 2).reshape(w.shape)  # row i * 2 + half
+
+
+def _kind(gguf_name: str) -> str:
+  return gguf_name.split(".")[-2]
+
+
+def write(model, path, arch: str = "llama", *, quantize: bool = True,
+          norm_shift: float = 0.0) -> dict:
+  """Write `model` (a transformers causal LM) as a GGUF file of `arch`;
+  returns {gguf name: the float32 values written before quantization}."""
+  c = model.config
+  writer = gguf.GGUFWriter(str(path), arch)
+  writer.add_block_count(c.num_hidden_layers)
+  writer.add_context_length(c.max_position_embeddings)
+  writer.add_embedding_length(c.hidden_size)
+  writer.add_feed_forward_length(c.intermediate_size)
+  writer.add_head_count(c.num_attention_heads)
+  writer.add_head_count_kv(c.num_key_value_heads)
+  writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+  writer.add_rope_freq_base(
+      (c.rope_parameters.get("full_attention") or c.rope_parameters)[
+          "rope_theta"])
+  head_dim = getattr(c, "head_dim", c.hidden_size // c.num_attention_heads)
+  writer.add_key_length(head_dim)
+  writer.add_value_length(head_dim)
+  writer.add_rope_dimension_count(head_dim)
+  writer.add_vocab_size(c.vocab_size)
+  if getattr(c, "sliding_window", None) is not None:
+    writer.add_sliding_window(c.sliding_window)
+  names = gguf.get_tensor_name_map(
+      next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
+      c.num_hidden_layers)
+  written = {}
+  for hf_name, tensor in model.state_dict().items():
+    if c.tie_word_embeddings and hf_name == "lm_head.weight":
+      continue
+    base, suffix = hf_name.rsplit(".", 1)
+    name = names.get_name(base)
+    assert name is not None, hf_name
+    name = f"{name}.{suffix}"
+    w = tensor.detach().to(torch.float32).numpy().copy()
+    if arch == "llama" and _kind(name) == "attn_q":
+      w = permute_for_llama_cpp(w, c.num_attention_heads)
+    elif arch == "llama" and _kind(name) == "attn_k":
+      w = permute_for_llama_cpp(w, c.num_key_value_heads)
+    if name.endswith("norm.weight"):
+      w = w + np.float32(norm_shift)
+    written[name] = w
+    qtype = TYPES.get(_kind(name), Q.F32) if quantize and w.ndim == 2 else (
+        Q.F32)
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if w.shape[-1] % block:
+      qtype = Q.F16
+    data = (w if qtype == Q.F32 else w.astype(np.float16) if qtype == Q.F16
+            else gguf.quants.quantize(w, qtype))
+    writer.add_tensor(name, data, raw_dtype=qtype)
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  return written

@@ -1,0 +1,194 @@
+"""GGUF files load into mha_jax equal to transformers' GGUF loader.
+
+A tiny random Llama (tests/pretrained/gguf_models.py) is written as GGUF
+the way llama.cpp writes it (q/k rows permuted, tensors quantized in
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, BF16, F16 and F32) and read by both
+loaders. The real files (SmolLM2-135M, Gemma 3 270M) are checked in
+tests/real_models, a tier of its own.
+"""
+
+import copy
+import struct
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import mha_jax
+from flax import nnx
+from mha_jax import pretrained
+from mha_jax.pretrained import PretrainedError
+from mha_jax.pretrained import families
+from mha_jax.pretrained import layout
+from mha_jax.pretrained import weights
+from tests.pretrained import compare
+from tests.pretrained import gguf_models
+from tests.pretrained import hf_models
+
+
+def as_hf_tensors(model, family):
+  """{Hugging Face name: float32 array} of a loaded model's parameters,
+  through the family's table backwards (`layout.to_source` is exact)."""
+  params = {".".join(map(str, p)): np.asarray(v[...])
+            for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  sizes = weights.axis_sizes(model.config)
+  out = {}
+  for source, rule, paths in weights.expand(family, model.config.num_layers):
+    if all(p in params for p in paths):
+      out[weights.checkpoint_name(family, source, paths)] = layout.to_source(
+          [params[p] for p in paths], rule.src, rule.dst, sizes)
+  return out
+
+
+class Tiny:
+  """The tiny Llama, its quantized and float32 GGUF files, and
+  transformers' model read from the quantized one (float32 and float64
+  runs on one batch)."""
+
+  def __init__(self, directory):
+    self.directory = directory
+    self.original = gguf_models.build_llama()
+    gguf_models.write(self.original, directory / "q.gguf")
+    gguf_models.write(self.original, directory / "f32.gguf", quantize=False)
+    self.hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(directory), gguf_file="q.gguf", dtype=torch.float32,
+        attn_implementation="eager").eval()
+    self.batch = hf_models.inputs("llama")
+    self.out32 = hf_models.run(self.hf, self.batch)
+    self.out64 = hf_models.run(copy.deepcopy(self.hf).double(), self.batch)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  transformers.utils.logging.disable_progress_bar()
+  return Tiny(tmp_path_factory.mktemp("gguf"))
+
+
+def test_every_dequantized_tensor_equals_transformers_bit_for_bit(tiny):
+  ours = as_hf_tensors(mha_jax.load_pretrained(tiny.directory / "q.gguf"),
+                       families.FAMILIES["llama"])
+  theirs = {n: t.numpy() for n, t in tiny.hf.state_dict().items()}
+  assert set(ours) == set(theirs)
+  for name, want in theirs.items():
+    assert ours[name].dtype == want.dtype == np.float32, name
+    np.testing.assert_array_equal(ours[name].view(np.uint32),
+                                  want.view(np.uint32), err_msg=name)
+
+
+def test_float32_file_gives_back_the_model_it_was_written_from(tiny):
+  # Independent of transformers: the permutation undone restores the
+  # original q and k rows exactly.
+  ours = as_hf_tensors(mha_jax.load_pretrained(tiny.directory / "f32.gguf"),
+                       families.FAMILIES["llama"])
+  for name, t in tiny.original.state_dict().items():
+    np.testing.assert_array_equal(ours[name], t.numpy(), err_msg=name)
+
+
+def test_forward_within_twice_transformers_own_float32_error(tiny):
+  model = mha_jax.load_pretrained(tiny.directory / "q.gguf")
+  assert model.config.norm_eps == pytest.approx(1e-2)
+  ours = compare.run(model, "llama", tiny.batch)
+  for q in ("main", "stream", "patterns"):
+    floor = compare.rel(tiny.out32[q], tiny.out64[q])
+    assert 0 < floor < 50 * compare.U32, (q, floor)
+    assert compare.rel(ours[q], tiny.out64[q]) <= 2 * floor, q
+
+
+def test_load_config_reads_the_metadata_only(tiny):
+  c = pretrained.load_config(tiny.directory / "q.gguf")
+  assert (c.num_layers, c.num_heads, c.num_kv_heads, c.d_model,
+          c.mlp_width, c.vocab_size) == (2, 4, 2, 32, 64, hf_models.VOCAB)
+  assert c.rotary_base == 100.0 and not c.tie_embeddings
+
+
+# --- bad files fail before a model is returned, naming what is wrong ---
+
+
+def _rewrite(src, dst, *, drop=(), arch=None, extra=None, retype=None,
+             add=None):
+  """A copy of the GGUF file `src` with tensors dropped or added, the
+  architecture renamed, an extra key, or one tensor stored as I32."""
+  reader = gguf.GGUFReader(src)
+  name = arch or reader.fields["general.architecture"].contents()
+  writer = gguf.GGUFWriter(str(dst), name)
+  for key, field in reader.fields.items():
+    if key.startswith(("GGUF.", "general.architecture")):
+      continue
+    kind = field.types[0]
+    value = field.contents()
+    if key.startswith("llama.") and arch is not None:
+      key = arch + key[len("llama"):]
+    if kind == gguf.GGUFValueType.ARRAY:
+      writer.add_array(key, value)
+    else:
+      writer.add_key_value(key, value, kind)
+  for key, value in (extra or {}).items():
+    writer.add_key_value(key, value, gguf.GGUFValueType.FLOAT32)
+  for t in reader.tensors:
+    if t.name in drop:
+      continue
+    if t.name == retype:
+      data = np.zeros(tuple(reversed(t.shape.tolist())), np.int32)
+      writer.add_tensor(t.name, data, raw_dtype=gguf.GGMLQuantizationType.I32)
+      continue
+    writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+  for name, value in (add or {}).items():
+    writer.add_tensor(name, value)
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  return dst
+
+
+def _fails(path, *words):
+  with pytest.raises(PretrainedError) as e:
+    mha_jax.load_pretrained(path)
+  for w in (str(path.name),) + words:
+    assert w in str(e.value), (w, str(e.value))
+
+
+def test_truncated_file(tiny, tmp_path):
+  data = (tiny.directory / "q.gguf").read_bytes()
+  for cut in (len(data) - 100, 2000, 30):
+    path = tmp_path / f"cut{cut}.gguf"
+    path.write_bytes(data[:cut])
+    _fails(path, "truncated")
+
+
+def test_not_a_gguf_file(tmp_path):
+  path = tmp_path / "model.gguf"
+  path.write_bytes(struct.pack("<Q", 8) + b"{}      ")
+  _fails(path, "GGUF", "magic")
+
+
+def test_unknown_architecture(tiny, tmp_path):
+  path = _rewrite(tiny.directory / "q.gguf", tmp_path / "a.gguf", arch="mamba")
+  _fails(path, "general.architecture", "'mamba'", "llama")
+
+
+def test_unknown_metadata_key(tiny, tmp_path):
+  path = _rewrite(tiny.directory / "q.gguf", tmp_path / "k.gguf",
+                  extra={"llama.rope.scaling.factor": 8.0})
+  _fails(path, "llama.rope.scaling.factor", "not understood")
+
+
+def test_missing_tensor(tiny, tmp_path):
+  path = _rewrite(tiny.directory / "q.gguf", tmp_path / "m.gguf",
+                  drop=("blk.1.ffn_up.weight",))
+  _fails(path, "missing tensors", "blk.1.ffn_up.weight")
+
+
+def test_unexpected_tensor(tiny, tmp_path):
+  # A tensor of a family the file does not claim: Gemma's QK-norm.
+  path = _rewrite(tiny.directory / "q.gguf", tmp_path / "u.gguf",
+                  add={"blk.0.attn_q_norm.weight": np.ones(8, np.float32)})
+  _fails(path, "blk.0.attn_q_norm.weight", "unexpected tensor")
+
+
+def test_integer_tensor_type(tiny, tmp_path):
+  path = _rewrite(tiny.directory / "q.gguf", tmp_path / "i.gguf",
+                  retype="blk.0.attn_norm.weight")
+  _fails(path, "blk.0.attn_norm.weight", "I32", "gguf.quants")
