@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test run experiments results publish benchmark mesh_check mutation gpu-check clean text_heads text_induction
+.PHONY: install test test-real run experiments results publish benchmark mesh_check mutation gpu-check clean text_heads text_induction
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ install: $(STAMP)
 
 test: install
 	$(BIN)/python -m pytest -q -n 2
+
+# The real GGUF models (SmolLM2-135M, Gemma 3 270M) against transformers
+# reading the same files: tensors bit for bit, forward passes, greedy
+# decoding, saving back (tests/real_models). A tier of its own, since
+# transformers needs about a minute to read Gemma's file; .ci/run runs it.
+test-real: install
+	MHA_JAX_REAL_MODELS=1 $(BIN)/python -m pytest -q tests/real_models
 
 # Experiment 1 (induction heads) end to end: 1 min 42 s on 2 idle cores.
 run: install

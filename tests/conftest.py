@@ -30,3 +30,7 @@ jax.config.update("jax_disable_most_optimizations", True)
 collect_ignore = []
 if os.environ.get("MHA_JAX_MULTIDEVICE") != "1":
   collect_ignore.append("parallel/multidevice")
+# The real GGUF models (SmolLM2-135M, Gemma 3 270M) against transformers:
+# a tier of its own, `make test-real`, which .ci/run also runs.
+if os.environ.get("MHA_JAX_REAL_MODELS") != "1":
+  collect_ignore.append("real_models")

@@ -6,6 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from mha_jax.pretrained import layout
+from mha_jax.pretrained import weights
+
 U32 = 2.0 ** -24  # float32's unit roundoff
 U_BF16 = 2.0 ** -8  # bfloat16's
 
@@ -43,3 +46,17 @@ def run(model, family, batch):
   f64 = lambda x: np.asarray(jnp.asarray(x, jnp.float32), np.float64)
   return dict(main=f64(main), stream=np.stack([f64(acts[s]) for s in names]),
               patterns=f64(weights["self"]))
+
+
+def as_hf_tensors(model, family):
+  """{Hugging Face name: array} of a loaded model's parameters, through
+  the family's table backwards (`layout.to_source` is exact)."""
+  params = {".".join(map(str, p)): np.asarray(v[...])
+            for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  sizes = weights.axis_sizes(model.config)
+  out = {}
+  for source, rule, paths in weights.expand(family, model.config.num_layers):
+    if all(p in params for p in paths):
+      out[weights.checkpoint_name(family, source, paths)] = layout.to_source(
+          [params[p] for p in paths], rule.src, rule.dst, sizes)
+  return out

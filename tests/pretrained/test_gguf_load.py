@@ -17,29 +17,12 @@ import torch
 import transformers
 
 import mha_jax
-from flax import nnx
 from mha_jax import pretrained
 from mha_jax.pretrained import PretrainedError
 from mha_jax.pretrained import families
-from mha_jax.pretrained import layout
-from mha_jax.pretrained import weights
 from tests.pretrained import compare
 from tests.pretrained import gguf_models
 from tests.pretrained import hf_models
-
-
-def as_hf_tensors(model, family):
-  """{Hugging Face name: float32 array} of a loaded model's parameters,
-  through the family's table backwards (`layout.to_source` is exact)."""
-  params = {".".join(map(str, p)): np.asarray(v[...])
-            for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-  sizes = weights.axis_sizes(model.config)
-  out = {}
-  for source, rule, paths in weights.expand(family, model.config.num_layers):
-    if all(p in params for p in paths):
-      out[weights.checkpoint_name(family, source, paths)] = layout.to_source(
-          [params[p] for p in paths], rule.src, rule.dst, sizes)
-  return out
 
 
 class Tiny:
@@ -67,7 +50,7 @@ def tiny(tmp_path_factory):
 
 
 def test_every_dequantized_tensor_equals_transformers_bit_for_bit(tiny):
-  ours = as_hf_tensors(mha_jax.load_pretrained(tiny.directory / "q.gguf"),
+  ours = compare.as_hf_tensors(mha_jax.load_pretrained(tiny.directory / "q.gguf"),
                        families.FAMILIES["llama"])
   theirs = {n: t.numpy() for n, t in tiny.hf.state_dict().items()}
   assert set(ours) == set(theirs)
@@ -80,7 +63,7 @@ def test_every_dequantized_tensor_equals_transformers_bit_for_bit(tiny):
 def test_float32_file_gives_back_the_model_it_was_written_from(tiny):
   # Independent of transformers: the permutation undone restores the
   # original q and k rows exactly.
-  ours = as_hf_tensors(mha_jax.load_pretrained(tiny.directory / "f32.gguf"),
+  ours = compare.as_hf_tensors(mha_jax.load_pretrained(tiny.directory / "f32.gguf"),
                        families.FAMILIES["llama"])
   for name, t in tiny.original.state_dict().items():
     np.testing.assert_array_equal(ours[name], t.numpy(), err_msg=name)
