@@ -12,6 +12,8 @@ layers reach about 1e4, where one float32 rounding is about 1e-3
 absolute, yet the relative errors in norm stay at the floor's size).
 """
 
+import pathlib
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -82,3 +84,21 @@ def test_saved_back_opens_in_transformers_with_equal_logits(model, tmp_path):
   with torch.no_grad():
     got, want = hf(ids).logits.numpy(), model.hf(ids).logits.numpy()
   np.testing.assert_array_equal(got, want)
+
+
+def test_docs_recipes_run():
+  # The blocks of docs/*.md marked `<!-- runnable-real -->`: they load a
+  # real model, too slow for `make test`'s check of runnable blocks.
+  mark = "<!-- runnable-real -->"
+  blocks = []
+  for page in sorted(pathlib.Path(__file__).parents[2].glob("docs/*.md")):
+    lines = page.read_text().splitlines()
+    for i, line in enumerate(lines):
+      if line.strip() == mark:
+        assert lines[i + 1].strip() == "```python", (page.name, i + 1)
+        end = next(j for j in range(i + 2, len(lines))
+                   if lines[j].strip() == "```")
+        blocks.append((page.name, i + 1, "\n".join(lines[i + 2:end])))
+  assert blocks
+  for page, line, code in blocks:
+    exec(compile(code, f"{page}:{line}", "exec"), {})  # pylint: disable=exec-used
