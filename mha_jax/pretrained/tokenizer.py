@@ -2,8 +2,10 @@
 
 A checkpoint directory's tokenizer.json is read as is (normaliser,
 pre-tokeniser, model and post-processor: BERT's [CLS] ... [SEP] come
-from it). `labels` gives the readable token strings the explorer and
-plots show.
+from it). A GGUF file carries no tokenizer.json: its `tokenizer.ggml.*`
+metadata is rebuilt into the same kind of object (`gguf_tokenizer`,
+which says what BOS and separators each model leaves to the user).
+`labels` gives the readable token strings the explorer and plots show.
 """
 
 from __future__ import annotations
@@ -14,13 +16,18 @@ import numpy as np
 import tokenizers
 
 from mha_jax.pretrained.errors import PretrainedError
+from mha_jax.pretrained.gguf_tokenizer import tokenizer_from_gguf
 
 FILE = "tokenizer.json"
 
 
 def load_tokenizer(path) -> tokenizers.Tokenizer:
-  """The tokenizer of a checkpoint directory (or a tokenizer.json path)."""
+  """The tokenizer of a checkpoint directory, a tokenizer.json path or a
+  GGUF file (`*.gguf`, rebuilt from its metadata by `tokenizer_from_gguf`;
+  the suffix decides, as llama.cpp's files always carry it)."""
   path = pathlib.Path(path)
+  if path.suffix.lower() == ".gguf":
+    return tokenizer_from_gguf(path)
   file = path / FILE if path.is_dir() else path
   if not file.is_file():
     raise PretrainedError(path, f"expected {FILE}, found none (a checkpoint "
