@@ -27,6 +27,20 @@ and for an encoder-decoder `"encoder.blocks.0.attn.z"`,
 With a KV cache, `k` and `v` are the new tokens' (what gets written), and
 `scores`/`pattern` run over all cache slots (`Tk = S`).
 
+Grouped-query attention (K < H; K = 1 is multi-query): `k` and `v` hold
+the K kv heads, as TransformerLens's `hook_k`/`hook_v` do by default, and
+every other site counts the H query heads. Query head h reads kv head
+`h // (H // K)`: consecutive query heads share one, as in Hugging Face's
+`repeat_kv` and in `core.attention.attend` (which groups q as `[K, G]`).
+So that a head index means the same thing at every site, `expand_kv(k, H)`
+is the per-query-head view `[B, T, H, Dh]` (its head h is what query head
+h reads; TransformerLens's `ungroup_grouped_query_attention`), `kv_head(h,
+H, K)` the kv head of query head h and `query_heads(j, H, K)` the group
+sharing kv head j. A patch of `k` or `v` (`heads=` there counts kv heads,
+and an index past K fails saying so) changes what the whole group reads:
+to change what ONE query head sees, patch its `scores`, `pattern` or `q`;
+to remove its output, its `z`.
+
 A `Hooks` object lives for one call. At each site the model calls
 `hooks(site, x)`: a patch (an array, or a function of the clean array)
 replaces x, then a capture records the value that flows on. Both happen
@@ -44,6 +58,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 ATTENTION_SITES = ("q", "k", "v", "scores", "pattern", "z", "result")
 # A transformer block's own sites, all [B, T, D].
@@ -216,6 +231,84 @@ def _check_value(name, new, clean, what):
 
 
 # ----------------------------------------------------------------------------
+# Grouped-query attention: which kv head a query head reads. One mapping,
+# used by the per-query-head view and by the circuit tools, so that a
+# head index means the same thing everywhere.
+
+
+def _group(num_heads: int, num_kv_heads: int, fn: str) -> int:
+  """G = H // K query heads per kv head, or a ValueError naming `fn`."""
+  for name, n in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+      raise ValueError(f"{fn}: `{name}` must be a positive int, got {n!r}")
+  if num_heads % num_kv_heads:
+    raise ValueError(f"{fn}: `num_kv_heads`={num_kv_heads} must divide "
+                     f"`num_heads`={num_heads}")
+  return num_heads // num_kv_heads
+
+
+def _head_index(index, size: int, what: str, fn: str) -> int:
+  """`index` in [0, size), negative ones counted from the end (Python's
+  rule), or a ValueError naming `what`, the range and the value."""
+  try:
+    i = operator.index(index)
+  except TypeError:
+    raise TypeError(f"{fn}: `{what}` must be an int, got {index!r}") from None
+  if not -size <= i < size:
+    raise ValueError(f"{fn}: `{what}`={i} is out of range: expected an int "
+                     f"in [0, {size}) (or -{size}..-1 from the end)")
+  return i % size
+
+
+def kv_heads_of(num_heads: int, num_kv_heads: int) -> np.ndarray:
+  """`[H]` int: the kv head each query head reads, `h // (H // K)`."""
+  return np.arange(num_heads) // _group(num_heads, num_kv_heads,
+                                         "kv_heads_of")
+
+
+def kv_head(head: int, num_heads: int, num_kv_heads: int) -> int:
+  """The kv head query head `head` reads (`heads=` for a `k`/`v` patch).
+
+      hooks.kv_head(5, num_heads=9, num_kv_heads=3)   # 1 (SmolLM2-135M)
+  """
+  _group(num_heads, num_kv_heads, "kv_head")
+  h = _head_index(head, num_heads, "head", "kv_head")
+  return int(kv_heads_of(num_heads, num_kv_heads)[h])
+
+
+def query_heads(kv: int, num_heads: int, num_kv_heads: int
+                ) -> tuple[int, ...]:
+  """The query heads that read kv head `kv` (its group), in order: what
+  a patch of that kv head's `k` or `v` changes."""
+  _group(num_heads, num_kv_heads, "query_heads")
+  j = _head_index(kv, num_kv_heads, "kv", "query_heads")
+  return tuple(int(h) for h in np.flatnonzero(
+      kv_heads_of(num_heads, num_kv_heads) == j))
+
+
+def expand_kv(x: jax.Array, num_heads: int, *, axis: int = -2) -> jax.Array:
+  """The per-query-head view of kv heads: `[..., K, d] -> [..., H, d]`.
+
+  Head h of the result is kv head `kv_head(h, H, K)`, what query head h
+  reads, so it lines up with `q`, `z`, `pattern`: `expand_kv(k, H)[:, :,
+  h]` is query head h's keys. Works on the `k`/`v` sites `[B, T, K, D*]`
+  (and `[T, K, D*]`) and, with the same default `axis`, on the weights
+  `w_k`/`w_v` `[D, K, D*]`. A copy for reading: to patch, index kv heads.
+  """
+  x = jnp.asarray(x)
+  if not -x.ndim <= axis < x.ndim:
+    raise ValueError(f"expand_kv: `axis`={axis} is out of range for `x` of "
+                     f"shape {list(x.shape)}")
+  k = x.shape[axis]
+  _group(num_heads, 1, "expand_kv")
+  if num_heads % k:
+    raise ValueError(f"expand_kv: `x` has {k} kv heads on axis {axis} (shape "
+                     f"{list(x.shape)}), which must divide `num_heads`="
+                     f"{num_heads}")
+  return jnp.take(x, jnp.asarray(kv_heads_of(num_heads, k)), axis=axis)
+
+
+# ----------------------------------------------------------------------------
 # Patch helpers: the common interventions as one-liners. They are pytrees
 # (the arrays are leaves, the choice of heads and positions is static), so
 # a dict of them can be passed straight into a jitted function: new values
@@ -249,6 +342,16 @@ def _letters(kind: str) -> list[str]:
   return _LETTERS.get(kind, "B, T, D").split(", ")
 
 
+def _kv_note(kind: str) -> str:
+  """What a k/v error adds: under GQA an index or value may have been
+  meant per query head."""
+  if kind not in ("k", "v"):
+    return ""
+  return (f"; {kind} holds the K kv heads, not the H query heads: query "
+          "head h reads kv head h // (H // K) (`hooks.kv_head(h, H, K)`), "
+          "and a patch of it changes what its whole group reads")
+
+
 def _in_range(index, what, axis, shape, kind):
   """`index` as a tuple with negative entries counted from the end
   (Python's rule), or a PatchError naming the value, the axis and its
@@ -263,7 +366,8 @@ def _in_range(index, what, axis, shape, kind):
       raise PatchError(
           f"{got}, out of range for axis {axis} ({letters[axis]}) of {kind} "
           f"[{', '.join(letters)}]={list(shape)}, of size {size}: use "
-          f"0..{size - 1}, or -{size}..-1 counting from the end")
+          f"0..{size - 1}, or -{size}..-1 counting from the end"
+          + (_kv_note(kind) if what == "heads" else ""))
   return tuple(i % size for i in (index if many else (index,)))
 
 
@@ -328,7 +432,7 @@ class Replace:
         f"`replace`'s value has shape {list(value.shape)}, which {why} "
         f"{want} (an axis of size 1 broadcasts"
         + ("; an int `heads` or `positions` may leave its axis out" if picked
-           else "") + ")")
+           else "") + ")" + _kv_note(self.kind))
 
   def __call__(self, clean: jax.Array) -> jax.Array:
     head_axis, pos_axis = self.axes
@@ -354,7 +458,10 @@ def replace(site: str, value: jax.Array, *, heads: Any = None,
 
   `value` is an activation of the same site (e.g. captured from another
   run), a scalar, or, where `heads` (or `positions`) is one int, that
-  activation without its head (position) axis: `z[:, :, h]`. `heads` and
+  activation without its head (position) axis: `z[:, :, h]`. `heads`
+  counts the site's own heads: the H query heads, but on `k` and `v` the
+  K kv heads (`kv_head(h, H, K)` is query head h's, shared by its group;
+  see the module docstring). `heads` and
   `positions` are an int, a list of ints or None (all); negative ones
   count from the end, as in Python, and one past either end fails naming
   the site, the axis and its size. Returns `{site: patch}`, ready for

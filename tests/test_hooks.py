@@ -396,10 +396,19 @@ def test_an_index_past_either_end_fails_naming_site_axis_size_and_value():
                     rf"axis 1 \(Tq\) {z} 6: use 0\.\.5, or -6\.\.-1")
   _raises_both_ways(hooks.ablate("blocks.0.attn.z", positions=[1, -T - 1]),
                     r"`positions`=\[1, -7\] holds -7, out of range for axis 1")
-  # k and v count kv heads; scores and pattern put the heads first.
+  # k and v count kv heads, and say how a query head maps to one (a
+  # query-head index is the likely mistake there); scores and pattern put
+  # the heads first.
   _raises_both_ways(hooks.ablate("blocks.0.attn.k", heads=K),
                     r"'blocks\.0\.attn\.k': `heads`=2, out of range for axis "
-                    r"2 \(K\) of k \[B, Tk, K, Dh\]=\[3, 6, 2, 4\], of size 2")
+                    r"2 \(K\) of k \[B, Tk, K, Dh\]=\[3, 6, 2, 4\], of size 2: "
+                    r"use 0\.\.1, or -2\.\.-1 counting from the end; k holds "
+                    r"the K kv heads, not the H query heads: query head h "
+                    r"reads kv head h // \(H // K\) "
+                    r"\(`hooks\.kv_head\(h, H, K\)`\)")
+  with pytest.raises(ValueError, match=r"of size 4: use 0\.\.3, or -4\.\.-1 "
+                     r"counting from the end(?!;)"):  # no kv note on z
+    run(MODEL, TOKENS, patch=hooks.ablate("blocks.0.attn.z", heads=H))
   _raises_both_ways(hooks.ablate("blocks.1.attn.pattern", positions=40),
                     r"`positions`=40, out of range for axis 2 \(Tq\) of "
                     r"pattern \[B, H, Tq, Tk\]=\[3, 4, 6, 6\], of size 6")
