@@ -40,6 +40,17 @@ gives sum(Re lambda) / sum(|lambda|) (in [-1, 1]; Elhage et al.'s and
 TransformerLens's definition) and sum(max(Re lambda, 0)) / sum(|lambda|)
 (the positive share, in [0, 1]).
 
+Grouped-query attention (K < H kv heads): every circuit and score here
+is per QUERY head, h in [0, H). Head h's circuits take W_Q^h and W_O^h of
+its own and W_K, W_V of the kv head it reads, `hooks.kv_head(h, H, K)` =
+h // (H // K) (`head_weights` lays the weights out that way, and
+`qk_circuits`/`ov_circuits` pair kv-head weights with query heads
+themselves). Two query heads of one group share W_K and W_V but not their
+QK or OV circuits: a receiver's K-composition is its group's keys read
+through its own W_Q, its V-composition its group's values written
+through its own W_O. So a head index means the same here as in the
+patterns, `z`, `result` and `head_mask`.
+
 Nothing here is jitted; all of it is cheap at these sizes.
 """
 
@@ -49,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax import hooks
 from mha_jax.core import rotary
 
 
@@ -74,45 +86,66 @@ def rotation(offset: int, head_dim: int, base: float) -> jax.Array:
 
 def check_circuit_model(model, fn: str = "composition") -> None:
   """Refuse, by field, models whose weights these circuits misread: they
-  assume pre-LayerNorm blocks, an untied readout and no final soft cap
-  (the project's own models; a loaded Llama's RMSNorm does not centre,
-  GPT-2's readout is its embedding)."""
+  assume pre-LayerNorm blocks, no QK-norm, an untied readout and no final
+  soft cap (the project's own models; a loaded Llama's RMSNorm does not
+  centre, GPT-2's readout is its embedding, and QK-norm's scales, which
+  the QK circuit leaves out, weigh each query and key feature). Any
+  number of kv heads is fine: the circuits are per query head."""
   c = model.config
   wrong = [f"{name}={getattr(c, name)!r}" for name, ok in (
       ("norm", c.norm == "layer"),
       ("norm_placement", c.norm_placement == "pre"),
       ("parallel_block", not c.parallel_block),
+      ("qk_norm", c.qk_norm is None),
       ("tie_embeddings", not c.tie_embeddings),
       ("final_soft_cap", c.final_soft_cap is None)) if not ok]
   if wrong:
     raise ValueError(f"{fn}: the circuits here assume pre-LayerNorm blocks, "
-                     f"an untied readout and no final soft cap; the model "
-                     f"has {', '.join(wrong)}")
+                     f"no QK-norm, an untied readout and no final soft cap; "
+                     f"the model has {', '.join(wrong)}")
 
 
 def head_weights(model, layer: int) -> dict:
-  """One layer's attention weights with kv heads repeated to H, and the
-  scale of the LayerNorm before it: `w_q, w_k [H, D, Dh]`, `w_v [H, D,
-  Dv]`, `w_o [H, Dv, D]`, `g [D]`."""
+  """One layer's attention weights per query head, and the scale of the
+  LayerNorm before it: `w_q, w_k [H, D, Dh]`, `w_v [H, D, Dv]`, `w_o [H,
+  Dv, D]`, `g [D]`. Under GQA, `w_k[h]` and `w_v[h]` are those of the kv
+  head query head h reads (`hooks.expand_kv`)."""
   check_circuit_model(model, "head_weights")
   block = model.blocks[layer]
   p = block.attn.core_params()
-  h, k = p["w_q"].shape[1], p["w_k"].shape[1]
-  per_head = lambda w: jnp.moveaxis(jnp.repeat(w, h // k, axis=1), 1, 0)
+  h = p["w_q"].shape[1]
+  # [D, K, D*] -> [D, H, D*] -> [H, D, D*]
+  per_head = lambda w: jnp.moveaxis(hooks.expand_kv(w, h, axis=1), 1, 0)
   return {"w_q": per_head(p["w_q"]), "w_k": per_head(p["w_k"]),
           "w_v": per_head(p["w_v"]), "w_o": p["w_o"],
           "g": block.ln_attn.scale[...]}
 
 
+def _per_query_head(w, num_heads: int, what: str, fn: str):
+  """`w [H, D, d]` as it is, or `[K, D, d]` kv-head weights paired with
+  the H query heads (`hooks.expand_kv`); else a ValueError naming `what`."""
+  if w.ndim != 3 or w.shape[0] == num_heads:
+    return w
+  if num_heads % w.shape[0]:
+    raise ValueError(f"{fn}: `{what}` has {w.shape[0]} heads (shape "
+                     f"{list(w.shape)}), which is neither the {num_heads} "
+                     f"query heads nor a number of kv heads dividing them")
+  return hooks.expand_kv(w, num_heads, axis=0)
+
+
 def ov_circuits(w_v, w_o, g) -> jax.Array:
-  """`M [H, D, D]` from `w_v [H, D, Dv]`, `w_o [H, Dv, D]`, `g [D]`."""
+  """`M [H, D, D]` from `w_v [H or K, D, Dv]`, `w_o [H, Dv, D]`, `g [D]`
+  (with K kv heads, query head h takes kv head h // (H // K)'s W_V)."""
+  w_v = _per_query_head(w_v, w_o.shape[0], "w_v", "ov_circuits")
   p = centring(w_o.shape[-1])
   return (g[None, :, None] * w_v) @ w_o @ p[None]
 
 
 def qk_circuits(w_q, w_k, g, r=None) -> jax.Array:
-  """`A [H, D, D]` from `w_q, w_k [H, D, Dh]`, `g [D]` and an optional
-  rotation `r [Dh, Dh]` between query and key."""
+  """`A [H, D, D]` from `w_q [H, D, Dh]`, `w_k [H or K, D, Dh]` (with K kv
+  heads, query head h takes kv head h // (H // K)'s W_K), `g [D]` and an
+  optional rotation `r [Dh, Dh]` between query and key."""
+  w_k = _per_query_head(w_k, w_q.shape[0], "w_k", "qk_circuits")
   q = g[None, :, None] * w_q  # [H, D, Dh]
   k = g[None, :, None] * w_k
   if r is not None:

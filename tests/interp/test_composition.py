@@ -14,6 +14,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from mha_jax.interp import composition
 from mha_jax.interp import wired_circuit as wc
@@ -64,12 +65,15 @@ def test_rotation_composes_like_rotary_positions():
   np.testing.assert_allclose(r(0), np.eye(8), atol=1e-7)
 
 
-def _random_rotary_model():
-  """2 layers of 2 rotary heads, random LayerNorm scales, zero biases
-  (which the circuits leave out), drawn with NumPy."""
-  config = ModelConfig(vocab_size=12, d_model=16, num_layers=2, num_heads=2,
-                       max_len=8, attention_only=True, positions="rotary",
-                       rotary_base=100.0, implementation="einsum")
+def _random_rotary_model(num_heads=2, num_kv_heads=None):
+  """2 layers of rotary heads of width 8 (2 by default; `num_kv_heads`:
+  grouped-query), random LayerNorm scales, zero biases (which the
+  circuits leave out), drawn with NumPy."""
+  config = ModelConfig(vocab_size=12, d_model=16, num_layers=2,
+                       num_heads=num_heads, num_kv_heads=num_kv_heads,
+                       head_dim=8, max_len=8, attention_only=True,
+                       positions="rotary", rotary_base=100.0,
+                       implementation="einsum")
   graphdef, state = nnx.split(nnx.eval_shape(
       lambda: DecoderLM(config, rngs=nnx.Rngs(0))))
   rng = np.random.default_rng(0)
@@ -90,10 +94,13 @@ def _layer_1(graphdef, state, tokens):
   return [acts[s] for s in sites]
 
 
-def test_circuits_reproduce_what_the_model_computes():
+@pytest.mark.parametrize("heads", [(2, None), (4, 2)])
+def test_circuits_reproduce_what_the_model_computes(heads):
   """x_i A(i - j) x_j^T / sqrt(Dh) are layer 1's scores and sum_j p_ij x_j
-  M its centred head outputs, x the normalised residual stream."""
-  model = _random_rotary_model()
+  M its centred head outputs, x the normalised residual stream; with 4
+  query heads on 2 kv heads too, so each query head's circuits must use
+  the W_K and W_V of the kv head the model pairs it with."""
+  model = _random_rotary_model(*heads)
   tokens = np.random.default_rng(1).integers(0, 10, (2, 6))
   resid, scores, pattern, result = map(np.asarray, _layer_1(
       *nnx.split(model), tokens))
@@ -245,3 +252,18 @@ def test_copying_scores_equal_the_eigenvalues_of_the_whole_circuit():
     np.testing.assert_allclose(got["positive_share"][h],
                                np.maximum(lam.real, 0).sum() / mass,
                                atol=1e-4)
+
+
+def test_grouped_query_heads_pass_and_qk_norm_is_refused():
+  """Any number of kv heads is fine (the circuits are per query head);
+  QK-norm is not: its scales weigh each query and key feature, and the
+  QK circuit leaves them out."""
+  config = ModelConfig(vocab_size=12, d_model=16, num_layers=1, num_heads=4,
+                       num_kv_heads=1, max_len=8, attention_only=True)
+  composition.check_circuit_model(nnx.eval_shape(
+      lambda: DecoderLM(config, rngs=nnx.Rngs(0))))
+  normed = nnx.eval_shape(lambda: DecoderLM(config.replace(qk_norm="rms"),
+                                            rngs=nnx.Rngs(0)))
+  with pytest.raises(ValueError, match=r"head_weights: .*no QK-norm.*; the "
+                     r"model has qk_norm='rms'"):
+    composition.head_weights(normed, 0)
