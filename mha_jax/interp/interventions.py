@@ -25,6 +25,12 @@ reported side by side because they can disagree:
     their pruning ranks by (`iterative_prune_curve` recomputes it after
     every removal, as they do).
 
+Under grouped-query attention (K < H kv heads) every score is per QUERY
+head: its gate and its `z` are its own even where its keys and values are
+shared with its group, so removing one query head leaves the others of
+its group as they were (to remove a kv head, patch `k` or `v`:
+`mha_jax.hooks`).
+
 `mask_arg` selects which gates: "head_mask" (decoder self-attention) or
 "cross_head_mask" / "encoder_head_mask" of an `EncoderDecoder`.
 These functions are jitted inside: they are analysis drivers, not library

@@ -153,8 +153,10 @@ def activation_patching(model, clean, corrupted, metric: Metric,
 
   Returns:
     `{site: score}`: `[H]` for a site with heads (`[K]` for k, v with
-    fewer kv heads), a scalar for a block site; with `per_position`,
-    `[H, T]` and `[T]`. Score 1 = the whole clean-minus-corrupted metric.
+    fewer kv heads: entry j patches kv head j, so every query head of its
+    group, `hooks.query_heads(j, H, K)`), a scalar for a block site; with
+    `per_position`, `[H, T]` and `[T]`. Score 1 = the whole
+    clean-minus-corrupted metric.
 
   All the patches run as ONE `jax.lax.map` over (site, head, position)
   indices: every site is patched in every run, with a selector that is
@@ -363,10 +365,39 @@ def joint_path_patching(model, clean, corrupted, metric: Metric, routes, *,
 
 
 def _sender_index(sender, num_heads):
-  """A sender `(layer, head)` or `(EMBED,)` as (sender layer, index)."""
+  """A sender `(layer, head)` or `(EMBED,)` as (sender layer, index).
+
+  The index selects a column of `delta [B, T, H + 1, D]` by a scatter,
+  which would drop one past the end (patching nothing) and read head H
+  as the embedding: so it is checked here."""
   if sender[0] == EMBED:
     return 0, num_heads
-  return sender[0], sender[1]
+  if (len(sender) != 2 or not isinstance(sender[1], (int, np.integer))
+      or not 0 <= sender[1] < num_heads):
+    raise ValueError(f"path_patching: `sender` must be (layer, head) with a "
+                     f"query head in [0, {num_heads}), or ({EMBED!r},); got "
+                     f"{sender!r}")
+  return sender[0], int(sender[1])
+
+
+def _check_receiver_head(receiver, num_heads, num_kv_heads):
+  """A receiver head in range for its input: a query head for q, a kv
+  head for k and v (they have K), or -1 for all. Out of range, the
+  one-hot selector would be all False and patch nothing, silently."""
+  _, head, name = receiver
+  n = num_heads if name == "q" else num_kv_heads
+  if isinstance(head, (int, np.integer)) and -1 <= head < n:
+    return
+  what = "query head" if name == "q" else "kv head"
+  note = ""
+  if name != "q" and num_kv_heads != num_heads:
+    note = (f" ({name} has K={num_kv_heads} kv heads for H={num_heads} "
+            f"query heads: query head h reads kv head h // "
+            f"{num_heads // num_kv_heads}, `hooks.kv_head(h, {num_heads}, "
+            f"{num_kv_heads})`, and the path then reaches its whole group)")
+  raise ValueError(f"path_patching: the head of `receiver`={receiver!r} must "
+                   f"be a {what} in [0, {n}) or -1 (every head), got "
+                   f"{head!r}{note}")
 
 
 def path_patching(model, clean, corrupted, metric: Metric, *,
@@ -376,7 +407,9 @@ def path_patching(model, clean, corrupted, metric: Metric, *,
 
   `sender = (layer, head)`, or `("embed",)` for the embedding's direct
   path; `receiver = (layer, head, input)` with input "q", "k" or "v" (for
-  k and v, `head` is the kv head; -1: every head of the layer at once),
+  k and v, `head` is the kv head, as on the `k`/`v` sites: under GQA the
+  path then reaches every query head of its group, `hooks.query_heads`;
+  one out of range fails saying so; -1: every head of the layer at once),
   or `("logits",)` for the sender's direct path to the readout. The
   sender's source output reaches only that input: the receiver's input is
   recomputed from the target run's residual stream plus the sender's
@@ -389,10 +422,13 @@ def path_patching(model, clean, corrupted, metric: Metric, *,
   if not direct and (len(receiver) != 3 or receiver[2] not in _INPUTS):
     raise ValueError(f"path_patching: `receiver` must be (layer, head, 'q' "
                      f"| 'k' | 'v') or ('logits',), got {receiver!r}")
-  layer, s = _sender_index(sender, model.config.num_heads)
-  if not direct and receiver[0] <= layer:
-    raise ValueError(f"path patching: the receiver layer ({receiver[0]})"
-                     f" must come after the sender layer ({layer})")
+  c = model.config
+  layer, s = _sender_index(sender, c.num_heads)
+  if not direct:
+    _check_receiver_head(receiver, c.num_heads, c.num_kv_heads or c.num_heads)
+    if receiver[0] <= layer:
+      raise ValueError(f"path patching: the receiver layer ({receiver[0]})"
+                       f" must come after the sender layer ({layer})")
   if reference is None:
     reference = reference_metrics(model, clean, corrupted, metric)
   target, delta, bases = _path_runs(model, clean, corrupted, layer,
