@@ -42,6 +42,7 @@ import jax
 import numpy as np
 import treescope
 
+from mha_jax import hooks
 from mha_jax.interp import head_metrics
 from mha_jax.core import attention
 from mha_jax.interp import survey
@@ -330,7 +331,12 @@ def explore(model, batch, *, loss: str | None = None, init_model=None,
   `example`), "query_labels" `[Tq]`, "key_labels" `[Tk]`, "scores" (name
   -> `[L, H]`, with "ablation" given `loss`) and "floors" ("uniform": name
   -> float; "init", given `init_model`: name -> `[L, H]`); "example",
-  "num_examples" and, given `loss`, "eval" (`held_out.eval_loss`)}.
+  "num_examples", "heads" `(H, K)` and, given `loss`, "eval"
+  (`held_out.eval_loss`)}.
+
+  Under grouped-query attention (K < H) every view and score is per query
+  head (the patterns, the ablation of a head's `z`), and the page says
+  which kv head each group of query heads shares.
   """
   model = _weights_model(model)
   b = int(np.shape(batch["inputs"])[0])
@@ -373,7 +379,9 @@ def explore(model, batch, *, loss: str | None = None, init_model=None,
         "query_labels": list(labels[kind.queries]),
         "key_labels": list(labels[kind.keys]),
         "causal": kind.causal, "scores": scores, "floors": floors})
-  data = {"kinds": out, "example": example, "num_examples": b}
+  data = {"kinds": out, "example": example, "num_examples": b,
+          "heads": (model.config.num_heads,
+                    model.config.num_kv_heads or model.config.num_heads)}
   if loss is not None:
     data["eval"] = held_out.eval_loss(model, batch, loss)
   return data
@@ -383,6 +391,18 @@ def explore(model, batch, *, loss: str | None = None, init_model=None,
 
 
 # ------------------------------------------------------------------ page
+
+
+def gqa_note(num_heads: int, num_kv_heads: int) -> str:
+  """The page's line on grouped-query attention: heads are query heads,
+  and which of them share a kv head (e.g. H0-H1 -> kv 0)."""
+  groups = ", ".join(
+      f"H{g[0]}-H{g[-1]} -> kv {j}" if len(g) > 1 else f"H{g[0]} -> kv {j}"
+      for j in range(num_kv_heads)
+      for g in [hooks.query_heads(j, num_heads, num_kv_heads)])
+  kv = f"{num_kv_heads} kv head" + ("s" if num_kv_heads > 1 else "")
+  return (f"{num_heads} query heads on {kv} (grouped-query attention): "
+          f"every head here is a query head; {groups}")
 
 
 def b64_float32(weights) -> str:
@@ -443,6 +463,9 @@ def page_json(data: dict, *, title: str = "", info=(),
         "table": _table(kind, circuits)})
   info = list(info) + [("example shown", f"{data['example']} of "
                         f"{data['num_examples']} (scores over all)")]
+  h, k = data.get("heads", (0, 0))
+  if k < h:
+    info.append(("heads", gqa_note(h, k)))
   if "eval" in data:
     info.append(("loss on the batch", " | ".join(
         f"{k} {v:.4f}" for k, v in sorted(data["eval"].items()))))
