@@ -13,6 +13,7 @@ the minima to torch's.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from flax import nnx
 
 import mha_jax
 from mha_jax.measure import timing
+from mha_jax.pretrained import gguf_files
 from mha_jax.pretrained import layout
 from mha_jax.pretrained import llama
 from mha_jax.pretrained import safetensors_files
@@ -57,17 +59,29 @@ def write_big_llama(directory: pathlib.Path, *, layers=6, d=1024,
   return directory
 
 
-def checkpoint_mb(directory: pathlib.Path) -> float:
-  return sum(p.stat().st_size for p in directory.glob("*.safetensors")) / 2**20
+def checkpoint_mb(path: pathlib.Path) -> float:
+  """MB of the weights as both loaders hold them: a directory's
+  safetensors files (float32 here), or a GGUF file's tensors dequantized
+  to float32 (each once: a tied head adds nothing)."""
+  if path.is_file():
+    tensors = gguf_files.list_tensors(gguf_files.open_reader(path), path)
+    return sum(4 * math.prod(t.shape) for t in tensors.values()) / 2**20
+  return sum(p.stat().st_size for p in path.glob("*.safetensors")) / 2**20
 
 
-def measure_load(directory, loader: str) -> dict:
+def measure_load(path, loader: str) -> dict:
+  """One load of `path` (a directory or a GGUF file) in its own process:
+  `load_child`'s seconds and RSS, the weights' float32 MB
+  (`checkpoint_mb`), the file's MB and the peak over the weights."""
+  path = pathlib.Path(path)
   out = subprocess.run(
       [sys.executable, "-m", "experiments.pretrained_bench.load_child",
-       str(directory), loader], check=True, capture_output=True, text=True)
+       str(path), loader], check=True, capture_output=True, text=True)
   r = json.loads(out.stdout.strip().splitlines()[-1])
-  size = checkpoint_mb(pathlib.Path(directory))
+  size = checkpoint_mb(path)
+  files = [path] if path.is_file() else list(path.glob("*.safetensors"))
   return dict(r, checkpoint_mb=size,
+              file_mb=sum(p.stat().st_size for p in files) / 2**20,
               peak_over_size=(r["peak_mb"] - r["base_mb"]) / size)
 
 
