@@ -33,13 +33,19 @@ QK_NORMS = ("rms", "layer")
 _NORM_EPS = 1e-6  # Flax's LayerNorm/RMSNorm default
 
 
-def qk_normalize(x: jax.Array, scale: jax.Array, kind: str) -> jax.Array:
-  """QK-norm of q or k `[B, T, heads, Dh]` over Dh, times `scale [Dh]`.
+def qk_normalize(x: jax.Array, scale: jax.Array, kind: str, *,
+                 eps: float = _NORM_EPS, offset: float = 0.0) -> jax.Array:
+  """QK-norm of q or k `[B, T, heads, Dh]` over Dh, times
+  `offset + scale [Dh]`.
 
   "rms": x / rms(x) (OLMo 2, Gemma 3); "layer": (x - mean) / std, no bias
-  (ViT-22B; Flax's `normalize_qk`). Statistics in float32, eps 1e-6.
+  (ViT-22B; Flax's `normalize_qk`). Statistics in float32. `eps` and
+  `offset` are the model's own norm's (Gemma 3: its rms_norm_eps and
+  (1 + w)); the offset is added in float32, as Gemma's code does, since
+  (1 + w) rounded to bf16 would lose w's low bits.
   """
-  return normalize(x, scale, kind)
+  scale = offset + scale.astype(jnp.float32) if offset else scale
+  return normalize(x, scale, kind, eps=eps)
 
 
 def normalize(x: jax.Array, scale: jax.Array, kind: str, *,
@@ -133,6 +139,7 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
                     cache=None, lengths=None, dropout_rate=0.0,
                     dropout_rng=None, hooks=hooks_lib.NO_HOOKS,
                     rules=score_rules.NO_RULES, qk_norm="rms",
+                    qk_norm_eps=_NORM_EPS, qk_norm_offset=0.0,
                     rotary_dim=None, rotary_scaling=None):
   """Every attention call, cached or not, rotary or not: one sequence.
 
@@ -161,7 +168,8 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
       With a cache the window and ALiBi use the tokens' true positions;
       segment ids are refused (a cache row holds one sequence).
     qk_norm: the kind of QK-norm ("rms" or "layer") applied when `params`
-      hold `q_norm`/`k_norm` scales.
+      hold `q_norm`/`k_norm` scales; qk_norm_eps, qk_norm_offset: its
+      epsilon and the offset added to the scales (`qk_normalize`).
 
   Returns:
     `(y [B, Tq, D], new cache or None)`. Rows of a sequence that ran past
@@ -169,8 +177,9 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
   """
   q, k, v = project_qkv(params, x_q, x_kv)  # [B,Tq,H,Dh], [B,Tk,K,D*]
   if "q_norm" in params:
-    q = qk_normalize(q, params["q_norm"], qk_norm)
-    k = qk_normalize(k, params["k_norm"], qk_norm)
+    norm = dict(eps=qk_norm_eps, offset=qk_norm_offset)
+    q = qk_normalize(q, params["q_norm"], qk_norm, **norm)
+    k = qk_normalize(k, params["k_norm"], qk_norm, **norm)
   if "sinks" in params:
     rules = rules.replace(sinks=params["sinks"])
   if cache is not None and positions is None:

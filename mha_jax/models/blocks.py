@@ -156,13 +156,15 @@ class TransformerBlock(nnx.Module):
   def __init__(self, config: ModelConfig, *, cross_attention: bool = False,
                layer: int = 0, rngs: nnx.Rngs):
     common = common_args(config, rngs)
+    # QK-norm is the model's own norm applied per head: same eps and (1 + w).
     attn_kwargs = dict(
         num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
         use_bias=config.use_bias, out_bias=config.has_out_bias,
         dropout_rate=config.dropout_rate, rotary_base=config.rotary_base,
         implementation=config.implementation, soft_cap=config.logit_soft_cap,
         scale=config.attn_scale, sinks=config.attention_sinks,
-        qk_norm=config.qk_norm, **common)
+        qk_norm=config.qk_norm, qk_norm_eps=config.norm_eps,
+        qk_norm_offset=config.norm_offset, **common)
     self.placement = config.norm_placement
     self.parallel = config.parallel_block
     self.ln_attn = make_norm(config, rngs)

@@ -67,7 +67,7 @@ class ModelConfig:
   logit_soft_cap: float | None = None  # c: scores -> c tanh(s / c)
   attn_scale: float | None = None  # q.k multiplier (None: 1 / sqrt(Dh))
   attention_sinks: bool = False  # a learned sink logit per head
-  qk_norm: str | None = None  # None, "rms" or "layer"
+  qk_norm: str | None = None  # None, "rms" or "layer"; norm_eps, norm_offset
   dtype: Any = None  # compute dtype (None: param_dtype)
   param_dtype: Any = jnp.float32  # parameter storage dtype
   # What pretrained families differ by (mha_jax.pretrained, docs/

@@ -57,6 +57,9 @@ class MultiHeadAttention(nnx.Module):
     qk_norm: None, "rms" (RMSNorm, OLMo 2 / Gemma 3) or "layer" (LayerNorm
       without bias, Flax's `normalize_qk`) on q and k per head, with a
       learned scale `[Dh]` shared by the heads (`q_norm`, `k_norm`).
+    qk_norm_eps, qk_norm_offset: that norm's epsilon, and the offset its
+      scale is added to (Gemma 3's (1 + w): 1; the scales then start at
+      1 - offset, so a new layer's norm still multiplies by 1).
     alibi: add ALiBi's `-slope_h |i - j|` with the paper's slopes (H must
       be a power of two).
     dtype: compute dtype (params and inputs are cast to it; the core keeps
@@ -73,7 +76,8 @@ class MultiHeadAttention(nnx.Module):
                rotary_dim: int | None = None, rotary_scaling=None,
                implementation: str = "vmap", local_window=None,
                soft_cap=None, scale=None, sinks: bool = False,
-               qk_norm: str | None = None, alibi: bool = False,
+               qk_norm: str | None = None, qk_norm_eps: float = 1e-6,
+               qk_norm_offset: float = 0.0, alibi: bool = False,
                dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
     if not attention.known_implementation(implementation):
       raise ValueError(f"MultiHeadAttention: unknown `implementation`="
@@ -92,8 +96,8 @@ class MultiHeadAttention(nnx.Module):
       del core["b_o"]
     dh = core["w_q"].shape[-1]
     if qk_norm is not None:
-      core["q_norm"] = jnp.ones((dh,), param_dtype)
-      core["k_norm"] = jnp.ones((dh,), param_dtype)
+      core["q_norm"] = jnp.full((dh,), 1.0 - qk_norm_offset, param_dtype)
+      core["k_norm"] = jnp.full((dh,), 1.0 - qk_norm_offset, param_dtype)
     if sinks:
       core["sinks"] = jnp.zeros((num_heads,), param_dtype)
     for name, arr in core.items():
@@ -109,6 +113,7 @@ class MultiHeadAttention(nnx.Module):
     score_rules.check(self._rules(), batch=1, q_len=1, kv_len=1,
                       num_heads=num_heads, fn="MultiHeadAttention")
     self.qk_norm = qk_norm
+    self.qk_norm_eps, self.qk_norm_offset = qk_norm_eps, qk_norm_offset
     if rotary and self.dims.head_dim % 2:
       raise ValueError(f"MultiHeadAttention: rotary positions need an even "
                        f"`head_dim`, got {self.dims.head_dim}")
@@ -193,9 +198,10 @@ class MultiHeadAttention(nnx.Module):
         rotary_dim=self.rotary_dim, rotary_scaling=self.rotary_scaling,
         positions=positions, kv_positions=kv_positions, cache=cache,
         lengths=lengths, dropout_rate=rate, dropout_rng=dropout_rng,
-        hooks=hooks, qk_norm=self.qk_norm or "rms", rules=self._rules(
-            segment_ids, segment_ids if kv_segment_ids is None
-            else kv_segment_ids))
+        hooks=hooks, qk_norm=self.qk_norm or "rms",
+        qk_norm_eps=self.qk_norm_eps, qk_norm_offset=self.qk_norm_offset,
+        rules=self._rules(segment_ids, segment_ids if kv_segment_ids is None
+                          else kv_segment_ids))
     out = (y,) + ((new_cache,) if cache is not None else ())
     if return_weights:
       out += (hooks.read("pattern"),)
