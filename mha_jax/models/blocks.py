@@ -145,9 +145,10 @@ class TransformerBlock(nnx.Module):
   `config.attention_only` drops the MLP (as in circuit studies of induction
   heads); `cross_attention=True` adds attention over an encoder output
   (pre-LN blocks only). `layer` picks this block's sliding window
-  (`config.window_of`). Hook sites, all `[B, T, D]`: `resid_pre`,
-  `attn_out` (what the attention adds to the stream: after b_o, and after
-  the post-norm of a sandwich block), `cross_out` (with cross-attention),
+  (`config.window_of`) and rotary base (`config.rotary_of`). Hook sites,
+  all `[B, T, D]`: `resid_pre`, `attn_out` (what the attention adds to the
+  stream: after b_o, and after the post-norm of a sandwich block),
+  `cross_out` (with cross-attention),
   `resid_mid` (sequential blocks with an MLP: the stream between the
   sublayers) and `mlp_out` (with an MLP), `resid_post`; and those of
   `attn` (and `cross`).
@@ -160,18 +161,21 @@ class TransformerBlock(nnx.Module):
     attn_kwargs = dict(
         num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
         use_bias=config.use_bias, out_bias=config.has_out_bias,
-        dropout_rate=config.dropout_rate, rotary_base=config.rotary_base,
+        dropout_rate=config.dropout_rate,
         implementation=config.implementation, soft_cap=config.logit_soft_cap,
         scale=config.attn_scale, sinks=config.attention_sinks,
         qk_norm=config.qk_norm, qk_norm_eps=config.norm_eps,
         qk_norm_offset=config.norm_offset, **common)
+    # Gemma 3's local layers rotate with their own base (`rotary_of`); the
+    # module keeps it, so cached decoding rotates the same way.
+    rotary_base, rotary_scaling = config.rotary_of(layer)
     self.placement = config.norm_placement
     self.parallel = config.parallel_block
     self.ln_attn = make_norm(config, rngs)
     self.attn = modules.MultiHeadAttention(
         config.d_model, config.num_heads,
-        rotary=config.positions == "rotary",
-        rotary_dim=config.rotary_dim, rotary_scaling=config.rotary_scaling,
+        rotary=config.positions == "rotary", rotary_base=rotary_base,
+        rotary_dim=config.rotary_dim, rotary_scaling=rotary_scaling,
         alibi=config.positions == "alibi",
         local_window=config.window_of(layer), **attn_kwargs)
     if self.placement == "sandwich":

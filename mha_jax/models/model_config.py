@@ -90,6 +90,10 @@ class ModelConfig:
   rotary_scaling: tuple | None = None  # see ROTARY_SCALINGS
   layer_windows: tuple | None = None  # per layer: None or (left, right)
   final_soft_cap: float | None = None  # logits -> c tanh(logits / c)
+  # RoPE base of the layers with a sliding window (None: rotary_base).
+  # When set, those layers take no rotary_scaling: it applies to the
+  # global layers only (Gemma 3). See `rotary_of`.
+  local_rotary_base: float | None = None
 
   def __post_init__(self):
     def need(cond, field, msg):
@@ -219,7 +223,11 @@ class ModelConfig:
       need(ok, "rotary_scaling", f"expected None, ('linear', factor) or "
            "('llama3', factor, low_freq_factor, high_freq_factor, "
            f"original_max_len) with numbers > 0, got {s!r}")
-    for name in ("rotary_dim", "rotary_scaling"):
+    b = self.local_rotary_base
+    need(b is None or (isinstance(b, (int, float)) and not isinstance(
+        b, bool) and b > 0), "local_rotary_base",
+         f"must be None or a number > 0, got {b!r}")
+    for name in ("rotary_dim", "rotary_scaling", "local_rotary_base"):
       need(getattr(self, name) is None or self.positions == "rotary", name,
            f"needs positions='rotary', got {self.positions!r}")
     w = self.layer_windows
@@ -241,6 +249,15 @@ class ModelConfig:
     if self.layer_windows is not None:
       return self.layer_windows[layer]
     return self.local_window
+
+  def rotary_of(self, layer: int) -> tuple:
+    """Layer `layer`'s RoPE `(base, scaling)`: `(local_rotary_base, None)`
+    on a layer with a sliding window when `local_rotary_base` is set (Gemma
+    3's local layers), else `(rotary_base, rotary_scaling)`."""
+    if self.local_rotary_base is not None and (
+        self.window_of(layer) is not None):
+      return self.local_rotary_base, None
+    return self.rotary_base, self.rotary_scaling
 
   @property
   def has_out_bias(self) -> bool:

@@ -33,6 +33,8 @@ BAD = [
     ("rotary_scaling", dict(ROTARY, rotary_scaling=("yarn", 2.0))),
     ("rotary_scaling", dict(ROTARY, rotary_scaling=("llama3", 8.0))),
     ("layer_windows", dict(layer_windows=((3, 0),))),  # 2 layers
+    ("local_rotary_base", dict(ROTARY, local_rotary_base=0.0)),
+    ("local_rotary_base", dict(local_rotary_base=1e4)),  # learned positions
     ("final_soft_cap", dict(final_soft_cap=0)),
 ]
 
@@ -49,6 +51,17 @@ def test_defaults_are_the_project_model():
   assert (c.norm, c.norm_eps, c.norm_placement, c.mlp_activation) == (
       "layer", 1e-6, "pre", "gelu_tanh")
   assert c.has_out_bias is False and c.window_of(1) is None
+  assert c.local_rotary_base is None and c.rotary_of(1) == (10000.0, None)
+
+
+def test_local_rotary_base_is_the_sliding_layers_and_drops_scaling():
+  linear = ("linear", 8.0)
+  c = ModelConfig(**{**ROTARY, "num_layers": 3}, rotary_base=1e6,
+                  rotary_scaling=linear, layer_windows=((3, 0), None, (3, 0)))
+  assert [c.rotary_of(l) for l in range(3)] == [(1e6, linear)] * 3
+  g = c.replace(local_rotary_base=1e4)
+  assert [g.rotary_of(l) for l in range(3)] == [
+      (1e4, None), (1e6, linear), (1e4, None)]
   assert not (c.parallel_block or c.mlp_gated or c.tie_embeddings
               or c.embed_norm)
 
