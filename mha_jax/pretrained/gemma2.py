@@ -20,14 +20,17 @@ from mha_jax.pretrained.family import Rule
 
 _L = "layers.{l}."
 _B = "blocks.{l}."
-_NORMS = {"post_attention_layernorm": "ln_attn_post",
-          "pre_feedforward_layernorm": "ln_mlp",
-          "post_feedforward_layernorm": "ln_mlp_post"}
+# Hugging Face's name, ours, llama.cpp's: its `ffn_norm` is the norm
+# before the MLP, which in Gemma is pre_feedforward_layernorm.
+_NORMS = (("post_attention_layernorm", "ln_attn_post", "post_attention_norm"),
+          ("pre_feedforward_layernorm", "ln_mlp", "ffn_norm"),
+          ("post_feedforward_layernorm", "ln_mlp_post", "post_ffw_norm"))
 
 RULES = tuple(r for r in llama.RULES
               if "post_attention_layernorm" not in r.source) + tuple(
-                  Rule(f"{_L}{hf}.weight", "m", f"{_B}{ours}.scale", "m")
-                  for hf, ours in _NORMS.items())
+                  Rule(f"{_L}{hf}.weight", "m", f"{_B}{ours}.scale", "m",
+                       gguf=f"blk.{{l}}.{gguf}.weight")
+                  for hf, ours, gguf in _NORMS)
 
 
 def _from_hf(hf):
@@ -55,16 +58,17 @@ def _from_hf(hf):
 def _to_hf(c):
   return dict(llama.common_to_hf(c), attention_bias=c.use_bias,
               hidden_activation=F.ACTIVATION_NAMES[c.mlp_activation],
-              query_pre_attn_scalar=_scalar(c.attn_scale),
+              query_pre_attn_scalar=scalar(c.attn_scale),
               attn_logit_softcapping=c.logit_soft_cap,
               final_logit_softcapping=c.final_soft_cap,
               **F.windows_to_hf(c))
 
 
-def _scalar(scale):
-  """query_pre_attn_scalar from the score scale s = scalar^-1/2."""
+def scalar(scale):
+  """query_pre_attn_scalar from the score scale s = scalar^-1/2 (Gemma 2
+  and 3)."""
   if scale is None:
-    raise ValueError("attn_scale: Gemma 2 needs query_pre_attn_scalar")
+    raise ValueError("attn_scale: Gemma needs query_pre_attn_scalar")
   scalar = scale ** -2
   return round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar
 
