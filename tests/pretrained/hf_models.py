@@ -5,7 +5,8 @@ vocabulary of 300 and a fixed seed. Every parameter is redrawn, norms
 included: Hugging Face starts norm weights at 1 (Gemma's at 0) and biases
 at 0, which would hide a dropped (1 + w), a swapped norm or a lost bias.
 Weights are scaled so that scores are O(1) and the patterns far from
-uniform.
+uniform. Every norm's epsilon is `EPS`, far from each family's default,
+so a loader that reads the field and then uses its own default fails.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ import transformers as tf
 
 VOCAB = 300
 SEED = 0
+# With activations of mean square about 1 this moves every norm's output
+# by about 0.5%, thousands of float32 roundings.
+EPS = 1e-2
 
 _LLAMA_LIKE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
                    num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, max_position_embeddings=64,
-                   bos_token_id=1, eos_token_id=2)
+                   rms_norm_eps=EPS, bos_token_id=1, eos_token_id=2)
 CONFIGS = {
     "gpt2": lambda: tf.GPT2Config(
         vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4,
-        bos_token_id=1, eos_token_id=2),
+        layer_norm_epsilon=EPS, bos_token_id=1, eos_token_id=2),
     # Llama 3's rotary bands, with theta and the original context chosen
     # so the 4 frequencies of Dh = 8 fall in all three bands.
     "llama": lambda: tf.LlamaConfig(**_LLAMA_LIKE, rope_parameters=dict(
@@ -44,10 +48,11 @@ CONFIGS = {
     "gpt_neox": lambda: tf.GPTNeoXConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
         num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
-        rotary_pct=0.5, bos_token_id=1, eos_token_id=2),
+        rotary_pct=0.5, layer_norm_eps=EPS, bos_token_id=1, eos_token_id=2),
     "bert": lambda: tf.BertConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
-        num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64),
+        num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
+        layer_norm_eps=EPS),
 }
 CLASSES = {"bert": tf.BertModel}
 
