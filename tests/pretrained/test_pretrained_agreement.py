@@ -16,15 +16,25 @@ bf16 rounding errs by u = 2**-8 relative; a layer is held to 4 u
 (docs/testing.md), and these 2-3 layer stacks add a rounded residual sum
 per sublayer: measured 1.0 to 3.7 u for mha_jax and 0.9 to 4.2 u for
 transformers' own bf16 run, so the bound is 8 u.
+
+A cast that truncates instead of rounding errs by at most one bf16 ulp
+per weight, which these bounds absorb (a truncating loader passed them
+for every family); so the bf16 parameters are also checked bit for bit
+against torch's own rounding of the file's float32 tensors.
 """
 
 import copy
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
+import safetensors.torch
 import torch
+from flax import nnx
 
 import mha_jax
+from mha_jax.pretrained import layout
+from mha_jax.pretrained import weights
 from tests.pretrained import compare
 from tests.pretrained import hf_models
 
@@ -57,3 +67,32 @@ def test_bfloat16_within_8_roundings(built, family):
   for q in QUANTITIES:
     err = compare.rel(ours[q], ref_out[q])
     assert err <= 8 * compare.U_BF16, (q, err / compare.U_BF16)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bfloat16_parameters_are_torchs_rounding(built, family):
+  """Each bf16 parameter has the bits of torch's `.to(torch.bfloat16)` of
+  the float32 tensor of the file it comes from (read by safetensors' own
+  torch reader; torch's bits laid out by the family's table, which only
+  moves them)."""
+  b = built(family)
+  fam = mha_jax.pretrained.FAMILIES[family]
+  model = mha_jax.load_pretrained(b.directory, param_dtype=jnp.bfloat16)
+  ours = {".".join(map(str, p)): np.asarray(v[...]) for p, v in
+          nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  theirs = safetensors.torch.load_file(b.directory / "model.safetensors")
+  sizes = weights.axis_sizes(model.config)
+  seen, inexact = set(), 0
+  for source, rule, paths in weights.expand(fam, model.config.num_layers):
+    if not all(p in ours for p in paths):
+      continue  # a row this config does not use (biases, a tied head)
+    w = theirs[weights.checkpoint_name(fam, source, paths)]
+    rounded = w.to(torch.bfloat16)
+    inexact += int((rounded.float() != w).sum())
+    bits = rounded.view(torch.int16).numpy()
+    for p, want in zip(paths, layout.to_params(bits, rule.src, rule.dst,
+                                               sizes)):
+      np.testing.assert_array_equal(ours[p].view(np.int16), want, err_msg=p)
+      seen.add(p)
+  assert seen == set(ours)
+  assert inexact > 0  # weights that bf16 cannot hold: rounding is tested
