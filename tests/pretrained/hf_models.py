@@ -45,6 +45,20 @@ CONFIGS = {
         sliding_window=4, query_pre_attn_scalar=12,
         attn_logit_softcapping=2.0, final_logit_softcapping=5.0,
         pad_token_id=0),
+    # Two sliding layers, then a global one (Gemma 3's order, not
+    # symmetric, and not what its default pattern of 6 gives); bases 1e4
+    # and 1e6 rotate position 11 by 3.5 and 2.0 radians in the second
+    # frequency pair; Gemma 3 4B's linear scaling on the global layer.
+    "gemma3": lambda: tf.Gemma3TextConfig(
+        **dict(_LLAMA_LIKE, num_hidden_layers=3), head_dim=16,
+        sliding_window=4, query_pre_attn_scalar=12,
+        layer_types=["sliding_attention", "sliding_attention",
+                     "full_attention"],
+        rope_parameters=dict(
+            sliding_attention=dict(rope_type="default", rope_theta=1e4),
+            full_attention=dict(rope_type="linear", factor=2.0,
+                                rope_theta=1e6)),
+        pad_token_id=0),
     "gpt_neox": lambda: tf.GPTNeoXConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
         num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,

@@ -6,15 +6,15 @@ every layer's residual stream and every attention pattern are compared
 with transformers' float64 run of the same model.
 
 Bounds. Two float32 runs of transformers give identical bits, so its
-noise floor is its distance from float64: 0.9e-7 to 7.1e-7 relative in
+noise floor is its distance from float64: 0.9e-7 to 6.9e-7 relative in
 norm (1.5 to 12 float32 roundings) over the families and quantities.
-mha_jax in float32 measured 0.83 to 1.24 times that distance, so each
+mha_jax in float32 measured 0.86 to 1.19 times that distance, so each
 quantity must be within twice transformers' own float32 error. bfloat16:
 the parameters are rounded to bf16 on both sides (so only the compute
 differs) and the reference is the float64 run on those weights. One
 bf16 rounding errs by u = 2**-8 relative; a layer is held to 4 u
 (docs/testing.md), and these 2-3 layer stacks add a rounded residual sum
-per sublayer: measured 1.0 to 3.7 u for mha_jax and 0.9 to 4.2 u for
+per sublayer: measured 0.86 to 3.4 u for mha_jax and 0.97 to 4.0 u for
 transformers' own bf16 run, so the bound is 8 u.
 
 A cast that truncates instead of rounding errs by at most one bf16 ulp

@@ -78,6 +78,12 @@ def test_config_json_maps_to_fields(built):
   q = load_config(built("qwen2").directory)
   assert (q.use_bias, q.has_out_bias, q.num_kv_heads) == (True, False, 2)
   assert q.layer_windows == (None, (3, 0))  # max_window_layers=1
+  g3 = load_config(built("gemma3").directory)
+  assert (g3.qk_norm, g3.norm_offset, g3.norm_eps) == ("rms", 1.0, 1e-2)
+  assert g3.layer_windows == ((3, 0), (3, 0), None)
+  assert (g3.rotary_base, g3.rotary_scaling, g3.local_rotary_base) == (
+      1e6, ("linear", 2.0), 1e4)
+  assert g3.attn_scale == 12 ** -0.5 and g3.final_soft_cap is None
   l = load_config(built("llama").directory)
   assert l.rotary_scaling == ("llama3", 8.0, 1.0, 4.0, 32)
   bert = load_config(built("bert").directory)

@@ -11,6 +11,7 @@ refused, naming the fields.
 
 import copy
 import json
+import math
 import re
 
 import jax
@@ -73,6 +74,15 @@ def _llama_like(**changes):
         vocab_size=64, d_model=32, num_layers=2, num_heads=4, max_len=32,
         use_bias=True, tie_embeddings=True, readout_bias=False,
         norm_eps=1e-5)),
+    # Local and global bases, scaling on the global layer only, QK-norm
+    # with the model's eps and (1 + w).
+    ("gemma3", _llama_like(
+        num_layers=3, head_dim=16, mlp_activation="gelu_tanh",
+        norm_offset=1.0, norm_placement="sandwich", norm_eps=1e-2,
+        qk_norm="rms", embed_scale=math.sqrt(32), tie_embeddings=True,
+        attn_scale=12 ** -0.5, rotary_base=1e6, local_rotary_base=1e4,
+        rotary_scaling=("linear", 2.0),
+        layer_windows=((3, 0), (3, 0), None))),
 ])
 def test_mha_jax_model_opens_in_transformers(family, config, tmp_path):
   model = mha_jax.DecoderLM(config, rngs=nnx.Rngs(3))
@@ -84,7 +94,8 @@ def test_mha_jax_model_opens_in_transformers(family, config, tmp_path):
   nnx.update(model, state)
   out = mha_jax.save_pretrained(model, tmp_path / family)
   hf = open_hf(out, family)
-  assert hf.config.model_type == family
+  assert hf.config.model_type == mha_jax.pretrained.FAMILIES[
+      family].model_types[0]
   tokens = jax.random.randint(jax.random.key(5), (2, 10), 0, 64)
   ours = np.asarray(model(tokens), np.float64)
   batch = dict(input_ids=torch.tensor(np.asarray(tokens), dtype=torch.long))
