@@ -11,20 +11,25 @@ reads them; what mha_jax cannot run is refused by name; and the QK-norm
 of a new model starts as the identity whatever the norm's offset.
 """
 
+import copy
 import json
 import math
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 import transformers
 from flax import nnx
 
 import mha_jax
+from mha_jax.models import generate
 from mha_jax.pretrained import PretrainedError
 from mha_jax.pretrained import load
 from tests.pretrained import compare
+from tests.pretrained import hf_models
 
 # What the GGUF reader makes of gemma-3-270m's metadata.
 GGUF_270M = dict(
@@ -163,8 +168,8 @@ def test_transformers_4_config_loads_to_the_same_model(built, tmp_path):
 
 
 def test_new_models_qk_norm_starts_as_the_identity_whatever_the_offset():
-  """Scales start at 1 - offset (Gemma's w = 0), so both models multiply
-  by 1 and compute the same logits."""
+  """Scales start at 1 - offset (Gemma's w = 0), so both layers multiply
+  by 1 and compute the same output."""
   def model(offset):
     c = mha_jax.ModelConfig(
         vocab_size=16, d_model=32, num_layers=1, num_heads=4, max_len=8,
@@ -176,23 +181,25 @@ def test_new_models_qk_norm_starts_as_the_identity_whatever_the_offset():
   for scale in (attn.q_norm, attn.k_norm, gemma.blocks[0].ln_attn.scale):
     np.testing.assert_array_equal(scale[...], 0.0)
   np.testing.assert_array_equal(plain.blocks[0].attn.q_norm[...], 1.0)
-  tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 16)
-  np.testing.assert_array_equal(gemma(tokens), plain(tokens))
+  x = jax.random.normal(jax.random.key(0), (2, 8, 32))
+  np.testing.assert_array_equal(attn(x, is_causal=True),
+                                plain.blocks[0].attn(x, is_causal=True))
 
 
 def test_cached_decoding_computes_transformers_logits(built):
-  """Prefill 5 tokens, then one at a time past the window of 4: each
-  layer's cache keeps its own window and rotary base (greedy decoding in
-  test_pretrained_hooks.py checks only the argmax)."""
+  """Greedy decoding from 5 tokens, 8 steps, past the window of 4: each
+  step's logits equal transformers' on the sequence so far, within twice
+  its own float32 error (test_pretrained_hooks.py checks the tokens, which
+  the argmax alone would keep under a wrong rotary base)."""
   b = built("gemma3")
   model = mha_jax.load_pretrained(b.directory)
-  tokens = b.batch["input_ids"].numpy()
-  cache = model.init_cache(2, 16)
-  logits, cache = model(tokens[:, :5], cache=cache)
-  steps = [logits]
-  for t in range(5, tokens.shape[1]):
-    logits, cache = model(tokens[:, t:t + 1], cache=cache)
-    steps.append(logits)
-  ours = np.concatenate([np.asarray(s, np.float64) for s in steps], axis=1)
-  floor = compare.rel(b.out32["main"], b.out64["main"])
-  assert compare.rel(ours, b.out64["main"]) <= 2 * floor
+  prompt = b.batch["input_ids"][:, :5]
+  tokens, logits = generate.generate(model, jnp.asarray(prompt.numpy()), 8,
+                                     max_len=16, return_logits=True)
+  # logits[:, n] came from the sequence up to position 4 + n.
+  seq = torch.cat([prompt, torch.tensor(np.asarray(tokens[:, :-1]))], 1)
+  batch = dict(input_ids=seq)
+  ref32 = hf_models.run(b.model, batch)["main"][:, 4:]
+  ref64 = hf_models.run(copy.deepcopy(b.model).double(), batch)["main"][:, 4:]
+  ours = np.asarray(logits, np.float64)
+  assert compare.rel(ours, ref64) <= 2 * compare.rel(ref32, ref64)
