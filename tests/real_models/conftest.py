@@ -24,12 +24,17 @@ PATHS = {"smollm2": real_models.smollm2_135m,
 SHORT, LONG = (2, 16), 200  # the short prompts' shape; the long input
 
 
-def token_batches(vocab: int):
+def token_batches(vocab: int, window=None):
   """`{"short": [2, 16], "long": [1, 200]}` token ids drawn uniformly
-  (ids 3 and up: past the special tokens of both files), fixed seed."""
+  (ids 3 and up: past the special tokens of both files), fixed seed;
+  with a sliding `window`, also `"window": [1, window + 100]`, so that
+  the sliding layers drop keys the global ones keep."""
   g = torch.Generator().manual_seed(7)
-  return {"short": torch.randint(3, vocab, SHORT, generator=g),
-          "long": torch.randint(3, vocab, (1, LONG), generator=g)}
+  out = {"short": torch.randint(3, vocab, SHORT, generator=g),
+         "long": torch.randint(3, vocab, (1, LONG), generator=g)}
+  if window is not None:
+    out["window"] = torch.randint(3, vocab, (1, window + 100), generator=g)
+  return out
 
 
 class Real:
@@ -43,7 +48,9 @@ class Real:
         str(self.path.parent), gguf_file=self.path.name,
         dtype=torch.float32, attn_implementation="eager").eval()
     self.model = mha_jax.load_pretrained(self.path)
-    self.batches = token_batches(self.hf.config.vocab_size)
+    self.batches = token_batches(self.hf.config.vocab_size,
+                                 getattr(self.hf.config, "sliding_window",
+                                         None))
     self.out32 = {k: hf_models.run(self.hf, {"input_ids": b})
                   for k, b in self.batches.items()}
     double = copy.deepcopy(self.hf).double()

@@ -6,7 +6,8 @@ of transformers give identical bits, so its noise floor is its distance
 from its own float64 run on the same weights; mha_jax in float32 must be
 within `FACTOR` times that distance for the logits, every layer's
 residual stream and every attention pattern, on short prompts and on a
-200-token input. The test prints the measured ratios; docs/pretrained.md
+200-token input (Gemma also on 612 tokens, past its 512-token window).
+The test prints the measured ratios; docs/pretrained.md
 records them with the largest activation of each stream (SmolLM2's later
 layers reach about 1e4, where one float32 rounding is about 1e-3
 absolute, yet the relative errors in norm stay at the floor's size).
@@ -49,20 +50,19 @@ def test_every_dequantized_tensor_equals_transformers_bit_for_bit(model):
                                   want.view(np.uint32), err_msg=name)
 
 
-@pytest.mark.parametrize("batch", ["short", "long"])
-def test_forward_within_twice_transformers_own_float32_error(model, batch):
-  ours = compare.run(model.model, FAMILY[model.name],
-                     {"input_ids": model.batches[batch]})
-  for q in ("main", "stream", "patterns"):
-    ref, floor32 = model.out64[batch][q], model.out32[batch][q]
-    assert ours[q].shape == ref.shape, q
-    floor = compare.rel(floor32, ref)
-    assert 0 < floor < 1e-4, (q, floor)  # a real float32 run
-    err = compare.rel(ours[q], ref)
-    print(f"{model.name} {batch} {q}: transformers {floor:.3g}, mha_jax "
-          f"{err:.3g} ({err / floor:.2f}x), max |ref| "
-          f"{np.abs(ref).max():.3g}")
-    assert err <= FACTOR * floor, (q, err, floor)
+def test_forward_within_twice_transformers_own_float32_error(model):
+  for batch, ids in model.batches.items():
+    ours = compare.run(model.model, FAMILY[model.name], {"input_ids": ids})
+    for q in ("main", "stream", "patterns"):
+      ref, floor32 = model.out64[batch][q], model.out32[batch][q]
+      assert ours[q].shape == ref.shape, (batch, q)
+      floor = compare.rel(floor32, ref)
+      assert 0 < floor < 1e-4, (batch, q, floor)  # a real float32 run
+      err = compare.rel(ours[q], ref)
+      print(f"{model.name} {batch} {q}: transformers {floor:.3g}, mha_jax "
+            f"{err:.3g} ({err / floor:.2f}x), max |ref| "
+            f"{np.abs(ref).max():.3g}")
+      assert err <= FACTOR * floor, (batch, q, err, floor)
 
 
 def test_greedy_decoding_with_the_cache_equals_generate(model):
