@@ -41,9 +41,29 @@ def llama_config():
       bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
 
 
-def build_llama(seed=hf_models.SEED):
+def gemma3_config():
+  """A tiny Gemma 3 with six layers, so that the layer pattern a GGUF
+  file leaves to the family's default (five sliding, then one global)
+  has both kinds, bases 1e4 and 1e6, and a window shorter than the
+  inputs. The file cannot say query_pre_attn_scalar: the default (256)
+  holds on both sides."""
+  return tf.Gemma3TextConfig(
+      vocab_size=hf_models.VOCAB, hidden_size=32, intermediate_size=64,
+      num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+      head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-2,
+      sliding_window=4, rope_parameters=dict(
+          sliding_attention=dict(rope_type="default", rope_theta=1e4),
+          full_attention=dict(rope_type="default", rope_theta=1e6)),
+      bos_token_id=2, eos_token_id=1, pad_token_id=0)
+
+
+CONFIGS = {"llama": llama_config, "gemma3": gemma3_config}
+NORM_SHIFT = {"llama": 0.0, "gemma3": 1.0}  # Gemma's norms stored as 1 + w
+
+
+def build(arch: str = "llama", seed=hf_models.SEED):
   """The random float32 transformers model the GGUF file is made from."""
-  config = llama_config()
+  config = CONFIGS[arch]()
   config._attn_implementation = "eager"  # pylint: disable=protected-access
   torch.manual_seed(seed)
   model = tf.AutoModelForCausalLM.from_config(config).eval()
@@ -62,11 +82,11 @@ def _kind(gguf_name: str) -> str:
   return gguf_name.split(".")[-2]
 
 
-def write(model, path, arch: str = "llama", *, quantize: bool = True,
-          norm_shift: float = 0.0) -> dict:
+def write(model, path, arch: str = "llama", *, quantize: bool = True) -> dict:
   """Write `model` (a transformers causal LM) as a GGUF file of `arch`;
   returns {gguf name: the float32 values written before quantization}."""
   c = model.config
+  norm_shift = NORM_SHIFT[arch]
   writer = gguf.GGUFWriter(str(path), arch)
   writer.add_block_count(c.num_hidden_layers)
   writer.add_context_length(c.max_position_embeddings)
