@@ -25,7 +25,10 @@ import transformers
 from flax import nnx
 
 import mha_jax
+from mha_jax.core import multi_head
+from mha_jax.models import blocks
 from mha_jax.models import generate
+from mha_jax.models import modules
 from mha_jax.pretrained import PretrainedError
 from mha_jax.pretrained import load
 from tests.pretrained import compare
@@ -168,22 +171,30 @@ def test_transformers_4_config_loads_to_the_same_model(built, tmp_path):
 
 
 def test_new_models_qk_norm_starts_as_the_identity_whatever_the_offset():
-  """Scales start at 1 - offset (Gemma's w = 0), so both layers multiply
-  by 1 and compute the same output."""
-  def model(offset):
-    c = mha_jax.ModelConfig(
-        vocab_size=16, d_model=32, num_layers=1, num_heads=4, max_len=8,
-        positions="rotary", norm="rms", norm_offset=offset, qk_norm="rms")
-    return mha_jax.DecoderLM(c, rngs=nnx.Rngs(0))
+  """The block hands the model's eps and offset to its attention; scales
+  start at 1 - offset (Gemma's w = 0), so a new layer multiplies by 1.
+  One compiled function: eager ops compile one by one."""
+  c = mha_jax.ModelConfig(
+      vocab_size=16, d_model=32, num_layers=1, num_heads=4, max_len=8,
+      positions="rotary", norm="rms", norm_offset=1.0, norm_eps=1e-2,
+      qk_norm="rms")
+  block = nnx.eval_shape(lambda: blocks.TransformerBlock(c, rngs=nnx.Rngs(0)))
+  assert (block.attn.qk_norm_eps, block.attn.qk_norm_offset) == (1e-2, 1.0)
 
-  gemma, plain = model(1.0), model(0.0)
-  attn = gemma.blocks[0].attn
-  for scale in (attn.q_norm, attn.k_norm, gemma.blocks[0].ln_attn.scale):
-    np.testing.assert_array_equal(scale[...], 0.0)
-  np.testing.assert_array_equal(plain.blocks[0].attn.q_norm[...], 1.0)
-  x = jax.random.normal(jax.random.key(0), (2, 8, 32))
-  np.testing.assert_array_equal(attn(x, is_causal=True),
-                                plain.blocks[0].attn(x, is_causal=True))
+  @jax.jit
+  def start(x):
+    attn = modules.MultiHeadAttention(32, 4, qk_norm="rms", qk_norm_offset=1.0,
+                                      rngs=nnx.Rngs(0))
+    w = attn.q_norm[...]
+    return (w, attn.k_norm[...],
+            multi_head.qk_normalize(x, w, "rms", offset=1.0),
+            multi_head.qk_normalize(x, jnp.ones(8), "rms"))
+
+  x = jax.random.normal(jax.random.key(0), (2, 3, 4, 8))  # [B, T, H, Dh]
+  q_norm, k_norm, gemma, plain = start(x)
+  np.testing.assert_array_equal(q_norm, 0.0)
+  np.testing.assert_array_equal(k_norm, 0.0)
+  np.testing.assert_array_equal(gemma, plain)
 
 
 def test_cached_decoding_computes_transformers_logits(built):
