@@ -198,19 +198,20 @@ def test_new_models_qk_norm_starts_as_the_identity_whatever_the_offset():
 
 
 def test_cached_decoding_computes_transformers_logits(built):
-  """Greedy decoding from 5 tokens, 8 steps, past the window of 4: each
+  """Greedy decoding from 7 tokens, 8 steps, past the window of 4: each
   step's logits equal transformers' on the sequence so far, within twice
   its own float32 error (test_pretrained_hooks.py checks the tokens, which
-  the argmax alone would keep under a wrong rotary base)."""
+  the argmax alone would keep under a wrong rotary base). Its shapes, so
+  a worker that ran that test reuses the compiled loop."""
   b = built("gemma3")
   model = mha_jax.load_pretrained(b.directory)
-  prompt = b.batch["input_ids"][:, :5]
+  prompt = b.batch["input_ids"][:, :7]
   tokens, logits = generate.generate(model, jnp.asarray(prompt.numpy()), 8,
                                      max_len=16, return_logits=True)
-  # logits[:, n] came from the sequence up to position 4 + n.
+  # logits[:, n] came from the sequence up to position 6 + n.
   seq = torch.cat([prompt, torch.tensor(np.asarray(tokens[:, :-1]))], 1)
   batch = dict(input_ids=seq)
-  ref32 = hf_models.run(b.model, batch)["main"][:, 4:]
-  ref64 = hf_models.run(copy.deepcopy(b.model).double(), batch)["main"][:, 4:]
+  ref32 = hf_models.run(b.model, batch)["main"][:, 6:]
+  ref64 = hf_models.run(copy.deepcopy(b.model).double(), batch)["main"][:, 6:]
   ours = np.asarray(logits, np.float64)
   assert compare.rel(ours, ref64) <= 2 * compare.rel(ref32, ref64)
