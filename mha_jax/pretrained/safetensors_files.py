@@ -42,7 +42,7 @@ class TensorInfo:
   def is_float(self) -> bool:
     return self.dtype in _FLOATS
 
-  float_kinds = ", ".join(_FLOATS)  # for error messages
+  float_kinds = "F32, F16, BF16, F64"  # for error messages
 
 
 def checkpoint_files(directory: pathlib.Path) -> list[pathlib.Path]:
