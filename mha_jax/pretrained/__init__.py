@@ -1,10 +1,12 @@
 """Hugging Face checkpoints in and out of mha_jax (docs/pretrained.md).
 
 `load_pretrained(path)` reads a local directory (config.json,
-model.safetensors or shards, no torch) into a `DecoderLM` or `Encoder`;
-`save_pretrained(model, path)` writes one back; `load_tokenizer(path)`
-reads tokenizer.json. Families: gpt2, llama, mistral, qwen2, gemma2,
-gpt_neox, bert. This layer imports only hooks, the core and the models.
+model.safetensors or shards, no torch) or a GGUF file into a `DecoderLM`
+or `Encoder`; `save_pretrained(model, path)` writes one back;
+`load_tokenizer(path)` reads tokenizer.json or a GGUF file's tokenizer.
+Families: gpt2, llama, mistral, qwen2, gemma2, gemma3, gpt_neox, bert.
+`real_models` finds the two GGUF models the install brings. This layer
+imports only hooks, the core and the models.
 """
 
 from mha_jax.pretrained.errors import PretrainedError

@@ -8,7 +8,7 @@ model saves the tensors it was loaded from, bit for bit.
 A model is saved as a family only when that family's config.json gives
 back exactly the model's `ModelConfig`; otherwise the call is refused and
 names the fields no family holds (docs/pretrained.md lists the project's
-options that have none, for example `attention_only` and `qk_norm`).
+options that have none, for example `attention_only` and `attention_sinks`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,16 @@ _DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
 
 def canonical(config: ModelConfig) -> ModelConfig:
   """`config` with every default that stands for a value resolved (K,
-  Dh, F, b_o, one window per layer), so equal models compare equal."""
+  Dh, F, b_o, one window per layer, the sliding layers' rotary base), so
+  equal models compare equal."""
   windows = tuple(config.window_of(l) for l in range(config.num_layers))
-  return config.replace(
+  # A local base that changes nothing (no sliding layer, or the global
+  # base without a scaling) is the same model as none.
+  local = config.local_rotary_base
+  if all(w is None for w in windows) or (
+      local == config.rotary_base and config.rotary_scaling is None):
+    local = None
+  return config.replace(local_rotary_base=local,
       num_kv_heads=config.num_kv_heads or config.num_heads,
       head_dim=config.head_width, mlp_dim=config.mlp_width,
       out_bias=config.has_out_bias, local_window=None,

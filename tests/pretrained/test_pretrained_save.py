@@ -131,3 +131,21 @@ def test_bfloat16_model_saves_bf16_tensors_torch_reads(built, tmp_path):
   for name, tensor in got.items():
     assert tensor.dtype == torch.bfloat16, name
     assert torch.equal(tensor, want[name]), name
+
+
+def test_a_local_rotary_base_that_changes_nothing_is_no_base():
+  from mha_jax.pretrained import save  # pylint: disable=import-outside-toplevel
+  c = mha_jax.ModelConfig(vocab_size=16, d_model=16, num_layers=2,
+                          num_heads=2, max_len=8, positions="rotary",
+                          rotary_base=1e4)
+  windowed = c.replace(layer_windows=((3, 0), None))
+  # No sliding layer, or the global base without scaling: the same model.
+  assert save.canonical(c.replace(local_rotary_base=5.0)) == save.canonical(c)
+  assert (save.canonical(windowed.replace(local_rotary_base=1e4))
+          == save.canonical(windowed))
+  # A base of its own on a sliding layer, or beside a global scaling, is not.
+  assert (save.canonical(windowed.replace(local_rotary_base=5.0))
+          != save.canonical(windowed))
+  scaled = windowed.replace(rotary_scaling=("linear", 2.0))
+  assert (save.canonical(scaled.replace(local_rotary_base=1e4))
+          != save.canonical(scaled))
