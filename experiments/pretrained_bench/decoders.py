@@ -26,6 +26,7 @@ median over rounds of the time over torch's time in the same round.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import time
 
@@ -114,8 +115,9 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
             threads=(1, 2), repeats: int = 5) -> dict:
   """Prefill and decode seconds of every contestant on the GGUF `path`:
   raw times per round, their `summary` against each torch thread count,
-  and each contestant's first-call seconds and tokens' agreement with
-  torch at the most threads."""
+  each contestant's first-call seconds and tokens' agreement with torch
+  at the most threads, and the machine's load as each round began (torch
+  at 2 threads slows down most when another process holds a core)."""
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   path = pathlib.Path(path)
@@ -137,7 +139,9 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
     first["prefill"][c] = _timed(setup, pre)[0]
     first["decode"][c], tokens[c] = _timed(setup, dec)
   times = {"prefill": {c: [] for c in names}, "decode": {c: [] for c in names}}
+  load = []  # the 1-minute load average as each round starts
   for r in range(repeats):
+    load.append(os.getloadavg()[0])
     order = names[r % len(names):] + names[:r % len(names)]
     for task, index in (("prefill", 1), ("decode", 2)):
       for c in order:
@@ -150,7 +154,7 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
       "attn_implementation": attn,
       "vocab": hf.config.vocab_size, "prefill": prefill, "prompt": prompt,
       "new_tokens": new_tokens, "repeats": repeats, "times": times,
-      "first": first,
+      "first": first, "loadavg": load,
       "summary": {task: {t: summary(times[task], t) for t in torch_names}
                   for task in times},
       "agree": {c: leading_agreement(tokens[c], tokens[reference])

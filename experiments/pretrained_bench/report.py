@@ -73,7 +73,9 @@ def speed_note(s) -> str:
           "the time over torch's in the same round (at or below 1: as fast "
           f"as torch or faster). transformers' attention: "
           f"{s['attn_implementation']}. Same tokens: leading tokens equal "
-          f"to those of {s['reference']}.")
+          f"to those of {s['reference']}. Load average over 1 minute as the "
+          f"rounds began: {min(s['loadavg']):.1f} to "
+          f"{max(s['loadavg']):.1f}.")
 
 
 def speed_table(s) -> str:
