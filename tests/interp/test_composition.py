@@ -3,7 +3,7 @@
 The pure ratios on matrices whose answer is known by hand; the circuits
 against what the model itself computes (scores and head outputs, with
 LayerNorm scales and rotary positions); every score of the hand-wired
-circuit of `mha_jax.interp.wired_circuit`, worked out from its wiring below.
+circuit of `tests/wired_circuit.py`, worked out from its wiring below.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from mha_jax.interp import composition
-from mha_jax.interp import wired_circuit as wc
 from mha_jax.models.model_config import ModelConfig
 from mha_jax.models.transformer import DecoderLM
+
+import wired_circuit as wc
 
 
 def _isometry(d, rows, cols):

@@ -1,7 +1,7 @@
 """Grouped-query attention at every head-level tool: a planted circuit.
 
 A 2-layer model with H = 4 query heads on K = 2 kv heads, every weight
-set by hand (the layout of `mha_jax.interp.wired_circuit`: one-hot blocks
+set by hand (the layout of `tests/wired_circuit.py`: one-hot blocks
 and balance dimensions, so each LayerNorm only divides by a norm that is
 the same at every position). Query heads 0, 1 read kv head 0 and 2, 3 kv
 head 1 (`KV_OF`, written out: Hugging Face's `repeat_kv` grouping).

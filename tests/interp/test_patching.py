@@ -1,6 +1,6 @@
 """Activation, path and attribution patching; clean/corrupted pairs.
 
-Known answers come from the hand-wired circuit of `mha_jax.interp.wired_circuit`
+Known answers come from the hand-wired circuit of `tests/wired_circuit.py`
 (one path matters: layer-1 head 0 -> the keys of layer-2 head 1), from
 patching a run into itself (1 and 0 by definition), from a model that is
 linear in the patched site (attribution is exact there), and from
@@ -24,10 +24,11 @@ from mha_jax.interp import calibration
 from mha_jax.interp import corruption
 from mha_jax.interp import patching
 from mha_jax.training import tasks
-from mha_jax.interp import wired_circuit as wc
 from mha_jax.models.model_config import ModelConfig
 from mha_jax.measure import stats
 from mha_jax.models.transformer import DecoderLM
+
+import wired_circuit as wc
 
 
 @pytest.fixture(scope="module")

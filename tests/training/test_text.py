@@ -21,7 +21,6 @@ import pytest
 
 from configs import text as text_config
 from mha_jax.interp import head_metrics
-from mha_jax.interp import wired_circuit
 from mha_jax.models.transformer import DecoderLM
 from mha_jax.training import config as config_lib
 from mha_jax.measure import report as report_lib
@@ -33,6 +32,7 @@ from experiments.text_heads import heads
 from experiments.text_heads import survey
 
 import entry_points
+import wired_circuit
 
 FIRST = tasks.NUM_SPECIAL
 
@@ -435,7 +435,7 @@ def test_strict_span_score_gives_a_previous_byte_head_nothing():
 
 def test_controls_fire_on_the_wired_induction_head_and_not_at_init():
   """The text experiment's detectors on a model known to have an
-  induction head (mha_jax.interp.wired_circuit: layer-1 head 1) and on
+  induction head (tests/wired_circuit.py: layer-1 head 1) and on
   the same architecture untrained."""
   x = np.array([[3, 4, 5, 6, 3, 4, 5, 6], [9, 2, 7, 11, 9, 2, 7, 11]])
   rep = {"inputs": x, "targets": np.roll(x, -1, axis=1),

@@ -1,5 +1,6 @@
 """A hand-wired 2-layer induction circuit: the known answer for the
-circuit tools (`patching`, `composition`).
+circuit tools (`patching`, `composition`) and the text experiment's
+detectors. Only tests use it, so it lives here, beside them.
 
 Shape letters: B batch, T length (8), V vocabulary (12), D d_model, Dh
 head width.
