@@ -12,8 +12,8 @@ import pathlib
 
 import numpy as np
 
+from experiments import offset_sweep_report as sweep_report
 from experiments.head_dim import run as run_lib
-from mha_jax.interp import offset_sweep
 from mha_jax.measure import plots
 from mha_jax.measure import report as report_lib
 
@@ -48,12 +48,12 @@ def _figures(config, workdir, results) -> None:
                   logx=True, logy=True,
                   title=f"Part A: d_model = {d}, one layer, each d_k at its "
                   "own learning rate", path=str(workdir / FIGURES[0]))
-  offset_sweep.plot_nmse_curves(
+  sweep_report.plot_nmse_curves(
       {k: [r["curve"] for r in rs] for k, rs in cont.items()},
       title="Part A: held-out NMSE against steps, every run",
       path=str(workdir / FIGURES[1]))
   if plateau:
-    offset_sweep.plot_nmse_curves(
+    sweep_report.plot_nmse_curves(
         {k: [p["long_curve"]] for k, p in plateau.items()},
         title=f"Plateau check: seed {e.selection_seed} at each setting's "
         f"rate, {e.plateau_factor}x the steps",
@@ -70,9 +70,9 @@ def _figures(config, workdir, results) -> None:
 def _part_a_rows(results) -> list[list[str]]:
   """The NMSE table: one row per setting."""
   summ, vs = results["part_a_summary"], results["part_a_vs_best"]
-  return [[k, offset_sweep.summary_cell(s["nmse"]),
-           offset_sweep.difference_cell(vs[k]) if k in vs else "(best)",
-           *offset_sweep.offset_cells(s), f"{s['learning_rate']:g}",
+  return [[k, sweep_report.summary_cell(s["nmse"]),
+           sweep_report.difference_cell(vs[k]) if k in vs else "(best)",
+           *sweep_report.offset_cells(s), f"{s['learning_rate']:g}",
            _steps(s["first_step_below_threshold"]["per_seed"])]
           for k, s in summ.items()]
 
@@ -90,7 +90,7 @@ def _part_a_section(config, results) -> list[str]:
       f"## Part A: two-offset retrieval, d_model = {config.model.d_model}, "
       f"h = {list(e.heads)}",
       "",
-      "One attention-only layer, " + offset_sweep.tuning_text(config),
+      "One attention-only layer, " + sweep_report.tuning_text(config),
       "",
       report_lib.md_table(["setting", "NMSE",
                            f"Δ NMSE vs {results['part_a_best']} [95%]",
@@ -100,7 +100,7 @@ def _part_a_section(config, results) -> list[str]:
                            f"{e.nmse_threshold:g} (per seed)"],
                           _part_a_rows(results)),
       "",
-      *offset_sweep.selection_section(config, results["part_a_selection"],
+      *sweep_report.selection_section(config, results["part_a_selection"],
                                       results["part_a_plateau"]),
       "",
       "![nmse_vs_dk.png](nmse_vs_dk.png)",
@@ -108,7 +108,7 @@ def _part_a_section(config, results) -> list[str]:
       ("![plateau_check.png](plateau_check.png)"
        if results["part_a_plateau"] else ""),
       "",
-      offset_sweep.explorer_text(run_lib.setting_label(config, shown_h),
+      sweep_report.explorer_text(run_lib.setting_label(config, shown_h),
                                  shown_seed),
       ""]
 
@@ -154,7 +154,7 @@ def _part_b_claim(config, fit) -> str:
 def _report(config, results) -> str:
   """report.md: the command, parts A and B, the claims."""
   lines = [
-      *offset_sweep.report_header(
+      *sweep_report.report_header(
           "Experiment 3: the head-width sweet spot", "head_dim", results),
       *_part_a_section(config, results),
       *_part_b_section(config, results["part_b"]),
@@ -180,7 +180,7 @@ def _several_heads_claim(config, results, multi) -> str:
           f"({report_lib.significant(mean(best), 2)}), the highest among them {worst} "
           f"({report_lib.significant(mean(worst), 2)}). Against {best}: ")
   if resolved:
-    text += ("; ".join(f"{k} {offset_sweep.difference_cell(vs[k])}"
+    text += ("; ".join(f"{k} {sweep_report.difference_cell(vs[k])}"
                        for k in resolved)
              + " (intervals that exclude 0); every other interval contains "
              "0.")

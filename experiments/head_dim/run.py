@@ -14,8 +14,8 @@ from __future__ import annotations
 import pathlib
 import time
 
+from experiments import offset_sweep
 from experiments.head_dim import low_rank
-from mha_jax.interp import offset_sweep
 from mha_jax.measure import curves
 
 TASK = "two_offset_continuous"

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pathlib
 
+from experiments import offset_sweep
+from experiments import offset_sweep_report as sweep_report
 from experiments.two_offsets import run as run_lib
-from mha_jax.interp import offset_sweep
 from mha_jax.measure import plots
 from mha_jax.measure import report as report_lib
 
@@ -41,7 +42,7 @@ def _figures(config, workdir, cont) -> None:
                      title="Two-offset retrieval, one layer, d_model "
                      f"{config.model.d_model} (bars: sample std)",
                      path=str(workdir / FIGURES[0]))
-  offset_sweep.plot_nmse_curves(
+  sweep_report.plot_nmse_curves(
       {k: [r["curve"] for r in cont[k]] for k in labels},
       title="Held-out NMSE against steps, every run",
       path=str(workdir / FIGURES[1]))
@@ -68,9 +69,9 @@ def _continuous_rows(results) -> list[list[str]]:
   """The NMSE table: one row per continuous setting."""
   sc = results["summary"]["continuous"]
   vs = results["summary"]["continuous_vs_h1"]
-  return [[k, offset_sweep.summary_cell(sc[k]["nmse"]),
-           offset_sweep.difference_cell(vs[k]) if k in vs else "-",
-           *offset_sweep.offset_cells(sc[k]),
+  return [[k, sweep_report.summary_cell(sc[k]["nmse"]),
+           sweep_report.difference_cell(vs[k]) if k in vs else "-",
+           *sweep_report.offset_cells(sc[k]),
            f"{sc[k]['split_heads']}/{len(rs)}"]
           for k, rs in results["continuous"].items()]
 
@@ -85,8 +86,8 @@ def _token_rows(results) -> list[list[str]]:
                           digits=2)
   return [[k, report_lib.fmt(st[k]["accuracy"]["mean"],
                              st[k]["accuracy"]["std"]),
-           offset_sweep.summary_cell(st[k]["loss"]),
-           offset_sweep.difference_cell(tvs[k]) if k in tvs else "-",
+           sweep_report.summary_cell(st[k]["loss"]),
+           sweep_report.difference_cell(tvs[k]) if k in tvs else "-",
            best(rs, "offset1", max), best(rs, "offset3", max),
            best(rs, "entropy", min)]
           for k, rs in results["token"].items()]
@@ -100,7 +101,7 @@ def _continuous_section(config, results) -> list[str]:
       f"{config.task.feature_dim})",
       "",
       f"One layer, d_model {config.model.d_model}, "
-      + offset_sweep.tuning_text(config),
+      + sweep_report.tuning_text(config),
       "",
       "Why 0.5 is the reference: one softmax with weight a on t-1 and 1 - a "
       "on t-3 hands every value dimension the same blend a u_{t-1} + (1 - a) "
@@ -123,7 +124,7 @@ def _continuous_section(config, results) -> list[str]:
                            "runs with one head per offset"],
                           _continuous_rows(results)),
       "",
-      *offset_sweep.selection_section(config, results["selection"],
+      *sweep_report.selection_section(config, results["selection"],
                                       results["plateau"]),
       "",
       *[f"![{f}]({f})" for f in FIGURES],
@@ -153,7 +154,7 @@ def _token_section(config, results) -> list[str]:
 def _report(config, results) -> str:
   """report.md: the command, both tasks, the claims."""
   lines = [
-      *offset_sweep.report_header(
+      *sweep_report.report_header(
           "Experiment 2: two positions at once", "two_offsets", results),
       *_continuous_section(config, results),
       *_token_section(config, results),
@@ -169,7 +170,7 @@ def _report(config, results) -> str:
 def _explorer_text(config) -> str:
   """The report's line that links explorer.html."""
   h, seed = run_lib.explorer_run(config)
-  text = offset_sweep.explorer_text(f"h={h}", seed)
+  text = sweep_report.explorer_text(f"h={h}", seed)
   if h in config.experiment.token_heads:
     folder = offset_sweep.run_folder(run_lib.TOKEN, f"h={h}", seed)
     text += (f" The token version's h={h} model (seed {seed}) gets its page "
@@ -199,10 +200,10 @@ def _control_claim(k, c, d, seeds) -> str:
   difference `d` from h = 1."""
   if d["ci95"] is not None and not d["excludes_0"]:
     rel = (f"no difference from h = 1 resolved "
-           f"({offset_sweep.difference_cell(d)}; the seeds would detect "
+           f"({sweep_report.difference_cell(d)}; the seeds would detect "
            f"about {report_lib.significant(d['detectable'])})")
   else:
-    rel = f"a difference from h = 1 of {offset_sweep.difference_cell(d)}"
+    rel = f"a difference from h = 1 of {sweep_report.difference_cell(d)}"
   vals = c["values"]
   failed = [f"Seed {s_} ({report_lib.significant(v)})" for s_, v in zip(seeds, vals)
             if v > 0.9]
@@ -236,10 +237,10 @@ def _multi_claim(results, multi) -> str:
       f"{report_lib.significant(sc[best]['nmse']['mean'], 2)} ({best}) to "
       f"{report_lib.significant(sc[worst]['nmse']['mean'], 2)} ({worst}); "
       + ("every one below h = 1 with a difference interval that excludes 0 "
-         f"(the closest: {offset_sweep.difference_cell(vs[worst])})"
+         f"(the closest: {sweep_report.difference_cell(vs[worst])})"
          if below else
          "not every difference from h = 1 has an interval below 0 "
-         f"({worst}: {offset_sweep.difference_cell(vs[worst])})")
+         f"({worst}: {sweep_report.difference_cell(vs[worst])})")
       + "; runs with one head per offset: "
       + ", ".join(f"{k} {sc[k]['split_heads']}/"
                   f"{len(results['continuous'][k])}" for k in multi) + ".")
@@ -259,7 +260,7 @@ def _token_claim(summ) -> str:
       f"{report_lib.fmt(best_acc['mean'], best_acc['std'])}"
       f" for {tok_best}; loss {report_lib.significant(st['h=1']['loss']['mean'])} vs "
       f"{report_lib.significant(st[tok_best]['loss']['mean'])} (difference "
-      f"{offset_sweep.difference_cell(dl)}). "
+      f"{sweep_report.difference_cell(dl)}). "
       + ("So on discrete symbols ONE head can also solve it: an unequal "
          "split of the weight between t-1 and t-3 keeps the pair (and its "
          "order) decodable from the blended value, which a continuous "

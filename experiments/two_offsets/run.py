@@ -13,7 +13,7 @@ from __future__ import annotations
 import pathlib
 import time
 
-from mha_jax.interp import offset_sweep
+from experiments import offset_sweep
 from mha_jax.measure import stats
 
 CONTINUOUS = "two_offset_continuous"

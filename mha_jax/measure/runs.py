@@ -6,10 +6,10 @@ experiment's workdir (`config.json`, `metrics.jsonl`, `checkpoints/`, as
 `train.train_and_evaluate` writes them), then analyses the trained models.
 
 This is plumbing, but it lives in the library rather than beside the entry
-points: library code trains through it too (the two-offset sweep of
-`mha_jax.interp.offset_sweep` serves two experiments), and the entry points must not
-import one another. Whether a finished run may be reused is an argument of
-each call, not state of the process.
+points: most experiments train through it (and the two-offset sweep of
+`experiments/offset_sweep.py`, which two of them share), and an experiment
+must not import another's folder. Whether a finished run may be reused is
+an argument of each call, not state of the process.
 """
 
 from __future__ import annotations

@@ -131,13 +131,13 @@ def _check_nmse_table(report, sweep, summary, selection):
   std [95% interval] of the per-seed values results.json holds, and each
   setting's learning-rate choice."""
   from mha_jax.measure import stats  # pylint: disable=g-import-not-at-top
-  from mha_jax.interp import offset_sweep  # pylint: disable=g-import-not-at-top
+  from experiments import offset_sweep_report  # pylint: disable=g-import-not-at-top
   rows = entry_points.table(report, "| setting | NMSE |")
   assert [r[0] for r in rows] == list(sweep)
   for label, runs in sweep.items():
     nmse = [r["nmse"] for r in runs]
     assert summary[label]["nmse"]["values"] == nmse
-    assert _row(rows, label)[1] == offset_sweep.summary_cell(
+    assert _row(rows, label)[1] == offset_sweep_report.summary_cell(
         stats.summary(nmse))
     # NMSE is the held-out MSE over the targets' variance, exactly 1.
     np.testing.assert_allclose(runs[0]["nmse"], runs[0]["loss"], rtol=1e-12)
@@ -507,6 +507,8 @@ def test_every_entry_point_has_an_end_to_end_test():
             # pretrained_bench: tests/pretrained/test_pretrained_bench.py
             "pretrained_bench", "pretrained_heads"}
   helpers = {"__init__", "cli",  # cli: the flags every experiment shares
+             # shared by two experiments (two_offsets, head_dim), run by them
+             "offset_sweep", "offset_sweep_report",
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
   found = {p.stem for p in (ROOT / "experiments").iterdir()
            if p.suffix == ".py" or (p / "__main__.py").exists()} - helpers
