@@ -34,9 +34,9 @@ from absl import flags
 
 import mha_jax
 from experiments import cli
+from experiments import saved_patching
 from mha_jax import pretrained
 from mha_jax.measure import report as report_lib
-from experiments.circuits import saved as circuits_saved
 from mha_jax.interp import explorer
 from mha_jax.training import held_out
 from mha_jax.training import tasks
@@ -116,7 +116,7 @@ def run(workdir, *, text: str | None = None, batch_from_task: bool = False,
       model, batch, loss=task.loss if ablate else None,
       init_model=init_model, example=example,
       specials=task.special_tokens)
-  circuits = circuits_saved.beside(workdir, c.num_layers, c.num_heads)
+  circuits = saved_patching.beside(workdir, c.num_layers, c.num_heads)
   path = pathlib.Path(output or workdir / "explorer.html")
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(explorer.render(

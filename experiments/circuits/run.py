@@ -15,7 +15,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from experiments.circuits import saved
+from experiments import saved_patching
 from experiments.circuits import survey
 from mha_jax.interp import composition
 from mha_jax.interp import corruption
@@ -237,7 +237,7 @@ def _write_explorer(run, result, workdir, pairs):
   its table."""
   model = run.state.model()
   c = model.config
-  cols = saved.patching_columns(result, c.num_layers, c.num_heads)
+  cols = saved_patching.patching_columns(result, c.num_layers, c.num_heads)
   # The page is published beside its results.json: name that file.
   circuits = {"source": "results.json", "columns": cols} if cols else None
   clean = {k: pairs[k] for k in ("inputs", "targets", "loss_mask")}

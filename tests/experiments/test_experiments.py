@@ -509,6 +509,8 @@ def test_every_entry_point_has_an_end_to_end_test():
   helpers = {"__init__", "cli",  # cli: the flags every experiment shares
              # shared by two experiments (two_offsets, head_dim), run by them
              "offset_sweep", "offset_sweep_report",
+             # circuits writes these numbers, explore reads them back
+             "saved_patching",
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
   found = {p.stem for p in (ROOT / "experiments").iterdir()
            if p.suffix == ".py" or (p / "__main__.py").exists()} - helpers

@@ -1,11 +1,12 @@
 """The per-head patching numbers of a circuits run, as explorer columns.
 
 `experiments.circuits` measures each head's activation and attribution
-patching (`runs[<run name>]["heads"]` of its results.json); the explorer
-shows them as columns of its head table. `patching_columns` turns one
-run's measured result into those columns; `beside(run_dir, ...)` reads
-them back for a run folder of this experiment (`experiments.explore`
-uses it), so the layout is read where it is written.
+patching (`runs[<run name>]["heads"]` of its results.json) and shows
+them as columns of its explorer page's head table; `experiments.explore`
+shows the same columns for any run folder that has them. So the layout
+has two users and lives beside both, read where it is written:
+`patching_columns` turns one run's measured result into those columns,
+`beside(run_dir, ...)` reads them back for a run folder.
 """
 
 from __future__ import annotations
