@@ -16,12 +16,17 @@ Each `experiments/<name>/__main__.py` defines its flags at import with
 (`--config`, with `--config.<field>=...` overrides, `--workdir` and
 `--reuse_runs`), a `run(config, workdir, *, reuse_runs)` that measures
 and reports, and hands both to `cli.main`.
+
+An entry point that needs more devices than the machine has starts
+itself again in a child whose environment `env_with_devices` sets
+(simulated CPU devices exist only if XLA_FLAGS is set before JAX starts).
 """
 
 from __future__ import annotations
 
 import ast
 import logging
+import os
 import pathlib
 import sys
 from typing import Callable, NamedTuple
@@ -63,6 +68,17 @@ def experiment_flags(*, config: str, workdir: str) -> ExperimentFlags:
           "reuse_runs", False, "Load a finished run whose config.json "
           "matches instead of training it again (to redo only the "
           "analysis)."))
+
+
+def env_with_devices(devices: int) -> dict:
+  """The environment of a child run: CPU, with `devices` simulated ones."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  flags_ = [f for f in env.get("XLA_FLAGS", "").split()
+            if not f.startswith("--xla_force_host_platform_device_count")]
+  if devices > 1:
+    flags_.append(f"--xla_force_host_platform_device_count={devices}")
+  env["XLA_FLAGS"] = " ".join(flags_)
+  return env
 
 
 def _unknown_field(e: AttributeError, argv: list[str]) -> None:

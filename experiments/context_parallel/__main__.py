@@ -19,7 +19,6 @@ import jax
 from experiments import cli
 from experiments.context_parallel import report
 from experiments.context_parallel import run as run_lib
-from experiments.mesh_check import run as mesh_check_run
 from mha_jax.measure import report as report_lib
 
 _CONFIG = cli.config_flag("configs/context_parallel.py",
@@ -41,7 +40,7 @@ def main(argv):
     # Simulated devices exist only if XLA_FLAGS is set before JAX starts.
     os.execve(sys.executable,
               [sys.executable, "-m", "experiments.context_parallel",
-               *sys.argv[1:]], mesh_check_run.env_with_devices(need))
+               *sys.argv[1:]], cli.env_with_devices(need))
   run(_CONFIG.value, _WORKDIR.value)
 
 

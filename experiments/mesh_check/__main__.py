@@ -57,7 +57,7 @@ def main(argv):
     # The analysis needs the devices too; they exist only if XLA_FLAGS is
     # set before JAX starts, so start again with it.
     os.execve(sys.executable, [sys.executable, "-m", "experiments.mesh_check",
-                               *sys.argv[1:]], run_lib.env_with_devices(need))
+                               *sys.argv[1:]], cli.env_with_devices(need))
   # The children read the same file with the same command-line overrides.
   flag = flags.FLAGS["config"]
   config_args = [f"--config={config_flags.get_config_filename(flag)}"] + [

@@ -8,7 +8,6 @@ bytes each device holds.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import shutil
 import subprocess
@@ -18,20 +17,10 @@ import time
 import jax
 import numpy as np
 
+from experiments import cli
 from mha_jax.measure import curves
 from mha_jax.parallel import sharding
 from mha_jax.training import train
-
-
-def env_with_devices(devices: int) -> dict:
-  """The environment of a child run: CPU, with `devices` simulated ones."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  flags_ = [f for f in env.get("XLA_FLAGS", "").split()
-            if not f.startswith("--xla_force_host_platform_device_count")]
-  if devices > 1:
-    flags_.append(f"--xla_force_host_platform_device_count={devices}")
-  env["XLA_FLAGS"] = " ".join(flags_)
-  return env
 
 
 def _train(config_args, run_dir: pathlib.Path, devices: int,
@@ -40,7 +29,7 @@ def _train(config_args, run_dir: pathlib.Path, devices: int,
   cmd = [sys.executable, "-m", "experiments.train", *config_args,
          f"--workdir={run_dir}", *overrides]
   start = time.time()
-  subprocess.run(cmd, env=env_with_devices(devices), check=True)
+  subprocess.run(cmd, env=cli.env_with_devices(devices), check=True)
   shown = " ".join(cmd[1:])
   if devices > 1:
     shown = f"XLA_FLAGS=--xla_force_host_platform_device_count={devices} " \
