@@ -1,4 +1,6 @@
-"""Hook sites: read (capture) or replace (patch) any activation by name.
+"""Layer 1, hooks: read (capture) or replace (patch) any activation by
+name. The bottom layer, importing nothing of the project, so that both
+the pure core and the modules can offer hook sites.
 
 Shape letters: B batch, Tq query length, Tk key length (cache slots when
 decoding with a cache), D d_model, H query heads, K key/value heads,

@@ -1,6 +1,8 @@
-"""Layer 6, interp: what heads do. Head metrics, ablation and gradient
-importance, activation / path / attribution patching, composition scores,
-clean/corrupted pairs, a hand-wired circuit, the head survey, sweeps of
-heads, the browser explorer and its inline notebook views (`show`).
-Imports measure and below.
+"""Layer 8, interp: what heads do. Head metrics, ablation and gradient
+importance, activation / path / attribution patching and how far
+attribution stands in for activation, composition scores,
+clean/corrupted pairs, the head survey, the browser explorer and its
+inline notebook views (`show`). Imports training, parallel, models, core
+and hooks (docs/architecture.md, "The layers"); measure, beside it at the
+top, is not among them.
 """

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints in and out of mha_jax (docs/pretrained.md).
+"""Layer 4, pretrained: Hugging Face checkpoints in and out of mha_jax
+(docs/pretrained.md).
 
 `load_pretrained(path)` reads a local directory (config.json,
 model.safetensors or shards, no torch) or a GGUF file into a `DecoderLM`
@@ -6,7 +7,8 @@ or `Encoder`; `save_pretrained(model, path)` writes one back;
 `load_tokenizer(path)` reads tokenizer.json or a GGUF file's tokenizer.
 Families: gpt2, llama, mistral, qwen2, gemma2, gemma3, gpt_neox, bert.
 `real_models` finds the two GGUF models the install brings. This layer
-imports only hooks, the core and the models.
+imports only models, core and hooks (docs/architecture.md, "The
+layers"); parallel, beside it, is not among them.
 """
 
 from mha_jax.pretrained.errors import PretrainedError

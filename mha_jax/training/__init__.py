@@ -1,4 +1,4 @@
-"""Layer 4, training: synthetic and text tasks, experiment configs, the
-AdamW loop with resumable checkpoints, held-out batches. Imports parallel
-and below.
+"""Layer 6, training: synthetic and text tasks, experiment configs, the
+AdamW loop with resumable checkpoints, held-out batches. Imports parallel,
+models, core and hooks (docs/architecture.md, "The layers").
 """
