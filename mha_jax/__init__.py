@@ -9,6 +9,7 @@ from mha_jax import hooks
 from mha_jax.core.attention import attend
 from mha_jax.core.attention import masked_softmax
 from mha_jax.core.attention import scaled_dot_product_attention
+from mha_jax.core.attention_spec import AttentionSpec
 from mha_jax.core.kernels.auto import explain_auto
 from mha_jax.core.converters import from_linen_mha
 from mha_jax.core.converters import from_nnx_mha
@@ -45,7 +46,6 @@ from mha_jax.models.transformer import Encoder
 from mha_jax.models.transformer import EncoderDecoder
 from mha_jax.models.transformer import TransformerBlock
 from mha_jax.models.transformer import with_implementation
-# Importing them adds "ring" and "all_to_all" to attend's implementations.
 from mha_jax.parallel.all_to_all import all_to_all_attention
 from mha_jax.parallel.ring import ring_attention
 from mha_jax.pretrained import load_pretrained
@@ -53,6 +53,18 @@ from mha_jax.pretrained import load_tokenizer
 from mha_jax.pretrained import save_pretrained
 
 __version__ = "0.1.0"
+
+# The context-parallel paths need a mesh, so they live in `mha_jax.parallel`,
+# a layer above the core. They are wired in here, the one module that sees
+# every layer, so that `attend(implementation="ring")` and a model config
+# reach them while the core names neither. Importing any part of mha_jax
+# runs this file first, so they are always registered.
+from mha_jax.core import attention as _attention
+from mha_jax.parallel import all_to_all as _all_to_all
+from mha_jax.parallel import ring as _ring
+
+_attention.register("ring", _ring.attend_ring)
+_attention.register("all_to_all", _all_to_all.attend_all_to_all)
 
 
 def __getattr__(name):

@@ -363,12 +363,13 @@ def test_pure_function_and_module_take_the_same_hooks():
   with pytest.raises(ValueError, match="unknown hook site 'zz'"):
     mha_jax.multi_head_attention(params, x, capture=("zz",))
   # The module: a Hooks object scoped by the caller.
-  layer = mha_jax.MultiHeadAttention(D, H, num_kv_heads=K,
-                                     rngs=nnx.Rngs(params=2))
+  layer = mha_jax.MultiHeadAttention(
+      mha_jax.AttentionSpec(D, H, num_kv_heads=K, causal=True),
+      rngs=nnx.Rngs(params=2))
   h = hooks.Hooks(capture=("attn.z",)).scope("attn")
-  y_mod = layer(x, is_causal=True, hooks=h)
+  y_mod, _ = layer(x, hooks=h)
   assert h.captured["attn.z"].shape == (2, 5, H, D // H)
-  np.testing.assert_array_equal(y_mod, layer(x, is_causal=True))
+  np.testing.assert_array_equal(y_mod, layer(x)[0])
 
 
 # -------------------------------------------- indices and values of a patch

@@ -348,20 +348,56 @@ def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
 
 
 IMPLEMENTATIONS["auto"] = _attend_auto
-# Context-parallel paths (the sequence split over a mesh axis): they need a
-# mesh, so they live in `mha_jax.parallel` (a layer above), which fills
-# this table when imported (`import mha_jax` does). Same signature as
-# IMPLEMENTATIONS; the mesh is the one set by `jax.set_mesh`.
-DISTRIBUTED = {}
+# The library's default path (the pure functions, `AttentionSpec`,
+# `ModelConfig`): the reference, the seed's one head mapped over heads,
+# which every other path is tested against.
+DEFAULT_IMPLEMENTATION = "vmap"
+# The one other default, for one reason: a caller that runs a whole model
+# for its outputs at real sizes (`load_pretrained`; the experiments'
+# default config says the same) takes the faster of the two paths that
+# still form every hook site. Same numbers up to float rounding.
+RUN_IMPLEMENTATION = "einsum"
+# Paths that a layer above the core adds with `register` (the package's
+# `__init__` wires them). Same signature as IMPLEMENTATIONS.
+REGISTERED = {}
 # Implementations whose `attend` returns weights=None ("auto" may pick one)
-# and that have no `scores` / `pattern` hook sites.
-WEIGHTLESS = frozenset({"flash", "xla", "cudnn", "pallas_tpu", "auto",
-                        "ring", "all_to_all"})
+# and that have no `scores` / `pattern` hook sites; `register` adds to it.
+WEIGHTLESS = {"flash", "xla", "cudnn", "pallas_tpu", "auto"}
+
+
+def register(name: str, path, *, forms_weights: bool = False) -> None:
+  """Add the `attend` path `path` under `name`, for paths that need more
+  than the core has (a mesh): the core then dispatches to them without
+  importing or naming them. `path` takes `IMPLEMENTATIONS`' arguments;
+  unless it `forms_weights` it returns None weights and takes no hooks."""
+  if name in IMPLEMENTATIONS:
+    raise ValueError(f"register: {name!r} is one of the core's own "
+                     "implementations")
+  REGISTERED[name] = path
+  if not forms_weights:
+    WEIGHTLESS.add(name)
 
 
 def known_implementation(name) -> bool:
-  """True for a key of `IMPLEMENTATIONS` or `DISTRIBUTED`."""
-  return name in IMPLEMENTATIONS or name in DISTRIBUTED
+  """True for a key of `IMPLEMENTATIONS` or `REGISTERED`."""
+  return implementation_problem(name) is None
+
+
+def implementation_problem(name) -> str | None:
+  """The one rule for an implementation name: None for a known one, else
+  what was expected and what came (for `check_implementation` and
+  `ModelConfig`'s field error)."""
+  if name in IMPLEMENTATIONS or name in REGISTERED:
+    return None
+  return (f"unknown `implementation`={name!r}; expected one of "
+          f"{sorted(IMPLEMENTATIONS) + sorted(REGISTERED)}")
+
+
+def check_implementation(name, fn: str = "attend") -> None:
+  """Raise a ValueError naming `fn` unless `name` is a known path."""
+  problem = implementation_problem(name)
+  if problem is not None:
+    raise ValueError(f"{fn}: {problem}")
 
 
 def weightless_reason(implementation: str) -> str:
@@ -400,10 +436,7 @@ def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend",
   target = (b, h, tq, k.shape[1])
   _check_broadcast("mask", mask, target, boolean=True, fn=fn)
   _check_broadcast("bias", bias, target, boolean=False, fn=fn)
-  if not known_implementation(implementation):
-    raise ValueError(f"{fn}: unknown `implementation`={implementation!r}; "
-                     f"expected one of "
-                     f"{sorted(IMPLEMENTATIONS) + sorted(DISTRIBUTED)}")
+  check_implementation(implementation, fn)
   score_rules.check(rules, batch=b, q_len=tq, kv_len=k.shape[1],
                     num_heads=h, fn=fn)
   if implementation in ("xla", "cudnn"):
@@ -411,8 +444,9 @@ def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend",
 
 
 def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
-           implementation="vmap", dropout_rate=0.0, dropout_rng=None,
-           hooks=hooks_lib.NO_HOOKS, rules=score_rules.NO_RULES):
+           implementation=DEFAULT_IMPLEMENTATION, dropout_rate=0.0,
+           dropout_rng=None, hooks=hooks_lib.NO_HOOKS,
+           rules=score_rules.NO_RULES):
   """Stage 3 for all heads: q `[B,Tq,H,Dh]`, k `[B,Tk,K,Dh]`, v `[B,Tk,K,Dv]`.
 
   Query head i reads kv head `i // (H // K)`. `mask` (bool) and `bias`
@@ -425,8 +459,8 @@ def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
   window, segment ids, soft cap, sinks, scale, ALiBi, query positions; all
   of them on "vmap", "einsum" and "flash", what jax.nn supports natively
   on "xla"/"cudnn" (the rest is refused naming the option).
-  "ring" and "all_to_all" (`DISTRIBUTED`) split the sequence over the
-  "sequence" axis of the mesh set by `jax.set_mesh` (docs/multi_device.md).
+  Paths added with `register` run too (the package registers its
+  context-parallel ones; docs/multi_device.md).
   Returns `(out [B, Tq, H, Dv], pattern [B, H, Tq, Tk] float32)`; the
   pattern is None on the paths in `WEIGHTLESS`.
   """
@@ -444,7 +478,7 @@ def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
     shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])  # [B,H,Tq,Tk]
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, shape)
   extra = {} if implementation in WEIGHTLESS else {"hooks": hooks}
-  path = IMPLEMENTATIONS.get(implementation) or DISTRIBUTED[implementation]
+  path = IMPLEMENTATIONS.get(implementation) or REGISTERED[implementation]
   return path(
       q, k, v, mask, bias, keep, is_causal=is_causal,
       dropout_rate=dropout_rate, rules=rules, **extra)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax.core import attention
+from mha_jax.core import attention_spec
 from mha_jax import hooks as hooks_lib
 from mha_jax.core import kv_cache
 from mha_jax.core import masks as masks_lib
@@ -29,8 +30,8 @@ from mha_jax.core import params as params_lib
 from mha_jax.core import rotary
 from mha_jax.core import score_rules
 
-QK_NORMS = ("rms", "layer")
-_NORM_EPS = 1e-6  # Flax's LayerNorm/RMSNorm default
+QK_NORMS = attention_spec.QK_NORMS
+_NORM_EPS = attention_spec.NORM_EPS
 
 
 def qk_normalize(x: jax.Array, scale: jax.Array, kind: str, *,
@@ -133,14 +134,51 @@ def project_heads(params, z, hooks=hooks_lib.NO_HOOKS):
   return y + jnp.sum(result - clean, axis=2)
 
 
-def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
-                    is_causal=False, implementation="vmap",
-                    rotary_base=None, positions=None, kv_positions=None,
-                    cache=None, lengths=None, dropout_rate=0.0,
+def _layer_rules(spec, params, rules, fn="attention_layer"):
+  """The call's `ScoreRules`: the array-valued `rules` of the call
+  (segment ids; for direct use also ALiBi slopes or query positions) with
+  the spec's static rules, ALiBi's slopes and the params' sink logits."""
+  own = spec.rules()
+  for name, value in score_rules.static(own).items():
+    given = getattr(rules, name)
+    if given is not None and given != value:
+      raise ValueError(f"{fn}: `rules.{name}`={given!r} differs from the "
+                       f"spec's {value!r}; set it in the AttentionSpec")
+  rules = rules.replace(**score_rules.static(own))
+  if own.alibi_slopes is not None:
+    if rules.alibi_slopes is not None:
+      raise ValueError(f"{fn}: the spec's `alibi` gives the paper's slopes;"
+                       " pass `rules.alibi_slopes` without it")
+    rules = rules.replace(alibi_slopes=own.alibi_slopes)
+  if spec.sinks:
+    rules = rules.replace(sinks=params["sinks"])
+  return rules
+
+
+def check_spec_params(spec, params, fn="attention_layer"):
+  """Raise naming `fn` unless `params` hold the arrays `spec` describes
+  (widths, QK-norm scales, sink logits): a spec and params from two
+  layers would otherwise fail deep inside the math or silently differ."""
+  dims = params_lib.mha_dims(params)
+  want = (spec.d_model, spec.num_heads, spec.num_kv_heads, spec.head_dim)
+  got = (dims.d_model, dims.num_heads, dims.num_kv_heads, dims.head_dim)
+  if want != got:
+    raise ValueError(f"{fn}: the spec's (D, H, K, Dh)={want} do not match "
+                     f"the params' {got}")
+  for flag, names in ((spec.qk_norm is not None, ("q_norm", "k_norm")),
+                      (spec.sinks, ("sinks",))):
+    for name in names:
+      if flag != (name in params):
+        raise ValueError(f"{fn}: params {'lack' if flag else 'hold'} "
+                         f"`{name}`, which the spec "
+                         f"{'asks for' if flag else 'does not'}")
+
+
+def attention_layer(params, x_q, x_kv=None, *, spec=None, mask=None,
+                    bias=None, positions=None, kv_positions=None,
+                    cache=None, lengths=None, deterministic=True,
                     dropout_rng=None, hooks=hooks_lib.NO_HOOKS,
-                    rules=score_rules.NO_RULES, qk_norm="rms",
-                    qk_norm_eps=_NORM_EPS, qk_norm_offset=0.0,
-                    rotary_dim=None, rotary_scaling=None):
+                    rules=score_rules.NO_RULES):
   """Every attention call, cached or not, rotary or not: one sequence.
 
   project q, k, v (stages 1-2) -> [QK-norm] -> rotate q and k (the one
@@ -152,48 +190,51 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
   Args:
     params: one layer's dict (`init_mha_params`).
     x_q: `[B, Tq, D]`; x_kv: `[B, Tk, D]` or None (self-attention).
-    mask, bias, is_causal, implementation, dropout_rate, dropout_rng: as
-      in `multi_head_attention`. With a cache, `mask` broadcasts to the
-      slots `[B, H, Tq, S]` and causality is always by true position.
-    rotary_base: rotate q and k by their positions (RoPE) when not None;
-      rotary_dim, rotary_scaling: as in `rotary.apply_rotary`.
+    spec: the layer's `AttentionSpec` (None: `AttentionSpec.of_params`,
+      the plain layer of `params`): path, causality, dropout rate, score
+      rules, QK-norm, rotary positions.
+    mask, bias: as in `multi_head_attention`. With a cache, `mask`
+      broadcasts to the slots `[B, H, Tq, S]` and causality is always by
+      true position.
     positions: `[B, Tq]` or `[Tq]` positions of the queries (default
       0..Tq-1, or `length[b] + t` with a cache); kv_positions: those of
       the keys (default: `positions` for self-attention, else 0..Tk-1).
     cache: this layer's `KVCache` (self-attention only); lengths: `[B]`
       real new tokens per row (see `kv_cache.update`).
+    deterministic, dropout_rng: dropout at `spec.dropout_rate` runs only
+      when `deterministic` is False (and then needs `dropout_rng`).
     hooks: a `mha_jax.hooks.Hooks` view scoped to this layer.
-    rules: `score_rules.ScoreRules` (window, segments, soft cap, scale,
-      ALiBi); `params["sinks"]`, when present, are the heads' sink logits.
-      With a cache the window and ALiBi use the tokens' true positions;
-      segment ids are refused (a cache row holds one sequence).
-    qk_norm: the kind of QK-norm ("rms" or "layer") applied when `params`
-      hold `q_norm`/`k_norm` scales; qk_norm_eps, qk_norm_offset: its
-      epsilon and the offset added to the scales (`qk_normalize`).
+    rules: the call's array-valued `ScoreRules` (segment ids; custom ALiBi
+      slopes); the static ones are the spec's. With a cache the window
+      and ALiBi use the tokens' true positions; segment ids are refused
+      (a cache row holds one sequence).
 
   Returns:
     `(y [B, Tq, D], new cache or None)`. Rows of a sequence that ran past
     the cache are NaN, so an ignored overflow cannot go unnoticed.
   """
+  if spec is None:
+    spec = attention_spec.AttentionSpec.of_params(params)
+  check_spec_params(spec, params)
+  rules = _layer_rules(spec, params, rules)
   q, k, v = project_qkv(params, x_q, x_kv)  # [B,Tq,H,Dh], [B,Tk,K,D*]
-  if "q_norm" in params:
-    norm = dict(eps=qk_norm_eps, offset=qk_norm_offset)
-    q = qk_normalize(q, params["q_norm"], qk_norm, **norm)
-    k = qk_normalize(k, params["k_norm"], qk_norm, **norm)
-  if "sinks" in params:
-    rules = rules.replace(sinks=params["sinks"])
+  if spec.qk_norm is not None:
+    norm = dict(eps=spec.qk_norm_eps, offset=spec.qk_norm_offset)
+    q = qk_normalize(q, params["q_norm"], spec.qk_norm, **norm)
+    k = qk_normalize(k, params["k_norm"], spec.qk_norm, **norm)
   if cache is not None and positions is None:
     positions = kv_cache.positions(cache, q.shape[1])
-  if rotary_base is not None:
+  if spec.rotary_base is not None:
     if positions is None:
       positions = jnp.arange(q.shape[1])
     if kv_positions is None:
       kv_positions = positions if x_kv is None else jnp.arange(k.shape[1])
-    rope = dict(base=rotary_base, rotary_dim=rotary_dim,
-                scaling=rotary_scaling)
+    rope = dict(base=spec.rotary_base, rotary_dim=spec.rotary_dim,
+                scaling=spec.rotary_scaling)
     q = rotary.apply_rotary(q, positions, **rope)
     k = rotary.apply_rotary(k, kv_positions, **rope)
   q, k, v = hooks("q", q), hooks("k", k), hooks("v", v)
+  is_causal = spec.causal
   if cache is not None:
     if rules.segments:
       raise ValueError("attention_layer: segment ids do not apply with a "
@@ -209,7 +250,8 @@ def attention_layer(params, x_q, x_kv=None, *, mask=None, bias=None,
     is_causal = False
   z, _ = attention.attend(  # stage 3: [B, Tq, H, Dv]
       q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-      implementation=implementation, dropout_rate=dropout_rate,
+      implementation=spec.implementation,
+      dropout_rate=0.0 if deterministic else spec.dropout_rate,
       dropout_rng=dropout_rng, hooks=hooks, rules=rules)
   y = project_heads(params, hooks("z", z), hooks)  # stages 4-5
   if cache is not None:
@@ -284,7 +326,8 @@ def site_names(implementation, prefix=""):
 
 
 def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
-                         is_causal=False, implementation="vmap",
+                         is_causal=False,
+                         implementation=attention.DEFAULT_IMPLEMENTATION,
                          return_weights=False, head_mask=None,
                          dropout_rate=0.0, dropout_rng=None, capture=(),
                          patch=None, rules=score_rules.NO_RULES,
@@ -339,10 +382,15 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
   attention.check_attend_inputs(
       q, k, v, mask, bias, implementation, fn="multi_head_attention",
       rules=rules.replace(sinks=params.get("sinks")))
+  # The keywords become the layer's spec (the static score rules with
+  # them); the arrays of `rules` travel with the call.
+  spec = attention_spec.AttentionSpec.of_params(
+      params, implementation=implementation, causal=is_causal,
+      dropout_rate=dropout_rate, qk_norm=qk_norm,
+      **score_rules.static(rules))
   y, _ = attention_layer(
-      params, x_q, x_kv, mask=mask, bias=bias, is_causal=is_causal,
-      implementation=implementation, dropout_rate=dropout_rate,
-      dropout_rng=dropout_rng, hooks=hooks, rules=rules, qk_norm=qk_norm)
+      params, x_q, x_kv, spec=spec, mask=mask, bias=bias,
+      deterministic=False, dropout_rng=dropout_rng, hooks=hooks, rules=rules)
   captured = dict(hooks.captured)
   if unbatched:
     y = y[0]
@@ -356,15 +404,15 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
 
 
 def cached_attention(params, x, cache, *, lengths=None, rotary_base=None,
-                     implementation="einsum", rules=score_rules.NO_RULES,
-                     qk_norm="rms"):
+                     implementation=attention.DEFAULT_IMPLEMENTATION,
+                     rules=score_rules.NO_RULES, qk_norm="rms"):
   """Causal self-attention of new tokens `x [B, T, D]` over a `KVCache`.
 
-  The pure form of what `MultiHeadAttention(..., cache=)` runs. Token t of
-  row b goes to slot `cache.length[b] + t`, which is also its position for
-  `rotary_base`; `lengths [B]` (None: all T) counts each row's real new
-  tokens (the rest is right padding, never written; its output is 0
-  before the output projection). `rules`, `qk_norm`: as in
+  The pure form of what `MultiHeadAttention(...)(x, cache=)` runs. Token
+  t of row b goes to slot `cache.length[b] + t`, which is also its
+  position for `rotary_base`; `lengths [B]` (None: all T) counts each
+  row's real new tokens (the rest is right padding, never written; its
+  output is 0 before the output projection). `rules`, `qk_norm`: as in
   `multi_head_attention` (no segment ids: a cache row is one sequence).
 
   Returns `(y [B, T, D], new_cache, CacheStatus)`; rows of a sequence that
@@ -372,8 +420,9 @@ def cached_attention(params, x, cache, *, lengths=None, rotary_base=None,
   """
   dims = params_lib.mha_dims(params)
   kv_cache.check_cache(cache, x, dims, lengths, "cached_attention")
-  y, cache = attention_layer(params, x, cache=cache, lengths=lengths,
-                             is_causal=True, rotary_base=rotary_base,
-                             implementation=implementation, rules=rules,
-                             qk_norm=qk_norm)
+  spec = attention_spec.AttentionSpec.of_params(
+      params, implementation=implementation, causal=True,
+      rotary_base=rotary_base, qk_norm=qk_norm, **score_rules.static(rules))
+  y, cache = attention_layer(params, x, spec=spec, cache=cache,
+                             lengths=lengths, rules=rules)
   return y, cache, kv_cache.status(cache)

@@ -94,6 +94,14 @@ class ScoreRules:
 NO_RULES = ScoreRules()
 
 
+def static(rules: ScoreRules) -> dict:
+  """The static options of `rules` (those compiled into the program) by
+  name: what a layer's `AttentionSpec` holds, so that code moving them
+  between the two never lists them."""
+  return {f.name: getattr(rules, f.name) for f in dataclasses.fields(rules)
+          if f.metadata.get("static")}
+
+
 def _fail(fn, exc, message):
   raise exc(f"{fn}: {message}")
 

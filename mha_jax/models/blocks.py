@@ -144,8 +144,9 @@ class TransformerBlock(nnx.Module):
 
   `config.attention_only` drops the MLP (as in circuit studies of induction
   heads); `cross_attention=True` adds attention over an encoder output
-  (pre-LN blocks only). `layer` picks this block's sliding window
-  (`config.window_of`) and rotary base (`config.rotary_of`). Hook sites,
+  (pre-LN blocks only). `layer` picks this block's sliding window and
+  rotary base, `causal` makes its self-attention causal (a decoder's):
+  both through `config.attention_spec`. Hook sites,
   all `[B, T, D]`: `resid_pre`, `attn_out` (what the attention adds to the
   stream: after b_o, and after the post-norm of a sandwich block),
   `cross_out` (with cross-attention),
@@ -155,29 +156,13 @@ class TransformerBlock(nnx.Module):
   """
 
   def __init__(self, config: ModelConfig, *, cross_attention: bool = False,
-               layer: int = 0, rngs: nnx.Rngs):
+               layer: int = 0, causal: bool = False, rngs: nnx.Rngs):
     common = common_args(config, rngs)
-    # QK-norm is the model's own norm applied per head: same eps and (1 + w).
-    attn_kwargs = dict(
-        num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-        use_bias=config.use_bias, out_bias=config.has_out_bias,
-        dropout_rate=config.dropout_rate,
-        implementation=config.implementation, soft_cap=config.logit_soft_cap,
-        scale=config.attn_scale, sinks=config.attention_sinks,
-        qk_norm=config.qk_norm, qk_norm_eps=config.norm_eps,
-        qk_norm_offset=config.norm_offset, **common)
-    # Gemma 3's local layers rotate with their own base (`rotary_of`); the
-    # module keeps it, so cached decoding rotates the same way.
-    rotary_base, rotary_scaling = config.rotary_of(layer)
     self.placement = config.norm_placement
     self.parallel = config.parallel_block
     self.ln_attn = make_norm(config, rngs)
     self.attn = modules.MultiHeadAttention(
-        config.d_model, config.num_heads,
-        rotary=config.positions == "rotary", rotary_base=rotary_base,
-        rotary_dim=config.rotary_dim, rotary_scaling=rotary_scaling,
-        alibi=config.positions == "alibi",
-        local_window=config.window_of(layer), **attn_kwargs)
+        config.attention_spec(layer, causal=causal), **common)
     if self.placement == "sandwich":
       self.ln_attn_post = make_norm(config, rngs)
     self.cross_attention = cross_attention
@@ -188,11 +173,8 @@ class TransformerBlock(nnx.Module):
                          f"{self.placement!r}, parallel_block="
                          f"{self.parallel}")
       self.ln_cross = nnx.LayerNorm(config.d_model, **common)
-      # Cross-attention queries and keys live in different sequences, so
-      # rotating them by their own positions (or windowing or ALiBi by
-      # them) would be meaningless.
       self.cross = modules.MultiHeadAttention(
-          config.d_model, config.num_heads, rotary=False, **attn_kwargs)
+          config.attention_spec(layer, cross=True), **common)
     self.attention_only = config.attention_only
     if not config.attention_only:
       self.ln_mlp = make_norm(config, rngs)
@@ -219,7 +201,8 @@ class TransformerBlock(nnx.Module):
     """`(valid, unavailable)` hook names of this block under `prefix`, in
     the order the call reaches them."""
     def attn_sites(name, attn):
-      return multi_head.site_names(attn.implementation, f"{prefix}{name}.")
+      return multi_head.site_names(attn.spec.implementation,
+                                   f"{prefix}{name}.")
 
     parts = [([f"{prefix}resid_pre"], {}), attn_sites("attn", self.attn),
              ([f"{prefix}attn_out"], {})]
@@ -231,8 +214,8 @@ class TransformerBlock(nnx.Module):
     parts.append(([f"{prefix}resid_post"], {}))
     return merge_site_names(parts)
 
-  def __call__(self, x, *, positions=None, mask=None, is_causal=False,
-               context=None, context_mask=None, cache=None, lengths=None,
+  def __call__(self, x, *, positions=None, mask=None, context=None,
+               context_mask=None, cache=None, lengths=None,
                hooks=hooks_lib.NO_HOOKS, deterministic=True,
                dropout_rng=None, segment_ids=None):
     """`x [B,T,D]` -> `(y [B,T,D], new cache or None)`; `segment_ids
@@ -241,12 +224,11 @@ class TransformerBlock(nnx.Module):
            else jax.random.fold_in(dropout_rng, i))
     post = self.placement == "post"
     x = hooks("resid_pre", x)
-    out = self.attn(
-        x if post else self.ln_attn(x), mask=mask, is_causal=is_causal,
-        positions=positions, cache=cache, lengths=lengths,
-        hooks=hooks.scope("attn"), deterministic=deterministic,
-        dropout_rng=rng(0), segment_ids=segment_ids)
-    y, cache = out if cache is not None else (out, None)
+    y, cache = self.attn(
+        x if post else self.ln_attn(x), mask=mask, positions=positions,
+        cache=cache, lengths=lengths, hooks=hooks.scope("attn"),
+        deterministic=deterministic, dropout_rng=rng(0),
+        segment_ids=segment_ids)
     if self.placement == "sandwich":
       y = self.ln_attn_post(y)
     if self.parallel:  # both sublayers read the block's input
@@ -260,7 +242,7 @@ class TransformerBlock(nnx.Module):
       if context is None:
         raise ValueError("TransformerBlock: a cross-attention block needs "
                          "`context` [B, S, D]")
-      y = self.cross(self.ln_cross(x), context, mask=context_mask,
+      y, _ = self.cross(self.ln_cross(x), context, mask=context_mask,
                      hooks=hooks.scope("cross"),
                      deterministic=deterministic, dropout_rng=rng(1))
       x = x + hooks("cross_out", y)

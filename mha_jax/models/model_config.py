@@ -19,6 +19,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from mha_jax.core import attention
+from mha_jax.core.attention_spec import AttentionSpec
 
 POSITIONS = ("learned", "sinusoidal", "rotary", "alibi", "none")
 NORMS = ("layer", "rms")
@@ -61,7 +62,8 @@ class ModelConfig:
   final_ln: bool = True  # LayerNorm before the readout (decoder)
   use_bias: bool = False  # biases on the attention projections
   dropout_rate: float = 0.0  # attention-weight dropout when training
-  implementation: str = "vmap"  # key of attention.IMPLEMENTATIONS
+  # a key of attention.IMPLEMENTATIONS (or a registered path)
+  implementation: str = attention.DEFAULT_IMPLEMENTATION
   # Attention variants (mha_jax.core.score_rules); "alibi" is a `positions`.
   local_window: tuple[int, int] | None = None  # (left, right) sliding window
   logit_soft_cap: float | None = None  # c: scores -> c tanh(s / c)
@@ -132,10 +134,8 @@ class ModelConfig:
          f"must be > 0, got {self.rotary_base}")
     need(0.0 <= self.dropout_rate < 1.0, "dropout_rate",
          f"must be in [0, 1), got {self.dropout_rate}")
-    need(attention.known_implementation(self.implementation), "implementation",
-         f"expected one of {sorted(attention.IMPLEMENTATIONS)} or "
-         f"{sorted(attention.DISTRIBUTED)}, got "
-         f"{self.implementation!r}")
+    problem = attention.implementation_problem(self.implementation)
+    need(problem is None, "implementation", problem)
     if self.local_window is not None:
       w = self.local_window
       need(isinstance(w, tuple) and len(w) == 2 and all(
@@ -258,6 +258,33 @@ class ModelConfig:
         self.window_of(layer) is not None):
       return self.local_rotary_base, None
     return self.rotary_base, self.rotary_scaling
+
+  def attention_spec(self, layer: int = 0, *, causal: bool = False,
+                     cross: bool = False) -> AttentionSpec:
+    """Layer `layer`'s `AttentionSpec`: the one place where the config's
+    attention fields become a layer's options. `causal`: a decoder's
+    self-attention. `cross`: cross-attention, whose queries and keys live
+    in different sequences, so rotating, windowing or ALiBi by their
+    positions would be meaningless; it takes none of them. QK-norm is the
+    model's own norm applied per head: same eps and (offset + w)."""
+    positional = not cross
+    rotary = positional and self.positions == "rotary"
+    base, scaling = self.rotary_of(layer)
+    return AttentionSpec(
+        d_model=self.d_model, num_heads=self.num_heads,
+        num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+        use_bias=self.use_bias, out_bias=self.has_out_bias,
+        implementation=self.implementation, causal=causal,
+        dropout_rate=self.dropout_rate,
+        local_window=self.window_of(layer) if positional else None,
+        soft_cap=self.logit_soft_cap, scale=self.attn_scale,
+        sinks=self.attention_sinks,
+        alibi=positional and self.positions == "alibi",
+        qk_norm=self.qk_norm, qk_norm_eps=self.norm_eps,
+        qk_norm_offset=self.norm_offset,
+        rotary_base=base if rotary else None,
+        rotary_dim=self.rotary_dim if rotary else None,
+        rotary_scaling=scaling if rotary else None)
 
   @property
   def has_out_bias(self) -> bool:

@@ -99,7 +99,7 @@ def _make_hooks(model, capture, patch, head_masks, weight_sites):
 
 
 def _make_blocks(config, rngs, **kwargs):
-  """The L blocks, each told its layer (for `config.layer_windows`)."""
+  """The L blocks, each told its layer (for `config.attention_spec`)."""
   return nnx.List([blocks_lib.TransformerBlock(config, layer=l, rngs=rngs,
                                                **kwargs)
                    for l in range(config.num_layers)])
@@ -154,7 +154,7 @@ class DecoderLM(_HookNames, nnx.Module):
     common = blocks_lib.common_args(config, rngs)
     self.config = config
     self.embed = blocks_lib.Embedder(config, rngs=rngs)
-    self.blocks = _make_blocks(config, rngs)
+    self.blocks = _make_blocks(config, rngs, causal=True)
     self.final_ln = (blocks_lib.make_norm(config, rngs)
                      if config.final_ln else None)
     # A tied readout reuses the token embedding (`embed.embed.attend`).
@@ -221,7 +221,7 @@ class DecoderLM(_HookNames, nnx.Module):
     x = self.embed(inputs, table_positions)
     x, new_cache = _run_blocks(
         self.blocks, x, hooks, positions=positions, mask=mask,
-        is_causal=True, cache=cache, lengths=lengths,
+        cache=cache, lengths=lengths,
         deterministic=deterministic, dropout_rng=dropout_rng,
         segment_ids=segment_ids)
     if self.final_ln is not None:
@@ -304,7 +304,8 @@ class Decoder(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     common = blocks_lib.common_args(config, rngs)
     self.embed = blocks_lib.Embedder(config, rngs=rngs)
-    self.blocks = _make_blocks(config, rngs, cross_attention=True)
+    self.blocks = _make_blocks(config, rngs, cross_attention=True,
+                               causal=True)
     self.final_ln = nnx.LayerNorm(config.d_model, **common)
     self.readout = nnx.Linear(config.d_model, config.out_features, **common)
 
@@ -314,8 +315,8 @@ class Decoder(nnx.Module):
     tgt_valid = (tgt != PAD_ID)[:, None, None, :]  # [B, 1, 1, T]
     x = self.embed(tgt, positions)
     x, _ = _run_blocks(
-        self.blocks, x, hooks, positions=positions, is_causal=True,
-        mask=tgt_valid, context=context, context_mask=context_mask,
+        self.blocks, x, hooks, positions=positions, mask=tgt_valid,
+        context=context, context_mask=context_mask,
         deterministic=deterministic, dropout_rng=dropout_rng)
     return self.readout(self.final_ln(x))
 

@@ -29,7 +29,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from mha_jax.core import attention
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
 from mha_jax.parallel import context
@@ -109,12 +108,10 @@ def all_to_all_attention(q, k, v, *, mask=None, is_causal=False,
 
 def attend_all_to_all(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                       rules=score_rules.NO_RULES):
-  """`attention.DISTRIBUTED["all_to_all"]`, on the mesh of `jax.set_mesh`."""
+  """The `attend` path "all_to_all" (registered by `mha_jax/__init__.py`),
+  on the mesh of `jax.set_mesh`."""
   del dropout_rate
   context.refuse_unsupported(bias=bias, rules=rules, keep=keep,
                              fn="attend(implementation='all_to_all')")
   return all_to_all_attention(q, k, v, mask=mask, is_causal=is_causal,
                               rules=rules), None
-
-
-attention.DISTRIBUTED["all_to_all"] = attend_all_to_all

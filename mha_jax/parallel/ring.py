@@ -38,7 +38,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from mha_jax.core import attention
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
 from mha_jax.parallel import context
@@ -331,13 +330,11 @@ def ring_attention(q, k, v, *, mask=None, is_causal=False,
 
 def attend_ring(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                 rules=score_rules.NO_RULES):
-  """`attention.DISTRIBUTED["ring"]`: on the mesh of `jax.set_mesh`, with
-  the contiguous layout (a model's tokens arrive in natural order)."""
+  """The `attend` path "ring" (registered by `mha_jax/__init__.py`): on the
+  mesh of `jax.set_mesh`, with the contiguous layout (a model's tokens
+  arrive in natural order)."""
   del dropout_rate
   context.refuse_unsupported(bias=bias, rules=rules, keep=keep,
                              fn="attend(implementation='ring')")
   return ring_attention(q, k, v, mask=mask, is_causal=is_causal,
                         rules=rules), None
-
-
-attention.DISTRIBUTED["ring"] = attend_ring

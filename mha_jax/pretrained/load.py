@@ -19,6 +19,7 @@ import pathlib
 import jax.numpy as jnp
 from flax import nnx
 
+from mha_jax.core import attention
 from mha_jax.models import transformer
 from mha_jax.models.model_config import ModelConfig
 from mha_jax.models.model_config import ModelConfigError
@@ -118,7 +119,8 @@ def load_config(path, **overrides) -> ModelConfig:
   return config_from_fields(source.fields, source.where, **overrides)[1]
 
 
-def load_pretrained(path, *, implementation: str = "einsum",
+def load_pretrained(path, *,
+                    implementation: str = attention.RUN_IMPLEMENTATION,
                     param_dtype=jnp.float32, dtype=None):
   """A `DecoderLM` (GPT-2, Llama, Mistral, Qwen2, Gemma 2, Gemma 3,
   GPT-NeoX) or `Encoder` (BERT) with the weights of a local checkpoint.
@@ -130,8 +132,9 @@ def load_pretrained(path, *, implementation: str = "einsum",
       dequantized to float32 (`gguf.quants`) and then cast to
       `param_dtype`.
     implementation: the attention path (a key of
-      `attention.IMPLEMENTATIONS`); "einsum" and "vmap" form every hook
-      site, "flash" is the fastest on long inputs.
+      `attention.IMPLEMENTATIONS`); "einsum" (`attention.RUN_IMPLEMENTATION`,
+      the default of runs at real sizes) and "vmap" form every hook site,
+      "flash" is the fastest on long inputs.
     param_dtype: the parameters' dtype (the checkpoint's values are cast
       with rounding to nearest even: bf16 -> float32 is exact).
     dtype: the compute dtype (None: `param_dtype`).

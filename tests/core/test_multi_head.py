@@ -230,14 +230,15 @@ def test_works_under_vmap_and_matches_the_batched_call():
 
 
 def test_attention_layer_is_bidirectional_unless_asked():
-  """Called without `is_causal`, the one attention path looks both ways:
-  the first token's output changes when the last token does."""
+  """Without a causal spec, the one attention path looks both ways: the
+  first token's output changes when the last token does."""
   params = mha_jax.init_mha_params(jax.random.PRNGKey(0), 8, 2)
   x = jax.random.normal(jax.random.PRNGKey(1), (1, 5, 8))
   y = multi_head.attention_layer(params, x)[0]
   y2 = multi_head.attention_layer(params, x.at[:, -1].add(1.0))[0]
   assert float(jnp.max(jnp.abs(y2[:, 0] - y[:, 0]))) > 1e-3
+  causal = mha_jax.AttentionSpec.of_params(params, causal=True)
   y3 = multi_head.attention_layer(params, x.at[:, -1].add(1.0),
-                                  is_causal=True)[0]
-  y4 = multi_head.attention_layer(params, x, is_causal=True)[0]
+                                  spec=causal)[0]
+  y4 = multi_head.attention_layer(params, x, spec=causal)[0]
   np.testing.assert_array_equal(y3[:, 0], y4[:, 0])

@@ -18,7 +18,7 @@ from mha_jax.core import converters
 from mha_jax.core.kernels import flash
 from mha_jax import hooks as hooks_lib
 from mha_jax.models import model_config
-from mha_jax.models import modules
+from mha_jax.core.attention_spec import AttentionSpec
 from mha_jax.core import multi_head
 from mha_jax.core import score_rules
 from mha_jax.models import transformer
@@ -411,15 +411,15 @@ def test_segment_ids_through_the_model_keep_packed_sequences_apart():
     model(packed, segment_ids=seg, cache=model.init_cache(1))
 
 
-def test_module_options_fail_at_construction():
+def test_spec_options_fail_at_construction():
   with pytest.raises(ValueError, match="qk_norm"):
-    modules.MultiHeadAttention(8, 2, qk_norm="batch", rngs=nnx.Rngs(0))
+    AttentionSpec(8, 2, qk_norm="batch")
   with pytest.raises(ValueError, match="local_window"):
-    modules.MultiHeadAttention(8, 2, local_window=(2, -1), rngs=nnx.Rngs(0))
+    AttentionSpec(8, 2, local_window=(2, -1))
   with pytest.raises(ValueError, match="soft_cap"):
-    modules.MultiHeadAttention(8, 2, soft_cap=0, rngs=nnx.Rngs(0))
+    AttentionSpec(8, 2, soft_cap=0)
   with pytest.raises(ValueError, match="power of two"):
-    modules.MultiHeadAttention(12, 3, alibi=True, rngs=nnx.Rngs(0))
+    AttentionSpec(12, 3, alibi=True)
   with pytest.raises(model_config.ModelConfigError, match="implementation"):
     model_config.ModelConfig(vocab_size=5, d_model=8, num_layers=1,
                              num_heads=2, max_len=8, implementation="xla",

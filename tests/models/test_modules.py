@@ -18,9 +18,18 @@ def _x(seed, b=2, t=5, d=D):
   return jax.random.normal(jax.random.key(seed), (b, t, d), jnp.float32)
 
 
-def _module(**kw):
-  kw.setdefault("rngs", nnx.Rngs(params=0))
-  return modules.MultiHeadAttention(D, H, **kw)
+def _module(*, dtype=None, param_dtype=jnp.float32, **spec):
+  """A module of width D with H heads; `spec`: the rest of its spec."""
+  return modules.MultiHeadAttention(
+      mha_jax.AttentionSpec(D, H, **spec), dtype=dtype,
+      param_dtype=param_dtype, rngs=nnx.Rngs(params=0))
+
+
+def _weights(m, x, **kw):
+  """`(y, pattern)`: the module's output and its captured weights."""
+  hooks = mha_jax.Hooks(capture=("pattern",))
+  y, _ = m(x, hooks=hooks, **kw)
+  return y, hooks.read("pattern")
 
 
 class ModuleMatchesCoreTest(parameterized.TestCase):
@@ -40,7 +49,7 @@ class ModuleMatchesCoreTest(parameterized.TestCase):
 
     @self.variant
     def both(x, ctx):
-      got = m(x, ctx, mask=mask, head_mask=head_mask)
+      got, _ = m(x, ctx, mask=mask, head_mask=head_mask)
       want = mha_jax.multi_head_attention(
           params, x, ctx, mask=mask, head_mask=head_mask,
           implementation=impl)
@@ -62,13 +71,14 @@ class ModuleMatchesCoreTest(parameterized.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters(False, True)
   def test_capturing_weights_changes_nothing(self, rotary):
-    m = _module(num_kv_heads=2, rotary=rotary)
+    m = _module(num_kv_heads=2, causal=True,
+                rotary_base=10000.0 if rotary else None)
     x = _x(4)
 
     @self.variant
     def run(x):
-      plain = m(x, is_causal=True)
-      y, w = m(x, is_causal=True, return_weights=True)
+      plain, _ = m(x)
+      y, w = _weights(m, x)
       return plain, y, w
 
     plain, y, w = run(x)
@@ -110,19 +120,19 @@ def _reference_rotary_attention(params, x, positions):
 class RotaryTest(parameterized.TestCase):
 
   def test_matches_independent_reference(self):
-    m = _module(rotary=True)
+    m = _module(rotary_base=10000.0, causal=True)
     x = _x(5, t=6)
     positions = np.array([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])
-    got = m(x, is_causal=True, positions=jnp.asarray(positions))
+    got, _ = m(x, positions=jnp.asarray(positions))
     want = _reference_rotary_attention(m.core_params(), x, positions)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
   def test_weights_depend_only_on_relative_offset(self):
-    m = _module(rotary=True)
+    m = _module(rotary_base=10000.0, causal=True)
     x = _x(6, b=1, t=6)
     pos = jnp.arange(6)[None]
-    _, w0 = m(x, is_causal=True, positions=pos, return_weights=True)
-    _, w1 = m(x, is_causal=True, positions=pos + 37, return_weights=True)
+    _, w0 = _weights(m, x, positions=pos)
+    _, w1 = _weights(m, x, positions=pos + 37)
     np.testing.assert_allclose(w0, w1, atol=1e-5)
 
 
@@ -132,9 +142,9 @@ class OptionsTest(parameterized.TestCase):
     m = _module(dropout_rate=0.5)
     x = _x(7)
     key = jax.random.key(0)
-    base = m(x)
-    np.testing.assert_array_equal(m(x, dropout_rng=key), base)
-    dropped = m(x, deterministic=False, dropout_rng=key)
+    base, _ = m(x)
+    np.testing.assert_array_equal(m(x, dropout_rng=key)[0], base)
+    dropped, _ = m(x, deterministic=False, dropout_rng=key)
     self.assertGreater(float(jnp.max(jnp.abs(dropped - base))), 1e-3)
     with pytest.raises(ValueError, match="dropout_rng"):
       m(x, deterministic=False)
@@ -142,7 +152,7 @@ class OptionsTest(parameterized.TestCase):
   def test_compute_and_param_dtypes(self):
     m = _module(dtype=jnp.bfloat16, param_dtype=jnp.float32)
     self.assertEqual(m.w_q[...].dtype, jnp.float32)
-    y, w = m(_x(8), return_weights=True)
+    y, w = _weights(m, _x(8))
     self.assertEqual(y.dtype, jnp.bfloat16)
     ref = mha_jax.multi_head_attention(
         {k: v.astype(jnp.float32) for k, v in m.core_params().items()},
@@ -156,4 +166,4 @@ class OptionsTest(parameterized.TestCase):
     with pytest.raises(ValueError, match="dropout_rate"):
       _module(dropout_rate=1.0)
     with pytest.raises(ValueError, match="head_dim"):
-      _module(head_dim=5, rotary=True)
+      _module(head_dim=5, rotary_base=10000.0)

@@ -179,12 +179,14 @@ def test_new_models_qk_norm_starts_as_the_identity_whatever_the_offset():
       positions="rotary", norm="rms", norm_offset=1.0, norm_eps=1e-2,
       qk_norm="rms")
   block = nnx.eval_shape(lambda: blocks.TransformerBlock(c, rngs=nnx.Rngs(0)))
-  assert (block.attn.qk_norm_eps, block.attn.qk_norm_offset) == (1e-2, 1.0)
+  spec = block.attn.spec
+  assert (spec.qk_norm_eps, spec.qk_norm_offset) == (1e-2, 1.0)
 
   @jax.jit
   def start(x):
-    attn = modules.MultiHeadAttention(32, 4, qk_norm="rms", qk_norm_offset=1.0,
-                                      rngs=nnx.Rngs(0))
+    attn = modules.MultiHeadAttention(
+        mha_jax.AttentionSpec(32, 4, qk_norm="rms", qk_norm_offset=1.0),
+        rngs=nnx.Rngs(0))
     w = attn.q_norm[...]
     return (w, attn.k_norm[...],
             multi_head.qk_normalize(x, w, "rms", offset=1.0),

@@ -88,7 +88,7 @@ class _Extras(NamedTuple):
   k_start: jax.Array | None = None
 
 
-# The names context parallelism (`mha_jax.parallel.ring`) builds on.
+# The names context parallelism (a layer above) builds on.
 BlockConfig, Extras = _Config, _Extras
 
 
