@@ -221,14 +221,35 @@ def unpermute_qk(w: np.ndarray, heads: int) -> np.ndarray:
   return np.swapaxes(x, 1, 2).reshape(w.shape)  # row half * Dh/2 + i
 
 
+# Rows dequantized at a time: the package's NumPy code makes several
+# float32 temporaries of its input's size, so a whole embedding (Gemma 3's
+# is 671 MB as float32) at once would hold about three copies.
+_CHUNK_BYTES = 16 << 20
+
+
+def dequantize(data: np.ndarray, qtype) -> np.ndarray:
+  """`gguf.quants.dequantize` of a tensor's raw data (rows on the first
+  axis), a block of rows at a time into one float32 array, so the peak
+  is that array plus one block's temporaries."""
+  if data.ndim < 2 or data.nbytes <= _CHUNK_BYTES:
+    return np.array(quants.dequantize(data, qtype), np.float32)
+  rows = max(1, _CHUNK_BYTES // (data.nbytes // data.shape[0]))
+  first = quants.dequantize(data[:rows], qtype)
+  out = np.empty((data.shape[0],) + first.shape[1:], np.float32)
+  out[:rows] = first
+  for start in range(rows, data.shape[0], rows):
+    out[start:start + rows] = quants.dequantize(data[start:start + rows],
+                                                qtype)
+  return out
+
+
 def read_tensor(reader: gguf.GGUFReader, info: GGUFTensor, arch: str,
                 config) -> np.ndarray:
   """One tensor, dequantized to float32 in the Hugging Face layout (the
   conversions of the module docstring undone)."""
   t = reader.tensors[info.index]
   spec = ARCHITECTURES[arch]
-  x = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float32)
-  x = x.reshape(info.shape)
+  x = dequantize(t.data, t.tensor_type).reshape(info.shape)
   if spec.permute_qk and info.name.endswith(("attn_q.weight",
                                              "attn_q.bias")):
     x = unpermute_qk(x, config.num_heads)

@@ -200,3 +200,17 @@ def test_integer_tensor_type(tiny, tmp_path):
   path = _rewrite(tiny.directory / "q.gguf", tmp_path / "i.gguf",
                   retype="blk.0.attn_norm.weight")
   _fails(path, "blk.0.attn_norm.weight", "I32", "gguf.quants")
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q5_0", "F16", "F32"])
+def test_dequantizing_by_blocks_of_rows_equals_the_whole_call(qtype,
+                                                              monkeypatch):
+  from mha_jax.pretrained import gguf_files  # pylint: disable=import-outside-toplevel
+  q = gguf.GGMLQuantizationType[qtype]
+  w = np.random.default_rng(0).standard_normal((1000, 64)).astype(np.float32)
+  data = (w.astype(np.float16) if qtype == "F16" else w if qtype == "F32"
+          else gguf.quants.quantize(w, q))
+  monkeypatch.setattr(gguf_files, "_CHUNK_BYTES", 1000)  # 3 to 15 rows
+  got = gguf_files.dequantize(data, q)
+  np.testing.assert_array_equal(got, gguf.quants.dequantize(data, q))
+  assert got.dtype == np.float32 and got.flags.writeable
