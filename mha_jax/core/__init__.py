@@ -1,4 +1,4 @@
-"""Layer 1, the core: pure functions of attention, nothing jitted.
+"""Layer 2, core: pure functions of attention, nothing jitted.
 
 The five stages (project, split heads, attend vmapped over heads, merge,
 project out), masks, rotary positions, score rules (windows, soft caps,
