@@ -140,13 +140,10 @@ def _to_hf(c):
   full = F.rope_to_hf(c)["rope_parameters"]
   sliding = (full if c.local_rotary_base is None else
              {"rope_type": "default", "rope_theta": c.local_rotary_base})
+  common = llama.common_to_hf(c)
+  del common["hidden_act"]  # Gemma's field is hidden_activation
   return dict(
-      vocab_size=c.vocab_size, hidden_size=c.d_model,
-      num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-      num_key_value_heads=c.num_kv_heads or c.num_heads,
-      head_dim=c.head_width, intermediate_size=c.mlp_width,
-      max_position_embeddings=c.max_len, rms_norm_eps=c.norm_eps,
-      tie_word_embeddings=c.tie_embeddings, attention_bias=c.use_bias,
+      common, attention_bias=c.use_bias,
       hidden_activation=F.ACTIVATION_NAMES[c.mlp_activation],
       query_pre_attn_scalar=gemma2.scalar(c.attn_scale),
       attn_logit_softcapping=c.logit_soft_cap,

@@ -60,3 +60,12 @@ def as_hf_tensors(model, family):
       out[weights.checkpoint_name(family, source, paths)] = layout.to_source(
           [params[p] for p in paths], rule.src, rule.dst, sizes)
   return out
+
+
+def assert_tensors_equal_bitwise(ours: dict, theirs: dict) -> None:
+  """Two {name: float32 array} dicts hold the same names and bits."""
+  assert set(ours) == set(theirs), set(ours) ^ set(theirs)
+  for name, want in theirs.items():
+    assert ours[name].dtype == want.dtype == np.float32, name
+    np.testing.assert_array_equal(ours[name].view(np.uint32),
+                                  want.view(np.uint32), err_msg=name)

@@ -67,11 +67,7 @@ def test_every_dequantized_tensor_equals_transformers_bit_for_bit(tiny_any):
   theirs = {n: t.numpy() for n, t in tiny.hf.state_dict().items()}
   if tiny.hf.config.tie_word_embeddings:
     theirs.pop("lm_head.weight")
-  assert set(ours) == set(theirs)
-  for name, want in theirs.items():
-    assert ours[name].dtype == want.dtype == np.float32, name
-    np.testing.assert_array_equal(ours[name].view(np.uint32),
-                                  want.view(np.uint32), err_msg=name)
+  compare.assert_tensors_equal_bitwise(ours, theirs)
 
 
 def test_float32_file_gives_back_the_model_it_was_written_from(tiny_any):

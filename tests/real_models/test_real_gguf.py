@@ -43,11 +43,7 @@ def test_every_dequantized_tensor_equals_transformers_bit_for_bit(model):
     assert "lm_head.weight" not in ours
     np.testing.assert_array_equal(theirs.pop("lm_head.weight"),
                                   theirs["model.embed_tokens.weight"])
-  assert set(ours) == set(theirs)
-  for name, want in theirs.items():
-    assert ours[name].dtype == want.dtype == np.float32, name
-    np.testing.assert_array_equal(ours[name].view(np.uint32),
-                                  want.view(np.uint32), err_msg=name)
+  compare.assert_tensors_equal_bitwise(ours, theirs)
 
 
 def test_forward_within_twice_transformers_own_float32_error(model):
