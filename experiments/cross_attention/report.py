@@ -3,7 +3,9 @@
 Shape letters: L layers, H heads, T decoder length, S source length.
 
 `write` turns what `run.measure` returned into report.md, results.json
-and the PNG figures; nothing here trains or runs a model.
+and the PNG figures; nothing here trains or runs a model. The prose is
+report.md.tmpl beside this file; `render` fills it from results.json
+alone, so a committed report regenerates from its results.json.
 """
 
 from __future__ import annotations
@@ -21,14 +23,21 @@ EXAMPLES = ("cross_example", "source_example", "decoder_example")
 ALIGNMENT = ("accuracy", "mass", "mass_within_1")
 ABLATIONS = ("zero_ablation", "mean_ablation", "resample_ablation",
              "taylor_estimate")
+TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 
 
 def write(config, results, workdir) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   _figures(config, results["runs"][0], workdir)
-  return report_lib.write_outputs(workdir, results, _report(config, results),
-                                  drop=EXAMPLES, config=config)
+  saved = report_lib.saved_results(results, EXAMPLES, config=config)
+  return report_lib.write_outputs(workdir, saved, render(saved),
+                                  config=config)
+
+
+def render(saved: dict) -> str:
+  """report.md from results.json's contents (`saved`, config included)."""
+  return report_lib.fill(TEMPLATE, values(saved))
 
 
 def _figures(config, r0, workdir) -> None:
@@ -64,123 +73,79 @@ def _seed_rows(runs, n_good) -> list[list]:
            report_lib.fmt(r["accuracy"]),
            _layer_cell(r["alignment_accuracy"][-1]),
            _layer_cell(r["alignment_accuracy"][0]),
-           report_lib.fmt(r["alignment_accuracy"].max(), digits=2), n]
+           report_lib.fmt(np.max(r["alignment_accuracy"]), digits=2), n]
           for r, n in zip(runs, n_good)]
 
 
 def _head_rows(r0) -> list[list[str]]:
   """Every cross-attention head of one run, then the two floors."""
   imp = r0["importance"]
-  n_layers, n_heads = r0["alignment_accuracy"].shape
+  n_layers, n_heads = np.shape(r0["alignment_accuracy"])
   rows = [[report_lib.head_name(l, h)]
-          + [report_lib.fmt(r0[f"alignment_{k}"][l, h], digits=2)
+          + [report_lib.fmt(r0[f"alignment_{k}"][l][h], digits=2)
              for k in ALIGNMENT]
-          + [report_lib.signed(imp[k][l, h]) for k in ABLATIONS]
+          + [report_lib.signed(imp[k][l][h]) for k in ABLATIONS]
           for l in range(n_layers) for h in range(n_heads)]
   uni, init = r0["floors"]["uniform"], r0["floors"]["init"]
   rows.append(["uniform over the source"]
               + [report_lib.fmt(uni[k], digits=2) for k in ALIGNMENT]
               + ["-"] * 4)
   rows.append(["init, best head"]
-              + [report_lib.fmt(init[k].max(), digits=2) for k in ALIGNMENT]
+              + [report_lib.fmt(np.max(init[k]), digits=2)
+                 for k in ALIGNMENT]
               + ["-"] * 4)
   return rows
 
 
-def _intro(config) -> str:
-  """The command and what was trained and measured."""
-  e = config.experiment
-  return (
-      f"Command: {report_lib.command('experiments.cross_attention')} "
-      "(config "
-      "`configs/cross_attention.py`). Encoder-decoder, "
-      f"{config.model.num_layers} layers, {config.model.num_heads} heads, "
-      f"d_model {config.model.d_model}; sources of "
-      f"{config.task.min_len}-{config.task.seq_len} tokens from "
-      f"{config.task.vocab_size - 3} symbols; {config.train.num_steps} "
-      f"steps of batch {config.task.batch_size}; seeds {list(e.seeds)}; "
-      f"scores on {e.analysis_examples} held-out sources. Alignment "
-      "accuracy: share of decoder steps t (inside the source length) whose "
-      "cross-attention argmax is source position len - 1 - t.")
+def _sharp(ms, n_good) -> str:
+  """Whether one head owns the alignment in every seed."""
+  if min(n_good) >= 1:
+    return (f"In every seed one head exceeds 0.9 (best "
+            f"{ms('best_head_alignment')}).")
+  return (f"No single head is sharp in every seed (best head "
+          f"{ms('best_head_alignment')}; heads above 0.9 per seed: "
+          f"{n_good}): the alignment is shared by several last-layer heads "
+          "at once rather than owned by one.")
 
 
-def _headline(ms) -> str:
-  """The headline numbers over seeds beside their floors."""
-  return (
-      f"Token accuracy {ms('token_accuracy')}; best head's alignment "
-      f"accuracy {ms('best_head_alignment')}, its weight within ±1 of the "
-      f"aligned token {ms('best_head_within_1')} (mean ± sample std over "
-      f"seeds). Floors: uniform attention over the source "
-      f"{ms('uniform_alignment')} accuracy and {ms('uniform_within_1')} "
-      f"within ±1; the untrained model's best head "
-      f"{ms('init_best_head_alignment')} accuracy.")
-
-
-def _claims(ms, runs, n_good) -> list[str]:
-  """What this shows, next to the source's claim."""
+def values(saved: dict) -> dict:
+  """The template's values, each written as the report shows it."""
+  config, runs, sm = saved["config"], saved["runs"], saved["summary"]
+  model, task, e = config["model"], config["task"], config["experiment"]
+  n_good = [int((np.asarray(r["alignment_accuracy"]) > 0.9).sum())
+            for r in runs]
+  ms = lambda k: report_lib.fmt(sm[k]["mean"], sm[k]["std"])
   # Is the best-aligned head also the one whose removal costs most?
   top_match = sum(int(np.argmax(r["alignment_accuracy"]) ==
                       np.argmax(r["importance"]["zero_ablation"]))
                   for r in runs)
-  return [
-      "## What this shows, next to the source's claim",
-      "",
-      "The source names cross-attention as the way a decoder reads the "
-      f"encoder output. The models solve reversal (token accuracy "
-      f"{ms('token_accuracy')}), and the reading is measurable: the "
-      f"last-layer cross-attention heads point at the aligned source "
-      f"token for {ms('last_layer_alignment')} of the steps (mean over "
-      f"heads and seeds), the first-layer heads for "
-      f"{ms('first_layer_alignment')}; the anti-diagonal shows in the "
-      "heatmap. "
-      + (f"In every seed one head exceeds 0.9 (best "
-         f"{ms('best_head_alignment')})."
-         if min(n_good) >= 1 else
-         f"No single head is sharp in every seed (best head "
-         f"{ms('best_head_alignment')}; heads above 0.9 per seed: "
-         f"{n_good}): the alignment is shared by several last-layer heads "
-         "at once rather than owned by one."),
-      "",
-      f"The best-aligned head is also the head whose removal costs the most "
-      f"loss in {top_match} of {len(runs)} seeds.",
-  ]
-
-
-def _report(config, results) -> str:
-  """report.md: the command, the per-seed and per-head tables, claims."""
-  seed = config.experiment.seeds[0]
-  runs, sm = results["runs"], results["summary"]
-  n_good = [int((r["alignment_accuracy"] > 0.9).sum()) for r in runs]
-  ms = lambda k: report_lib.fmt(sm[k]["mean"], sm[k]["std"])
-  lines = [
-      "# Experiment 4: cross-attention alignment on sequence reversal",
-      "",
-      _intro(config),
-      "",
-      report_lib.md_table(["seed", "loss", "token accuracy",
-                           "last-layer heads' alignment",
-                           "first-layer heads' alignment", "best head",
-                           "heads > 0.9"], _seed_rows(runs, n_good)),
-      "",
-      _headline(ms),
-      "",
-      f"## Every cross-attention head (seed {seed})",
-      "",
-      "Alignment accuracy (argmax on the aligned token), the weight on "
-      "it, and the weight within one position of it; Δloss when the head "
-      "is set to zero, to its per-position batch mean, or to its output on "
-      "another example. The last two rows are floors: uniform attention "
-      "over the source's real tokens, and the untrained model.",
-      "",
-      report_lib.md_table(["head", "alignment accuracy", "weight on aligned "
-                           "token", "weight within ±1", "zero abl. Δloss",
-                           "mean abl. Δloss", "resample abl. Δloss",
-                           "-grad (Taylor)"], _head_rows(runs[0])),
-      "",
-      f"Every head of seed {seed}'s model, self- and cross-attention, "
-      "in a browser: [explorer.html](explorer.html).",
-      "",
-      *[f"![{f}]({f})" for f in FIGURES],
-      "",
-  ] + _claims(ms, runs, n_good)
-  return "\n".join(lines)
+  summaries = ("token_accuracy", "best_head_alignment", "best_head_within_1",
+               "uniform_alignment", "uniform_within_1",
+               "init_best_head_alignment", "last_layer_alignment",
+               "first_layer_alignment")
+  return {
+      "command": report_lib.command("experiments.cross_attention"),
+      "num_layers": model["num_layers"],
+      "num_heads": model["num_heads"],
+      "d_model": model["d_model"],
+      "min_len": task["min_len"],
+      "seq_len": task["seq_len"],
+      "symbols": task["vocab_size"] - 3,
+      "num_steps": config["train"]["num_steps"],
+      "batch_size": task["batch_size"],
+      "seeds": list(e["seeds"]),
+      "analysis_examples": e["analysis_examples"],
+      "seed_table": report_lib.md_table(
+          ["seed", "loss", "token accuracy", "last-layer heads' alignment",
+           "first-layer heads' alignment", "best head", "heads > 0.9"],
+          _seed_rows(runs, n_good)),
+      **{k: ms(k) for k in summaries},
+      "first_seed": e["seeds"][0],
+      "head_table": report_lib.md_table(
+          ["head", "alignment accuracy", "weight on aligned token",
+           "weight within ±1", "zero abl. Δloss", "mean abl. Δloss",
+           "resample abl. Δloss", "-grad (Taylor)"], _head_rows(runs[0])),
+      "sharp": _sharp(ms, n_good),
+      "top_match": top_match,
+      "num_seeds": len(runs),
+  }

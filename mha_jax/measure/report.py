@@ -17,7 +17,9 @@ One module owns the formats a reader compares across reports, so a
 Each takes a format spec (`spec`, and `std_spec` / `interval_spec` where
 the parts differ) for the reports that print significant digits (`.3g`)
 or signs (`+.3f`). `md_table` writes a Markdown table and `write_outputs`
-the report.md / results.json pair of a run folder.
+the report.md / results.json pair of a run folder. `fill` puts those cells
+into a report's Markdown template, and `regenerate` renders a report again
+from a folder's results.json.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import json
 import pathlib
 import re
 import shlex
+import string
 
 from absl import app
 import jax
@@ -219,3 +222,46 @@ def check_no_arguments(argv) -> None:
   """Entry points take flags only; refuse stray positional arguments."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+
+
+# A report's prose lives in a Markdown template beside its experiment
+# (`experiments/<name>/report.md.tmpl`); the experiment's report.py turns
+# results.json into the values and `fill` puts them in. The templates are
+# `string.Template` text: `$name` or `${name}` is a value, `$$` a dollar
+# sign. Values are strings already written with the formats above, so a
+# template holds no formatting and no logic: a number's wording that
+# depends on its value (better or worse than random) is chosen in code.
+
+
+def fill(template_path, values: dict) -> str:
+  """The template at `template_path` with every `$name` replaced by
+  `values[name]`. A name the template uses that `values` lacks, or a value
+  the template never uses, is an error naming it, so template and code
+  cannot drift apart silently."""
+  path = pathlib.Path(template_path)
+  template = string.Template(path.read_text())
+  used = set(template.get_identifiers())
+  missing = sorted(used - values.keys())
+  unused = sorted(values.keys() - used)
+  if missing or unused:
+    raise KeyError(f"{path}: no value for {missing}; values the template "
+                   f"does not use: {unused}")
+  return template.substitute(values)
+
+
+def saved_results(results: dict, drop=(), *, config=None) -> dict:
+  """What `write_outputs` writes to results.json for these arguments (the
+  config under "config"), so a report rendered from it reads exactly what
+  a later `regenerate` reads."""
+  if config is not None and "config" not in results:
+    results = {**results, "config": config.to_dict()}
+  return _to_json(results, frozenset(drop))
+
+
+def regenerate(folder, render) -> str:
+  """report.md rendered again from `folder`'s results.json, as
+  `write_outputs` writes it: `render` takes the saved dict (with its
+  "config") and returns the report's text."""
+  saved = json.loads((pathlib.Path(folder) / "results.json").read_text())
+  smoke = bool(saved.get("config", {}).get("smoke", False))
+  return _framed(render(saved), smoke).rstrip() + "\n"
