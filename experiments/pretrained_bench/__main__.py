@@ -1,6 +1,6 @@
 r"""Loading and running pretrained checkpoints: memory, time, speed.
 
-    python -m experiments.pretrained_bench                 # ~25 min, 2 cores
+    python -m experiments.pretrained_bench                 # 15-25 min, 2 cores
     python -m experiments.pretrained_bench --gguf=         # ~2 min: MiniLM
     python -m experiments.pretrained_bench --nominilm --big_layers=0 \
         --gguf=smollm2                                     # SmolLM2 alone
