@@ -132,8 +132,9 @@ def render(data: dict, *, title: str = "Attention explorer", info=(),
   """The self-contained HTML page of `explore`'s `data`.
 
   `info`: (label, value) pairs shown under the title (the run, its
-  config); `circuits`: `{"source": file, "columns": {name: [L, H]}}`, extra per-head columns (e.g. `experiments.saved_patching.beside`); `raw_arrays`: add the
-  Treescope panel of every view.
+  config); `circuits`: `{"source": file, "columns": {name: [L, H]}}`,
+  extra per-head columns (e.g. `experiments.saved_patching.beside`);
+  `raw_arrays`: add the Treescope panel of every view.
   """
   raw = ""
   if raw_arrays:
