@@ -32,7 +32,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "mha_jax"
-# The explorer's template, styles and script (mha_jax/interp/explorer.py
+# The explorer's template, styles and script (mha_jax/interp/explorer_page.py
 # reads them relative to its own file).
 STATIC = PACKAGE / "interp" / "explorer_static"
 # What the wheel-building copy leaves out: version control, environments,
