@@ -46,6 +46,8 @@ _Q = gguf.GGMLQuantizationType
 SUPPORTED = tuple(t for t in _Q if t in (_Q.F32, _Q.F16) or
                   t in quants._type_traits)  # pylint: disable=protected-access
 
+_SUPPORTED_NAMES = frozenset(t.name for t in SUPPORTED)
+
 # Metadata keys of an architecture -> config.json fields. A key mapped to
 # None is read only to check it (see `config_fields`).
 _COMMON_KEYS = {
@@ -104,7 +106,7 @@ class GGUFTensor:
 
   @property
   def is_float(self) -> bool:
-    return self.dtype in {t.name for t in SUPPORTED}
+    return self.dtype in _SUPPORTED_NAMES
 
   float_kinds = ("a type gguf.quants dequantizes: "
                  + ", ".join(t.name for t in SUPPORTED))

@@ -48,6 +48,7 @@ import gguf
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors
 
+from mha_jax.pretrained import gguf_files
 from mha_jax.pretrained.errors import PretrainedError
 
 PREFIX = "tokenizer.ggml."
@@ -107,13 +108,7 @@ def tokenizer_fields(reader: gguf.GGUFReader) -> dict:
 def tokenizer_from_gguf(path) -> tokenizers.Tokenizer:
   """The tokenizer stored in the GGUF file at `path`."""
   path = pathlib.Path(path)
-  if not path.is_file():
-    raise PretrainedError(path, "expected a GGUF file, got no such file")
-  try:
-    reader = gguf.GGUFReader(path)
-  except (ValueError, IndexError, OSError, KeyError) as e:
-    raise PretrainedError(path, f"expected a GGUF file the gguf package "
-                          f"can read, got {type(e).__name__}: {e}") from e
+  reader = gguf_files.open_reader(path)  # the loader's checks and errors
   return tokenizer_from_fields(tokenizer_fields(reader), path)
 
 
