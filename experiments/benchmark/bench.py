@@ -195,12 +195,11 @@ def _materialises_scores(path, shape):
   """Whether `path` forms the [B, H, n, n] scores on `shape` ("auto":
   whether the implementation it picks here does)."""
   if path == "auto":
-    path = auto.select(
-        jax.default_backend(), q_dtype=shape["dtype"],
-        head_dim=shape["D"] // shape["h"], q_len=shape["n"],
-        kv_len=shape["n"], batch=shape["B"], num_heads=shape["h"],
-        is_causal=shape["causal"],
-        rules=("local_window",) if shape.get("window") else ()
+    path = auto.select(jax.default_backend(), auto.Call(
+        q_dtype=shape["dtype"], head_dim=shape["D"] // shape["h"],
+        q_len=shape["n"], kv_len=shape["n"], batch=shape["B"],
+        num_heads=shape["h"], is_causal=shape["causal"],
+        rules=("local_window",) if shape.get("window") else ())
     ).implementation
   return path not in ("flash", "pallas_tpu", "torch")
 

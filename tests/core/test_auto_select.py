@@ -34,6 +34,18 @@ def _call(**kw):
   return {**STD, **kw}
 
 
+# The keywords of `_call` that describe the device, not the call.
+_DEVICE = ("gpu_capability", "cudnn", "available")
+
+
+def _select(backend, call, **device):
+  """`auto.select` on a `_call` dict: its call facts become an `auto.Call`,
+  its device facts keywords."""
+  device.update({k: v for k, v in call.items() if k in _DEVICE})
+  return auto.select(backend, auto.Call(
+      **{k: v for k, v in call.items() if k not in _DEVICE}), **device)
+
+
 # (id, backend, call, expected implementation, {candidate: phrase in why}).
 CASES = [
     # CPU: the measured rule, einsum while the float32 scores fit in 32
@@ -122,7 +134,7 @@ CASES = [
 @pytest.mark.parametrize("backend,call,expected,why",
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_choice_and_reasons(backend, call, expected, why):
-  choice = auto.select(backend, **call)
+  choice = _select(backend, call)
   assert choice.implementation == expected, str(choice)
   ruled_out = dict(choice.ruled_out)
   assert set(ruled_out) == set(why), str(choice)
@@ -138,14 +150,14 @@ def test_choice_and_reasons(backend, call, expected, why):
 ])
 def test_tpu_without_the_adapter_falls_back(call, expected):
   available = auto.ADAPTED - {"pallas_tpu"}
-  choice = auto.select("tpu", available=available, **call)
+  choice = _select("tpu", call, available=available)
   assert choice.implementation == expected, str(choice)
   assert "not among the available" in dict(choice.ruled_out)["pallas_tpu"]
 
 
 def test_without_cudnn_in_available_gpu_falls_back():
-  choice = auto.select("gpu", available={"xla", "flash"},
-                              **_call(q_dtype=BF16))
+  choice = _select("gpu", _call(q_dtype=BF16),
+                     available={"xla", "flash"})
   assert choice.implementation == "xla"
   assert "not among the available" in dict(choice.ruled_out)["cudnn"]
 
@@ -159,18 +171,16 @@ def test_cpu_choice_matches_the_measured_rule():
                _call(q_dtype=F32, batch=1, q_len=65536, kv_len=65536),
                _call(q_dtype=F32, batch=1, num_heads=1, q_len=2 ** 12,
                      kv_len=2 ** 11 + 1)):
-    assert auto.select("cpu", **call).implementation == "flash"
-    assert auto.select("cpu", dropout=True,
-                              **call).implementation == "einsum"
+    assert _select("cpu", call).implementation == "flash"
+    assert _select("cpu", {**call, "dropout": True}).implementation == "einsum"
   for call in (_call(q_dtype=F32, batch=16, q_len=256, kv_len=256),
                _call(q_dtype=F32, batch=1, num_heads=1, q_len=2 ** 12,
                      kv_len=2 ** 11, mask=True, bias=True, num_kv_heads=1),
                _call(q_dtype=F32, batch=1, q_len=1, kv_len=2 ** 20)):
-    choice = auto.select("cpu", **call)
+    choice = _select("cpu", call)
     assert choice.implementation == "einsum", call
     assert choice.ruled_out == ()
-    assert auto.select("cpu", available={"flash"},
-                       **call).implementation == "flash"
+    assert _select("cpu", call, available={"flash"}).implementation == "flash"
 
 
 def test_explain_auto_reads_arrays_and_agrees_with_attend():
@@ -193,15 +203,18 @@ def test_explain_auto_reads_arrays_and_agrees_with_attend():
 
 def test_errors_name_the_argument():
   with pytest.raises(TypeError, match="`backend`"):
-    auto.select(None, **_call(q_dtype=F32))
+    _select(None, _call(q_dtype=F32))
+  with pytest.raises(TypeError, match="`call` must be an auto.Call, got dict"):
+    auto.select("gpu", _call(q_dtype=F32))
+  # A Call is checked when it is made, before any backend sees it.
   with pytest.raises(ValueError, match="`num_kv_heads`"):
-    auto.select("gpu", **_call(q_dtype=F32, num_kv_heads=3))
+    auto.Call(**_call(q_dtype=F32, num_kv_heads=3))
   with pytest.raises(ValueError, match="`q_len`"):
-    auto.select("gpu", **_call(q_dtype=F32, q_len=0))
+    auto.Call(**_call(q_dtype=F32, q_len=0))
   with pytest.raises(TypeError, match="`q_dtype`"):
-    auto.select("gpu", **_call(q_dtype="not-a-dtype"))
+    auto.Call(**_call(q_dtype="not-a-dtype"))
   with pytest.raises(TypeError, match="`mask`"):
-    auto.select("gpu", **_call(q_dtype=F32, mask="yes"))
+    auto.Call(**_call(q_dtype=F32, mask="yes"))
   q = jax.ShapeDtypeStruct((2, 8, 4), jnp.float32)
   with pytest.raises(ValueError, match="`q`"):
     mha_jax.explain_auto(q, q)

@@ -4,9 +4,11 @@ Shape letters: B batch, Tq query length, Tk key/value length, H query heads,
 K key/value heads (K divides H; K < H is GQA), Dh per-head query/key width,
 Dv per-head value width.
 
-`select` looks only at facts known when a program is traced (backend,
-dtypes, shapes, which of mask/bias/causal/dropout are present, whether the
-weights are wanted), so it runs without a device and is unit-tested on CPU.
+`select(backend, call)` looks only at facts known when a program is
+traced: the backend and a `Call` (dtypes, shapes, which of mask/bias/
+causal/dropout are present, whether the weights are wanted, the score
+rules in use), checked once when it is made. So it runs without a device
+and is unit-tested on CPU; `select_for` builds the `Call` from arrays.
 It walks the candidates of a backend from the fastest down and keeps, for
 each one it passes over, the reason in words:
 
@@ -100,7 +102,7 @@ def _dtype_name(dtype, name: str) -> str:
   try:
     return np.dtype(dtype).name
   except TypeError as e:
-    raise TypeError(f"select: `{name}` must be a dtype, got {dtype!r}") from e
+    raise TypeError(f"Call: `{name}` must be a dtype, got {dtype!r}") from e
 
 
 def _trailing(shape, name: str):
@@ -118,16 +120,134 @@ def _trailing(shape, name: str):
       raise TypeError(shape)
     dims = tuple(int(d) for d in shape)
   except (TypeError, ValueError) as e:
-    raise TypeError(f"select: `{name}` must be a bool or a shape, got "
+    raise TypeError(f"Call: `{name}` must be a bool or a shape, got "
                     f"{shape!r}") from e
   return ((1,) * 2 + dims)[-2:]
 
 
-def _cpu_choice(*, batch, num_heads, q_len, kv_len, dtypes, available):
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """The facts of one attention call that `select` reads, all known when
+  the program is traced. `Call.of(q, k, v, ...)` reads them off arrays.
+
+  Attributes:
+    q_dtype, k_dtype, v_dtype: dtypes of q, k, v (k, v default to q's).
+    head_dim: Dh; value_dim: Dv (default Dh).
+    q_len, kv_len: Tq, Tk. batch, num_heads: B, H (they size the scores).
+    num_kv_heads: K (default H); K < H is GQA.
+    mask, bias: False/None (absent), True (present, spanning [Tq, Tk]) or
+      the shape (broadcastable to [B, H, Tq, Tk]).
+    is_causal: bottom-right causal (`causal_mask(Tq, Tk)`).
+    dropout: attention dropout is on. weights: the caller wants the
+      weights (scores/pattern).
+    rules: names of the `score_rules.ScoreRules` options in use
+      (`ScoreRules.active()`); those jax.nn or Pallas cannot express send
+      the call to the blockwise path.
+  Every field is checked here, once; a bad one is an error naming it.
+  """
+  q_dtype: object
+  head_dim: int
+  q_len: int
+  kv_len: int
+  k_dtype: object = None
+  v_dtype: object = None
+  value_dim: int | None = None
+  batch: int = 1
+  num_heads: int = 1
+  num_kv_heads: int | None = None
+  mask: object = False
+  bias: object = False
+  is_causal: bool = False
+  dropout: bool = False
+  weights: bool = False
+  rules: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    for name in ("head_dim", "q_len", "kv_len", "batch", "num_heads"):
+      if int(getattr(self, name)) < 1:
+        raise ValueError(f"Call: `{name}` must be >= 1, got "
+                         f"{getattr(self, name)}")
+    if self.kv_heads < 1 or self.num_heads % self.kv_heads:
+      raise ValueError(f"Call: `num_kv_heads`={self.num_kv_heads} must "
+                       f"divide num_heads={self.num_heads}")
+    object.__setattr__(self, "rules", tuple(self.rules))
+    self.dtypes  # pylint: disable=pointless-statement  (checks the dtypes)
+    self.mask_dims, self.bias_dims  # pylint: disable=pointless-statement
+
+  @classmethod
+  def of(cls, q, k, v, *, mask=None, bias=None, is_causal=False,
+         dropout=False, weights=False, rules=()) -> "Call":
+    """The call `attend` makes on q `[B,Tq,H,Dh]`, k `[B,Tk,K,Dh]`, v
+    `[B,Tk,K,Dv]` (arrays, tracers or `jax.ShapeDtypeStruct`s), mask/bias
+    broadcastable to `[B,H,Tq,Tk]`."""
+    for name, arr in (("q", q), ("k", k), ("v", v)):
+      if len(getattr(arr, "shape", ())) != 4:
+        raise ValueError(f"explain_auto: `{name}` must have rank 4 ([B, T, "
+                         f"heads, dim]), got shape "
+                         f"{getattr(arr, 'shape', arr)}")
+    b, tq, h, dh = q.shape
+    return cls(q_dtype=q.dtype, k_dtype=k.dtype, v_dtype=v.dtype,
+               head_dim=dh, value_dim=v.shape[-1], q_len=tq,
+               kv_len=k.shape[1], batch=b, num_heads=h,
+               num_kv_heads=k.shape[2], mask=_shape(mask), bias=_shape(bias),
+               is_causal=is_causal, dropout=dropout, weights=weights,
+               rules=tuple(rules))
+
+  @property
+  def kv_heads(self) -> int:
+    """K, with its default (H) applied."""
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+  @property
+  def value_width(self) -> int:
+    """Dv, with its default (Dh) applied."""
+    return self.head_dim if self.value_dim is None else self.value_dim
+
+  @property
+  def dtypes(self) -> tuple[str, str, str]:
+    """The dtype names of q, k, v."""
+    q = _dtype_name(self.q_dtype, "q_dtype")
+    return (q,
+            q if self.k_dtype is None else _dtype_name(self.k_dtype,
+                                                       "k_dtype"),
+            q if self.v_dtype is None else _dtype_name(self.v_dtype,
+                                                       "v_dtype"))
+
+  @property
+  def mask_dims(self):
+    return _trailing(self.mask, "mask")
+
+  @property
+  def bias_dims(self):
+    return _trailing(self.bias, "bias")
+
+  @property
+  def masked(self) -> bool:
+    return self.mask_dims is not None or self.bias_dims is not None
+
+  @property
+  def trailing(self):
+    """What reaches jax.nn's last two axes: mask, bias and (when a mask is
+    given) the causal mask our adapter folds into it, broadcast together;
+    None without mask or bias."""
+    parts = [t for t in (self.mask_dims, self.bias_dims) if t is not None]
+    if self.mask_dims is not None and self.is_causal:
+      parts.append((self.q_len, self.kv_len))
+    if "full" in parts:
+      return (self.q_len, self.kv_len)
+    return tuple(np.broadcast_shapes(*parts)) if parts else None
+
+  @property
+  def score_bytes(self) -> int:
+    """Bytes of the float32 scores [B, H, Tq, Tk] a dense path forms."""
+    return 4 * self.batch * self.num_heads * self.q_len * self.kv_len
+
+
+def _cpu_choice(call: Call, available) -> AutoChoice:
   """float32 einsum while the scores fit in CPU_DENSE_SCORE_BYTES, flash
   beyond; its weights are formed but not returned (`auto` is weightless).
   Lower precisions were not measured and keep the blockwise path."""
-  nbytes = _score_bytes(batch, num_heads, q_len, kv_len)
+  nbytes, dtypes = call.score_bytes, call.dtypes
   mib, limit = nbytes / 2 ** 20, CPU_DENSE_SCORE_BYTES / 2 ** 20
   if set(dtypes) != {"float32"}:
     why = ("the CPU comparison was measured in float32 only "
@@ -147,27 +267,21 @@ def _cpu_choice(*, batch, num_heads, q_len, kv_len, dtypes, available):
                     "shape, mask, bias and GQA", (("einsum", why),))
 
 
-def _score_bytes(batch, num_heads, q_len, kv_len) -> int:
-  """Bytes of the float32 scores [B, H, Tq, Tk] a dense path forms."""
-  return 4 * batch * num_heads * q_len * kv_len
-
-
-def _fallback(ruled_out, *, batch, num_heads, q_len, kv_len, same_width,
-              one_dtype, available, rules=()) -> AutoChoice:
+def _fallback(ruled_out, call: Call, available) -> AutoChoice:
   """The accelerator rule without a fused kernel: xla while the float32
   scores fit in 1 GiB, flash beyond (and where jax.nn cannot take the call).
   """
-  nbytes = _score_bytes(batch, num_heads, q_len, kv_len)
+  nbytes = call.score_bytes
   gib = nbytes / 2 ** 30
-  if _rules_reason("xla", rules):
-    ruled_out.append(("xla", _rules_reason("xla", rules)))
+  if _rules_reason("xla", call.rules):
+    ruled_out.append(("xla", _rules_reason("xla", call.rules)))
   elif nbytes > SCORE_BYTES_LIMIT:
     ruled_out.append(("xla", f"it forms the float32 scores [B, H, Tq, Tk] "
                       f"({gib:.1f} GiB > 1 GiB)"))
-  elif not same_width:
+  elif call.value_width != call.head_dim:
     ruled_out.append(("xla", "mha_jax's jax.nn.dot_product_attention "
                       "adapter needs value width Dv == Dh"))
-  elif not one_dtype:
+  elif len(set(call.dtypes)) != 1:
     ruled_out.append(("xla", "jax.nn.dot_product_attention needs one dtype "
                       "for q, k and v"))
   elif "xla" in available:
@@ -180,9 +294,10 @@ def _fallback(ruled_out, *, batch, num_heads, q_len, kv_len, same_width,
                     "shape, mask, bias and GQA", tuple(ruled_out))
 
 
-def _cudnn_rules(*, dtypes, head_dim, value_dim, q_len, kv_len, trailing,
-                 is_causal, masked, gpu_capability, cudnn):
+def _cudnn_rules(call: Call, gpu_capability, cudnn):
   """Why cuDNN cannot take the call (None when it can)."""
+  dtypes, head_dim = call.dtypes, call.head_dim
+  q_len, kv_len = call.q_len, call.kv_len
   if not cudnn:
     return "no cuDNN on this GPU (not a CUDA device)"
   if len(set(dtypes)) != 1:
@@ -199,31 +314,32 @@ def _cudnn_rules(*, dtypes, head_dim, value_dim, q_len, kv_len, trailing,
              else "compute capability unknown, so the pre-Hopper limit")
     return (f"head width Dh={head_dim} must be <= {h_max} and a multiple of "
             f"8 ({where}; check_is_flash_attention)")
-  if value_dim != head_dim:
+  if call.value_width != head_dim:
     return ("mha_jax's jax.nn.dot_product_attention adapter needs value "
-            f"width Dv == Dh, got Dv={value_dim}, Dh={head_dim}")
-  if is_causal and q_len != kv_len:
+            f"width Dv == Dh, got Dv={call.value_width}, Dh={head_dim}")
+  if call.is_causal and q_len != kv_len:
     return (f"jax's is_causal is top-left aligned (tril of [Tq, Tk]); ours is "
             f"bottom-right, which differs when Tq={q_len} != Tk={kv_len} and "
             "would need a dense [Tq, Tk] mask, losing the kernel's causal "
             "block skipping")
-  if masked:
-    if trailing != (q_len, kv_len):
+  if call.masked:
+    if call.trailing != (q_len, kv_len):
       return ("a mask/bias reaches cuDNN as a bias that must span [Tq, Tk] in "
               f"its last two axes (check_layout); these broadcast to "
-              f"{trailing}")
+              f"{call.trailing}")
     if q_len % 2 or kv_len % 2:
       return ("with a mask/bias cuDNN's backward needs even Tq and Tk "
               f"(check_is_flash_attention), got Tq={q_len}, Tk={kv_len}")
   return None
 
 
-def _pallas_tpu_rules(*, dtypes, head_dim, value_dim, q_len, kv_len,
-                      has_mask, has_bias):
+def _pallas_tpu_rules(call: Call):
   """Why the splash attention adapter cannot take the call (None: it can)."""
+  head_dim = call.head_dim
   why = pallas.unsupported(
-      q_len=q_len, kv_len=kv_len, head_dim=head_dim, value_dim=value_dim,
-      one_dtype=len(set(dtypes)) == 1, mask=has_mask, bias=has_bias,
+      q_len=call.q_len, kv_len=call.kv_len, head_dim=head_dim,
+      value_dim=call.value_width, one_dtype=len(set(call.dtypes)) == 1,
+      mask=call.mask_dims is not None, bias=call.bias_dims is not None,
       dropout=False)
   if why is None and head_dim > _TPU_BLOCK and head_dim % _TPU_BLOCK:
     why = (f"head width Dh={head_dim} above {_TPU_BLOCK} must be a multiple "
@@ -231,109 +347,63 @@ def _pallas_tpu_rules(*, dtypes, head_dim, value_dim, q_len, kv_len,
   return why
 
 
-def select(backend: str, *, q_dtype, k_dtype=None, v_dtype=None,
-           head_dim: int, value_dim: int | None = None, q_len: int,
-           kv_len: int, batch: int = 1, num_heads: int = 1,
-           num_kv_heads: int | None = None, mask=False, bias=False,
-           is_causal: bool = False, dropout: bool = False,
-           weights: bool = False, gpu_capability=None, cudnn: bool = True,
-           available=ADAPTED, rules=()) -> AutoChoice:
+def select(backend: str, call: Call, *, gpu_capability=None,
+           cudnn: bool = True, available=ADAPTED) -> AutoChoice:
   """The implementation `auto` uses for one call, and why.
 
   Args:
     backend: "cpu", "gpu" or "tpu" (`jax.default_backend()`); any other
       name gets the accelerator rule without a fused kernel.
-    q_dtype, k_dtype, v_dtype: dtypes of q, k, v (k, v default to q's).
-    head_dim: Dh; value_dim: Dv (default Dh).
-    q_len, kv_len: Tq, Tk. batch, num_heads: B, H (they size the scores).
-    num_kv_heads: K (default H); K < H is GQA.
-    mask, bias: False/None (absent), True (present, spanning [Tq, Tk]) or
-      the shape (broadcastable to [B, H, Tq, Tk]).
-    is_causal: bottom-right causal (`causal_mask(Tq, Tk)`).
-    dropout: attention dropout is on. weights: the caller wants the
-      weights (scores/pattern).
+    call: the call's traced facts (`Call(...)`, or `Call.of(q, k, v)`).
     gpu_capability: (major, minor) CUDA compute capability; None: unknown
       (the cuDNN head-width limit of older GPUs is used).
     cudnn: the GPU is a CUDA device with cuDNN.
     available: the implementations that may be returned.
-    rules: names of the `score_rules.ScoreRules` options in use
-      (`ScoreRules.active()`); those jax.nn or Pallas cannot express send
-      the call to the blockwise path.
   Returns:
     `AutoChoice(implementation, reason, ruled_out)`.
   """
   if not isinstance(backend, str):
     raise TypeError(f"select: `backend` must be a string such as 'gpu', got "
                     f"{backend!r}")
-  for name, n in (("head_dim", head_dim), ("q_len", q_len),
-                  ("kv_len", kv_len), ("batch", batch),
-                  ("num_heads", num_heads)):
-    if int(n) < 1:
-      raise ValueError(f"select: `{name}` must be >= 1, got {n}")
-  value_dim = head_dim if value_dim is None else value_dim
-  num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-  if num_kv_heads < 1 or num_heads % num_kv_heads:
-    raise ValueError(f"select: `num_kv_heads`={num_kv_heads} must divide "
-                     f"num_heads={num_heads}")
-  q_name = _dtype_name(q_dtype, "q_dtype")
-  dtypes = (q_name,
-            q_name if k_dtype is None else _dtype_name(k_dtype, "k_dtype"),
-            q_name if v_dtype is None else _dtype_name(v_dtype, "v_dtype"))
-  mask_t, bias_t = _trailing(mask, "mask"), _trailing(bias, "bias")
-  masked = mask_t is not None or bias_t is not None
-  # What reaches jax.nn's last two axes: mask, bias and (when a mask is
-  # given) the causal mask our adapter folds into it, broadcast together.
-  parts = [t for t in (mask_t, bias_t) if t is not None]
-  if mask_t is not None and is_causal:
-    parts.append((q_len, kv_len))
-  trailing = ((q_len, kv_len) if "full" in parts else
-              tuple(np.broadcast_shapes(*parts)) if parts else None)
-
+  if not isinstance(call, Call):
+    raise TypeError(f"select: `call` must be an auto.Call, got "
+                    f"{type(call).__name__}")
   # The weightless candidates of this backend, fastest first.
   weightless = {"cpu": ["flash"], "gpu": ["cudnn", "xla", "flash"],
                 "tpu": ["pallas_tpu", "xla", "flash"]}.get(backend,
                                                            ["xla", "flash"])
-  if weights or dropout:
-    what = ("the weights (scores/pattern)" if weights else
+  if call.weights or call.dropout:
+    what = ("the weights (scores/pattern)" if call.weights else
             "dropout, which drops entries of the weights")
     why = "it never forms the weights" + (
-        "" if weights else " (and jax.nn/Pallas kernels have no dropout)")
+        "" if call.weights else " (and jax.nn/Pallas kernels have no dropout)")
     return AutoChoice(
         "einsum", f"{what} exist only on 'vmap' and 'einsum'; einsum is the "
         "faster" + ("; `attend(implementation='auto')` refuses weight hooks, "
-                    "pass implementation='einsum'" if weights else ""),
+                    "pass implementation='einsum'" if call.weights else ""),
         tuple((n, why) for n in weightless))
 
   if backend == "cpu":
-    return _cpu_choice(batch=batch, num_heads=num_heads, q_len=q_len,
-                       kv_len=kv_len, dtypes=dtypes, available=available)
+    return _cpu_choice(call, available)
 
   ruled_out = []
-  same_width, one_dtype = value_dim == head_dim, len(set(dtypes)) == 1
   if backend == "gpu":
-    why = _rules_reason("cudnn", rules) or _cudnn_rules(
-        dtypes=dtypes, head_dim=head_dim, value_dim=value_dim, q_len=q_len,
-        kv_len=kv_len, trailing=trailing, is_causal=is_causal, masked=masked,
-        gpu_capability=gpu_capability, cudnn=cudnn)
+    why = (_rules_reason("cudnn", call.rules)
+           or _cudnn_rules(call, gpu_capability, cudnn))
     if why is None and "cudnn" in available:
       return AutoChoice("cudnn", "cuDNN's fused attention supports this "
                         "call (dtype, head width, mask/bias, causal)")
     ruled_out.append(("cudnn", why or "not among the available "
                       "implementations"))
   elif backend == "tpu":
-    why = _rules_reason("pallas_tpu", rules) or _pallas_tpu_rules(
-        dtypes=dtypes, head_dim=head_dim, value_dim=value_dim, q_len=q_len,
-        kv_len=kv_len, has_mask=mask_t is not None,
-        has_bias=bias_t is not None)
+    why = _rules_reason("pallas_tpu", call.rules) or _pallas_tpu_rules(call)
     if why is None and "pallas_tpu" in available:
       return AutoChoice("pallas_tpu", "JAX's Pallas TPU splash attention "
                         "supports this call (causal/window masks skip "
                         "blocks, GQA without repeating k/v)")
     ruled_out.append(("pallas_tpu", why or "not among the available "
                       "implementations"))
-  return _fallback(ruled_out, batch=batch, num_heads=num_heads, q_len=q_len,
-                   kv_len=kv_len, same_width=same_width, one_dtype=one_dtype,
-                   available=available, rules=rules)
+  return _fallback(ruled_out, call, available)
 
 
 @functools.lru_cache(maxsize=None)
@@ -363,26 +433,16 @@ def select_for(q, k, v, *, mask=None, bias=None, is_causal=False,
                dropout=False, weights=False, backend=None,
                rules=()) -> AutoChoice:
   """`select` for arrays (or `jax.ShapeDtypeStruct`s) laid out as `attend`
-  takes them: q `[B,Tq,H,Dh]`, k `[B,Tk,K,Dh]`, v `[B,Tk,K,Dv]`, mask/bias
-  broadcastable to `[B,H,Tq,Tk]`. `backend` defaults to JAX's default; on a
+  takes them (see `Call.of`). `backend` defaults to JAX's default; on a
   GPU the cuDNN facts are read from the device."""
   import jax  # pylint: disable=g-import-not-at-top
-  for name, arr in (("q", q), ("k", k), ("v", v)):
-    if len(getattr(arr, "shape", ())) != 4:
-      raise ValueError(f"explain_auto: `{name}` must have rank 4 ([B, T, "
-                       f"heads, dim]), got shape {getattr(arr, 'shape', arr)}")
+  call = Call.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+                 dropout=dropout, weights=weights, rules=rules)
   backend = backend or jax.default_backend()
   cudnn, capability = True, None  # asked about a GPU from elsewhere
   if backend == "gpu" and jax.default_backend() == "gpu":
     cudnn, capability = gpu_facts()
-  b, tq, h, dh = q.shape
-  return select(
-      backend, q_dtype=q.dtype, k_dtype=k.dtype, v_dtype=v.dtype,
-      head_dim=dh, value_dim=v.shape[-1], q_len=tq, kv_len=k.shape[1],
-      batch=b, num_heads=h, num_kv_heads=k.shape[2],
-      mask=_shape(mask), bias=_shape(bias),
-      is_causal=is_causal, dropout=dropout, weights=weights,
-      gpu_capability=capability, cudnn=cudnn, rules=tuple(rules))
+  return select(backend, call, gpu_capability=capability, cudnn=cudnn)
 
 
 def explain_auto(q, k, v=None, *, mask=None, bias=None, is_causal=False,
