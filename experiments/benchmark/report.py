@@ -1,7 +1,11 @@
 """Side-by-side attention benchmark, reporting: table.md from the results.
 
-`write` turns the results dict of `run.measure` ({"meta", "rows"}) into
-table.md (one table per shape, a row per path) and results.json.
+`write` turns what `run.measure` returned ({"meta", "rows", "train_step",
+"window_scaling"}) into table.md (one table per shape, a row per path) and
+results.json; nothing here times anything. The prose is report.md.tmpl
+beside this file; `render` fills it from results.json alone, so a run's
+table regenerates from its results.json. The tables are one value each;
+a section that was not measured is empty.
 """
 
 from __future__ import annotations
@@ -10,136 +14,143 @@ import pathlib
 
 from mha_jax.measure import report as report_lib
 
+TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
+PEERS = ("torch", "transformer_lens")  # the train-step set's PyTorch peers
 
-def _fmt(x, digits=1):
+
+def write(config, results, workdir) -> dict:
+  """table.md (printed too) and results.json in `workdir`; returns what
+  results.json holds."""
+  workdir = pathlib.Path(workdir)
+  saved = report_lib.saved_results(results, config=config)
+  written = report_lib.write_outputs(workdir, saved, render(saved),
+                                     config=config)
+  # This report has always been table.md (the docs link it by that name).
+  table = workdir / "table.md"
+  (workdir / "report.md").replace(table)
+  print(table.read_text())
+  print(f"Done in {saved['meta']['seconds']:.0f} s: {table}")
+  return written
+
+
+def render(saved: dict) -> str:
+  """table.md from results.json's contents (`saved`, config included)."""
+  return report_lib.fill(TEMPLATE, values(saved))
+
+
+def _fmt(x, digits=1) -> str:
   """`x` to `digits` decimals; "-" where it was not measured."""
   return "-" if x is None else report_lib.fmt(x, digits=digits)
 
 
-def markdown(rows, mm, matmul_n=2048, steps=()):
-  """One table per shape; a row per path; skipped paths say why; then the
-  train-step tables (`steps`)."""
-  out = [f"Plain matmul ({matmul_n}^3, same run): {mm['float32']:.1f} "
-         f"GFLOP/s float32, {mm['bfloat16']:.1f} GFLOP/s bfloat16.", ""]
-  keys = []
-  for r in rows:
-    key = (r["set"], r["n"], r["causal"], r["dtype"], tuple(r["modes"]))
-    if key not in keys:
-      keys.append(key)
-  for key in keys:
-    group = [r for r in rows if (r["set"], r["n"], r["causal"], r["dtype"],
-                                 tuple(r["modes"])) == key]
-    s = group[0]
-    window = f" window={s['window']}" if s.get("window") else ""
-    out.append(f"### {s['set']}: B={s['B']} n={s['n']} D={s['D']} h={s['h']}"
-               f" {s['dtype']} causal={s['causal']}{window}")
-    out.append("")
-    # A "x torch" column only where torch was timed (it is optional).
-    torch = [m for m in s["modes"] if any(m + "_x_torch" in r for r in group)]
-    head = "| path |"
-    for m in s["modes"]:
-      head += f" {m} ms | {m} GFLOP/s | {m} % mm | {m} x anchor |"
-      head += f" {m} x torch |" if m in torch else ""
-    head += " peak RSS MiB | RSS x anchor | XLA temp MiB |"
-    out += [head, "|" + "---|" * (head.count("|") - 1)]
-    last = s["modes"][-1]
-    for r in group:
-      line = f"| {r['path']} |"
-      if r.get("skipped"):
-        out.append(line + f" skipped: {r['skipped']} |")
-        continue
-      for m in s["modes"]:
-        line += (f" {_fmt(r.get(m + '_ms'))} | {_fmt(r.get(m + '_gflops'))} |"
-                 f" {_fmt(r.get(m + '_pct_mm'), 0)} |"
-                 f" {_fmt(r.get(m + '_x_anchor'), 2)} |")
-        if m in torch:
-          line += f" {_fmt(r.get(m + '_x_torch'), 2)} |"
-      rss = r.get(f"{last}_rss")
-      temp = r.get(f"{last}_xla_temp")
-      line += (f" {_fmt(rss and rss / 2**20, 0)} |"
-               f" {_fmt(r.get(last + '_rss_x_anchor'), 2)} |"
-               f" {_fmt(temp and temp / 2**20, 0)} |")
-      out.append(line)
-    out.append("")
-  out += window_scaling(rows)
-  out += train_step_tables(steps)
-  return "\n".join(out)
+def _sections(blocks) -> str:
+  """Blocks (a heading and its table) each followed by a blank line; ""
+  for none, so an unmeasured section leaves no trace."""
+  return "".join(b + "\n\n" for b in blocks)
 
 
-def _ratio(r, peer):
+def _shape_key(r) -> tuple:
+  """What one shape table shares: set, length, mask, dtype and modes."""
+  return (r["set"], r["n"], r["causal"], r["dtype"], tuple(r["modes"]))
+
+
+def _shape_row(r, modes, torch) -> list:
+  """One path's cells: per mode time, GFLOP/s, % of matmul, ratios; then
+  the last mode's peak RSS and XLA scratch."""
+  if r.get("skipped"):
+    return [r["path"], f"skipped: {r['skipped']}"]
+  cells = [r["path"]]
+  for m in modes:
+    cells += [_fmt(r.get(m + "_ms")), _fmt(r.get(m + "_gflops")),
+              _fmt(r.get(m + "_pct_mm"), 0), _fmt(r.get(m + "_x_anchor"), 2)]
+    cells += [_fmt(r.get(m + "_x_torch"), 2)] if m in torch else []
+  rss, temp = r.get(f"{modes[-1]}_rss"), r.get(f"{modes[-1]}_xla_temp")
+  return cells + [_fmt(rss and rss / 2**20, 0),
+                  _fmt(r.get(modes[-1] + "_rss_x_anchor"), 2),
+                  _fmt(temp and temp / 2**20, 0)]
+
+
+def _shape_block(group) -> str:
+  """One shape's heading and table, a row per path; an "x torch" column
+  only where torch was timed (it is optional)."""
+  s, modes = group[0], group[0]["modes"]
+  window = f" window={s['window']}" if s.get("window") else ""
+  torch = [m for m in modes if any(m + "_x_torch" in r for r in group)]
+  head = ["path"]
+  for m in modes:
+    head += [f"{m} ms", f"{m} GFLOP/s", f"{m} % mm", f"{m} x anchor"]
+    head += [f"{m} x torch"] if m in torch else []
+  head += ["peak RSS MiB", "RSS x anchor", "XLA temp MiB"]
+  return (f"### {s['set']}: B={s['B']} n={s['n']} D={s['D']} h={s['h']} "
+          f"{s['dtype']} causal={s['causal']}{window}\n\n"
+          + report_lib.md_table(head, [_shape_row(r, modes, torch)
+                                       for r in group]))
+
+
+def shape_tables(rows) -> str:
+  """One table per shape, in the order measured."""
+  keys = dict.fromkeys(_shape_key(r) for r in rows)
+  return _sections(_shape_block([r for r in rows if _shape_key(r) == k])
+                   for k in keys)
+
+
+def _ratio(r, peer) -> str:
+  """The median over rounds of this path's step time / the peer's, and
+  its range."""
   x = r.get(f"x_{peer}")
   return "-" if x is None else (f"{x['median']:.2f} "
                                 f"({x['min']:.2f}-{x['max']:.2f})")
 
 
-def train_step_tables(rows) -> list[str]:
-  """One table per train-step shape: ms per step and, per PyTorch peer,
-  the median over rounds of this path's time / the peer's (range)."""
-  out = []
-  for shape in dict.fromkeys(r["shape"] for r in rows):
-    group = [r for r in rows if r["shape"] == shape]
-    s = group[0]
-    peers = [p for p in ("torch", "transformer_lens")
-             if any(f"x_{p}" in r for r in group)]
-    out += [f"### train_step: {shape} (L={s['L']} H={s['H']} D={s['D']} "
-            f"T={s['T']} B={s['B']} V={s['V']})", ""]
-    head = "| path | ms per step |" + "".join(
-        f" x {p} (range) |" for p in peers)
-    out += [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in group:
-      if r.get("skipped"):
-        out.append(f"| {r['path']} | skipped: {r['skipped']} |")
-        continue
-      out.append(f"| {r['path']} | {_fmt(r['step_ms'])} |"
-                 + "".join(f" {_ratio(r, p)} |" for p in peers))
-    out.append("")
-  return out
+def _step_block(group) -> str:
+  """One train-step shape's heading and table: ms per step and, per
+  PyTorch peer timed, the ratio to it."""
+  s = group[0]
+  peers = [p for p in PEERS if any(f"x_{p}" in r for r in group)]
+  rows = [[r["path"], f"skipped: {r['skipped']}"] if r.get("skipped")
+          else [r["path"], _fmt(r["step_ms"])] + [_ratio(r, p) for p in peers]
+          for r in group]
+  return (f"### train_step: {s['shape']} (L={s['L']} H={s['H']} D={s['D']} "
+          f"T={s['T']} B={s['B']} V={s['V']})\n\n"
+          + report_lib.md_table(["path", "ms per step"]
+                                + [f"x {p} (range)" for p in peers], rows))
 
 
-def window_scaling(rows) -> list[str]:
-  """Lines comparing each path's sliding-window time at the longest n
-  with its time at the shortest scaled by the length ratio (1.0 = linear
-  in n), for time and peak RSS."""
-  timed = [r for r in rows if r["set"] == "window" and "fwdbwd_ms" in r]
-  lines = []
-  for path in dict.fromkeys(r["path"] for r in timed):
-    mine = sorted((r for r in timed if r["path"] == path),
-                  key=lambda r: r["n"])
-    if len(mine) < 2:
-      continue
-    lo, hi = mine[0], mine[-1]
-    grow = hi["n"] / lo["n"]
-    lines.append(
-        f"- {path}: fwd+bwd at n={hi['n']} is "
-        f"{hi['fwdbwd_ms'] / (grow * lo['fwdbwd_ms']):.2f}x its n={lo['n']} "
-        f"time scaled by {grow:g} (1.00 = linear in n); peak RSS grew "
-        f"{hi['fwdbwd_rss'] / lo['fwdbwd_rss']:.2f}x.")
-  return (["### window: time against length", ""] + lines + [""]
-          if lines else [])
+def train_step_tables(rows) -> str:
+  """One table per train-step shape, in the order measured."""
+  shapes = dict.fromkeys(r["shape"] for r in rows)
+  return _sections(_step_block([r for r in rows if r["shape"] == shape])
+                   for shape in shapes)
 
 
-def _header(meta) -> str:
-  """The command and the machine the times were taken on."""
-  return (f"Command: python -m experiments.benchmark "
-          f"{' '.join(meta['argv'])}\n"
-          f"({meta['date']}, jax {meta['jax']}, {meta['backend']}, "
-          f"{meta['cpus']} CPUs, torch {meta.get('torch')}, "
-          f"transformer_lens {meta.get('transformer_lens')}, "
-          f"load average {meta['load_avg_start'][0]:.1f} "
-          f"at start, {meta['load_avg_end'][0]:.1f} at end)\n\n")
+def window_scaling(scaling) -> str:
+  """Each path's sliding-window time at the longest n against its time at
+  the shortest scaled by the length ratio (`run.window_scaling`)."""
+  lines = [f"- {w['path']}: fwd+bwd at n={w['n_long']} is "
+           f"{w['time_x_linear']:.2f}x its n={w['n_short']} time scaled by "
+           f"{w['n_long'] / w['n_short']:g} (1.00 = linear in n); peak RSS "
+           f"grew {w['rss_growth']:.2f}x." for w in scaling]
+  return _sections(["### window: time against length\n\n" + "\n".join(lines)]
+                   if lines else [])
 
 
-def write(config, results, workdir) -> dict:
-  """table.md (the table printed too) and results.json in `workdir`;
-  returns what results.json holds."""
-  workdir = pathlib.Path(workdir)
-  meta = results["meta"]
-  table = markdown(results["rows"], meta["matmul_gflops"], config.matmul_n,
-                   results.get("train_step", ()))
-  written = report_lib.write_outputs(workdir, results, _header(meta) + table,
-                                       config=config)
-  # This report has always been table.md (the docs link it by that name).
-  (workdir / "report.md").replace(workdir / "table.md")
-  print(table)
-  print(f"Done in {meta['seconds']:.0f} s: {workdir / 'table.md'}")
-  return written
+def values(saved: dict) -> dict:
+  """The template's values, each written as the report shows it."""
+  meta, mm = saved["meta"], saved["meta"]["matmul_gflops"]
+  return {
+      "argv": " ".join(meta["argv"]),
+      "date": meta["date"],
+      "jax": meta["jax"],
+      "backend": meta["backend"],
+      "cpus": str(meta["cpus"]),
+      "torch": str(meta.get("torch")),
+      "transformer_lens": str(meta.get("transformer_lens")),
+      "load_start": report_lib.fmt(meta["load_avg_start"][0], digits=1),
+      "load_end": report_lib.fmt(meta["load_avg_end"][0], digits=1),
+      "matmul_n": str(saved["config"]["matmul_n"]),
+      "matmul_float32": report_lib.fmt(mm["float32"], digits=1),
+      "matmul_bfloat16": report_lib.fmt(mm["bfloat16"], digits=1),
+      "shape_tables": shape_tables(saved["rows"]),
+      "window_scaling": window_scaling(saved["window_scaling"]),
+      "train_step_tables": train_step_tables(saved.get("train_step", ())),
+  }

@@ -2,7 +2,9 @@
 
 `measure` times every (shape set, shape, path) of `configs/benchmark.py`,
 each case in its own process (`experiments.benchmark.bench`), with the
-machine and load it ran on.
+machine and load it ran on, and derives how the sliding-window times grow
+with length (`window_scaling`), so results.json holds every number the
+table shows.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ def measure(config, workdir) -> dict:
   """{"meta": the date, versions, machine, load, argv, config and seconds;
   "rows": one dict per (set, shape, path), `bench.sweep`'s; "train_step":
   one dict per (shape, path) of the train-step set, `train_step.sweep`'s
-  (empty when that set is not chosen)}."""
+  (empty when that set is not chosen); "window_scaling": `window_scaling`
+  of the rows}."""
   if config.keep_freed_memory:
     # Before JAX runs anything: made after the matmul yardstick, the
     # text-size step still faulted as often as without it (90,000 a step
@@ -43,7 +46,28 @@ def measure(config, workdir) -> dict:
           "config": config.to_dict(), "seconds": time.time() - start}
   meta["torch"] = _version("torch")
   meta["transformer_lens"] = _version("transformer_lens")
-  return {"meta": meta, "rows": rows, "train_step": steps}
+  return {"meta": meta, "rows": rows, "train_step": steps,
+          "window_scaling": window_scaling(rows)}
+
+
+def window_scaling(rows) -> list[dict]:
+  """Per path timed in the "window" set at two lengths or more: its
+  fwd+bwd time at the longest n over its time at the shortest scaled by
+  the length ratio ("time_x_linear", 1.0 = linear in n) and how much its
+  peak RSS grew ("rss_growth")."""
+  timed = [r for r in rows if r["set"] == "window" and "fwdbwd_ms" in r]
+  out = []
+  for path in dict.fromkeys(r["path"] for r in timed):
+    mine = sorted((r for r in timed if r["path"] == path),
+                  key=lambda r: r["n"])
+    if len(mine) < 2:
+      continue
+    lo, hi = mine[0], mine[-1]
+    grow = hi["n"] / lo["n"]
+    out.append({"path": path, "n_short": lo["n"], "n_long": hi["n"],
+                "time_x_linear": hi["fwdbwd_ms"] / (grow * lo["fwdbwd_ms"]),
+                "rss_growth": hi["fwdbwd_rss"] / lo["fwdbwd_rss"]})
+  return out
 
 
 def _version(package):

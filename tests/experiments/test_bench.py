@@ -4,6 +4,7 @@ import pytest
 
 from experiments.benchmark import bench
 from experiments.benchmark import report
+from experiments.benchmark import run
 
 
 def _row(path, fwd_ms, rss=100):
@@ -48,10 +49,9 @@ def _header(table):
 
 
 def test_table_has_a_torch_column_only_when_torch_was_timed():
-  mm = {"float32": 100.0, "bfloat16": 50.0}
   with_torch = bench.ratios([_row("flash", 90.0), _row("jax.nn", 150.0),
                              _row("torch", 45.0)], ["fwd"])
-  table = report.markdown(with_torch, mm)
+  table = report.shape_tables(with_torch)
   cols = [c.strip() for c in _header(table).strip("|").split("|")]
   flash = next(l for l in table.splitlines() if l.startswith("| flash |"))
   cells = [c.strip() for c in flash.strip("|").split("|")]
@@ -59,5 +59,21 @@ def test_table_has_a_torch_column_only_when_torch_was_timed():
   assert cells[cols.index("fwd x torch")] == "2.00"
   without = bench.ratios([_row("flash", 90.0), _row("jax.nn", 150.0)],
                          ["fwd"])
-  assert "x torch" not in _header(report.markdown(without, mm))
+  assert "x torch" not in _header(report.shape_tables(without))
 
+
+
+def test_window_scaling_is_saved_by_the_run_and_read_by_the_table():
+  def window(path, n, ms, rss):
+    return {**_row(path, None), "set": "window", "n": n, "modes": ["fwdbwd"],
+            "fwdbwd_ms": ms, "fwdbwd_rss": rss}
+  rows = [window("flash", 1024, 10.0, 100), window("flash", 4096, 60.0, 150),
+          window("einsum", 1024, 10.0, 100)]  # one length: no ratio
+  scaling = run.window_scaling(rows)
+  assert [w["path"] for w in scaling] == ["flash"]
+  assert scaling[0]["time_x_linear"] == pytest.approx(1.5)
+  assert scaling[0]["rss_growth"] == pytest.approx(1.5)
+  assert ("- flash: fwd+bwd at n=4096 is 1.50x its n=1024 time scaled by 4 "
+          "(1.00 = linear in n); peak RSS grew 1.50x.") in (
+              report.window_scaling(scaling))
+  assert report.window_scaling([]) == ""
