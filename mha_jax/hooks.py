@@ -81,6 +81,16 @@ _LETTERS = {"q": "B, Tq, H, Dh", "k": "B, Tk, K, Dh", "v": "B, Tk, K, Dv",
 Patch = jax.Array | Callable[[jax.Array], jax.Array]
 
 
+def outputs(main, *asked):
+  """What a user-facing call returns: `main` alone when nothing else was
+  asked for, else `(main, *parts)` with the asked-for parts in the
+  caller's fixed order (None marks a part not asked for). The one return
+  convention of `multi_head_attention` (captures, weights) and the models
+  (cache, captures, weights)."""
+  parts = tuple(p for p in asked if p is not None)
+  return (main, *parts) if parts else main
+
+
 def _leaf(site: str) -> str:
   return site.rsplit(".", 1)[-1]
 

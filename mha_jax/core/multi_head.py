@@ -395,12 +395,9 @@ def multi_head_attention(params, x_q, x_kv=None, *, mask=None, bias=None,
   if unbatched:
     y = y[0]
     captured = {n: a[0] for n, a in captured.items()}
-  out = [y]
-  if capture:
-    out.append({n: captured[n] for n in capture})
-  if return_weights:
-    out.append(captured["pattern"])
-  return out[0] if len(out) == 1 else tuple(out)
+  return hooks_lib.outputs(
+      y, {n: captured[n] for n in capture} if capture else None,
+      captured["pattern"] if return_weights else None)
 
 
 def cached_attention(params, x, cache, *, lengths=None, rotary_base=None,

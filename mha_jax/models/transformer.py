@@ -119,16 +119,14 @@ class _HookNames:
 
 
 def _outputs(main, *, cache=None, capture=(), hooks=None, weights=None):
-  """`main`, then the cache, the captured dict and the weights if asked."""
-  out = [main]
-  if cache is not None:
-    out.append(cache)
-  if capture:
-    out.append({n: hooks.captured[n] for n in capture})
-  if weights is not None:
-    out.append({k: jnp.stack([hooks.captured[n] for n in names])
-                for k, names in weights.items()})
-  return out[0] if len(out) == 1 else tuple(out)
+  """`main`, then the cache, the captured dict and the weights if asked
+  (`hooks.outputs`)."""
+  return hooks_lib.outputs(
+      main, cache,
+      {n: hooks.captured[n] for n in capture} if capture else None,
+      None if weights is None else
+      {k: jnp.stack([hooks.captured[n] for n in names])
+       for k, names in weights.items()})
 
 
 def _default_positions(inputs):
