@@ -31,7 +31,7 @@ def run(config, workdir) -> dict:
   (report.py).
 
   Returns what results.json holds: {"heads": points, "length": points,
-  "slopes": {path: {"time", "memory"}}}.
+  "slopes", "head_effects", "took_s", "jax", "backend", "config"}.
   """
   results = run_lib.measure(config, workdir)
   return report.write(config, results, workdir)

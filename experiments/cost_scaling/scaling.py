@@ -77,7 +77,8 @@ def series(points, path, key, along):
 
 
 def length_slopes(points, fit_points) -> dict:
-  """path -> {"time", "memory"}: log-log slopes over the largest n."""
+  """path -> {"time", "memory", "xla_flops"}: log-log slopes over the
+  `fit_points` largest n ("xla_flops" only for paths XLA counts)."""
   out = {}
   for path in sorted({p["path"] for p in points}):
     ns, ts = series(points, path, "time_ms", "n")
@@ -85,4 +86,24 @@ def length_slopes(points, fit_points) -> dict:
     out[path] = {
         "time": timing.loglog_slope(ns[-fit_points:], ts[-fit_points:]),
         "memory": timing.loglog_slope(ns[-fit_points:], ms[-fit_points:])}
+    ns, fl = series(points, path, "xla_flops", "n")
+    if fl:
+      out[path]["xla_flops"] = timing.loglog_slope(ns[-fit_points:],
+                                                   fl[-fit_points:])
+  return out
+
+
+def head_effects(points) -> dict:
+  """path -> how its cost moves with h at fixed n: "time_max_over_min",
+  "memory_slope" (log-log, scratch bytes on h) and, for paths XLA counts,
+  "xla_flops_max_over_min"."""
+  out = {}
+  for path in sorted({p["path"] for p in points}):
+    hs, ts = series(points, path, "time_ms", "h")
+    _, ms = series(points, path, "train_temp_bytes", "h")
+    out[path] = {"time_max_over_min": max(ts) / min(ts),
+                 "memory_slope": timing.loglog_slope(hs, ms)}
+    _, fl = series(points, path, "xla_flops", "h")
+    if fl:
+      out[path]["xla_flops_max_over_min"] = max(fl) / min(fl)
   return out
