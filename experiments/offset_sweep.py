@@ -14,7 +14,8 @@ from a grid on a separate selection seed, then trains the reported seeds
 at that rate, and checks that a run twice as long does not do better
 (the plateau check). Two experiments run it, `experiments.two_offsets`
 and `experiments.head_dim`, so it lives beside them rather than in
-either; what both reports say about a sweep is `offset_sweep_report`'s.
+either; what both reports say about a sweep is `offset_sweep_report`'s
+(and its template, offset_sweep_report.md.tmpl).
 """
 
 from __future__ import annotations
@@ -239,10 +240,14 @@ def compare_settings(results: dict, key: str, reference: str) -> dict:
   return out
 
 
+def head_summary(rs) -> dict:
+  """`stats.summary` over the seeds of one setting's runs of the best
+  head's weight on t-1 and on t-3 ("best_offset1", "best_offset3")."""
+  return {f"best_offset{o}": stats.summary([np.max(r[f"offset{o}"])
+                                            for r in rs]) for o in (1, 3)}
+
+
 def setting_summary(rs) -> dict:
   """`stats.summary` over the seeds of one setting's continuous runs: the
-  "nmse" and the best head's weight on t-1 and t-3 ("best_offset1",
-  "best_offset3")."""
-  return {"nmse": stats.summary([r["nmse"] for r in rs]),
-          "best_offset1": stats.summary([r["offset1"].max() for r in rs]),
-          "best_offset3": stats.summary([r["offset3"].max() for r in rs])}
+  "nmse", and the best head's weights of `head_summary`."""
+  return {"nmse": stats.summary([r["nmse"] for r in rs]), **head_summary(rs)}

@@ -2,12 +2,16 @@
 
 `experiments.two_offsets` and `experiments.head_dim` both report a
 `tuned_sweep`: its NMSE cells, the learning-rate table and plateau check,
-the curves, the sentence that links the explorer page of one run and
-how the runs were trained. Written here once so both reports read alike;
-kept apart from the sweep itself, as a report is kept from its run.
+the curves, and how the runs were trained. The methods paragraph both
+reports share is offset_sweep_report.md.tmpl beside this file; `values`
+fills it and gives the other values both reports' templates use, from
+results.json alone. Written here once so both reports read alike; kept
+apart from the sweep itself, as a report is kept from its run.
 """
 
 from __future__ import annotations
+
+import pathlib
 
 import numpy as np
 
@@ -15,13 +19,7 @@ from experiments.offset_sweep import TARGET_VARIANCE
 from mha_jax.measure import curves
 from mha_jax.measure import report as report_lib
 
-
-def explorer_text(label: str, seed: int) -> str:
-  """The report's sentence that links the page `write_explorer` wrote of
-  the run of `label` with `seed`."""
-  return (f"Every head of the {label} model (seed {seed}) on the held-out "
-          "batch of the table, in a browser: [explorer.html](explorer.html) "
-          "(the inputs are vectors, so positions label them).")
+METHODS = pathlib.Path(__file__).with_name("offset_sweep_report.md.tmpl")
 
 
 def plot_nmse_curves(curve_lists: dict, *, title: str, path: str) -> None:
@@ -47,12 +45,12 @@ def difference_cell(d: dict) -> str:
 
 def offset_cells(summ: dict) -> list[str]:
   """The best head's weight on t-1 and on t-3 (mean ± std, 2 decimals)
-  of a `setting_summary`."""
+  of a `head_summary`."""
   return [report_lib.fmt(summ[k]["mean"], summ[k]["std"], 2)
           for k in ("best_offset1", "best_offset3")]
 
 
-def selection_rows(selection: dict, plateau: dict) -> list[list[str]]:
+def selection_table(selection: dict, plateau: dict) -> str:
   """Per setting of a `tuned_sweep`: the held-out NMSE at every rate of
   the grid, the chosen rate, and the plateau check (NMSE at the run's
   length -> at the longer run)."""
@@ -67,7 +65,62 @@ def selection_rows(selection: dict, plateau: dict) -> list[list[str]]:
                  (f"{p['loss'] / TARGET_VARIANCE:.3g} → "
                   f"{p['long_loss'] / TARGET_VARIANCE:.3g}"
                   if p else "not run")])
-  return rows
+  return report_lib.md_table(["setting", "NMSE per learning rate", "chosen",
+                              "plateau check"], rows)
+
+
+def _plateau(e, num_steps: int) -> str:
+  """The methods paragraph's plateau-check sentence; none without one."""
+  if e["plateau_factor"] <= 1:
+    return ""
+  return (f" Plateau check: the selection seed at the chosen rate trained "
+          f"{e['plateau_factor']}x as long "
+          f"({e['plateau_factor'] * num_steps} steps, the schedule "
+          f"stretched) against the same seed at {num_steps} steps.")
+
+
+def methods(config: dict) -> str:
+  """How `tuned_sweep` trained and measured: the shared template filled
+  from a results.json's config."""
+  e, tr, task = config["experiment"], config["train"], config["task"]
+  return report_lib.fill(METHODS, {
+      "positions": config["model"]["positions"],
+      "seq_len": task["seq_len"], "num_steps": tr["num_steps"],
+      "batch_size": task["batch_size"], "warmup_steps": tr["warmup_steps"],
+      "end_lr_fraction": f"{tr['end_lr_fraction']:g}",
+      "learning_rates": list(e["learning_rates"]),
+      "selection_seed": e["selection_seed"],
+      "plateau": _plateau(e, tr["num_steps"]), "seeds": list(e["seeds"]),
+      "analysis_examples": e["analysis_examples"]}).rstrip("\n")
+
+
+def values(name: str, saved: dict, selection: dict, plateau: dict) -> dict:
+  """The values both sweep reports' templates use: the command of
+  `experiments.<name>` and its wall time, the methods paragraph, and the
+  learning-rate table (`selection`, `plateau`: the `tuned_sweep`'s) with
+  the numbers of the sentence above it."""
+  config = saved["config"]
+  return {
+      "command": report_lib.command(f"experiments.{name}"),
+      "wall_time": report_lib.wall_time(saved["wall_seconds"],
+                                        saved["reused_runs"]),
+      "methods": methods(config),
+      "num_steps": config["train"]["num_steps"],
+      "plateau_factor": config["experiment"]["plateau_factor"],
+      "selection_table": selection_table(selection, plateau),
+  }
+
+
+# The report lines head_dim's report.py still writes in code, until its
+# prose moves to a template too.
+
+
+def explorer_text(label: str, seed: int) -> str:
+  """The report's sentence that links the page `write_explorer` wrote of
+  the run of `label` with `seed`."""
+  return (f"Every head of the {label} model (seed {seed}) on the held-out "
+          "batch of the table, in a browser: [explorer.html](explorer.html) "
+          "(the inputs are vectors, so positions label them).")
 
 
 def selection_section(config, selection: dict, plateau: dict) -> list[str]:
@@ -79,15 +132,12 @@ def selection_section(config, selection: dict, plateau: dict) -> list[str]:
       f"{config.train.num_steps} steps → at "
       f"{config.experiment.plateau_factor}x as many):",
       "",
-      report_lib.md_table(["setting", "NMSE per learning rate", "chosen",
-                           "plateau check"],
-                          selection_rows(selection, plateau))]
+      selection_table(selection, plateau)]
 
 
 def report_header(title: str, name: str, results: dict) -> list[str]:
   """A sweep report's first lines: its title, then the command of
-  `experiments.<name>`, its config and how long it took ("wall_seconds",
-  "reused_runs" of `results`)."""
+  `experiments.<name>`, its config and how long it took."""
   took = report_lib.wall_time(results["wall_seconds"], results["reused_runs"])
   return [f"# {title}", "",
           f"Command: {report_lib.command(f'experiments.{name}')} "
@@ -96,23 +146,4 @@ def report_header(title: str, name: str, results: dict) -> list[str]:
 
 def tuning_text(config) -> str:
   """How `tuned_sweep` trained and measured, for a report."""
-  e, tr = config.experiment, config.train
-  plateau = (f" Plateau check: the selection seed at the chosen rate "
-             f"trained {e.plateau_factor}x as long "
-             f"({e.plateau_factor * tr.num_steps} steps, the schedule "
-             f"stretched) against the same seed at {tr.num_steps} steps."
-             if e.plateau_factor > 1 else "")
-  return (
-      f"{config.model.positions} positions, sequences of "
-      f"{config.task.seq_len}, {tr.num_steps} steps of batch "
-      f"{config.task.batch_size}, linear warmup over {tr.warmup_steps} steps "
-      f"then cosine decay to {tr.end_lr_fraction:g}x the peak. Learning "
-      f"rate per setting: the one of {list(e.learning_rates)} with the "
-      f"lowest held-out loss on seed {e.selection_seed}, which is not a "
-      f"reported seed.{plateau} Reported seeds {list(e.seeds)}; numbers on "
-      f"{e.analysis_examples} held-out sequences drawn per seed (positions "
-      f"t >= 3). NMSE = MSE / target variance, which is exactly 1 here "
-      f"(every target coordinate is a coordinate of some u_s ~ N(0, 1)); 0 "
-      f"is perfect, 1 is predicting the mean. Cells are mean ± sample std "
-      f"[95% t interval of the mean]; differences carry Welch 95% "
-      f"intervals.")
+  return methods(config.to_dict())

@@ -13,6 +13,8 @@ from __future__ import annotations
 import pathlib
 import time
 
+import numpy as np
+
 from experiments import offset_sweep
 from mha_jax.measure import stats
 
@@ -22,9 +24,10 @@ TOKEN = "two_offset_token"
 
 def explorer_run(config) -> tuple[int, int]:
   """`(h, seed)` of the continuous run the explorer page shows: the
-  fewest heads above one (each head can own one offset), first seed."""
-  e = config.experiment
-  return next((h for h in e.heads if h > 1), e.heads[0]), e.seeds[0]
+  fewest heads above one (each head can own one offset), first seed.
+  `config`: the ConfigDict, or the dict results.json holds."""
+  heads, seeds = config["experiment"]["heads"], config["experiment"]["seeds"]
+  return next((h for h in heads if h > 1), heads[0]), seeds[0]
 
 
 def measure(config, workdir, *, reuse: bool = False) -> dict:
@@ -61,11 +64,19 @@ def summarise(cont, tok) -> dict:
       "continuous": {k: {**offset_sweep.setting_summary(rs),
                          "split_heads": sum(r["split_heads"] for r in rs)}
                      for k, rs in cont.items()},
-      "token": {k: {"accuracy": stats.summary([r["accuracy"] for r in rs]),
-                    "loss": stats.summary([r["loss"] for r in rs])}
-                for k, rs in tok.items()},
+      "token": {k: _token_summary(rs) for k, rs in tok.items()},
       "continuous_vs_h1": offset_sweep.compare_settings(cont, "nmse", "h=1"),
       "token_loss_vs_h1": offset_sweep.compare_settings(tok, "loss", "h=1"),
       "token_accuracy_vs_h1": offset_sweep.compare_settings(tok, "accuracy",
                                                            "h=1"),
   }
+
+
+def _token_summary(rs) -> dict:
+  """One token setting over seeds: accuracy, loss, the best head's weight
+  on t-1 and t-3, and the lowest head entropy (`stats.summary` each)."""
+  return {"accuracy": stats.summary([r["accuracy"] for r in rs]),
+          "loss": stats.summary([r["loss"] for r in rs]),
+          **offset_sweep.head_summary(rs),
+          "lowest_entropy": stats.summary([np.min(r["entropy"])
+                                           for r in rs])}
