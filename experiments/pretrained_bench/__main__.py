@@ -16,13 +16,13 @@ decoder LMs); the tables: `report.py`.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import pathlib
 import time
 
 from absl import app
 from absl import flags
+import ml_collections
 
 from experiments import cli
 from experiments.pretrained_bench import decoders
@@ -68,9 +68,10 @@ def _minilm() -> tuple[dict, dict]:
   tok = mha_jax.load_tokenizer(minilm)
   ids, mask = pretrained.encode(tok, [_TEXT * 8] * _BATCH.value,
                                 max_len=_LENGTH.value)
+  speed = run.measure_speed(minilm, ids, mask)
   return {"all-MiniLM-L6-v2": minilm}, {
-      "batch": _BATCH.value, "length": _LENGTH.value,
-      "speed": run.measure_speed(minilm, ids, mask)}
+      "batch": _BATCH.value, "length": _LENGTH.value, "speed": speed,
+      "speed_x_torch": run.speed_ratios(speed)}
 
 
 def _gguf(name: str) -> dict:
@@ -82,6 +83,13 @@ def _gguf(name: str) -> dict:
           "speed": decoders.measure(
               path, prefill=_PREFILL.value, prompt=_PROMPT.value,
               new_tokens=_NEW_TOKENS.value, repeats=_ROUNDS.value)}
+
+
+def _config() -> ml_collections.ConfigDict:
+  """The flags' values, which results.json keeps as the run's config."""
+  return ml_collections.ConfigDict({f.name: f.value for f in (
+      _MINILM, _BIG_LAYERS, _BATCH, _LENGTH, _GGUF, _PREFILL, _PROMPT,
+      _NEW_TOKENS, _ROUNDS)})
 
 
 def main(argv):
@@ -106,9 +114,7 @@ def main(argv):
   results.update(date=datetime.date.today().isoformat(),
                  seconds=time.perf_counter() - start, cores=os.cpu_count(),
                  loadavg=[load_start, os.getloadavg()[0]])
-  (workdir / "results.json").write_text(json.dumps(results, indent=2))
-  (workdir / "table.md").write_text(report.table(results))
-  print(report.table(results))
+  report.write(_config(), results, workdir)
 
 
 if __name__ == "__main__":

@@ -1,84 +1,79 @@
-"""The benchmark's tables, from its results dict alone."""
+"""Loading and running pretrained checkpoints, reporting: table.md.
+
+`write` turns what `__main__` measured into table.md and results.json;
+nothing here loads or times a model. The prose is report.md.tmpl beside
+this file, with the two parts a run may leave out or repeat in templates
+of their own: minilm.md.tmpl (the MiniLM speed, skipped by --nominilm)
+and gguf.md.tmpl (one GGUF decoder LM's section, once per model).
+`render` fills them from results.json alone, so a run's table
+regenerates from its results.json.
+"""
 
 from __future__ import annotations
 
+import pathlib
+
 from mha_jax.measure import report as report_lib
 
-
-def table(results) -> str:
-  """table.md: the run's line, the MiniLM part (when it ran), then one
-  section per GGUF model."""
-  parts = [run_line(results)] if "seconds" in results else []
-  if results.get("load"):
-    parts.append(load_table(results["load"]))
-  if "speed" in results:
-    parts.append(minilm_table(results))
-  for r in results.get("gguf", {}).values():
-    parts.append(gguf_section(r))
-  return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
+HERE = pathlib.Path(__file__).parent
+TEMPLATE = HERE / "report.md.tmpl"
+MINILM_TEMPLATE = HERE / "minilm.md.tmpl"
+GGUF_TEMPLATE = HERE / "gguf.md.tmpl"
 
 
-def run_line(results) -> str:
-  """When, how long, and how busy the machine was."""
-  start, end = results["loadavg"]
-  return (f"Run {results['date']}: "
-          f"{report_lib.wall_time(results['seconds'], reused=False)} "
-          f"({results['cores']} cores); load average over 1 minute "
-          f"{start:.1f} at the start, {end:.1f} at the end.")
+def write(config, results, workdir) -> dict:
+  """table.md (printed too) and results.json in `workdir`; returns what
+  results.json holds."""
+  workdir = pathlib.Path(workdir)
+  saved = report_lib.saved_results(results, config=config)
+  written = report_lib.write_outputs(workdir, saved, render(saved),
+                                     config=config)
+  # This report has always been table.md (docs/pretrained.md quotes it).
+  table = workdir / "table.md"
+  (workdir / "report.md").replace(table)
+  print(table.read_text())
+  return written
+
+
+def render(saved: dict) -> str:
+  """table.md from results.json's contents (`saved`, config included)."""
+  return report_lib.fill(TEMPLATE, values(saved))
+
+
+def _part(text: str) -> str:
+  """A part of the page followed by a blank line; "" stays "", so a part
+  that was not measured leaves no trace."""
+  return text.rstrip("\n") + "\n\n" if text else ""
 
 
 def load_table(loads) -> str:
-  lines = ["| checkpoint | loader | size MB | load s | peak RSS - base MB "
-           "| peak / size |", "|---|---|---|---|---|---|"]
-  for name, by_loader in loads.items():
-    for loader, r in by_loader.items():
-      lines.append(f"| {name} | {loader} | {r['checkpoint_mb']:.0f} | "
-                   f"{r['seconds']:.2f} | {r['peak_mb'] - r['base_mb']:.0f} "
-                   f"| {r['peak_over_size']:.2f} |")
-  return "\n".join(lines)
+  """One row per (checkpoint, loader): size, seconds, peak RSS over the
+  RSS after the imports, and that peak over the size."""
+  return report_lib.md_table(
+      ["checkpoint", "loader", "size MB", "load s", "peak RSS - base MB",
+       "peak / size"],
+      [[name, loader, f"{r['checkpoint_mb']:.0f}", f"{r['seconds']:.2f}",
+        f"{r['peak_mb'] - r['base_mb']:.0f}", f"{r['peak_over_size']:.2f}"]
+       for name, by_loader in loads.items()
+       for loader, r in by_loader.items()])
 
 
-def minilm_table(results) -> str:
-  s = results["speed"]
-  lines = [f"MiniLM, batch {results['batch']} x {results['length']} "
-           "tokens, seconds: median / minimum (minimum over torch's, 2 "
-           "threads):", "", "| path | forward | loss + grad |",
-           "|---|---|---|"]
-  for path, r in s.items():
-    cells = [f"{r[k][0]:.4f} / {r[k][1]:.4f} "
-             f"({r[k][1] / s['torch'][k][1]:.2f}x)"
-             for k in ("forward", "loss_grad")]
-    lines.append(f"| {path} | {cells[0]} | {cells[1]} |")
-  return "\n".join(lines)
-
-
-def gguf_section(r) -> str:
-  """One GGUF model: its loads, then prefill and decode against torch."""
-  loads = report_lib.md_table(
-      ["loader", "file MB", "float32 MB", "load s", "peak RSS - base MB",
-       "peak / float32"],
-      [[loader, f"{x['file_mb']:.0f}", f"{x['checkpoint_mb']:.0f}",
-        f"{x['seconds']:.2f}", f"{x['peak_mb'] - x['base_mb']:.0f}",
-        f"{x['peak_over_size']:.2f}"] for loader, x in r["load"].items()])
-  return "\n".join([f"### {r['title']}", "", loads, "", speed_note(r["speed"]),
-                    "", speed_table(r["speed"])])
-
-
-def speed_note(s) -> str:
-  return (f"One sequence, float32 weights, {s['repeats']} rounds after an "
-          f"untimed first call. Prefill: {s['prefill']} tokens, logits at "
-          f"every position, no cache. Decode: {s['new_tokens']} greedy "
-          f"tokens after a {s['prompt']}-token prompt with the KV cache "
-          "(tokens/s over the whole call). x torch: median over rounds of "
-          "the time over torch's in the same round (at or below 1: as fast "
-          f"as torch or faster). transformers' attention: "
-          f"{s['attn_implementation']}. Same tokens: leading tokens equal "
-          f"to those of {s['reference']}. Load average over 1 minute as the "
-          f"rounds began: {min(s['loadavg']):.1f} to "
-          f"{max(s['loadavg']):.1f}.")
+def minilm_section(saved) -> str:
+  """The MiniLM speed table: median / minimum seconds per path, and its
+  minimum over torch's (`run.speed_ratios`)."""
+  rows = [[path] + [f"{r[k][0]:.4f} / {r[k][1]:.4f} "
+                    f"({saved['speed_x_torch'][path][k]:.2f}x)"
+                    for k in ("forward", "loss_grad")]
+          for path, r in saved["speed"].items()]
+  return report_lib.fill(MINILM_TEMPLATE, {
+      "batch": str(saved["batch"]), "length": str(saved["length"]),
+      "speed_table": report_lib.md_table(
+          ["path", "forward", "loss + grad"], rows)})
 
 
 def speed_table(s) -> str:
+  """Prefill seconds, decode tokens/s, first calls and agreeing tokens
+  per contestant, with its ratios to torch at each thread count."""
   torch_names = list(s["summary"]["prefill"])[::-1]  # most threads first
   n = s["new_tokens"]
   ratio_head = " / ".join(t.split()[1] for t in torch_names)
@@ -98,3 +93,37 @@ def speed_table(s) -> str:
        f"x torch {ratio_head} threads", "decode tokens/s: median / best",
        f"x torch {ratio_head} threads", "first call s: prefill / decode",
        "same tokens"], rows)
+
+
+def gguf_section(r) -> str:
+  """One GGUF model: its loads, then prefill and decode against torch."""
+  s = r["speed"]
+  loads = report_lib.md_table(
+      ["loader", "file MB", "float32 MB", "load s", "peak RSS - base MB",
+       "peak / float32"],
+      [[loader, f"{x['file_mb']:.0f}", f"{x['checkpoint_mb']:.0f}",
+        f"{x['seconds']:.2f}", f"{x['peak_mb'] - x['base_mb']:.0f}",
+        f"{x['peak_over_size']:.2f}"] for loader, x in r["load"].items()])
+  return report_lib.fill(GGUF_TEMPLATE, {
+      "title": r["title"], "load_table": loads,
+      **{k: str(s[k]) for k in ("repeats", "prefill", "new_tokens", "prompt",
+                                "attn_implementation", "reference")},
+      "load_min": report_lib.fmt(min(s["loadavg"]), digits=1),
+      "load_max": report_lib.fmt(max(s["loadavg"]), digits=1),
+      "speed_table": speed_table(s)})
+
+
+def values(saved: dict) -> dict:
+  """The template's values, each written as the report shows it."""
+  start, end = saved["loadavg"]
+  return {
+      "date": saved["date"],
+      "wall_time": report_lib.wall_time(saved["seconds"], reused=False),
+      "cores": str(saved["cores"]),
+      "load_start": report_lib.fmt(start, digits=1),
+      "load_end": report_lib.fmt(end, digits=1),
+      "load_table": _part(load_table(saved["load"]) if saved["load"] else ""),
+      "minilm": _part(minilm_section(saved) if "speed" in saved else ""),
+      "gguf": "".join(_part(gguf_section(r))
+                      for r in saved["gguf"].values()),
+  }

@@ -7,7 +7,7 @@ loader that held the checkpoint twice would be near 2, one that streams
 it near 1. Speed: forward and loss + gradient of the loaded MiniLM on
 one batch, mha_jax (each attention path, jitted) against transformers
 (torch, 2 threads), median and minimum of repeated calls, as ratios of
-the minima to torch's.
+the minima to torch's (`speed_ratios`).
 """
 
 from __future__ import annotations
@@ -140,3 +140,10 @@ def measure_speed(directory, ids, mask, *, implementations=("flash",
                                    ("loss_grad", torch_grad))}
   return out
 
+
+def speed_ratios(speed) -> dict:
+  """path -> {"forward", "loss_grad"}: the path's minimum seconds over
+  torch's (`measure_speed`'s results)."""
+  return {path: {k: r[k][1] / speed["torch"][k][1]
+                 for k in ("forward", "loss_grad")}
+          for path, r in speed.items()}

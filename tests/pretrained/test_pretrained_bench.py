@@ -35,9 +35,13 @@ def test_benchmark_measures_and_reports(built):
   for times in speed.values():
     for median, least in times.values():
       assert 0 < least <= median
-  text = report.table({"load": {"tiny gpt2": {"mha_jax": load}},
-                       "speed": speed, "batch": 2, "length": ids.shape[1]})
-  assert "| tiny gpt2 | mha_jax |" in text and "| einsum |" in text
+  ratios = run.speed_ratios(speed)
+  assert ratios["torch"] == {"forward": 1.0, "loss_grad": 1.0}
+  assert "| tiny gpt2 | mha_jax |" in report.load_table(
+      {"tiny gpt2": {"mha_jax": load}})
+  text = report.minilm_section({"speed": speed, "speed_x_torch": ratios,
+                                "batch": 2, "length": ids.shape[1]})
+  assert "| einsum |" in text and "MiniLM, batch 2 x" in text
 
 
 @pytest.fixture(scope="module")
