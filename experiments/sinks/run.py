@@ -138,7 +138,7 @@ def _train_and_measure(config, workdir, reuse):
 def measure(config, workdir, *, reuse: bool = False) -> dict:
   """Train (or reuse) and measure every setting's seeds; returns the
   results dict ("summary", "comparisons", "pooled_rank_correlation",
-  "floors", "timing", "runs")."""
+  "rho_critical", "logit_range", "floors", "timing", "runs")."""
   start = time.monotonic()
   workdir = pathlib.Path(workdir)
   runs, train_s, trained, run_train_s = _train_and_measure(config, workdir,
@@ -157,9 +157,12 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
             "analysis_s": wall - train_s, "runs": len(run_train_s),
             "runs_trained_now": trained,
             "train_s_all_runs": float(sum(run_train_s)),
-            "load_average": list(os.getloadavg())}
+            "load_average": list(os.getloadavg()),
+            "cpu_count": os.cpu_count()}
   return {"summary": summary, "comparisons": comparisons,
-          "pooled_rank_correlation": pooled, "floors": floors,
+          "pooled_rank_correlation": pooled,
+          "rho_critical": rho_critical_values(pooled),
+          "logit_range": logit_range_means(runs), "floors": floors,
           "timing": timing,
           "runs": {n: {str(s): v for s, v in ps.items()}
                    for n, ps in runs.items()}}
@@ -294,3 +297,21 @@ def rho_critical(n: int, alpha: float = 0.05) -> float:
   t = float(sp_stats.t.ppf(1 - alpha / 2, n - 2))
   return t / math.sqrt(n - 2 + t * t)
 
+
+def rho_critical_values(pooled) -> dict:
+  """`rho_critical` for each number of heads a pooled correlation of
+  `_pooled_rho` is over, smallest first (str(n) -> |rho|)."""
+  ns = {p["n_heads"] for x in pooled.values() for g in x.values()
+        for p in g.values()}
+  return {str(n): rho_critical(n) for n in sorted(ns)}
+
+
+def logit_range_means(runs) -> dict:
+  """setting -> each `survey.logit_range` number per layer ([L]), the
+  mean over the setting's seeds."""
+  out = {}
+  for name, per_seed in runs.items():
+    lr = [s["logit_range"] for s in per_seed.values()]
+    out[name] = {k: [float(np.mean([r[k][l] for r in lr]))
+                     for l in range(len(v))] for k, v in lr[0].items()}
+  return out
