@@ -1,10 +1,12 @@
 """report.md and plots for experiments/kv_cache/, from its results dict.
 
-Every number in the report is read from `results` (what `run.measure`
-measured); the wording around a number changes with it, so a target that
-is missed is reported as missed. `write` adds the "summary" (slopes,
-speed-up, target verdicts) and writes the plots, report.md and
-results.json.
+`write` turns what `run.measure` returned (its "summary" included: slopes,
+speed-up, target verdicts) into the plots, report.md and results.json;
+nothing here times or counts. The prose is report.md.tmpl beside this
+file; `render` fills it from results.json alone, so a committed report
+regenerates from its results.json. Every number in the report is read
+from the results, and the wording around a number changes with it, so a
+target that is missed is reported as missed.
 """
 
 from __future__ import annotations
@@ -12,43 +14,29 @@ from __future__ import annotations
 import os
 import pathlib
 
-import numpy as np
-
 from mha_jax.measure import plots as plots_lib
 from mha_jax.measure import report as report_lib
-from mha_jax.measure import timing
 
-def summarise(cfg, results):
-  """Slopes, the speed-up at the target context, and the target verdicts."""
-  b, m = cfg.bench, cfg.model
-  rows = results["timing"]
-  n = [r["n"] for r in rows]
-  upper = [r for r in rows if r["n"] >= np.median(n)]
-  full = [r for r in rows if "nocache_s" in r]
-  slope = timing.loglog_slope
-  s = {"cached_slope": slope(n, [r["cached_s"] for r in rows]),
-       "cached_slope_upper_half": slope([r["n"] for r in upper],
-                                        [r["cached_s"] for r in upper]),
-       "nocache_slope": slope([r["n"] for r in full],
-                              [r["nocache_s"] for r in full])}
-  at = [r for r in full if r["n"] == b.target_context]
-  if at:
-    s["speedup_at_target"] = at[0]["nocache_s"] / at[0]["cached_s"]
-    s["xla_flop_ratio_at_target"] = (at[0]["nocache_xla_flops"]
-                                     / at[0]["cached_xla_flops"])
-  by_k = {r["num_kv_heads"]: r for r in results["cache_bytes"]}
-  if m.num_heads in by_k and 1 in by_k:
-    s["mqa_over_mha_bytes"] = (by_k[1]["bytes_per_sequence"]
-                               / by_k[m.num_heads]["bytes_per_sequence"])
-  s["targets"] = {
-      f"speed-up at n={b.target_context} >= {b.target_speedup:g}x":
-          s.get("speedup_at_target", 0.0) >= b.target_speedup,
-      f"cached log-log slope <= {b.target_slope:g}":
-          s["cached_slope"] <= b.target_slope,
-      f"MQA cache == 1/{m.num_heads} of MHA":
-          s.get("mqa_over_mha_bytes") == 1.0 / m.num_heads,
-  }
-  return s
+TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
+MIB = 2 ** 20
+NOT_MEASURED = (
+    "Not measured in this run. Trained MHA/GQA/MQA language models are "
+    "compared by passing `--behaviour_results=<results.json>` from the "
+    "training experiments (format in experiments/kv_cache.py).")
+
+
+def write(cfg, results, workdir) -> dict:
+  """The plots, report.md and results.json in `workdir`; returns what
+  results.json holds."""
+  workdir = pathlib.Path(workdir)
+  plots(results, workdir)
+  saved = report_lib.saved_results(results, config=cfg)
+  return report_lib.write_outputs(workdir, saved, render(saved), config=cfg)
+
+
+def render(saved: dict) -> str:
+  """report.md from results.json's contents (`saved`, config included)."""
+  return report_lib.fill(TEMPLATE, values(saved))
 
 
 def plots(results, workdir):
@@ -85,26 +73,9 @@ def plots(results, workdir):
   plots_lib.save(fig, os.path.join(workdir, "cache_bytes.png"))
 
 
-def _behaviour_section(behaviour):
-  if behaviour is None:
-    return ("Not measured in this run. Trained MHA/GQA/MQA language models "
-            "are compared by passing `--behaviour_results=<results.json>` "
-            "from the training experiments (format in experiments/"
-            "kv_cache.py).")
-  runs = behaviour.get("runs", [])
-  keys = list(dict.fromkeys(k for r in runs for k in r))
-  text = [behaviour.get("description", ""),
-          f"Command: {behaviour.get('command', '(not given)')}", "",
-          report_lib.md_table(keys, [[r.get(k, "") for k in keys]
-                                     for r in runs])]
-  return "\n".join(text)
-
-
-def report(cfg, results) -> str:
-  """The text of report.md (the plots are `plots`)."""
-  s, m, b = results["summary"], cfg.model, cfg.bench
-  mach = results["machine"]
-  timing_table = report_lib.md_table(
+def _timing_table(rows) -> str:
+  """Time and FLOPs per token at every context, cached and recomputed."""
+  return report_lib.md_table(
       ["n", "cached ms (min)", "recompute ms (min)", "speed-up",
        "cached FLOPs XLA", "cached matmul FLOPs (jaxpr)", "cached analytic",
        "recompute FLOPs XLA", "recompute analytic"],
@@ -116,149 +87,43 @@ def report(cfg, results) -> str:
         f"{r['cached_analytic_flops']:.4g}",
         f"{r['nocache_xla_flops']:.3g}" if "nocache_s" in r else "-",
         f"{r['nocache_analytic_flops']:.4g}" if "nocache_s" in r else "-"]
-       for r in results["timing"]])
-  cb = results["cache_bytes"]
-  mem = report_lib.md_table(
+       for r in rows])
+
+
+def _memory_table(cb, max_len) -> str:
+  """Cache bytes per token and per sequence for each K."""
+  return report_lib.md_table(
       ["K (kv heads)", "bytes/token (.nbytes)", "formula 2*L*K*Dh*4",
-       f"MiB per {cfg.heads.max_len}-token sequence", "fraction of K=H"],
+       f"MiB per {max_len}-token sequence", "fraction of K=H"],
       [[r["num_kv_heads"], f"{r['bytes_per_token']:.0f}",
-        r["formula_bytes_per_token"],
-        f"{r['bytes_per_sequence'] / 2**20:.2f}",
+        r["formula_bytes_per_token"], f"{r['bytes_per_sequence'] / MIB:.2f}",
         f"{r['fraction_of_first']:.4f}"] for r in cb])
-  it = results["intensity"]
-  inten = report_lib.md_table(
+
+
+def _intensity_table(it) -> str:
+  """FLOPs per byte and step time of one decode step, each K and B."""
+  return report_lib.md_table(
       ["K", "B", "analytic FLOPs", "weights MiB", "cache read MiB",
        "FLOPs/byte (analytic)", "FLOPs/byte (XLA)", "step ms (min)"],
       [[r["num_kv_heads"], r["batch"], f"{r['analytic_flops']:.3g}",
-        f"{r['weight_bytes'] / 2**20:.2f}",
-        f"{r['cache_bytes_read'] / 2**20:.2f}",
+        f"{r['weight_bytes'] / MIB:.2f}", f"{r['cache_bytes_read'] / MIB:.2f}",
         f"{r['analytic_intensity']:.2f}",
         f"{r['xla_flops'] / max(r['xla_bytes_accessed'], 1):.2f}",
         f"{1e3 * r['step_s']:.2f} ({1e3 * r['step_min_s']:.2f})"]
        for r in it])
-  targets = "\n".join(f"- {name}: **{'met' if ok else 'NOT met'}**"
-                      for name, ok in s["targets"].items())
-  exact = ", ".join(f"K={k}: {v:.1e}"
-                    for k, v in results["exactness_max_rel_err"].items())
-  text = f"""# How a KV cache changes the cost of multi-head attention decoding
-
-Command: {report_lib.command("experiments.kv_cache")} (sizes in
-configs/kv_cache.py).
-Machine: {mach['backend']} backend, {mach['cpu_count']} CPU cores visible,
-jax {mach['jax']}. Model: `DecoderLM` (token embedding, L={m.num_layers}
-pre-LayerNorm attention + MLP blocks, {m.positions} positions, final
-LayerNorm, readout to V={m.vocab_size} logits), D={m.d_model}, H={m.num_heads},
-Dh={m.d_model // m.num_heads}, F={m.mlp_dim}, K={m.num_kv_heads} for timing,
-float32, batch {b.batch}, implementation `{m.implementation}`. Recomputing
-runs the model over all n+1 tokens, logits at every position included.
-Times are medians (minimum in brackets) of {b.repeats} (cached) /
-{b.nocache_repeats} (recompute) calls after warm-up, each ended by
-`block_until_ready`. Speed-ups and slopes use the medians.
-
-## Targets
-{targets}
-
-## 1. Time and FLOPs per generated token
-{timing_table}
-
-Log-log slope of the cached step time over all contexts:
-{s['cached_slope']:.2f} (over the upper half, n >= median:
-{s['cached_slope_upper_half']:.2f}); of recomputing the prefix:
-{s['nocache_slope']:.2f}. The cached step reads all S slots of its buffer
-(S = n + {b.warmup + b.repeats} here), so its cost follows the buffer size.
-Plots: decode_time.png, flops.png.
-
-## 2. Cache memory
-{mem}
-
-Plot: cache_bytes.png. Each cache also holds a [B] int32 length per layer.
-
-## 3. Arithmetic intensity of one decode step (n = {cfg.heads.context})
-{inten}
-
-Bytes moved = all weights (the whole embedding table included, though a
-step gathers only B rows of it) + the k/v cache read once (analytic); XLA's
-"bytes accessed" counts every operand touch, including the cache write.
-
-## 4. Behaviour
-{_behaviour_section(results['behaviour'])}
-
-## 5. Exactness
-Largest relative error of the logits of prefill + 8 decode steps against
-the full causal forward, ragged prompts (5, 9, 2), float32: {exact}.
-
-## 6. The answer
-{answer(cfg, results)}
-"""
-  return text
 
 
-def answer(cfg, results):
-  """Plain-language answer; each sentence quotes a number measured above."""
-  s, m, b = results["summary"], cfg.model, cfg.bench
-  rows = {r["n"]: r for r in results["timing"]}
-  parts = []
-  at = rows.get(b.target_context)
-  if at and "nocache_s" in at:
-    parts.append(
-        f"Cost per token. Without a cache, generating the token after "
-        f"n={at['n']} reruns the model over n+1 tokens: "
-        f"{at['nocache_xla_flops']:.3g} FLOPs (XLA) and "
-        f"{1e3 * at['nocache_s']:.1f} ms. With the cache, only the new token "
-        f"is projected and it reads the cached keys and values: "
-        f"{at['cached_xla_flops']:.3g} FLOPs and {1e3 * at['cached_s']:.2f} "
-        f"ms, {s['speedup_at_target']:.0f}x faster "
-        f"({s['xla_flop_ratio_at_target']:.0f}x fewer FLOPs).")
-  parts.append(
-      f"Growth. Step time grows with slope {s['cached_slope']:.2f} in log-log "
-      f"with the cache (the 4nd attention term over the cache; the "
-      f"projections, MLP and readout are constant per token) and "
-      f"{s['nocache_slope']:.2f} without it (the n^2 score matrix, diluted at "
-      f"short contexts by the n d^2 projections and MLP and the n d V "
-      f"readout). Summed over a "
-      f"generation of n tokens, total time grows about as n^(1 + slope): "
-      f"n^{1 + s['cached_slope']:.2f} with the cache against "
-      f"n^{1 + s['nocache_slope']:.2f} without.")
-  cb = results["cache_bytes"]
-  mha = next((r for r in cb if r["num_kv_heads"] == m.num_heads), cb[0])
-  mqa = next((r for r in cb if r["num_kv_heads"] == 1), cb[-1])
-  parts.append(
-      f"Memory. The price is a cache of {mha['bytes_per_token']:.0f} bytes "
-      f"per token for multi-head attention (K={m.num_heads}), i.e. "
-      f"{mha['bytes_per_sequence'] / 2**20:.2f} MiB per "
-      f"{cfg.heads.max_len}-token sequence, growing linearly with context and "
-      f"batch. Sharing key/value heads divides it by H/K: multi-query "
-      f"attention stores {mqa['bytes_per_token']:.0f} bytes per token, "
-      f"{mqa['fraction_of_first']:.4f} of multi-head's.")
-  it = results["intensity"]
-  if it:
-    big = max(r["batch"] for r in it)
-    sel = {r["num_kv_heads"]: r for r in it if r["batch"] == big}
-    lo, hi = sel.get(m.num_heads), sel.get(1)
-    if lo and hi:
-      parts.append(
-          f"Intensity. A decode step does little arithmetic per byte: at "
-          f"batch {big} and n={cfg.heads.context}, "
-          f"{lo['analytic_intensity']:.2f} FLOPs/byte with K={m.num_heads} "
-          f"and {hi['analytic_intensity']:.2f} with K=1, because the cache "
-          f"read shrinks from {lo['cache_bytes_read'] / 2**20:.1f} to "
-          f"{hi['cache_bytes_read'] / 2**20:.1f} MiB while the FLOPs barely "
-          f"change ({lo['analytic_flops']:.3g} vs {hi['analytic_flops']:.3g}). "
-          f"Measured step time here: {1e3 * lo['step_s']:.2f} ms vs "
-          f"{1e3 * hi['step_s']:.2f} ms.")
-  parts.append(_caveats(cfg, results))
-  ex = results["exactness_max_rel_err"]
-  parts.append(
-      f"Behaviour of the computation. Caching changes no output: the largest "
-      f"relative error against the full forward was "
-      f"{max(ex.values()):.1e} (float32). Whether sharing key/value heads "
-      f"changes what a trained model learns is section 4"
-      + (" (not measured in this run)." if results["behaviour"] is None
-         else "."))
-  trained = _behaviour_answer(results["behaviour"])
-  if trained:
-    parts.append(trained)
-  return "\n\n".join(parts)
+def _behaviour_section(behaviour) -> str:
+  """Section 4: the trained runs side by side, or that there were none."""
+  if behaviour is None:
+    return NOT_MEASURED
+  runs = behaviour.get("runs", [])
+  keys = list(dict.fromkeys(k for r in runs for k in r))
+  text = [behaviour.get("description", ""),
+          f"Command: {behaviour.get('command', '(not given)')}", "",
+          report_lib.md_table(keys, [[r.get(k, "") for k in keys]
+                                     for r in runs])]
+  return "\n".join(text)
 
 
 def _behaviour_answer(behaviour):
@@ -300,49 +165,119 @@ def _behaviour_answer(behaviour):
   return "".join(text)
 
 
-def _caveats(cfg, results):
-  """Where the measured times depart from the FLOP and byte counts."""
-  rows = results["timing"]
-  jumps = [(b["cached_s"] / a["cached_s"], a, b)
-           for a, b in zip(rows, rows[1:])]
-  ratio, a, b = max(jumps, key=lambda j: j[0])
-  upper = results["summary"]["cached_slope_upper_half"]
-  verdict = (f"above the target {cfg.bench.target_slope:g}"
-             if upper > cfg.bench.target_slope else "within the target")
-  text = [
-      f"Caveats. Over the longest contexts (n >= median) the cached slope is "
-      f"{upper:.2f}, {verdict}: the biggest step was from n={a['n']} to "
-      f"n={b['n']}, "
-      f"{1e3 * a['cached_s']:.2f} -> {1e3 * b['cached_s']:.2f} ms "
-      f"({ratio:.1f}x) while XLA's FLOPs grew "
-      f"{b['cached_xla_flops'] / a['cached_xla_flops']:.2f}x and its bytes "
-      f"accessed {b['cached_xla_bytes'] / a['cached_xla_bytes']:.2f}x. A "
-      f"decode step is bound by memory traffic, so its CPU time depends on "
-      f"where the cache fits in the memory hierarchy, not only on counts."]
-  it = results["intensity"]
+def _setup(config, machine) -> dict:
+  """The machine, the model's sizes and the timing runs' counts."""
+  m, b = config["model"], config["bench"]
+  return {"backend": machine["backend"], "cpu_count": machine["cpu_count"],
+          "jax": machine["jax"], "head_dim": m["d_model"] // m["num_heads"],
+          **{k: m[k] for k in ("num_layers", "positions", "vocab_size",
+                               "d_model", "num_heads", "mlp_dim",
+                               "num_kv_heads", "implementation")},
+          **{k: b[k] for k in ("batch", "repeats", "nocache_repeats")},
+          "extra_slots": b["warmup"] + b["repeats"]}
+
+
+def _cost(rows, target) -> dict:
+  """One decode step with and without the cache: at the target context,
+  or at the longest context recomputed when the target was not."""
+  full = [r for r in rows if "nocache_s" in r]
+  at = next((r for r in full if r["n"] == target), full[-1])
+  return {"cost_n": at["n"],
+          "nocache_flops": f"{at['nocache_xla_flops']:.3g}",
+          "nocache_ms": f"{1e3 * at['nocache_s']:.1f}",
+          "cached_flops": f"{at['cached_xla_flops']:.3g}",
+          "cached_ms": f"{1e3 * at['cached_s']:.2f}",
+          "speedup": f"{at['nocache_s'] / at['cached_s']:.0f}",
+          "flop_ratio":
+              f"{at['nocache_xla_flops'] / at['cached_xla_flops']:.0f}"}
+
+
+def _slopes(s, target_slope) -> dict:
+  """The log-log slopes of step time, and whether the cached one over the
+  longest contexts keeps to its target."""
+  upper = s["cached_slope_upper_half"]
+  return {"cached_slope": f"{s['cached_slope']:.2f}",
+          "cached_slope_upper_half": f"{upper:.2f}",
+          "nocache_slope": f"{s['nocache_slope']:.2f}",
+          "cached_total": f"{1 + s['cached_slope']:.2f}",
+          "nocache_total": f"{1 + s['nocache_slope']:.2f}",
+          "slope_verdict": (f"above the target {target_slope:g}"
+                            if upper > target_slope else "within the target")}
+
+
+def _memory(cb, num_heads) -> dict:
+  """The cache of multi-head attention (K = H) against multi-query (K =
+  1); the first and last K measured where those are missing."""
+  mha = next((r for r in cb if r["num_kv_heads"] == num_heads), cb[0])
+  mqa = next((r for r in cb if r["num_kv_heads"] == 1), cb[-1])
+  return {"mha_bytes": f"{mha['bytes_per_token']:.0f}",
+          "mha_mib": f"{mha['bytes_per_sequence'] / MIB:.2f}",
+          "mqa_bytes": f"{mqa['bytes_per_token']:.0f}",
+          "mqa_fraction": f"{mqa['fraction_of_first']:.4f}"}
+
+
+def _intensity(it, num_heads) -> dict:
+  """One decode step at the largest batch with K = H against K = 1 (the
+  first and last K measured where those are missing)."""
   big = max(r["batch"] for r in it)
   sel = {r["num_kv_heads"]: r for r in it if r["batch"] == big}
-  lo, hi = sel.get(cfg.model.num_heads), sel.get(1)
-  if lo and hi:
-    text.append(
-        f" At batch {big}, K=1 ran {lo['step_s'] / hi['step_s']:.1f}x faster "
-        f"than K={cfg.model.num_heads} while XLA's bytes accessed fell "
-        f"{lo['xla_bytes_accessed'] / hi['xla_bytes_accessed']:.1f}x; the "
-        f"rest of the gap is not explained by these counts.")
-  load = results["machine"].get("loadavg")
-  if load:
-    text.append(f" The machine was shared: 1-minute load average "
-                f"{load[0]:.1f} at the start and {load[1]:.1f} at the end of "
-                f"the run on {results['machine']['cpu_count']} cores, so "
-                f"times are indicative.")
-  return "".join(text)
+  many = sel.get(num_heads, next(iter(sel.values())))
+  one = sel.get(1, list(sel.values())[-1])
+  fall = many["xla_bytes_accessed"] / one["xla_bytes_accessed"]
+  return {"big_batch": big, "many_k": many["num_kv_heads"],
+          "one_k": one["num_kv_heads"],
+          "many_intensity": f"{many['analytic_intensity']:.2f}",
+          "one_intensity": f"{one['analytic_intensity']:.2f}",
+          "many_cache_mib": f"{many['cache_bytes_read'] / MIB:.1f}",
+          "one_cache_mib": f"{one['cache_bytes_read'] / MIB:.1f}",
+          "many_flops": f"{many['analytic_flops']:.3g}",
+          "one_flops": f"{one['analytic_flops']:.3g}",
+          "many_ms": f"{1e3 * many['step_s']:.2f}",
+          "one_ms": f"{1e3 * one['step_s']:.2f}",
+          "one_speedup": f"{many['step_s'] / one['step_s']:.1f}",
+          "one_bytes_fall": f"{fall:.1f}"}
 
 
-def write(cfg, results, workdir) -> dict:
-  """The summary, plots, report.md and results.json in `workdir`;
-  returns what results.json holds."""
-  workdir = pathlib.Path(workdir)
-  results = dict(results, summary=summarise(cfg, results))
-  plots(results, workdir)
-  return report_lib.write_outputs(workdir, results, report(cfg, results),
-                                  config=cfg)
+def _jump(rows) -> dict:
+  """The largest rise in cached step time between neighbouring contexts,
+  beside the rise in XLA's FLOPs and bytes."""
+  a, b = max(zip(rows, rows[1:]),
+             key=lambda ab: ab[1]["cached_s"] / ab[0]["cached_s"])
+  return {"jump_from": a["n"], "jump_to": b["n"],
+          "jump_from_ms": f"{1e3 * a['cached_s']:.2f}",
+          "jump_to_ms": f"{1e3 * b['cached_s']:.2f}",
+          "jump_ratio": f"{b['cached_s'] / a['cached_s']:.1f}",
+          "jump_flops": f"{b['cached_xla_flops'] / a['cached_xla_flops']:.2f}",
+          "jump_bytes": f"{b['cached_xla_bytes'] / a['cached_xla_bytes']:.2f}"}
+
+
+def values(saved: dict) -> dict:
+  """The template's values, each written as the report shows it."""
+  config, s, mach = saved["config"], saved["summary"], saved["machine"]
+  num_heads, behaviour = config["model"]["num_heads"], saved["behaviour"]
+  errors = saved["exactness_max_rel_err"]
+  return {
+      "command": report_lib.command("experiments.kv_cache"),
+      **_setup(config, mach),
+      "targets": "\n".join(f"- {name}: **{'met' if ok else 'NOT met'}**"
+                           for name, ok in s["targets"].items()),
+      "timing_table": _timing_table(saved["timing"]),
+      "memory_table": _memory_table(saved["cache_bytes"],
+                                    config["heads"]["max_len"]),
+      "max_len": config["heads"]["max_len"],
+      "context": config["heads"]["context"],
+      "intensity_table": _intensity_table(saved["intensity"]),
+      "behaviour": _behaviour_section(behaviour),
+      "exactness": ", ".join(f"K={k}: {v:.1e}" for k, v in errors.items()),
+      **_cost(saved["timing"], config["bench"]["target_context"]),
+      **_slopes(s, config["bench"]["target_slope"]),
+      **_memory(saved["cache_bytes"], num_heads),
+      **_intensity(saved["intensity"], num_heads),
+      **_jump(saved["timing"]),
+      "load_start": f"{mach['loadavg'][0]:.1f}",
+      "load_end": f"{mach['loadavg'][1]:.1f}",
+      "max_error": f"{max(errors.values()):.1e}",
+      "behaviour_note": (" (not measured in this run)." if behaviour is None
+                         else "."),
+      "trained": _behaviour_answer(behaviour) or "",
+  }
