@@ -111,7 +111,7 @@ def _corpus_info(corpus) -> dict:
 def measure(config, workdir, *, reuse: bool = False) -> dict:
   """Train (or reuse) and measure every variant's seeds, then the
   detectors' controls; returns the results dict ("corpus", "variants",
-  "control", "runs" and the times)."""
+  their "welch" tests, "control", "runs" and the times)."""
   start, cpu_start = time.time(), _cpu_seconds()
   e = config.experiment
   workdir = pathlib.Path(workdir)
@@ -140,8 +140,10 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
   t0 = time.time()
   ctl = control.measure(config, workdir / "control", reuse=reuse)
   ctl["time_s"] = round(time.time() - t0, 1)
+  variants = {v: _summary(rs) for v, rs in by_variant.items()}
   return {"corpus": _corpus_info(corpus),
-          "variants": {v: _summary(rs) for v, rs in by_variant.items()},
+          "variants": variants,
+          "welch": welch_tests(variants),
           "control": ctl,
           "runs": runs,
           "wall_time_s": round(time.time() - start, 1),
@@ -227,6 +229,23 @@ def _summary(rs) -> dict:
           k: stats.summary([h[k] for h in have])
           for k in ("heads", "bpb", "random_bpb", "repeat", "random_repeat")}
   return summary
+
+
+def welch_tests(variants) -> dict:
+  """The Welch tests the report quotes, from the per-seed values in the
+  variants' summaries (`_summary`): the last variant's held-out bits per
+  byte minus the first's (None with one variant), and, per variant and
+  class, the bits per byte with the class ablated minus with as many
+  random heads ablated."""
+  names = list(variants)
+  bpb = [variants[v]["bpb"]["values"] for v in (names[-1], names[0])]
+  return {"bpb_last_minus_first": (stats.difference(*bpb)
+                                   if len(names) > 1 else None),
+          "class_ablation_minus_random": {
+              v: {cls: stats.difference(a["bpb"]["values"],
+                                        a["random_bpb"]["values"])
+                  for cls, a in x["class_ablation"].items()}
+              for v, x in variants.items()}}
 
 
 def _top_span_head(r) -> dict:
