@@ -3,14 +3,16 @@
 Shape letters: H heads, d_k head width, n positions of part B.
 
 `write` turns what `run.measure` returned into report.md, results.json
-and the PNG figures; nothing here trains or runs a model.
+and the PNG figures; nothing here trains or runs a model. The prose is
+report.md.tmpl beside this file, with the sweep's methods paragraph in
+experiments/offset_sweep_report.md.tmpl (shared with two_offsets);
+`render` fills them from results.json alone, so a committed report
+regenerates from its results.json.
 """
 
 from __future__ import annotations
 
 import pathlib
-
-import numpy as np
 
 from experiments import offset_sweep_report as sweep_report
 from experiments.head_dim import run as run_lib
@@ -19,14 +21,23 @@ from mha_jax.measure import report as report_lib
 
 FIGURES = ("nmse_vs_dk.png", "nmse_curves.png", "low_rank_fit.png",
            "plateau_check.png")
+# Per-example arrays kept for the figures only.
+DROP = ("weights_example",)
+TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 
 
 def write(config, results, workdir) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   _figures(config, workdir, results)
-  return report_lib.write_outputs(workdir, results, _report(config, results),
-                                  drop=("weights_example",), config=config)
+  saved = report_lib.saved_results(results, DROP, config=config)
+  return report_lib.write_outputs(workdir, saved, render(saved), DROP,
+                                  config=config)
+
+
+def render(saved: dict) -> str:
+  """report.md from results.json's contents (`saved`, config included)."""
+  return report_lib.fill(TEMPLATE, values(saved))
 
 
 def _steps(first) -> str:
@@ -58,209 +69,163 @@ def _figures(config, workdir, results) -> None:
         title=f"Plateau check: seed {e.selection_seed} at each setting's "
         f"rate, {e.plateau_factor}x the steps",
         path=str(workdir / FIGURES[3]))
-  kl = [report_lib.mean_std(v) for v in fit["kl"]]
   plots.line_plot(fit["d_k"], {"mean KL to target": (
-      [m for m, _ in kl], [s or 0.0 for _, s in kl])},
+      fit["kl_mean"], [s or 0.0 for s in fit["kl_std"]])},
                   xlabel="d_k", ylabel="KL (nats)", logy=True,
                   title=f"Part B: fit one head to a random {e.fit_n}x"
                   f"{e.fit_n} attention",
                   path=str(workdir / FIGURES[2]))
 
 
-def _part_a_rows(results) -> list[list[str]]:
+def _part_a_table(saved) -> str:
   """The NMSE table: one row per setting."""
-  summ, vs = results["part_a_summary"], results["part_a_vs_best"]
-  return [[k, sweep_report.summary_cell(s["nmse"]),
-           sweep_report.difference_cell(vs[k]) if k in vs else "(best)",
-           *sweep_report.offset_cells(s), f"{s['learning_rate']:g}",
-           _steps(s["first_step_below_threshold"]["per_seed"])]
-          for k, s in summ.items()]
+  summ, vs = saved["part_a_summary"], saved["part_a_vs_best"]
+  threshold = saved["config"]["experiment"]["nmse_threshold"]
+  return report_lib.md_table(
+      ["setting", "NMSE", f"Δ NMSE vs {saved['part_a_best']} [95%]",
+       "best head weight on t-1", "best head weight on t-3",
+       "learning rate",
+       f"first eval step with NMSE < {threshold:g} (per seed)"],
+      [[k, sweep_report.summary_cell(s["nmse"]),
+        sweep_report.difference_cell(vs[k]) if k in vs else "(best)",
+        *sweep_report.offset_cells(s), f"{s['learning_rate']:g}",
+        _steps(s["first_step_below_threshold"]["per_seed"])]
+       for k, s in summ.items()])
 
 
-def _part_b_kl(fit) -> list[tuple[float, float | None]]:
-  """Mean and sample std over targets of the KL at each d_k."""
-  return [report_lib.mean_std(v) for v in fit["kl"]]
+def _part_b_table(fit) -> str:
+  """Per d_k: the KL over targets and the mean largest weight error."""
+  return report_lib.md_table(
+      ["d_k", "mean KL (nats)", "max |error|"],
+      [[dk, report_lib.scientific(m, s), report_lib.fmt(err)]
+       for dk, m, s, err in zip(fit["d_k"], fit["kl_mean"], fit["kl_std"],
+                                fit["max_error_mean"])])
 
 
-def _part_a_section(config, results) -> list[str]:
-  """Part A: how it was trained, its tables, figures and explorer link."""
-  e = config.experiment
-  shown_h, shown_seed = run_lib.explorer_run(config)
-  return [
-      f"## Part A: two-offset retrieval, d_model = {config.model.d_model}, "
-      f"h = {list(e.heads)}",
-      "",
-      "One attention-only layer, " + sweep_report.tuning_text(config),
-      "",
-      report_lib.md_table(["setting", "NMSE",
-                           f"Δ NMSE vs {results['part_a_best']} [95%]",
-                           "best head weight on t-1",
-                           "best head weight on t-3", "learning rate",
-                           f"first eval step with NMSE < "
-                           f"{e.nmse_threshold:g} (per seed)"],
-                          _part_a_rows(results)),
-      "",
-      *sweep_report.selection_section(config, results["part_a_selection"],
-                                      results["part_a_plateau"]),
-      "",
-      "![nmse_vs_dk.png](nmse_vs_dk.png)",
-      "![nmse_curves.png](nmse_curves.png)",
-      ("![plateau_check.png](plateau_check.png)"
-       if results["part_a_plateau"] else ""),
-      "",
-      sweep_report.explorer_text(run_lib.setting_label(config, shown_h),
-                                 shown_seed),
-      ""]
+def _knee(fit) -> int:
+  """The smallest d_k whose mean KL is within 10x of the d_k = n fit."""
+  floor = fit["kl_mean"][-1]
+  return next(dk for dk, m in zip(fit["d_k"], fit["kl_mean"])
+              if m <= 10 * floor)
 
 
-def _part_b_section(config, fit) -> list[str]:
-  """Part B: the fit and its table."""
-  e = config.experiment
-  rows = [[dk, report_lib.scientific(m, s), report_lib.fmt(np.mean(err))]
-          for dk, (m, s), err in zip(fit["d_k"], _part_b_kl(fit),
-                                     fit["max_error"])]
-  return [
-      f"## Part B: one head of width d_k fitted to a random {e.fit_n}x"
-      f"{e.fit_n} attention matrix",
-      "",
-      f"X: {e.fit_n} random vectors in R^{e.fit_d_model}; target rows = "
-      f"softmax({e.fit_temperature} * N(0, 1)); {e.fit_steps} Adam steps "
-      f"(lr {e.fit_lr}); {len(e.seeds)} random targets; KL(target || fit) "
-      "averaged over rows (mean ± sample std over targets), and the "
-      "largest absolute weight error (mean over targets).",
-      "",
-      report_lib.md_table(["d_k", "mean KL (nats)", "max |error|"], rows),
-      "",
-      "![low_rank_fit.png](low_rank_fit.png)",
-      ""]
-
-
-def _part_b_claim(config, fit) -> str:
-  """Where the fit error stops falling, and why rank n - 1 is enough."""
-  n = config.experiment.fit_n
-  kl = _part_b_kl(fit)
-  # Smallest d_k whose mean KL is within 10x of the d_k = n fit.
-  floor = kl[-1][0]
-  knee = next(dk for dk, (m, _) in zip(fit["d_k"], kl) if m <= 10 * floor)
-  return (
-      f"* Part B: the fit error drops to within 10x of the full-width "
-      f"fit at d_k = {knee} (n = {n}); a head of width d_k produces "
-      "score matrices of rank <= d_k, and since a softmax ignores a "
-      "constant per row, rank n - 1 suffices for any full-support target "
-      f"(n - 1 = {n - 1}). Narrower heads cannot represent an "
-      "arbitrary pattern; they rely on the pattern being simple.")
-
-
-def _report(config, results) -> str:
-  """report.md: the command, parts A and B, the claims."""
-  lines = [
-      *sweep_report.report_header(
-          "Experiment 3: the head-width sweet spot", "head_dim", results),
-      *_part_a_section(config, results),
-      *_part_b_section(config, results["part_b"]),
-      "## What this shows, next to the source's claim",
-      "",
-      "The source says that below a sweet spot of d_k, adding heads "
-      "degrades quality although the cost does not change.",
-      "",
-  ] + _conclusions(config, results) + [_part_b_claim(config,
-                                                     results["part_b"])]
-  return "\n".join(lines)
-
-
-def _several_heads_claim(config, results, multi) -> str:
-  """The multi-head settings against the best one, and what the seeds
-  can detect."""
-  summ, vs = results["part_a_summary"], results["part_a_vs_best"]
-  best = results["part_a_best"]
-  mean = lambda k: summ[k]["nmse"]["mean"]
-  worst = max(multi, key=mean)
+def _resolved(vs, multi) -> str:
+  """The differences from the best setting whose intervals exclude 0."""
   resolved = [k for k in multi if k in vs and vs[k]["excludes_0"]]
-  text = (f"* Part A, several heads: the lowest mean NMSE is {best} "
-          f"({report_lib.significant(mean(best), 2)}), the highest among them {worst} "
-          f"({report_lib.significant(mean(worst), 2)}). Against {best}: ")
-  if resolved:
-    text += ("; ".join(f"{k} {sweep_report.difference_cell(vs[k])}"
-                       for k in resolved)
-             + " (intervals that exclude 0); every other interval contains "
-             "0.")
-  else:
-    text += "no difference interval excludes 0."
+  if not resolved:
+    return "no difference interval excludes 0."
+  return ("; ".join(f"{k} {sweep_report.difference_cell(vs[k])}"
+                    for k in resolved)
+          + " (intervals that exclude 0); every other interval contains 0.")
+
+
+def _detectable(vs, multi, num_seeds: int) -> str:
+  """What the seeds could detect (80% power); nothing without a spread."""
   detect = [vs[k]["detectable"] for k in multi
             if k in vs and vs[k]["detectable"] is not None]
-  if detect:
-    text += (f" {len(config.experiment.seeds)} seeds per setting detect "
-             f"(80% power) differences from {report_lib.significant(min(detect), 2)} to "
-             f"{report_lib.significant(max(detect), 2)} depending on the setting's spread, so "
-             "'no difference' here means nothing larger than that.")
-  return text
+  if not detect:
+    return ""
+  return (f" {num_seeds} seeds per setting detect (80% power) differences "
+          f"from {report_lib.significant(min(detect), 2)} to "
+          f"{report_lib.significant(max(detect), 2)} depending on the "
+          "setting's spread, so 'no difference' here means nothing larger "
+          "than that.")
 
 
-def _plateau_claim(config, plateau, multi) -> list[str]:
-  """Did doubling the steps (selection seed) still help? One bullet, or
-  none."""
+def _plateau_claim(plateau, multi, num_steps: int) -> str:
+  """Did doubling the steps (selection seed) still help? A bullet of its
+  own, line break included, or nothing."""
   moving = [k for k in multi if k in plateau
             and plateau[k]["long_loss"] < 0.9 * plateau[k]["loss"]]
   if not moving:
-    return []
-  return [
-      "* Plateau: doubling the steps on the selection seed still lowered "
+    return ""
+  sig = lambda x: report_lib.significant(x, 2)
+  return (
+      "\n* Plateau: doubling the steps on the selection seed still lowered "
       "the NMSE of " + ", ".join(
-          f"{k} ({report_lib.significant(plateau[k]['loss'], 2)} → "
-          f"{report_lib.significant(plateau[k]['long_loss'], 2)})" for k in moving)
-      + f", so at {config.train.num_steps} steps these settings had not "
-      "fully converged; the numbers above compare them at equal steps, "
-      "not at their limits."]
+          f"{k} ({sig(plateau[k]['loss'])} → {sig(plateau[k]['long_loss'])})"
+          for k in moving)
+      + f", so at {num_steps} steps these settings had not fully "
+      "converged; the numbers above compare them at equal steps, not at "
+      "their limits.")
 
 
-def _narrow_claim(config, results, narrow) -> str:
+def _narrow_claim(saved, narrow) -> str:
   """What the narrowest heads reach, and whether they only learn slowly."""
-  e = config.experiment
-  summ, best = results["part_a_summary"], results["part_a_best"]
-  f = summ[narrow]["first_step_below_threshold"]
-  p = results["part_a_plateau"].get(narrow)
-  per_seed = ", ".join(report_lib.significant(r) for r in summ[narrow]["nmse"]["values"])
-  best_first = summ[best]["first_step_below_threshold"]["per_seed"]
+  config, e = saved["config"], saved["config"]["experiment"]
+  summ, best = saved["part_a_summary"], saved["part_a_best"]
+  p = saved["part_a_plateau"].get(narrow)
+  sig = report_lib.significant
+  per_seed = ", ".join(sig(r) for r in summ[narrow]["nmse"]["values"])
   if p is not None and p["long_loss"] < 0.05:
+    first = summ[narrow]["first_step_below_threshold"]["per_seed"]
+    best_first = summ[best]["first_step_below_threshold"]["per_seed"]
+    offset = lambda k: report_lib.fmt(summ[narrow][k]["mean"], digits=2)
     return (
-        f"* The narrowest heads ({narrow}): NMSE per seed {per_seed} at "
-        f"{config.train.num_steps} steps with their best rate (first eval "
-        f"step below {e.nmse_threshold:g} per seed: {_steps(f['per_seed'])}, "
+        f"The narrowest heads ({narrow}): NMSE per seed {per_seed} at "
+        f"{config['train']['num_steps']} steps with their best rate (first "
+        f"eval step below {e['nmse_threshold']:g} per seed: {_steps(first)}, "
         f"against {_steps(best_first)} for {best}); their best heads put "
-        f"{report_lib.fmt(summ[narrow]['best_offset1']['mean'], digits=2)} "
-        "of their weight on t-1 and "
-        f"{report_lib.fmt(summ[narrow]['best_offset3']['mean'], digits=2)} "
-        "on t-3, less sharply than wider heads. Trained "
-        f"{e.plateau_factor}x as long, the selection seed went from "
-        f"{report_lib.significant(p['loss'])} to {report_lib.significant(p['long_loss'])}. So 1-wide heads "
+        f"{offset('best_offset1')} of their weight on t-1 and "
+        f"{offset('best_offset3')} on t-3, less sharply than wider heads. "
+        f"Trained {e['plateau_factor']}x as long, the selection seed went "
+        f"from {sig(p['loss'])} to {sig(p['long_loss'])}. So 1-wide heads "
         "learn this task much more slowly, but they are not unable to: the "
         "earlier 400-step sweep at one learning rate (NMSE 0.385 at d_k = "
         "1, read as 'cannot pick one offset') had stopped early. What these "
         "runs support is slower learning at d_k = 1, not an inability.")
   return (
-      f"* The narrowest heads ({narrow}) reach NMSE per seed {per_seed} "
-      f"with their best learning rate"
-      + (f"; trained {e.plateau_factor}x as long, the selection seed went "
-         f"from {report_lib.significant(p['loss'])} to {report_lib.significant(p['long_loss'])}" if p else "")
+      f"The narrowest heads ({narrow}) reach NMSE per seed {per_seed} "
+      "with their best learning rate"
+      + (f"; trained {e['plateau_factor']}x as long, the selection seed "
+         f"went from {sig(p['loss'])} to {sig(p['long_loss'])}" if p else "")
       + ": narrow heads do worse at this length"
       + ("." if p is not None and p["long_loss"] > 0.9 * p["loss"] else
          ", and the runs may not have reached a plateau."))
 
 
-def _conclusions(config, results) -> list[str]:
-  """Part A's claims, one bullet each."""
-  summ = results["part_a_summary"]
-  labels = list(summ)
-  one, multi = labels[0], labels[1:]
+def _claims(saved) -> dict:
+  """The values of the claims on part A: one head, several, the
+  narrowest."""
+  summ, vs = saved["part_a_summary"], saved["part_a_vs_best"]
+  best, config = saved["part_a_best"], saved["config"]
+  one, *multi = summ
   nmse = summ[one]["nmse"]
-  near = abs(nmse["mean"] - 0.5) < 0.02
-  out = [f"* Part A, one head ({one}): NMSE {report_lib.fmt(nmse['mean'])} "
-         f"{report_lib.interval(nmse['ci95'])}, "
-         + ("at" if near else "not at") + " the ~0.5 reference of one "
-         "blended value (experiment 2; an approximate floor, not a proven "
-         "bound)."]
-  if not multi:
-    return out
-  return (out + [_several_heads_claim(config, results, multi)]
-          + _plateau_claim(config, results["part_a_plateau"], multi)
-          + [_narrow_claim(config, results, multi[-1])])
+  mean = lambda k: summ[k]["nmse"]["mean"]
+  worst = max(multi, key=mean)
+  return {
+      "one": one, "one_nmse": report_lib.fmt(nmse["mean"]),
+      "one_interval": report_lib.interval(nmse["ci95"]),
+      "one_position": "at" if abs(nmse["mean"] - 0.5) < 0.02 else "not at",
+      "best": best, "best_nmse": report_lib.significant(mean(best), 2),
+      "worst": worst, "worst_nmse": report_lib.significant(mean(worst), 2),
+      "resolved": _resolved(vs, multi),
+      "detectable": _detectable(vs, multi,
+                                len(config["experiment"]["seeds"])),
+      "plateau_claim": _plateau_claim(saved["part_a_plateau"], multi,
+                                      config["train"]["num_steps"]),
+      "narrow_claim": _narrow_claim(saved, multi[-1]),
+  }
+
+
+def values(saved: dict) -> dict:
+  """The template's values, each written as the report shows it."""
+  config, fit = saved["config"], saved["part_b"]
+  e = config["experiment"]
+  h, seed = run_lib.explorer_run(config)
+  return {
+      **sweep_report.values("head_dim", saved, saved["part_a_selection"],
+                            saved["part_a_plateau"]),
+      "d_model": config["model"]["d_model"], "heads": list(e["heads"]),
+      "part_a_table": _part_a_table(saved),
+      "plateau_figure": ("![plateau_check.png](plateau_check.png)"
+                         if saved["part_a_plateau"] else ""),
+      "explorer_setting": run_lib.setting_label(config, h),
+      "explorer_seed": seed,
+      "fit_n": e["fit_n"], "fit_d_model": e["fit_d_model"],
+      "fit_temperature": e["fit_temperature"], "fit_steps": e["fit_steps"],
+      "fit_lr": e["fit_lr"], "num_targets": len(e["seeds"]),
+      "part_b_table": _part_b_table(fit),
+      **_claims(saved),
+      "knee": _knee(fit), "fit_rank": e["fit_n"] - 1,
+  }

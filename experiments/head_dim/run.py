@@ -14,24 +14,28 @@ from __future__ import annotations
 import pathlib
 import time
 
+import numpy as np
+
 from experiments import offset_sweep
 from experiments.head_dim import low_rank
 from mha_jax.measure import curves
+from mha_jax.measure import stats
 
 TASK = "two_offset_continuous"
 
 
 def setting_label(config, h: int) -> str:
-  """Part A's name of the setting with `h` heads."""
-  return f"h={h} (d_k={config.model.d_model // h})"
+  """Part A's name of the setting with `h` heads (`config`: the
+  ConfigDict, or the dict results.json holds)."""
+  return f"h={h} (d_k={config['model']['d_model'] // h})"
 
 
 def explorer_run(config) -> tuple[int, int]:
   """`(h, seed)` of the part A run the explorer page shows: the most
   heads, so the narrowest ones (the width the report asks about), first
-  seed."""
-  e = config.experiment
-  return max(e.heads), e.seeds[0]
+  seed. `config`: the ConfigDict, or the dict results.json holds."""
+  e = config["experiment"]
+  return max(e["heads"]), e["seeds"][0]
 
 
 def measure(config, workdir, *, reuse: bool = False) -> dict:
@@ -40,6 +44,9 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
   sweep's selection and plateau, "part_b", "wall_seconds", ...)."""
   start = time.time()
   e = config.experiment
+  if len(e.heads) < 2:
+    raise ValueError("head_dim: experiment.heads needs two or more head "
+                     f"counts to compare, got {tuple(e.heads)}")
   workdir = pathlib.Path(workdir)
   tuned = offset_sweep.tuned_sweep(
       config, workdir, TASK,
@@ -54,9 +61,9 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
   labels = list(cont)
   best = min(labels[1:] or labels, key=lambda k: summary[k]["nmse"]["mean"])
   vs_best = offset_sweep.compare_settings(cont, "nmse", best)
-  fit = low_rank.width_sweep(len(e.seeds), n=e.fit_n, d_model=e.fit_d_model,
-                             steps=e.fit_steps, lr=e.fit_lr,
-                             temperature=e.fit_temperature)
+  fit = summarise_fit(low_rank.width_sweep(
+      len(e.seeds), n=e.fit_n, d_model=e.fit_d_model, steps=e.fit_steps,
+      lr=e.fit_lr, temperature=e.fit_temperature))
   h, seed = explorer_run(config)
   offset_sweep.write_explorer(
       config, workdir, TASK, setting_label(config, h), seed,
@@ -83,3 +90,13 @@ def _setting_summary(rs, learning_rate: float, threshold: float) -> dict:
           "first_step_below_threshold": {
               "per_seed": first, "median": curves.median_step(first),
               "reached": sum(f is not None for f in first)}}
+
+
+def summarise_fit(fit) -> dict:
+  """Part B over its random targets, added to `low_rank.width_sweep`'s
+  dict: per d_k the mean and sample std of the KL ("kl_mean", "kl_std";
+  None for one target) and the mean largest weight error
+  ("max_error_mean")."""
+  kl = [stats.mean_std(v) for v in fit["kl"]]
+  return {**fit, "kl_mean": [m for m, _ in kl], "kl_std": [s for _, s in kl],
+          "max_error_mean": [float(np.mean(v)) for v in fit["max_error"]]}
