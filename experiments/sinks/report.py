@@ -9,7 +9,6 @@ seeds, L layers, H heads, T length.
 
 from __future__ import annotations
 
-import os
 import pathlib
 
 from experiments.sinks import figures as sink_figures
@@ -247,7 +246,7 @@ def values(saved: dict) -> dict:
       "load_average": f"{tm['load_average'][0]:.1f}",
       # Results written before the count was saved: this machine's, as
       # the report written with them used.
-      "cpu_count": tm.get("cpu_count", os.cpu_count()),
+      "cpu_count": tm["cpu_count"],
       "uniform": f"{floors['uniform_key0_closed_form']:.3f}",
       "uniform_late": f"{floors['uniform_key0_late']:.3f}",
       "shares_table": _shares_table(saved, sinks),
