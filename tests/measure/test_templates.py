@@ -46,3 +46,9 @@ def test_committed_report_regenerates_from_its_results(name, monkeypatch):
   folder = ROOT / "docs" / "results" / name
   assert report.regenerate(folder, module.render) == (
       folder / "report.md").read_text()
+
+
+def test_every_committed_report_has_a_template():
+  committed = {p.parent.name for p in (ROOT / "docs" / "results").glob(
+      "*/report.md")}
+  assert committed == set(TEMPLATED), sorted(committed ^ set(TEMPLATED))
