@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mha_jax import hooks as hooks_lib
+from mha_jax.models import inputs as inputs_lib
 from mha_jax.models import modules
 from mha_jax.core import multi_head
 from mha_jax.models.model_config import ModelConfig
@@ -104,12 +105,8 @@ class Embedder(nnx.Module):
     """`inputs [B,T]` tokens or `[B,T,F]` features at `positions [B, T]`;
     `token_types [B, T]` (None: all 0) with `config.type_vocab_size`."""
     c = self.config
-    inputs = jnp.asarray(inputs)
-    expect_rank = 3 if c.input_dim > 0 else 2
-    if inputs.ndim != expect_rank:
-      kind = (f"features [B, T, {c.input_dim}]" if c.input_dim > 0
-              else "integer tokens [B, T]")
-      raise ValueError(f"`inputs` must be {kind}, got shape {inputs.shape}")
+    # The models check the ids' range at their entry (`inputs_lib.check`).
+    inputs = inputs_lib.check(inputs, c, fn="Embedder", check_ids=False)
     if inputs.shape[1] > c.max_len:
       raise ValueError(f"`inputs` length {inputs.shape[1]} exceeds the "
                        f"model's `max_len`={c.max_len}")

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mha_jax.models import blocks as blocks_lib
+from mha_jax.models import inputs as inputs_lib
 from mha_jax import hooks as hooks_lib
 from mha_jax.core import kv_cache
 from mha_jax.models.blocks import sinusoidal_positions
@@ -200,6 +201,7 @@ class DecoderLM(_HookNames, nnx.Module):
     `{"self": [L, B, H, T, T or S]}` when asked for (in that order).
     """
     c = self.config
+    inputs = inputs_lib.check(inputs, c, fn="DecoderLM")
     hooks, capture = _make_hooks(
         self, capture, patch, {("head_mask", "blocks.{}.attn.z"): head_mask},
         _patterns("blocks.{}.attn.pattern", c.num_layers)
@@ -284,6 +286,7 @@ class Encoder(_HookNames, nnx.Module):
     (None: tokens != PAD_ID), `token_types [B, S]` with
     `config.type_vocab_size`; the rest as `DecoderLM`."""
     c = self.config
+    tokens = inputs_lib.check(tokens, c, fn="Encoder", name="tokens")
     hooks, capture = _make_hooks(
         self, capture, patch, {("head_mask", "blocks.{}.attn.z"): head_mask},
         _patterns("blocks.{}.attn.pattern", c.num_layers)
@@ -347,6 +350,8 @@ class EncoderDecoder(_HookNames, nnx.Module):
     `{"encoder", "self", "cross"}` weights when asked for.
     """
     n = self.config.num_layers
+    src = inputs_lib.check(src, self.config, fn="EncoderDecoder", name="src")
+    tgt = inputs_lib.check(tgt, self.config, fn="EncoderDecoder", name="tgt")
     weights = None
     if return_weights:
       weights = {"encoder": _patterns("encoder.blocks.{}.attn.pattern", n),
