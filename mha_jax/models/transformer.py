@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mha_jax.models import activation_cache
 from mha_jax.models import blocks as blocks_lib
 from mha_jax.models import inputs as inputs_lib
 from mha_jax import hooks as hooks_lib
@@ -231,6 +232,16 @@ class DecoderLM(_HookNames, nnx.Module):
     return _outputs(self.logits(x), cache=new_cache, capture=capture,
                     hooks=hooks, weights=weights)
 
+  def run_with_cache(self, inputs, names=None, **kwargs):
+    """`(logits [B, T, V or O], ActivationCache)` of one forward.
+
+    `names`: None (every site of `hook_names()`), a full site name, a list
+    of them, or a filter name -> bool; other keywords as `__call__`
+    (`positions`, `mask`, `head_mask`, `patch`, ...). See
+    `activation_cache.run_with_cache`.
+    """
+    return activation_cache.run_with_cache(self, inputs, names, **kwargs)
+
   def logits(self, x):
     """The readout of the final stream `x [B, T, D]` -> `[B, T, V or O]`:
     the readout layer or the tied embedding, then the final soft cap."""
@@ -296,6 +307,12 @@ class Encoder(_HookNames, nnx.Module):
     weights = ({"self": _patterns("blocks.{}.attn.pattern", c.num_layers)}
                if return_weights else None)
     return _outputs(x, capture=capture, hooks=hooks, weights=weights)
+
+
+  def run_with_cache(self, tokens, names=None, **kwargs):
+    """`([B, S, D], ActivationCache)` of one forward; as
+    `DecoderLM.run_with_cache`."""
+    return activation_cache.run_with_cache(self, tokens, names, **kwargs)
 
 
 class Decoder(nnx.Module):
