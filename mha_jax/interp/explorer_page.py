@@ -59,6 +59,22 @@ def gqa_note(num_heads: int, num_kv_heads: int) -> str:
           f"every head here is a query head; {groups}")
 
 
+def head_name(layer: int, head: int) -> str:
+  """`L1H3`: head 3 of layer 1, both counted from 0 as the API counts them
+  (`blocks.1.attn`, `heads=3`). The page shows the names it is given, so
+  Python's tests read every label a reader sees. (`measure/report.py`
+  names heads the same way; interp does not import measure.)"""
+  return f"L{int(layer)}H{int(head)}"
+
+
+def score_rows(values, num_layers: int, num_heads: int) -> list[dict]:
+  """One table row per head, layer-major: its name, `layer`, `head` and
+  `[v[layer, head] for v in values]`, each `v` being `[L, H]`."""
+  return [{"name": head_name(l, h), "layer": l, "head": h,
+           "values": [float(v[l, h]) for v in values]}
+          for l in range(num_layers) for h in range(num_heads)]
+
+
 def b64_float32(weights) -> str:
   """Little-endian float32 bytes, base64: exact values, a quarter of the
   size of decimal text (the page reads them as a Float32Array)."""
@@ -77,9 +93,7 @@ def _table(kind: dict, circuits) -> dict:
       cols.append(dict(key=name, label=name, digits=3, circuit=True,
                        help=f"from {circuits['source']}"))
       values[name] = arr
-  rows = [{"layer": l, "head": h,
-           "values": [float(values[c["key"]][l, h]) for c in cols]}
-          for l in range(num_layers) for h in range(num_heads)]
+  rows = score_rows([values[c["key"]] for c in cols], num_layers, num_heads)
   floors = []
   names = {"uniform": "uniform attention (floor)",
            "init": "same model at initialisation (mean over heads)"}

@@ -41,6 +41,10 @@
   const fmt = (x, digits) => (x === null || x === undefined ||
                               Number.isNaN(x)) ? "\u2013" : x.toFixed(digits);
   // TransformerLens-style names, 0-based as the API counts (blocks.0).
+  // The table's rows and the bars carry their names from Python (tested
+  // there); the grid and heatmap, drawn from the weights, name them here,
+  // as do pages written before rows had names (scripts/refresh_pages.py
+  // re-wraps their data in this script).
   const headName = (l, h) => `L${l}H${h}`;
 
   // A fixed scale 0..1 for every head, so thumbnails compare at a glance.
@@ -278,7 +282,7 @@
     const body = el("tbody");
     for (const r of rows) {
       const tr = el("tr", {"data-layer": r.layer, "data-head": r.head},
-                    [el("td", {text: headName(r.layer, r.head)})]);
+                    [el("td", {text: r.name ?? headName(r.layer, r.head)})]);
       r.values.forEach((v, i) => tr.appendChild(
           el("td", {text: fmt(v, t.columns[i].digits)})));
       tr.addEventListener("click", () => selectHead(r.layer, r.head));
@@ -459,6 +463,8 @@
                      [el("span", {cls: "layer-label", text: `L${l}`})]);
       for (let h = 0; h < hv.num_heads; h++) {
         const v = values[l * hv.num_heads + h];
+        const name = hv.names ? hv.names[l * hv.num_heads + h]
+                              : headName(l, h);
         const size = Math.min(Math.abs(v) / s.top, 1) * (s.signed ? 0.5 : 1);
         const fill = el("div", {cls: "fill"});
         Object.assign(fill.style, {
@@ -469,12 +475,12 @@
         line.style.top = `${100 * zero}%`;
         const bar = el("div", {cls: "bar", "data-layer": l, "data-head": h,
                                "data-value": fmt(v, 3),
-                               title: `${headName(l, h)}: ${fmt(v, 3)}`},
+                               title: `${name}: ${fmt(v, 3)}`},
                        [line, fill]);
         bar.addEventListener("mouseenter", () => {
           pick(box, bar);
           const out = $("bar-readout");
-          readout(out, `${headName(l, h)} (layer ${l}, head ${h}): `, v);
+          readout(out, `${name} (layer ${l}, head ${h}): `, v);
           out.dataset.layer = l;
           out.dataset.head = h;
         });
