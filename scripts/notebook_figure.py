@@ -34,7 +34,7 @@ import chromium  # pylint: disable=g-import-not-at-top,wrong-import-position
 NOTEBOOK = ROOT / "docs" / "notebooks" / "tour.ipynb"
 OUT = ROOT / "docs" / "figures" / "notebook_views.png"
 # (index among the displayed views, the code line shown above it).
-CELLS = ((0, 'show.heads(pattern, labels, scores=...)   # [L, H, T, T]'),
+CELLS = ((0, 'show.heads(list(pattern), labels, scores=...)  # L x [H, T, T]'),
          (1, 'show.tokens(labels, token_loss)          # [T]'),
          (4, 'show.heads_bar(dla["heads"])             # [L, H]'))
 

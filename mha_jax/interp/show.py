@@ -4,8 +4,10 @@ Shape letters: L layers, H heads, Tq query length, Tk key length, T
 length of a sequence.
 
     from mha_jax.interp import show
-    _, acts = model(tokens, capture=["blocks.0.attn.pattern"])
-    show.heads(acts["blocks.0.attn.pattern"][0], labels)   # [H, Tq, Tk]
+    sites = [f"blocks.{l}.attn.pattern" for l in range(L)]
+    _, acts = model(tokens, capture=sites)                  # [B, H, T, T]
+    show.heads(acts[sites[0]][0], labels)                   # [H, Tq, Tk]
+    show.heads([acts[s][0] for s in sites], labels)         # L x [H, Tq, Tk]
     show.tokens(labels, loss_per_token)                     # [T]
     show.heads_bar(dla, name="direct logit attribution")    # [L, H]
 
@@ -37,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax.interp import explorer
+from mha_jax.interp import explorer_page
 
 # 2**20 float32 weights: 4 MiB, 5.6 MB as base64 in the notebook.
 MAX_CELLS = 2 ** 20
@@ -140,6 +143,53 @@ def _per_layer(a: np.ndarray, ndim: int, fn: str, name: str,
   return a
 
 
+_PATTERN = "one layer's [H, Tq, Tk], or a list of them, one per layer"
+# -inf is what the pre-softmax capture holds where the mask hides a key.
+_SCORES_HINT = ("The `blocks.{l}.attn.scores` capture is -inf at masked "
+                "keys: pass `blocks.{l}.attn.pattern` (the weights, 0 there)")
+
+
+def _layers(pattern) -> np.ndarray:
+  """`pattern` as `[L, H, Tq, Tk]`: one layer's `[H, Tq, Tk]` array is
+  `L = 1`; a list or tuple holds layer l's `[H, Tq, Tk]` at index l. A 4-D
+  array is refused (see `heads`)."""
+  if isinstance(pattern, (list, tuple)):
+    if not pattern:
+      raise ValueError("show.heads: `pattern` is an empty list; expected "
+                       "one [H, Tq, Tk] per layer")
+    layers = [_finite(p, "heads", f"pattern[{l}]", "[H, Tq, Tk]",
+                      inf_hint=_SCORES_HINT) for l, p in enumerate(pattern)]
+    for l, p in enumerate(layers):
+      if p.ndim != 3:
+        # A list of whole captures: each entry still has its batch axis.
+        batch = ("; a capture is [B, H, Tq, Tk]: index one example, "
+                 "acts[site][b]") if p.ndim == 4 else ""
+        raise ValueError(f"show.heads: `pattern[{l}]` must be layer {l}'s "
+                         f"[H, Tq, Tk] (a list holds one layer per entry), "
+                         f"got shape {list(p.shape)}{batch}")
+      if p.shape != layers[0].shape:
+        raise ValueError(f"show.heads: `pattern[{l}]` has shape "
+                         f"{list(p.shape)} but `pattern[0]` "
+                         f"{list(layers[0].shape)}; every layer must be "
+                         "[H, Tq, Tk] of the same example")
+    return np.stack(layers)
+  # What a 4-D array's first axis is cannot be read from its shape: a
+  # capture is [B, H, Tq, Tk], a stack of layers [L, H, Tq, Tk].
+  if np.ndim(pattern) == 4:
+    raise ValueError(
+        f"show.heads: `pattern` has shape {list(np.shape(pattern))}: a 4-D "
+        "array may be [L, H, Tq, Tk] or a capture's [B, H, Tq, Tk] (its "
+        "examples shown as layers), so it is not read; pass one layer's "
+        "[H, Tq, Tk] or a list of them, one per layer: "
+        "[acts[f'blocks.{l}.attn.pattern'][b] for l in range(L)], or "
+        "list(w) of an [L, H, Tq, Tk] array w")
+  w = _finite(pattern, "heads", "pattern", _PATTERN, inf_hint=_SCORES_HINT)
+  if w.ndim != 3:
+    raise ValueError(f"show.heads: `pattern` must be {_PATTERN}, got shape "
+                     f"{list(w.shape)}")
+  return w[None]
+
+
 def _window(window, t: int, side: int, fn: str) -> tuple[int, int]:
   """(start, stop) of the positions kept: `window` if given (clipped to
   `side` positions), else the last `side`."""
@@ -164,14 +214,12 @@ def _score_table(scores, num_layers: int, num_heads: int) -> dict:
     v = _finite(v, "heads", f"scores[{name!r}]", "[L, H]")
     if v.shape != (num_layers, num_heads):
       raise ValueError(f"show.heads: `scores[{name!r}]` has shape "
-                       f"{v.shape}; expected [L, H] = "
+                       f"{list(v.shape)}; expected [L, H] = "
                        f"{[num_layers, num_heads]}, as `pattern`")
     label, digits, help_ = known.get(name, (name, 3, name))
     cols.append(dict(key=name, label=label, digits=digits, help=help_))
     values.append(v)
-  rows = [{"layer": l, "head": h,
-           "values": [float(v[l, h]) for v in values]}
-          for l in range(num_layers) for h in range(num_heads)]
+  rows = explorer_page.score_rows(values, num_layers, num_heads)
   return {"columns": cols, "rows": rows, "floors": [],
           "hint": "Click a column to sort (again to flip), a row to see "
                   "its head."}
@@ -184,9 +232,19 @@ def heads(pattern, tokens, *, key_tokens=None, scores=None,
   """The layer x head grid, one head's heatmap, where each head sends a
   query, and (given `scores`) a sortable table.
 
+  One example's weights come as one layer's `[H, Tq, Tk]`, as
+  circuitsvis's `attention_heads` takes them, or as a list of those, one
+  per layer in order: `[acts[f"blocks.{l}.attn.pattern"][0] for l in
+  range(L)]` (TransformerLens: `[cache["pattern", l][0] for l in ...]`).
+  A 4-D array is refused rather than read: a capture is `[B, H, Tq, Tk]`
+  and a stack of layers `[L, H, Tq, Tk]`, and reading one as the other
+  shows the batch's examples as layers without any error. `list(w)` of an
+  `[L, H, Tq, Tk]` array says which it is.
+
   Args:
-    pattern: `[H, Tq, Tk]` (one layer) or `[L, H, Tq, Tk]` weights of one
-      example, e.g. `acts["blocks.0.attn.pattern"][0]`.
+    pattern: `[H, Tq, Tk]` (one layer), or a list or tuple whose entry l
+      is layer l's `[H, Tq, Tk]`; the grid names its rows L0, L1, ... in
+      that order.
     tokens: `[Tq]` labels of the queries (strings or ids).
     key_tokens: `[Tk]` labels of the keys; default `tokens` (Tq == Tk).
     scores: optional name -> `[L, H]` per-head numbers for the table.
@@ -198,16 +256,12 @@ def heads(pattern, tokens, *, key_tokens=None, scores=None,
     max_tokens, max_cells: the most positions per side (a heatmap of 512
       rows is already 4000 pixels tall) and weights in the page.
 
-  Raises ValueError naming the argument: a pattern not 3-D or 4-D, labels
-  that do not match its sides, an empty sequence, a non-finite weight.
+  Raises ValueError naming the argument: a 4-D array (saying what to pass
+  instead), an array not 3-D, a list entry not 3-D or shaped unlike the
+  first, labels that do not match its sides, an empty sequence, a
+  non-finite weight (with a hint where it is the masked scores' -inf).
   """
-  # -inf is what the pre-softmax capture holds where the mask hides a key.
-  w = _per_layer(_finite(pattern, "heads", "pattern",
-                         "[H, Tq, Tk] or [L, H, Tq, Tk]",
-                         inf_hint="The `blocks.{l}.attn.scores` capture is "
-                         "-inf at masked keys: pass `blocks.{l}.attn.pattern`"
-                         " (the weights, 0 there)"), 4, "heads",
-                 "pattern", "[H, Tq, Tk] or [L, H, Tq, Tk]")
+  w = _layers(pattern)                                      # [L, H, Tq, Tk]
   num_layers, num_heads, tq, tk = w.shape
   q_labels = _labels(tokens, "heads", "tokens")
   if len(q_labels) != tq:
@@ -278,12 +332,16 @@ def heads_bar(values, *, name: str = "Values per head",
               title: str | None = None) -> View:
   """`values [L, H]` (or `[H]`, one layer) as one bar per head, rows
   being layers: direct logit attribution, patching or ablation effects.
-  Heads are named `L0H3` (layer 0, head 3), as the API counts them."""
+  Heads are named `L0H3` (layer 0, head 3), as the API counts them; the
+  page's `names` hold them in the order of `values`."""
   v = _per_layer(_finite(values, "heads_bar", "values", "[L, H] or [H]"),
                  2, "heads_bar", "values", "[L, H] or [H]")
+  num_layers, num_heads = v.shape
+  names = [explorer_page.head_name(l, h)
+           for l in range(num_layers) for h in range(num_heads)]
   payload = {"kinds": [], "info": [],
-             "head_values": {"name": name, "num_layers": v.shape[0],
-                             "num_heads": v.shape[1],
+             "head_values": {"name": name, "num_layers": num_layers,
+                             "num_heads": num_heads, "names": names,
                              "values": explorer.b64_float32(v)}}
   return _view("heads_bar", title or name, payload)
 

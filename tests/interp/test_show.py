@@ -48,7 +48,8 @@ def test_heads_page_holds_the_pattern_labels_and_scores():
   w = _causal_pattern((2, 3, 5, 5)).astype(np.float32)
   labels = [HOSTILE, "a", "b", "c", "d"]
   dla = np.arange(6.0).reshape(2, 3)
-  view = show.heads(w, labels, scores={"dla": dla, "induction": dla / 10})
+  view = show.heads(list(w), labels,
+                    scores={"dla": dla, "induction": dla / 10})
   (kind,) = page_data(view.page)["kinds"]
   np.testing.assert_array_equal(floats(kind["weights"]).reshape(w.shape), w)
   assert kind["query_labels"] == kind["key_labels"] == labels
@@ -66,7 +67,7 @@ def test_heads_page_holds_the_pattern_labels_and_scores():
 
 def test_pages_embed_everything_and_never_a_raw_token():
   w = _causal_pattern((1, 2, 3, 3))
-  views = [show.heads(w, [HOSTILE, "a", "b"]),
+  views = [show.heads(w[0], [HOSTILE, "a", "b"]),
            show.tokens([HOSTILE, "a"], [0.5, -0.25]),
            show.heads_bar(np.ones((2, 2)), name=HOSTILE)]
   for view in views:
@@ -102,8 +103,8 @@ def test_low_precision_floats_are_shown_as_their_float32_cast(dtype):
   v = jnp.asarray([0.25, -1.5, 3.0], dtype)
   bars = jnp.asarray(np.arange(6.0).reshape(2, 3) / 7, dtype)
   as32 = lambda x: np.asarray(x).astype(np.float32)
-  kind = page_data(show.heads(w, list("abc"), scores={"s": bars[:, :2]}
-                              ).page)["kinds"][0]
+  kind = page_data(show.heads(list(w), list("abc"),
+                              scores={"s": bars[:, :2]}).page)["kinds"][0]
   np.testing.assert_array_equal(floats(kind["weights"]), as32(w).ravel())
   assert [r["values"][0] for r in kind["table"]["rows"]] == list(
       as32(bars[:, :2]).ravel())
@@ -117,14 +118,14 @@ def test_long_pattern_is_windowed_and_says_so():
   t = 40
   w = _causal_pattern((1, 2, t, t)).astype(np.float32)
   labels = [f"t{i}" for i in range(t)]
-  kind = page_data(show.heads(w, labels, max_tokens=16).page)["kinds"][0]
+  kind = page_data(show.heads(w[0], labels, max_tokens=16).page)["kinds"][0]
   assert (kind["q0"], kind["k0"], kind["tq"], kind["tk"]) == (24, 24, 16, 16)
   np.testing.assert_array_equal(
       floats(kind["weights"]).reshape(1, 2, 16, 16), w[:, :, 24:, 24:])
   assert kind["query_labels"] == labels[24:]
   assert "Showing queries 24\u201339 of 40" in kind["note"]
   # A chosen window; the weight budget shrinks it too (2 heads x 10 x 10).
-  kind = page_data(show.heads(w, labels, window=(5, 30),
+  kind = page_data(show.heads(w[0], labels, window=(5, 30),
                               max_cells=200).page)["kinds"][0]
   assert (kind["q0"], kind["tq"], kind["k0"], kind["tk"]) == (5, 10, 5, 10)
   np.testing.assert_array_equal(
@@ -139,27 +140,27 @@ def test_cross_attention_pattern_takes_key_labels():
   assert kind["key_labels"] == list("wxyz")
 
 
-W = _causal_pattern((2, 2, 3, 3))
-NAN = W.copy()
+W4 = _causal_pattern((2, 2, 3, 3))                   # [L, H, T, T]
+W = list(W4)                                        # L x [H, T, T]
+NAN = W4.copy()
 NAN[1, 0, 2, 1] = np.nan
 
 
 @pytest.mark.parametrize("call, message", [
     (lambda: show.heads(W, ["a", "b"]),
      r"`tokens` has 2 labels but `pattern` \[2, 2, 3, 3\] has Tq=3"),
-    (lambda: show.heads(W[None], list("abc")),
-     r"`pattern` must be \[H, Tq, Tk\] or \[L, H, Tq, Tk\], got shape "
-     r"\[1, 2, 2, 3, 3\]"),
-    (lambda: show.heads(NAN, list("abc")),
-     r"`pattern` has 1 non-finite values \(first at \[1, 0, 2, 1\]: nan\)"),
+    (lambda: show.heads(list(NAN), list("abc")),
+     r"`pattern\[1\]` has 1 non-finite values \(first at \[0, 2, 1\]: "
+     r"nan\)"),
     (lambda: show.heads(np.zeros((2, 0, 0)), []), r"`pattern` is empty"),
     (lambda: show.heads(W, []), r"`tokens` is empty"),
-    (lambda: show.heads(W[..., :2], list("abc")),
+    (lambda: show.heads(list(W4[..., :2]), list("abc")),
      r"Tk=2 keys; pass `key_tokens`"),
-    (lambda: show.heads(W[..., :2], list("abc"), key_tokens=list("xyz")),
+    (lambda: show.heads(list(W4[..., :2]), list("abc"),
+                        key_tokens=list("xyz")),
      r"`key_tokens` has 3 labels but `pattern` \[2, 2, 3, 2\] has Tk=2"),
     (lambda: show.heads(W, list("abc"), scores={"dla": np.ones(4)}),
-     r"`scores\['dla'\]` has shape \(4,\); expected \[L, H\] = \[2, 2\]"),
+     r"`scores\['dla'\]` has shape \[4\]; expected \[L, H\] = \[2, 2\]"),
     (lambda: show.heads(W, list("abc"), window=(2, 9)),
      r"`window`=\(2, 9\) must satisfy 0 <= start < stop <= 3"),
     (lambda: show.heads(W, "abc"), r"`tokens` must be a sequence of token "
@@ -191,15 +192,20 @@ NEG_INF = np.where(np.isnan(NAN), -np.inf, NAN)  # -inf at [1, 0, 2, 1]
 
 @pytest.mark.parametrize("call, name, hint", [
     # Pre-softmax scores passed as the pattern: the hint says what to pass.
-    (lambda: show.heads(NEG_INF, list("abc")), "show.heads: `pattern`", True),
-    (lambda: show.heads(NAN, list("abc")), "show.heads: `pattern`", False),
+    (lambda: show.heads(list(NEG_INF), list("abc")),
+     "show.heads: `pattern[1]`", True),
+    (lambda: show.heads(NEG_INF[1], list("abc")), "show.heads: `pattern`",
+     True),
+    (lambda: show.heads(list(NAN), list("abc")), "show.heads: `pattern[1]`",
+     False),
     (lambda: show.heads(W, list("abc"), scores={"dla": NEG_INF[:, :, 2, 1]}),
      "show.heads: `scores['dla']`", False),
     (lambda: show.tokens(list("abc"), NEG_INF[1, 0, 2]),
      "show.tokens: `values`", False),
     (lambda: show.heads_bar(NEG_INF[:, :, 2, 1]), "show.heads_bar: `values`",
      False),
-], ids=["pattern-inf", "pattern-nan", "scores-table", "tokens", "heads_bar"])
+], ids=["pattern-inf", "one-layer-inf", "pattern-nan", "scores-table",
+        "tokens", "heads_bar"])
 def test_non_finite_error_names_the_argument_and_hints_only_where_it_applies(
     call, name, hint):
   """-inf in `pattern` is most likely the masked scores capture; the same
@@ -224,7 +230,8 @@ def test_long_inputs_in_a_real_browser(browser, tmp_path):
   css = lambda sel: browser.find_element(By.CSS_SELECTOR, sel)
   ready = lambda d: d.find_element(By.TAG_NAME, "body").get_attribute(
       "data-ready") == "true"
-  path = show.heads(w, labels, window=(1000, 2000), max_tokens=side).save(
+  path = show.heads(w[0], labels, window=(1000, 2000),
+                    max_tokens=side).save(
       tmp_path / "heads.html")
   browser.get(path.resolve().as_uri())
   WebDriverWait(browser, chromium.WAIT_S).until(ready)
@@ -258,7 +265,7 @@ def test_score_table_in_a_real_browser(browser, tmp_path):
   css = lambda sel: browser.find_element(By.CSS_SELECTOR, sel)
   dla = rng.normal(size=(2, 3)).astype(np.float32)
   patching = rng.uniform(size=(2, 3)).astype(np.float32)
-  path = show.heads(_causal_pattern((2, 3, 4, 4)), list("abcd"),
+  path = show.heads(list(_causal_pattern((2, 3, 4, 4))), list("abcd"),
                     scores={"dla": dla, "patching": patching}).save(
                         tmp_path / "scores.html")
   browser.get(path.resolve().as_uri())

@@ -44,7 +44,7 @@ def _extra_cells(arrays: pathlib.Path) -> list[str]:
       # from.
       "uncached=np.asarray(model(np.concatenate([prompt, new])[None]))"
       "[0, len(prompt) - 1:-1])",
-      f"show.heads(pattern[:, :, :3, :3], [{HOSTILE!r}, 'a', 'b'])",
+      f"show.heads(list(pattern[:, :, :3, :3]), [{HOSTILE!r}, 'a', 'b'])",
       f"show.tokens([{HOSTILE!r}, 'a'], np.asarray([0.5, -0.25]))",
       f"show.heads_bar(ablation, name={HOSTILE!r})",
   ]
