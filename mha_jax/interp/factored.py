@@ -58,6 +58,10 @@ class Factored:
   array's: `qk[layer, head]` is one head's circuit.
   """
 
+  # NumPy arrays then leave `array @ Factored` to `__rmatmul__` instead
+  # of turning the object into an array.
+  __array_ufunc__ = None
+
   def __init__(self, a, b):
     self.A, self.B = _check_pair(a, b)
 
