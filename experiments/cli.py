@@ -1,9 +1,14 @@
 """The command line every experiment shares: its flags and its `main`.
 
 `run_app(main)` is `absl.app.run` with two changes every entry point
-uses: a `--config.<field>` that the config lacks is reported on one line
-(the flag, the field and ml_collections' suggestion) with exit status 1,
-where absl would end in a three-exception traceback; and JAX's INFO line
+uses. Errors first: a command-line error ends in one line, `Error: ` and
+what is wrong with which argument (and what to give instead), exit
+status 1, where absl and ml_collections would print a traceback, the
+config or the whole `--help` before it. That covers a `--config` file
+that does not exist, a config argument (`:smok`) its `get_config`
+refuses, a `--config.<field>` the config lacks or a value it cannot
+parse, a value `validate_config` refuses (`ConfigError`), a workdir
+another run holds, and every `app.UsageError`. And JAX's INFO line
 "Unable to initialize backend 'tpu'", which its platform probe logs on
 every machine without a TPU, is not shown (its warnings and errors, and
 every other backend's lines, are).
@@ -25,9 +30,11 @@ itself again in a child whose environment `env_with_devices` sets
 from __future__ import annotations
 
 import ast
+import difflib
 import logging
 import os
 import pathlib
+import re
 import sys
 from typing import Callable, NamedTuple
 
@@ -36,6 +43,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from mha_jax.measure import report as report_lib
+from mha_jax.training import config as config_lib
+from mha_jax.training import workdir as workdir_lib
 
 
 class _NoTpuProbeLine(logging.Filter):
@@ -82,8 +91,8 @@ def env_with_devices(devices: int) -> dict:
 
 
 def _unknown_field(e: AttributeError, argv: list[str]) -> None:
-  """Exit with absl's one-line flag error for an override of a field the
-  config lacks (re-raise anything else)."""
+  """Exit with one line for an override of a field the config lacks
+  (re-raise anything else)."""
   # ml_collections raises AttributeError(KeyError(message)) from deep in
   # the override parser; its message is the repr of "'<key>'\n<hint>".
   try:
@@ -103,10 +112,62 @@ def _unknown_field(e: AttributeError, argv: list[str]) -> None:
 
 
 def _fatal(message: str) -> None:
-  """absl's report of a bad flag: one line, exit status 1, no traceback."""
-  print(f"FATAL Flags parsing error: {message}\nPass --helpshort or "
-        "--helpfull to see help on flags.", file=sys.stderr)
+  """End the command with `message` as its one and last line: exit status
+  1, no traceback, no help text."""
+  print(f"Error: {message}", file=sys.stderr)
   sys.exit(1)
+
+
+def _config_arg(argv: list[str]) -> str | None:
+  """The value of `--config` as given in `argv`, else the flag's default
+  (None if neither, or if this program has no `--config`)."""
+  if "config" not in flags.FLAGS:
+    return None
+  for i, a in enumerate(argv[1:], 1):
+    name, eq, value = a.partition("=")
+    if name in ("--config", "-config"):
+      if eq:
+        return value
+      return argv[i + 1] if i + 1 < len(argv) else None
+  flag = flags.FLAGS["config"]
+  return None if flag.default is None else flag.default_as_str.strip("'")
+
+
+def missing_config_file(arg: str, cwd: pathlib.Path) -> str | None:
+  """The one-line error for `--config=<arg>` if its file (`arg` before any
+  `:`) does not exist relative to `cwd`, else None. Names a near file of
+  the same folder, or the folder the configs live in."""
+  path, colon, variant = arg.partition(":")
+  if (cwd / path).is_file():
+    return None
+  folder = (cwd / path).parent
+  names = sorted(f.name for f in folder.glob("*.py")
+                 if f.name != "__init__.py") if folder.is_dir() else []
+  # A typo of one of them, else the list to choose from.
+  near = difflib.get_close_matches(pathlib.Path(path).name, names, n=1,
+                                   cutoff=0.8)
+  if near:
+    fix = (f"did you mean --config="
+           f"{pathlib.Path(path).with_name(near[0])}{colon}{variant}?")
+  elif names:
+    fix = f"{pathlib.Path(path).parent}/ holds {', '.join(names)}"
+  else:
+    fix = ("the experiments' configs are configs/*.py, run from the "
+           "repository root")
+  return f"--config={arg}: no such file {path} (in {cwd}); {fix}"
+
+
+def _config_error(e: flags.Error, arg: str | None) -> str:
+  """absl's message for a bad flag, or, when the config file's
+  `get_config` raised, that exception's own message (ml_collections
+  wraps it in the whole traceback)."""
+  message = str(e)
+  if "Error whilst parsing config file" not in message:
+    return message
+  last = message.strip().splitlines()[-1].strip()
+  last = re.sub(r"^[A-Za-z_][\w.]*: ", "", last)  # "ValueError: ..."
+  path = (arg or "").partition(":")[0]
+  return last if path and path in last else f"--config={arg}: {last}"
 
 
 def config_flag(default: str | None, help_text: str) -> flags.FlagHolder:
@@ -119,38 +180,66 @@ def config_flag(default: str | None, help_text: str) -> flags.FlagHolder:
   except AttributeError as e:
     _unknown_field(e, sys.argv)
   except flags.Error as e:  # a bad value, as absl reports it at parse time
-    _fatal(str(e))
+    _fatal(_config_error(e, default))
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """`flags.FLAGS(argv)`, with an override of a missing config field
-  turned into absl's one-line flag error."""
+  """`flags.FLAGS(argv)`, with every error in the `--config` flag and its
+  overrides ended by `_fatal` in one line."""
+  arg = _config_arg(argv)
+  missing = arg and missing_config_file(arg, pathlib.Path.cwd())
+  if missing:
+    _fatal(missing)
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
   except AttributeError as e:
     _unknown_field(e, argv)
   except flags.Error as e:
-    _fatal(str(e))
+    _fatal(_config_error(e, arg))
+  if arg is not None:
+    try:
+      # ml_collections stands in an object that raises OSError on any use
+      # for a config file it could not read; say so now, not at first use.
+      getattr(flags.FLAGS["config"].value, "lock", None)
+    except OSError as e:
+      reason = str(e.__cause__ or e).strip().splitlines()[-1].strip()
+      _fatal(f"--config={arg}: could not be read ({reason})")
+  return rest
+
+
+# The errors of a command, not of the code: their messages name the
+# argument, what was expected and what came.
+_COMMAND_ERRORS = (app.UsageError, config_lib.ConfigError,
+                   workdir_lib.WorkdirInUse)
 
 
 def run_app(main_fn: Callable[[list[str]], None]) -> None:
-  """`absl.app.run(main_fn)` with `parse_flags`, and the command line
-  recorded for the reports this process writes."""
+  """`absl.app.run(main_fn)` with `parse_flags`, the command line
+  recorded for the reports this process writes, and `_COMMAND_ERRORS`
+  reported in one line."""
   def _main(argv):
     # `python -m <this package>` and the flags as typed (absl has consumed
     # them from `argv`).
     spec = sys.modules["__main__"].__spec__
     module = spec.name.removesuffix(".__main__") if spec else sys.argv[0]
     report_lib.record_command(sys.argv, module)
-    return main_fn(argv)
+    try:
+      return main_fn(argv)
+    except _COMMAND_ERRORS as e:
+      _fatal(str(e))
   app.run(_main, flags_parser=parse_flags)
 
 
 def main(run: Callable[..., dict], fl: ExperimentFlags) -> None:
-  """Parse the command line, then `run(config, workdir, reuse_runs=...)`
-  and print where the report is."""
+  """Parse the command line, check a training config, then
+  `run(config, workdir, reuse_runs=...)` and print where the report is."""
   def _main(argv):
     report_lib.check_no_arguments(argv)
-    run(fl.config.value, fl.workdir.value, reuse_runs=fl.reuse_runs.value)
+    config = fl.config.value
+    if all(g in config for g in ("model", "task", "train", "mesh")):
+      # Refused here, before a run folder exists, rather than by the
+      # first run (runs.variant checks every run's config again).
+      config_lib.validate_config(config)
+    run(config, fl.workdir.value, reuse_runs=fl.reuse_runs.value)
     print(f"Report: {pathlib.Path(fl.workdir.value) / 'report.md'}")
   run_app(_main)

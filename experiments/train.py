@@ -18,7 +18,6 @@ cluster).
 """
 
 import jax
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -47,11 +46,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def run(config, workdir) -> train.TrainState:
   """Validate `config`, then train (or resume) it in `workdir`."""
-  # Fail on inconsistent values before building or compiling anything.
-  try:
-    config_lib.validate_config(config)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
+  # Refuse before building or compiling anything, and before the config
+  # is printed, so that the refusal is the last line of the output.
+  config_lib.validate_config(config)
+  workdir_lib.check_free(workdir)
   logging.info("Config:\n%s", config)
   state = train.train_and_evaluate(config, workdir)
   logging.info("Done; metrics in %s/metrics.jsonl", workdir)
@@ -68,10 +66,8 @@ def main(argv):
     logging.info("Process %d of %d, %d local / %d global devices",
                  jax.process_index(), jax.process_count(),
                  jax.local_device_count(), jax.device_count())
-  try:
-    run(_CONFIG.value, _WORKDIR.value)
-  except workdir_lib.WorkdirInUse as e:  # the message names the holder
-    raise app.UsageError(str(e)) from e
+  # A bad config value or a workdir in use ends in one line (cli.run_app).
+  run(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """From a ConfigDict (`configs/default.py`) to a checked config and a model.
 
 `validate_config` runs before anything is built or traced and raises a
-ValueError that names the offending field (`config.model.num_heads`), what
-was expected and what came. absl already rejects unknown keys and wrong
+`ConfigError` (a ValueError) that names the offending field
+(`config.model.num_heads`), what was expected and what came; the command
+line reports it on one line. absl already rejects unknown keys and wrong
 types in command-line overrides; this catches values that are each fine but
 inconsistent together (d_model not divisible by num_heads, ...).
 """
@@ -29,8 +30,22 @@ def _positive(group, cfg, *names):
           f"must be a positive int, got {val!r}")
 
 
+class ConfigError(ValueError):
+  """A config value that is wrong or inconsistent; the message names the
+  field (`config.<group>.<field>: ...`)."""
+
+
 def validate_config(config) -> None:
-  """Raise ValueError naming the field if `config` is inconsistent."""
+  """Raise `ConfigError` naming the field if `config` is inconsistent."""
+  try:
+    _validate(config)
+  except ConfigError:
+    raise
+  except ValueError as e:  # the checks of tasks and ModelConfig
+    raise ConfigError(str(e)) from None
+
+
+def _validate(config) -> None:
   for group in ("model", "task", "train", "mesh"):
     _need(group in config, group, "missing group (start from "
           "configs/default.py get_config())")
@@ -51,7 +66,7 @@ def validate_config(config) -> None:
   try:  # every model field, checked once where the model's config is built
     model_config(config)
   except model_config_lib.ModelConfigError as e:
-    raise ValueError(f"config.model.{e.field}: {e.message}") from None
+    raise ConfigError(f"config.model.{e.field}: {e.message}") from None
 
   _positive("train", tr, "num_steps", "log_every", "eval_every",
             "eval_batches", "checkpoint_every", "max_checkpoints")
@@ -83,6 +98,17 @@ def validate_config(config) -> None:
           f"'all_to_all', got {m.implementation!r}")
     _need(t.seq_len % seq == 0, "mesh.sequence",
           f"mesh.sequence={seq} must divide task.seq_len={t.seq_len}")
+    # All-to-all swaps the sequence split for a head split: each device's
+    # query heads are dealt out over the sequence axis, so they must
+    # divide by it (the ring has no such limit). Checked here, before a
+    # workdir exists, rather than when the step is traced.
+    local = m.num_heads // ms.model
+    if m.implementation == "all_to_all":
+      _need(local % seq == 0, "mesh.sequence",
+            f"mesh.sequence={seq} must divide the {local} query heads per "
+            f"device (model.num_heads={m.num_heads} / mesh.model="
+            f"{ms.model}) for model.implementation 'all_to_all'; use "
+            f"'ring', or a sequence axis that divides {local}")
 
 
 def model_config(config) -> model_config_lib.ModelConfig:

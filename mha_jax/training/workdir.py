@@ -6,7 +6,8 @@ deletions. `lock(workdir)` holds an exclusive `fcntl.flock` on
 `workdir/.lock` for the run's lifetime; the kernel drops it when the
 process ends, however it ends, so a crashed or killed run never leaves
 the workdir stuck. The file records who holds it (host, pid, start time),
-which the refusal quotes.
+which the refusal quotes. `check_free` asks the same question before a
+command prints or builds anything, so a refusal comes first.
 """
 
 from __future__ import annotations
@@ -35,10 +36,7 @@ def lock(workdir):
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      raise WorkdirInUse(
-          f"workdir {workdir} is in use by {_holder(path)}; wait for that "
-          "run to finish (or stop it) before resuming here, or give "
-          "another --workdir") from None
+      raise WorkdirInUse(_in_use(workdir, path)) from None
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
                              "started": time.strftime("%Y-%m-%d %H:%M:%S")
@@ -46,6 +44,29 @@ def lock(workdir):
     yield
   finally:
     os.close(fd)  # releases the lock
+
+
+def check_free(workdir) -> None:
+  """Raise `WorkdirInUse` (as `lock` would) if another process holds
+  `workdir`'s lock; create nothing. The answer can change at once: `lock`
+  is still what guards the run."""
+  path = pathlib.Path(workdir) / ".lock"
+  try:
+    fd = os.open(path, os.O_RDWR)
+  except FileNotFoundError:  # no run was ever started there
+    return
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    raise WorkdirInUse(_in_use(workdir, path)) from None
+  finally:
+    os.close(fd)  # releases it, if this process took it
+
+
+def _in_use(workdir, path: pathlib.Path) -> str:
+  return (f"workdir {workdir} is in use by {_holder(path)}; wait for that "
+          "run to finish (or stop it) before resuming here, or give "
+          "another --workdir")
 
 
 def _holder(path: pathlib.Path) -> str:
