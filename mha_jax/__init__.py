@@ -25,6 +25,7 @@ from mha_jax.core.kv_cache import raise_if_overflow
 from mha_jax.core.masks import causal_mask
 from mha_jax.core.masks import combine_masks
 from mha_jax.core.masks import padding_mask
+from mha_jax.models.activation_cache import ActivationCache
 from mha_jax.models.model_config import ModelConfig
 from mha_jax.models.model_config import ModelConfigError
 from mha_jax.models.modules import MultiHeadAttention
@@ -48,6 +49,8 @@ from mha_jax.models.transformer import TransformerBlock
 from mha_jax.models.transformer import with_implementation
 from mha_jax.parallel.all_to_all import all_to_all_attention
 from mha_jax.parallel.ring import ring_attention
+from mha_jax.pretrained import LanguageModel
+from mha_jax.pretrained import load_language_model
 from mha_jax.pretrained import load_pretrained
 from mha_jax.pretrained import load_tokenizer
 from mha_jax.pretrained import save_pretrained
