@@ -22,7 +22,9 @@ program carries the check: one reduction over the ids and a
 is out of range, raising the same message (it surfaces as a
 `JaxRuntimeError` whose text ends with that message). A valid call pays
 one reduction over the [B, T] ids; its cost next to a forward is in
-docs/performance.md ("Checking token ids").
+docs/performance.md ("Checking token ids"). Under `vmap` with batched ids
+the cond becomes a select, so the host is called once per mapped element
+and reads a flag (a cost only there).
 """
 
 from __future__ import annotations
@@ -40,10 +42,13 @@ def _message(fn: str, name: str, vocab_size: int, value: int,
           "reads a row counted from the end)")
 
 
-def _raise_outside(where, value, *, fn, name, vocab_size):
-  """The host side of the traced check, called only when an id is out of
-  range (under `vmap`, once per mapped element)."""
-  raise ValueError(_message(fn, name, vocab_size, int(value), where))
+def _raise_outside(any_bad, where, value, *, fn, name, vocab_size):
+  """The host side of the traced check. `lax.cond` calls it only when an
+  id is out of range, except under `vmap` with batched ids, where the
+  cond becomes a select that runs both branches: hence the flag, read
+  here (and once per mapped element)."""
+  if bool(any_bad):
+    raise ValueError(_message(fn, name, vocab_size, int(value), where))
 
 
 def _check_ids(ids, vocab_size: int, *, fn: str, name: str) -> None:
@@ -60,14 +65,17 @@ def _check_ids(ids, vocab_size: int, *, fn: str, name: str) -> None:
   first = jnp.argmax(bad.ravel())
   where = jnp.stack(jnp.unravel_index(first, ids.shape))
 
-  def report(where, value):
+  def report(any_bad, where, value):
     jax.debug.callback(
-        lambda w, v: _raise_outside(w, v, fn=fn, name=name,
-                                    vocab_size=vocab_size), where, value)
+        lambda a, w, v: _raise_outside(a, w, v, fn=fn, name=name,
+                                       vocab_size=vocab_size),
+        any_bad, where, value)
 
   # The host is called only when an id is out of range: a callback on
   # every call cost a 2 ms forward 0.3 ms (docs/performance.md).
-  jax.lax.cond(bad.any(), report, lambda *_: None, where, ids.ravel()[first])
+  any_bad = bad.any()
+  jax.lax.cond(any_bad, report, lambda *_: None, any_bad, where,
+               ids.ravel()[first])
 
 
 def _is_text(x) -> bool:

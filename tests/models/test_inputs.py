@@ -47,6 +47,9 @@ def test_jitted_and_vmapped_ids_are_checked_when_the_program_runs():
   with pytest.raises(Exception, match=_outside("inputs", 16, (1, 2))):
     jax.block_until_ready(run(state, jnp.array([[1, 2, 3], [4, 5, 16]])))
   per_row = jax.jit(jax.vmap(lambda t: nnx.merge(graphdef, state)(t[None])))
+  # Batched ids turn the check's cond into a select that runs both
+  # branches: valid rows must still pass.
+  np.testing.assert_allclose(per_row(good)[:, 0], DECODER(good), atol=1e-6)
   # Under vmap the position is within the mapped row.
   with pytest.raises(Exception, match=_outside("inputs", -3, (0, 0))):
     jax.block_until_ready(per_row(jnp.array([[1, 2, 3], [-3, 5, 6]])))
