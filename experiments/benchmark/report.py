@@ -21,15 +21,12 @@ PEERS = ("torch", "transformer_lens")  # the train-step set's PyTorch peers
 def write(config, results, workdir) -> dict:
   """table.md (printed too) and results.json in `workdir`; returns what
   results.json holds."""
-  workdir = pathlib.Path(workdir)
-  saved = report_lib.saved_results(results, config=config)
-  written = report_lib.write_outputs(workdir, saved, render(saved),
-                                     config=config)
   # This report has always been table.md (the docs link it by that name).
-  table = workdir / "table.md"
-  (workdir / "report.md").replace(table)
-  print(table.read_text())
-  print(f"Done in {saved['meta']['seconds']:.0f} s: {table}")
+  written = report_lib.write_rendered(workdir, results, render,
+                                      config=config, name="table.md",
+                                      echo=True)
+  print(f"\nDone in {written['meta']['seconds']:.0f} s: "
+        f"{pathlib.Path(workdir) / 'table.md'}")
   return written
 
 

@@ -26,9 +26,7 @@ def write(config, results, workdir) -> dict:
   workdir = pathlib.Path(workdir)
   _figures(workdir, results["runs"], results["baselines"],
            tuple(results["setup"]["layout"]))
-  saved = report_lib.saved_results(results, config=config)
-  return report_lib.write_outputs(workdir, saved, render(saved),
-                                  config=config)
+  return report_lib.write_rendered(workdir, results, render, config=config)
 
 
 def render(saved: dict) -> str:

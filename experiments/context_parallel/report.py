@@ -24,10 +24,8 @@ LONG_VALUES = ("long_tokens", "long_heads", "long_head_dim", "run_s",
 def write(config, results, workdir) -> dict:
   """report.md and results.json into `workdir` (the report is printed
   too); returns what results.json holds."""
-  saved = report_lib.saved_results(results, config=config)
-  text = render(saved)
-  print(text)
-  return report_lib.write_outputs(workdir, saved, text, config=config)
+  return report_lib.write_rendered(workdir, results, render, config=config,
+                                   echo=True)
 
 
 def render(saved: dict) -> str:

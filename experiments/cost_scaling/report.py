@@ -32,11 +32,8 @@ def write(config, results, workdir) -> dict:
         workdir, loglog=True)
   _plot(n_pts, "n", "train_temp_bytes", "fwd+bwd scratch bytes",
         "memory vs n", "memory_vs_n.png", workdir, loglog=True)
-  saved = report_lib.saved_results(results, config=config)
-  text = render(saved)
-  written = report_lib.write_outputs(workdir, saved, text, config=config)
-  print(text)
-  return written
+  return report_lib.write_rendered(workdir, results, render, config=config,
+                                   echo=True)
 
 
 def render(saved: dict) -> str:

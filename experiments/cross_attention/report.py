@@ -30,9 +30,8 @@ def write(config, results, workdir) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   _figures(config, results["runs"][0], workdir)
-  saved = report_lib.saved_results(results, EXAMPLES, config=config)
-  return report_lib.write_outputs(workdir, saved, render(saved),
-                                  config=config)
+  return report_lib.write_rendered(workdir, results, render, EXAMPLES,
+                                   config=config)
 
 
 def render(saved: dict) -> str:

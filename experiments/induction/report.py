@@ -32,9 +32,8 @@ def write(config, results, workdir) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   figures.write(config, results["runs"], workdir)
-  saved = report_lib.saved_results(results, DROP, config=config)
-  return report_lib.write_outputs(workdir, saved, render(saved), DROP,
-                                  config=config)
+  return report_lib.write_rendered(workdir, results, render, DROP,
+                                   config=config)
 
 
 def render(saved: dict) -> str:

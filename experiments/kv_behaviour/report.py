@@ -24,9 +24,7 @@ def write(config, results, workdir) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   _figures(workdir, config, results["variants"], results["per_seed"])
-  saved = report_lib.saved_results(results, config=config)
-  return report_lib.write_outputs(workdir, saved, render(saved),
-                                  config=config)
+  return report_lib.write_rendered(workdir, results, render, config=config)
 
 
 def render(saved: dict) -> str:

@@ -30,8 +30,7 @@ def write(cfg, results, workdir) -> dict:
   results.json holds."""
   workdir = pathlib.Path(workdir)
   plots(results, workdir)
-  saved = report_lib.saved_results(results, config=cfg)
-  return report_lib.write_outputs(workdir, saved, render(saved), config=cfg)
+  return report_lib.write_rendered(workdir, results, render, config=cfg)
 
 
 def render(saved: dict) -> str:

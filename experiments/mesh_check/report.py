@@ -19,10 +19,8 @@ TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 def write(config, results, workdir) -> dict:
   """report.md and results.json into `workdir` (the report is printed
   too); returns what results.json holds."""
-  saved = report_lib.saved_results(results, config=config)
-  text = render(saved)
-  print(text)
-  return report_lib.write_outputs(workdir, saved, text, config=config)
+  return report_lib.write_rendered(workdir, results, render, config=config,
+                                   echo=True)
 
 
 def render(saved: dict) -> str:

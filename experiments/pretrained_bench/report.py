@@ -24,15 +24,9 @@ GGUF_TEMPLATE = HERE / "gguf.md.tmpl"
 def write(config, results, workdir) -> dict:
   """table.md (printed too) and results.json in `workdir`; returns what
   results.json holds."""
-  workdir = pathlib.Path(workdir)
-  saved = report_lib.saved_results(results, config=config)
-  written = report_lib.write_outputs(workdir, saved, render(saved),
-                                     config=config)
   # This report has always been table.md (docs/pretrained.md quotes it).
-  table = workdir / "table.md"
-  (workdir / "report.md").replace(table)
-  print(table.read_text())
-  return written
+  return report_lib.write_rendered(workdir, results, render, config=config,
+                                   name="table.md", echo=True)
 
 
 def render(saved: dict) -> str:

@@ -30,9 +30,8 @@ def write(config, results, workdir) -> dict:
   """report.md, results.json and the figures into `workdir`; returns what
   results.json holds."""
   figures.draw(workdir, results)
-  saved = report_lib.saved_results(results, _DROP, config=config)
-  return report_lib.write_outputs(workdir, saved, render(saved), _DROP,
-                                  config=config)
+  return report_lib.write_rendered(workdir, results, render, _DROP,
+                                   config=config)
 
 
 def render(saved: dict) -> str:

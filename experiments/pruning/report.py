@@ -26,9 +26,7 @@ def write(config, results, workdir) -> dict:
                   ylabel="held-out loss",
                   title="Pruning the 2-layer induction model",
                   path=str(workdir / "prune_curve.png"))
-  saved = report_lib.saved_results(results, config=config)
-  return report_lib.write_outputs(workdir, saved, render(saved),
-                                  config=config)
+  return report_lib.write_rendered(workdir, results, render, config=config)
 
 
 def render(saved: dict) -> str:

@@ -30,9 +30,8 @@ def write(config, results, workdir) -> dict:
   runs = {n: {int(s): v for s, v in ps.items()}
           for n, ps in results["runs"].items()}
   sink_figures.draw(workdir, config, runs, results["summary"])
-  saved = report_lib.saved_results(results, DROP, config=config)
-  return report_lib.write_outputs(workdir, saved, render(saved), DROP,
-                                  config=config)
+  return report_lib.write_rendered(workdir, results, render, DROP,
+                                   config=config)
 
 
 def render(saved: dict) -> str:

@@ -33,9 +33,8 @@ def write(config, results, workdir) -> dict:
   at = keys.index("runs") + 1
   results = {k: results[k] for k in keys[:at]} | {"figures": figures} | {
       k: results[k] for k in keys[at:]}
-  saved = report_lib.saved_results(results, DROP, config=config)
-  return report_lib.write_outputs(workdir, saved, render(saved), DROP,
-                                  config=config)
+  return report_lib.write_rendered(workdir, results, render, DROP,
+                                   config=config)
 
 
 def render(saved: dict) -> str:

@@ -35,9 +35,8 @@ def write(config, results, workdir) -> dict:
                  str(workdir / f"bump_{kind}.png"))
     figures.trajectories(results["runs"], kind, list(e.seeds), e,
                          str(workdir / f"trajectories_{kind}.png"))
-  saved = report_lib.saved_results(results, DROP, config=config)
-  return report_lib.write_outputs(workdir, saved, render(saved), DROP,
-                                  config=config)
+  return report_lib.write_rendered(workdir, results, render, DROP,
+                                   config=config)
 
 
 def render(saved: dict) -> str:

@@ -32,9 +32,8 @@ def write(config, results, workdir) -> dict:
   workdir = pathlib.Path(workdir)
   _figures(config, workdir, results["continuous"],
            results["summary"]["continuous"])
-  saved = report_lib.saved_results(results, DROP, config=config)
-  return report_lib.write_outputs(workdir, saved, render(saved), DROP,
-                                  config=config)
+  return report_lib.write_rendered(workdir, results, render, DROP,
+                                   config=config)
 
 
 def render(saved: dict) -> str:

@@ -195,7 +195,7 @@ def _framed(report: str, smoke: bool) -> str:
 
 
 def write_outputs(workdir, results: dict, report: str, drop=(), *,
-                  config=None) -> dict:
+                  config=None, name: str = "report.md") -> dict:
   """Write results.json (every number) and report.md into `workdir`.
 
   Keys named in `drop` are left out of results.json at any depth (the
@@ -204,7 +204,8 @@ def write_outputs(workdir, results: dict, report: str, drop=(), *,
   has that key already); when its `smoke`
   field is true the report says it is a smoke run and its conclusions
   section ("## What this shows") is left out. A report that names a head
-  (L1H3) gets `HEAD_NAMES` under its title. Returns what was written.
+  (L1H3) gets `HEAD_NAMES` under its title. `name` is the report's file
+  name. Returns what was written.
   """
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
@@ -214,7 +215,7 @@ def write_outputs(workdir, results: dict, report: str, drop=(), *,
                                 and config.get("smoke", False)))
   written = _to_json(results, frozenset(drop))
   (workdir / "results.json").write_text(json.dumps(written, indent=1) + "\n")
-  (workdir / "report.md").write_text(report.rstrip() + "\n")
+  (workdir / name).write_text(report.rstrip() + "\n")
   return written
 
 
@@ -256,6 +257,21 @@ def saved_results(results: dict, drop=(), *, config=None) -> dict:
   if config is not None and "config" not in results:
     results = {**results, "config": config.to_dict()}
   return _to_json(results, frozenset(drop))
+
+
+def write_rendered(workdir, results: dict, render, drop=(), *, config=None,
+                   name: str = "report.md", echo: bool = False) -> dict:
+  """What every experiment's `write` ends with: `results` as results.json
+  saves them (`saved_results`), `render(saved)` as the report, both
+  written (`write_outputs`); `echo` prints the report as written. Since
+  the report is rendered from the saved form, `regenerate` gives it back
+  from results.json. Returns what results.json holds."""
+  saved = saved_results(results, drop, config=config)
+  written = write_outputs(workdir, saved, render(saved), config=config,
+                          name=name)
+  if echo:
+    print((pathlib.Path(workdir) / name).read_text(), end="")
+  return written
 
 
 def regenerate(folder, render) -> str:
