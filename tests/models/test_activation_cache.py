@@ -299,11 +299,6 @@ def test_cache_goes_through_jit_and_vmap():
   assert jax.tree_util.keystr(leaves[0][0]) == "['blocks.0.resid_pre']"
 
 
-# models/inputs.py's id check runs its error callback under vmap for every
-# row (lax.cond becomes a select when the predicate is batched), so any
-# vmapped model call fails today, with or without a cache.
-@pytest.mark.xfail(strict=True, raises=jax.errors.JaxRuntimeError,
-                   reason="the token-id check raises under vmap")
 def test_cache_made_inside_vmap_is_the_batched_one():
   model = MODELS["layer_norm"]
   _, cache = RUNS["layer_norm"]
