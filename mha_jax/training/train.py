@@ -13,6 +13,12 @@ the dropout key of step s is `fold_in(state.rng, s)`, so the whole run is
 a function of (config, seed). A run resumed from a checkpoint therefore
 replays exactly the steps it missed and ends with bit-identical parameters
 (on CPU) to a run that was never stopped.
+
+Progress: a console line right after the first step (its seconds, mostly
+compiling), then one every `train.log_every` steps with the metrics and
+at least one every `QUIET_S` seconds; the steps per second and the ETA
+count only the steps after the first, less the first evaluation's
+compile, so that compilation does not inflate the estimate.
 """
 
 from __future__ import annotations
@@ -240,6 +246,29 @@ def _fmt_time(seconds: float) -> str:
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+# The longest a run goes without a console line after its first step: a
+# line comes every `log_every` steps, or sooner when those take longer.
+QUIET_S = 10.0
+
+
+def pace(done: int, total: int, first: int, seconds: float):
+  """`(steps per second, seconds left)` when `seconds` of wall time were
+  spent on steps `first + 1 .. done`, i.e. after step `first`, the one
+  that compiled (timing it would put compilation into the estimate);
+  `(None, None)` while no step after it has run."""
+  if done <= first or seconds <= 0:
+    return None, None
+  rate = (done - first) / seconds
+  return rate, (total - done) / rate
+
+
+def _fmt_pace(done, total, first, seconds) -> str:
+  rate, left = pace(done, total, first, seconds)
+  if rate is None:
+    return "ETA after the next step"
+  return f"{rate:.1f} steps/s | ETA {_fmt_time(left)}"
+
+
 def _fmt_metrics(row) -> str:
   return " | ".join(f"{k} {v:.4f}" for k, v in row.items()
                     if k not in ("step", "split"))
@@ -307,25 +336,46 @@ def _train_and_evaluate(config, workdir, stop_at):
 
   step_fn, eval_fn, make = step_fns(config, mesh)
   data_key = seed_key(tr.seed, _DATA)
-  t_last, s_last = time.time(), start
-  for step in range(start, tr.num_steps):
+  total = tr.num_steps
+  t_start = time.time()
+  # The first step of this process compiles; the pace counts from its end,
+  # less the seconds the first evaluation spends compiling its own step.
+  first, t_first, compiling = None, 0.0, 0.0
+  t_line = t_start
+  for step in range(start, total):
     if stop_at is not None and step >= stop_at:
       break
     state, metrics = step_fn(state, make(jax.random.fold_in(data_key, step)))
     done = step + 1
-    if done % tr.log_every == 0 or done == tr.num_steps:
-      row = _append_metrics(metrics_path, done, "train", metrics)
-      now = time.time()
-      rate = (done - s_last) / max(now - t_last, 1e-9)
-      logging.info("step %d/%d | %s | %.1f steps/s | ETA %s", done,
-                   tr.num_steps, _fmt_metrics(row), rate,
-                   _fmt_time((tr.num_steps - done) / rate))
-      t_last, s_last = now, done
-    if done % tr.eval_every == 0 or done == tr.num_steps:
+    logged = done % tr.log_every == 0 or done == total
+    row = (_append_metrics(metrics_path, done, "train", metrics) if logged
+           else None)
+    if first is None:
+      # A line within seconds of the start, whatever log_every is.
+      first, t_first = done, time.time()
+      t_line = t_first
+      shown = row or {k: float(v) for k, v in
+                      jax.device_get(metrics).items()}
+      logging.info("step %d/%d | %s | first step %.1f s (compiling)", done,
+                   total, _fmt_metrics(shown), t_first - t_start)
+    elif logged or time.time() - t_line >= QUIET_S:
+      jax.block_until_ready(metrics)
+      t_line = time.time()
+      progress = _fmt_pace(done, total, first,
+                           t_line - t_first - compiling)
+      if row is None:  # a line between metric rows: the pace alone
+        logging.info("step %d/%d | %s", done, total, progress)
+      else:
+        logging.info("step %d/%d | %s | %s", done, total, _fmt_metrics(row),
+                     progress)
+    if done % tr.eval_every == 0 or done == total:
+      t_eval = time.time()
       row = _append_metrics(metrics_path, done, "eval",
                             evaluate(state, config, eval_fn, make))
+      if not compiling:
+        compiling = time.time() - t_eval
       logging.info("eval step %d | %s", done, _fmt_metrics(row))
-    checkpoint.save(manager, state, force=done == tr.num_steps)
+    checkpoint.save(manager, state, force=done == total)
   checkpoint.close(manager)
   return state
 
