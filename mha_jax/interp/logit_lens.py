@@ -92,11 +92,17 @@ def _frozen_norm(norm, config, reference):
     inv = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True)
                         + config.norm_eps)  # [B, T, 1]
     g = config.norm_offset + scale
-    return (lambda t: t * inv * g), 0.0
+    return (lambda t: t * _lift(inv, t) * _lift(g, t)), 0.0
   inv = jax.lax.rsqrt(jnp.var(x, axis=-1, keepdims=True) + config.norm_eps)
   centre = lambda t: t - jnp.mean(t, axis=-1, keepdims=True)
-  return (lambda t: centre(t) * inv * scale), jnp.asarray(
-      norm.bias[...], jnp.float32)
+  return (lambda t: centre(t) * _lift(inv, t) * _lift(scale, t)), (
+      jnp.asarray(norm.bias[...], jnp.float32))
+
+
+def _lift(a, like):
+  """`a` with leading axes of size 1 up to `like`'s rank (the project
+  runs with NumPy's implicit rank promotion turned into an error)."""
+  return jnp.reshape(a, (1,) * (like.ndim - a.ndim) + a.shape)
 
 
 def _check_directions(directions, shape, fn):
@@ -140,7 +146,7 @@ def direct_logits(model, terms, final_stream, directions) -> jax.Array:
   if model.final_ln is not None:
     linear, _ = _frozen_norm(model.final_ln, model.config, final_stream)
     terms = linear(terms)
-  return jnp.sum(terms * u, axis=-1)
+  return jnp.sum(terms * _lift(u, terms), axis=-1)
 
 
 def head_results(model, inputs, **call_args) -> tuple[jax.Array, jax.Array]:
