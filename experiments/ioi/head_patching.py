@@ -1,0 +1,209 @@
+"""Activation and path patching of heads, scored by the IOI logit
+difference per prompt.
+
+Shape letters: N prompts, T tokens, L layers, H query heads, K kv heads,
+Dv per-head value width, D d_model, P patches, R roles.
+
+Why not `mha_jax.interp.patching` as it is: its per-position patches
+take one absolute position for the whole batch, and its scores are one
+normalised number; here each prompt's S1, IO, S2 and END sit at their
+own positions (eight templates, two orders), and every patched run's
+logit difference is kept per prompt, so that a head's effect gets a
+bootstrap interval over prompts (`stats.py`). The machinery is the
+same: all patches of a call run as one `jax.lax.map` over traced
+selectors (which layer, head, role), every layer's site patched with a
+selector that is False except at the one place, so one compiled program
+serves every head.
+
+Direction. `source` activations are patched into the `target` run:
+noising (Wang et al.'s direction) is ABC into clean, and the drop of the
+logit difference measures what the clean run NEEDS from that head;
+denoising is clean into ABC, what the head restores on its own.
+
+Heads are query heads at `z` (`blocks.{l}.attn.z`, `[N, T, H, Dv]`):
+under GQA a query head's own output. A path into keys or values reaches
+a kv head, shared by `H // K` query heads (SmolLM2: 3), so it is said of
+the group (`hooks.query_heads`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.ioi import forward
+
+ROLES = ("all", "S1", "IO", "S2", "END")
+
+
+def role_masks(meta: dict, length: int, roles=ROLES) -> jax.Array:
+  """`[R, N, T]` bool: where each role's patch applies ("all": every
+  position; else the role's position in each prompt)."""
+  at = {"S1": meta["s1_pos"], "IO": meta["io_pos"], "S2": meta["s2_pos"],
+        "END": meta["end"]}
+  n = len(meta["end"])
+  out = []
+  for r in roles:
+    if r == "all":
+      out.append(np.ones((n, length), bool))
+    elif r in at:
+      out.append(np.arange(length)[None] == np.asarray(at[r])[:, None])
+    else:
+      raise ValueError(f"role_masks: `roles` must be drawn from {ROLES}, "
+                       f"got {r!r}")
+  return jnp.asarray(np.stack(out))
+
+
+def z_sites(num_layers: int) -> tuple:
+  return tuple(f"blocks.{l}.attn.z" for l in range(num_layers))
+
+
+def activation_patching(model, target, source, meta, masks, *,
+                        layers=None, batch_size=None) -> jax.Array:
+  """`[L', H, R, N]`: the logit difference of the `target` run `[N, T]`
+  with head (l, h)'s `z` replaced by the `source` run's at role r's
+  positions (`masks [R, N, T]`, `role_masks`); `meta`'s `end`, `io`, `s`
+  name the prompts' END and the two names. `layers=(start, stop)` patches
+  the heads of those layers only (L' = stop - start; None: every layer),
+  and each patched run starts at block `start` from the target run's
+  stream there, so later layers cost fewer blocks."""
+  c = model.config
+  start, stop = layers or (0, c.num_layers)
+  sites = z_sites(c.num_layers)
+  end, io, s = (jnp.asarray(meta[k]) for k in ("end", "io", "s"))
+  _, src = forward.end_logits(model, source, end, capture=sites)
+  entry = f"blocks.{start}.resid_pre"
+  _, tgt = forward.end_logits(model, target, end, capture=(entry,))
+  grid = np.stack(np.meshgrid(np.arange(start, stop), np.arange(c.num_heads),
+                              np.arange(masks.shape[0]), indexing="ij"),
+                  -1).reshape(-1, 3)
+  sites = sites[start:stop]
+
+  def one(idx):
+    l, h, r = idx[0], idx[1], idx[2]
+    where = masks[r][:, :, None, None] & (jnp.arange(c.num_heads) == h)[
+        None, None, :, None]  # [N, T, H, 1]
+    patch = {site: (lambda x, v=src[site], on=(l == j + start) & where:
+                    jnp.where(on, v, x)) for j, site in enumerate(sites)}
+    logits, _ = forward.end_logits(model, target, end, patch=patch,
+                                   start=start, stream=tgt[entry])
+    return forward.logit_diff(logits, io, s)
+
+  out = jax.lax.map(one, jnp.asarray(grid, jnp.int32), batch_size=batch_size)
+  return out.reshape(stop - start, c.num_heads, masks.shape[0], -1)
+
+
+def head_deltas(model, target, source, end) -> jax.Array:
+  """`[L, N, T, H, D]`: each head's output term (`z_h W_O^h`) in the
+  source run minus the target run's."""
+  c = model.config
+  sites = z_sites(c.num_layers)
+  _, tgt = forward.end_logits(model, target, end, capture=sites)
+  _, src = forward.end_logits(model, source, end, capture=sites)
+  w_o = jnp.stack([b.attn.w_o[...] for b in model.blocks])  # [L, H, Dv, D]
+  return jnp.stack([jnp.einsum("nthe,hed->nthd", src[x] - tgt[x], w_o[l])
+                    for l, x in enumerate(sites)])
+
+
+def check_pre_norm(model, fn: str) -> None:
+  """Path patching adds a head's term to a later stream: that is its
+  contribution only where blocks add attention's output unnormalised."""
+  placement = model.config.norm_placement
+  if placement != "pre" or model.config.parallel_block:
+    raise ValueError(f"{fn}: a head's output term is what it adds to the "
+                     f"stream only in pre-norm sequential blocks; the model "
+                     f"has norm_placement={placement!r}, parallel_block="
+                     f"{model.config.parallel_block}")
+
+
+def path_patching(model, target, source, meta, receivers, senders, *,
+                  batch_size=None) -> jax.Array:
+  """`[S, N]`: the logit difference of the `target` run when sender head
+  (l, h)'s change (source minus target output term) reaches ONLY the
+  receivers' inputs.
+
+  `receivers`: `(layer, head, input)` triples, input "q" (head a query
+  head), "k" or "v" (head a kv head: its whole group), or the single
+  `("logits",)` for the senders' direct path to the readout. Each
+  receiver layer's q, k, v are recomputed by running that block on the
+  target run's stream entering it plus the sender's change (a sender at
+  or after a receiver's layer sends it nothing), and those heads' values
+  patched into an otherwise unchanged target run: every other path from
+  the sender, and every other head's inputs, keep the target run's
+  values. `senders [S, 2]`: (layer, head) pairs.
+  """
+  check_pre_norm(model, "path_patching")
+  c = model.config
+  end, io, s = (jnp.asarray(meta[k]) for k in ("end", "io", "s"))
+  deltas = head_deltas(model, target, source, end)
+  senders = jnp.asarray(senders, jnp.int32)
+  if receivers == (("logits",),):
+    last = f"blocks.{c.num_layers - 1}.resid_post"
+
+    def direct(sender):
+      d = deltas[sender[0], :, :, sender[1]]
+      logits, _ = forward.end_logits(
+          model, target, end, patch={last: lambda x: x + d})
+      return forward.logit_diff(logits, io, s)
+
+    return jax.lax.map(direct, senders, batch_size=batch_size)
+  for r in receivers:
+    if len(r) != 3 or r[2] not in ("q", "k", "v"):
+      raise ValueError(f"path_patching: a receiver must be (layer, head, 'q'"
+                       f" | 'k' | 'v') or the single ('logits',), got {r!r}")
+  layers = sorted({r[0] for r in receivers})
+  bases = tuple(f"blocks.{l}.resid_pre" for l in layers)
+  _, base = forward.end_logits(model, target, end, capture=bases + tuple(
+      f"blocks.{l}.attn.{x}" for l in layers for x in "qkv"))
+
+  def one(sender):
+    d = deltas[sender[0], :, :, sender[1]]  # [N, T, D]
+    patch = {}
+    for l, b in zip(layers, bases):
+      moved = base[b] + jnp.where(l > sender[0], 1.0, 0.0) * d
+      new = forward.block_sites(model, l, moved,
+                                tuple(f"attn.{x}" for x in "qkv"))
+      for x in "qkv":
+        heads = [r[1] for r in receivers if r[0] == l and r[2] == x]
+        if not heads:
+          continue
+        site = f"blocks.{l}.attn.{x}"
+        on = jnp.isin(jnp.arange(base[site].shape[2]), jnp.asarray(heads))
+        patch[site] = (lambda v, on=on[None, None, :, None],
+                       new=new[f"attn.{x}"]: jnp.where(on, new, v))
+    # Nothing before the first receiver's block changes: start there.
+    logits, _ = forward.end_logits(model, target, end, patch=patch,
+                                   start=layers[0], stream=base[bases[0]])
+    return forward.logit_diff(logits, io, s)
+
+  return jax.lax.map(one, senders, batch_size=batch_size)
+
+
+def direct_path(model, target, source, meta) -> jax.Array:
+  """`[L, H, N]`: the target run's logit difference when only the direct
+  path of head (l, h) to the readout carries its source output: its
+  change added to the final stream at END, read through the final norm
+  (recomputed, not frozen) and the readout. No block runs again, so
+  every head costs one norm and one dot product."""
+  check_pre_norm(model, "direct_path")
+  if model.config.final_soft_cap is not None:
+    raise ValueError("direct_path: the logit difference is read as a dot "
+                     "product with the readout, which a final soft cap "
+                     "would bend; the model has final_soft_cap="
+                     f"{model.config.final_soft_cap}")
+  c = model.config
+  end, io, s = (jnp.asarray(meta[k]) for k in ("end", "io", "s"))
+  rows = jnp.arange(target.shape[0])
+  deltas = head_deltas(model, target, source, end)[:, rows, end]  # [L,N,H,D]
+  last = f"blocks.{c.num_layers - 1}.resid_post"
+  _, base = forward.end_logits(model, target, end, capture=(last,))
+  x = base[last][rows, end][None, :, None] + deltas  # [L, N, H, D]
+  if model.final_ln is not None:
+    x = model.final_ln(x)
+  u = forward.unembed(model, io) - forward.unembed(model, s)  # [N, D]
+  bias = 0.0
+  if model.readout is not None and model.readout.bias is not None:
+    b = model.readout.bias[...]
+    bias = (b[io] - b[s])[None, None]
+  return jnp.einsum("lnhd,nd->lhn", x, u) + bias

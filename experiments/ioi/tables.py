@@ -1,0 +1,291 @@
+"""The IOI report's values: tables and the wording that depends on the
+numbers, each from results.json's contents (`saved`) alone."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from experiments.ioi import figures
+from experiments.ioi import prompts
+from mha_jax.measure import report as report_lib
+
+TOP = 5  # heads listed per role and per path round
+LABELS = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M",
+          "tiny_llama": "tiny random Llama", "tiny_gemma3":
+          "tiny random Gemma 3"}
+
+
+def _ci(mean, ci, digits=2) -> str:
+  return f"{mean:+.{digits}f} {report_lib.interval(ci, spec=f'+.{digits}f')}"
+
+
+def _summ(s, digits=2) -> str:
+  return _ci(s["mean"], s["ci95"], digits)
+
+
+def _share(s) -> str:
+  return (f"{report_lib.percent(s['mean'])} "
+          f"[{report_lib.percent(s['ci95'][0])}, "
+          f"{report_lib.percent(s['ci95'][1])}]")
+
+
+def _head(h) -> str:
+  return report_lib.head_name(h[0], h[1])
+
+
+def _heads(hs) -> str:
+  return ", ".join(_head(h) for h in hs) if hs else "none"
+
+
+def task_table(models: dict) -> str:
+  rows = []
+  for name, m in models.items():
+    t = m["task"]
+    rows.append([LABELS.get(name, name), m["num_prompts"], len(m["names"]),
+                 _summ(t["clean"]), _share(t["clean"]["positive"]),
+                 report_lib.percent(t["clean"]["top1"]), _summ(t["abc"]),
+                 _summ(t["uniform"]), _summ(t["shuffled"]),
+                 _summ(t["clean_minus_abc"])])
+  return report_lib.md_table(
+      ["model", "prompts", "names", "logit diff. (clean)", "IO > S",
+       "IO top-1", "ABC", "uniform attention", "shuffled weights",
+       "clean - ABC"], rows)
+
+
+def order_table(models: dict) -> str:
+  rows = [[LABELS.get(n, n)] + [f"{m['task']['by_order'][o]:+.2f}"
+                                for o in prompts.ORDERS]
+          + [f"{min(m['task']['by_template']):+.2f} to "
+             f"{max(m['task']['by_template']):+.2f}"]
+          for n, m in models.items()]
+  return report_lib.md_table(["model", "ABBA", "BABA",
+                              "template means (lowest to highest)"], rows)
+
+
+def verdict(name: str, m: dict, min_positive: float) -> str:
+  t = m["task"]
+  label = LABELS.get(name, name)
+  mean, (lo, hi) = t["clean"]["mean"], t["clean"]["ci95"]
+  share = report_lib.percent(t["clean"]["positive"]["mean"])
+  if m["does_task"]:
+    return (f"{label} does the task: mean logit difference {mean:+.2f} "
+            f"(interval {lo:+.2f} to {hi:+.2f}), IO above S in {share} of "
+            f"prompts (threshold {report_lib.percent(min_positive, 0)}).")
+  if lo > 0:
+    return (f"{label} leans to IO but weakly: mean {mean:+.2f} (interval "
+            f"{lo:+.2f} to {hi:+.2f}), IO above S in only {share} of "
+            f"prompts, under the {report_lib.percent(min_positive, 0)} "
+            "this report asks before analysing a circuit.")
+  return (f"{label} does not do the task: mean {mean:+.2f} (interval "
+          f"{lo:+.2f} to {hi:+.2f}), IO above S in {share} of prompts.")
+
+
+def _top(frac, ci, k=TOP, labels=None):
+  """The k entries of `frac` largest in absolute value, with intervals."""
+  frac, ci = np.asarray(frac), np.asarray(ci)
+  order = np.argsort(-np.abs(frac.reshape(-1)))[:k]
+  flat_ci = ci.reshape(-1, 2)
+  return [(labels[i] if labels else i, float(frac.reshape(-1)[i]),
+           flat_ci[i]) for i in order]
+
+
+def role_table(c: dict) -> str:
+  act = c["activation"]
+  frac, ci = np.asarray(act["fraction"]), np.asarray(act["ci95"])
+  n_h = frac.shape[1]
+  labels = [report_lib.head_name(i // n_h, i % n_h)
+            for i in range(frac.shape[0] * n_h)]
+  rows = []
+  for r, role in enumerate(act["roles"]):
+    tops = _top(frac[:, :, r], ci[:, :, r], labels=labels)
+    rows.append([role] + [f"{h} {_ci(f, i)}" for h, f, i in tops])
+  return report_lib.md_table(["patched at"] + [f"#{k + 1}"
+                                               for k in range(TOP)], rows)
+
+
+def mover_table(c: dict) -> str:
+  nm = c["name_movers"]
+  d = c["detectors"]
+  direct = np.asarray(c["direct"]["fraction"])
+  dci = np.asarray(c["direct"]["ci95"])
+  rows = []
+  for ch in nm["checks"]:
+    l, h = ch["head"]
+    rows.append([_head(ch["head"]), _ci(direct[l, h], dci[l, h]),
+                 _ci(ch["io_minus_s"][0], ch["io_minus_s"][1:]),
+                 _ci(ch["copy"][0], ch["copy"][1:]),
+                 report_lib.percent(d["copy_top1"]["mean"][l][h]),
+                 _ci(d["dla"]["mean"][l][h], d["dla"]["ci95"][l][h]),
+                 "yes" if ch["attends_io"] and ch["copies"] else "no"])
+  if not rows:
+    return "(no head's direct path is separated from the rest)"
+  return report_lib.md_table(
+      ["head", "direct path (share)", "attention END: IO - S",
+       "copy score (IO - other names)", "IO top name", "direct logit diff.",
+       "name mover"], rows)
+
+
+def path_table(p: dict) -> str:
+  if "skipped" in p:
+    return f"(not run: {p['skipped']})"
+  labels = [report_lib.head_name(*s) for s in p["senders"]]
+  tops = _top(p["fraction"], p["ci95"], labels=labels)
+  return report_lib.md_table(["sender", "share removed [95% interval]"],
+                             [[h, _ci(f, i)] for h, f, i in tops])
+
+
+def _receivers(p: dict) -> str:
+  if "receivers" not in p:
+    return "none"
+  return ", ".join(f"L{r[0]}{'H' if r[2] == 'q' else 'KV'}{r[1]}.{r[2]}"
+                   for r in p["receivers"])
+
+
+def _gap(cls) -> str:
+  """The separation of a class: the paired interval of its weakest
+  member's score minus the strongest other head's."""
+  g = cls.get("gap_ci95")
+  return ("no head is separated from the rest" if g is None else
+          "weakest member minus strongest other head, 95% interval "
+          + report_lib.interval(g, spec="+.2f"))
+
+
+def _kinds(p: dict) -> str:
+  if not p.get("kinds"):
+    return "no head separated"
+  return "; ".join(
+      f"{_head(k['head'])}: attention S2 -> S1 minus S2 -> after S1 "
+      f"{_ci(k['s2_s1_minus_after'][0], k['s2_s1_minus_after'][1:])}, "
+      f"{k['kind']}" for k in p["kinds"])
+
+
+def _attention_list(cls, d, key) -> str:
+  if not cls["heads"]:
+    return "none separated"
+  return ", ".join(f"{_head(h)} {d[key]['mean'][h[0]][h[1]]:.2f}"
+                   for h in cls["heads"])
+
+
+def circuit_values(saved: dict) -> dict:
+  c = saved["circuit"]
+  paths = c["paths"]
+  si = paths.get("s_inhibition", {"skipped": paths.get(
+      "skipped", "no name mover")})
+  di = paths.get("duplicate_induction", {"skipped": (
+      "no S-inhibition head separated" if "heads" in si and not si["heads"]
+      else si.get("skipped", "the round was not run"))})
+  denoise = c.get("denoise")
+  if denoise:
+    frac = np.asarray(denoise["fraction"])[:, :, 0]
+    ci = np.asarray(denoise["ci95"])[:, :, 0]
+    n_h = frac.shape[1]
+    tops = _top(frac, ci, labels=[report_lib.head_name(i // n_h, i % n_h)
+                                  for i in range(frac.size)])
+    denoise_text = ", ".join(f"{h} {_ci(f, i)}" for h, f, i in tops)
+  else:
+    denoise_text = "not run"
+  times = [c["activation"]["seconds"]] + [
+      p["seconds"] for p in paths.values() if isinstance(p, dict)
+      and "seconds" in p]
+  d = c["detectors"]
+  return {
+      "circuit_model": LABELS.get(c["model"], c["model"]),
+      "circuit_n": c["n"],
+      "circuit_clean": _summ(c["clean"]),
+      "circuit_abc": _summ(c["abc"]),
+      "roles": ", ".join(c["activation"]["roles"]),
+      "role_table": role_table(c),
+      "figure": figures.PATCHING,
+      "denoise": denoise_text,
+      "mover_table": mover_table(c),
+      "movers_gap": _gap(c["name_movers"]),
+      "movers": _heads(c["name_movers"]["confirmed"]),
+      "negative_movers": _heads(c["negative_movers"]["heads"]),
+      "negative_gap": _gap(c["negative_movers"]),
+      "si_receivers": _receivers(si),
+      "si_table": path_table(si),
+      "si_heads": _heads(si.get("heads", [])),
+      "si_gap": _gap(si) if "skipped" not in si else "not run",
+      "di_receivers": _receivers(di),
+      "di_table": path_table(di),
+      "di_heads": _heads(di.get("heads", [])),
+      "di_gap": _gap(di) if "skipped" not in di else "not run",
+      "di_kinds": _kinds(di),
+      "dup_attention": _attention_list(c["dup_attention"], d, "s2_s1"),
+      "ind_attention": _attention_list(c["ind_attention"], d,
+                                       "s2_after_s1"),
+      "floor_s2": f"{c['floors']['s2_s1']:.3f}",
+      "floor_end": f"{c['floors']['end_io']:.3f}",
+      "patch_seconds": f"{sum(times) / 60:.1f}",
+  }
+
+
+def values(saved: dict) -> dict:
+  """The template's values, each written as the report shows it."""
+  e = saved["config"]["experiment"]
+  models = saved["models"]
+  c = saved.get("circuit")
+  out = {
+      "command": report_lib.command("experiments.ioi"),
+      "wall": report_lib.wall_time(saved["wall_s"], False),
+      "backend": saved["backend"],
+      "num_templates": len(prompts.TEMPLATES),
+      "templates": "\n".join(f"{i + 1}. \"{t.format(A='A', B='B', C='S')}\""
+                             for i, t in enumerate(prompts.TEMPLATES)),
+      "per_template_order": e["per_template_order"],
+      "resamples": e["resamples"],
+      "examples": "; ".join(f"{LABELS.get(n, n)}: \"{m['example'][0]}\""
+                            for n, m in models.items()),
+      "task_table": task_table(models),
+      "order_table": order_table(models),
+      "verdicts": " ".join(verdict(n, m, e["min_positive"])
+                           for n, m in models.items()),
+      "gqa": "; ".join(f"{LABELS.get(n, n)} {m['layers']} layers x "
+                       f"{m['heads']} query heads on {m['kv_heads']} KV "
+                       "heads" for n, m in models.items()),
+  }
+  out["claims"] = claims(saved)
+  if c is None:
+    skipped = ", ".join(LABELS.get(n, n) for n in saved["circuit_skipped"])
+    out["circuit_section"] = (f"No circuit analysis: no model of "
+                              f"`circuit_models` did the task ({skipped}).")
+    return out
+  circuit = circuit_values(saved) | {"k_max": e["k_max"]}
+  out["circuit_section"] = report_lib.fill(CIRCUIT_TEMPLATE, circuit)
+  return out
+
+
+# The circuit's section: a template of its own, since a run whose models
+# all fail the task leaves it out.
+CIRCUIT_TEMPLATE = pathlib.Path(__file__).with_name("circuit.md.tmpl")
+
+
+def claims(saved: dict) -> str:
+  """The conclusions, worded no stronger than the numbers."""
+  e = saved["config"]["experiment"]
+  parts = [verdict(n, m, e["min_positive"])
+           for n, m in saved["models"].items()]
+  c = saved.get("circuit")
+  if c is None:
+    return " ".join(parts)
+  label = LABELS.get(c["model"], c["model"])
+  nm = c["name_movers"]["confirmed"]
+  paths = c["paths"]
+  si = paths.get("s_inhibition", {}).get("heads", [])
+  di = paths.get("duplicate_induction", {}).get("heads", [])
+  if nm:
+    parts.append(f"In {label}, {_heads(nm)} act as name movers: separated "
+                 "from every other head on the direct path, attending to IO "
+                 "over S and copying the name they attend to.")
+  else:
+    parts.append(f"In {label}, no head passes as a name mover: not "
+                 "resolved at this prompt count.")
+  if nm:
+    parts.append(f"S-inhibition (path into their queries): {_heads(si)}"
+                 + ("." if si else ", not resolved."))
+  if si:
+    parts.append(f"Heads feeding the S-inhibition heads' keys and values: "
+                 f"{_heads(di)}" + ("." if di else ", not resolved."))
+  return " ".join(parts)
