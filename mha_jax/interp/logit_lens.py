@@ -31,6 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from mha_jax.models import activation_cache
 from mha_jax.models.transformer import DecoderLM
 
 
@@ -81,24 +82,6 @@ def logit_lens(model, inputs, *, positions=None, **call_args) -> jax.Array:
   return jnp.stack([read_out(acts[s]) for s in sites])
 
 
-def _frozen_norm(norm, config, reference):
-  """`(linear, bias)`: the norm `norm` (a model's LayerNorm or RMSNorm)
-  with its 1/sigma (or 1/rms) frozen at `reference [B, T, D]`'s, as a
-  linear map of terms `[..., B, T, D]` and the constant it adds (`[D]`,
-  LayerNorm's bias, or 0)."""
-  x = jnp.asarray(reference, jnp.float32)
-  scale = jnp.asarray(norm.scale[...], jnp.float32)
-  if config.norm == "rms":
-    inv = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True)
-                        + config.norm_eps)  # [B, T, 1]
-    g = config.norm_offset + scale
-    return (lambda t: t * _lift(inv, t) * _lift(g, t)), 0.0
-  inv = jax.lax.rsqrt(jnp.var(x, axis=-1, keepdims=True) + config.norm_eps)
-  centre = lambda t: t - jnp.mean(t, axis=-1, keepdims=True)
-  return (lambda t: centre(t) * _lift(inv, t) * _lift(scale, t)), (
-      jnp.asarray(norm.bias[...], jnp.float32))
-
-
 def _lift(a, like):
   """`a` with leading axes of size 1 up to `like`'s rank (the project
   runs with NumPy's implicit rank promotion turned into an error)."""
@@ -144,7 +127,7 @@ def direct_logits(model, terms, final_stream, directions) -> jax.Array:
                      f"{list(terms.shape)}")
   u = _check_directions(directions, final_stream.shape, fn)
   if model.final_ln is not None:
-    linear, _ = _frozen_norm(model.final_ln, model.config, final_stream)
+    linear, _ = activation_cache.frozen_norm(model.final_ln, final_stream)
     terms = linear(terms)
   return jnp.sum(terms * _lift(u, terms), axis=-1)
 
@@ -172,7 +155,7 @@ def head_results(model, inputs, **call_args) -> tuple[jax.Array, jax.Array]:
       y = jnp.sum(r, axis=0)  # [B, T, D]: the post-norm's input
       if hasattr(block.attn, "b_o"):
         y = y + jnp.asarray(block.attn.b_o[...], jnp.float32)
-      r = _frozen_norm(block.ln_attn_post, c, y)[0](r)
+      r = activation_cache.frozen_norm(block.ln_attn_post, y)[0](r)
     terms.append(r)
   return jnp.stack(terms), acts[last]
 

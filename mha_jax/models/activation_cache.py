@@ -106,6 +106,43 @@ def _norm_parts(norm):
           None if bias is None else bias[...].astype(jnp.float32))
 
 
+def frozen_norm(norm, reference, *, weight: bool = True):
+  """`(linear, bias)`: the norm `norm` (a model's RMSNorm or
+  nnx.LayerNorm) with its scale frozen at `reference [..., D]`'s, as a
+  linear map of components `[..., *reference.shape[:-1], D]` and the
+  constant it adds (LayerNorm's bias `[D]`, or 0.0).
+
+  `linear(t)` centres `t` (LayerNorm), divides it by the reference's
+  `sqrt(mean((x - mean x)^2) + eps)` (RMSNorm: `sqrt(mean(x^2) + eps)`)
+  and, with `weight`, multiplies by the norm's weight (RMSNorm: offset +
+  w). So components that sum to the reference map to outputs that sum,
+  with the bias, to `norm(reference)`. The one place this arithmetic
+  lives: `apply_ln_to_stack` and `interp.logit_lens` both use it.
+  """
+  kind, eps, w, b = _norm_parts(norm)
+  x = jnp.asarray(reference, jnp.float32)
+  if kind == "layer":
+    x = x - x.mean(axis=-1, keepdims=True)
+  scale = jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+  def linear(t):
+    t = jnp.asarray(t, jnp.float32)
+    if (t.ndim < scale.ndim
+        or t.shape[t.ndim - scale.ndim:-1] != scale.shape[:-1]):
+      raise ValueError(
+          f"apply_ln_to_stack: `stack` has shape {list(t.shape)}, expected "
+          f"[..., {', '.join(map(str, scale.shape[:-1]))}, D] (the "
+          "stream's positions after `pos_slice`)")
+    if kind == "layer":
+      t = t - t.mean(axis=-1, keepdims=True)
+    out = t / scale.reshape((1,) * (t.ndim - scale.ndim) + scale.shape)
+    if weight and w is not None:
+      out = out * w.reshape((1,) * (out.ndim - 1) + w.shape)
+    return out
+
+  return linear, (0.0 if b is None else b)
+
+
 @jax.tree_util.register_pytree_with_keys_class
 class ActivationCache:
   """Captured activations by full site name, with TransformerLens's views.
@@ -401,26 +438,8 @@ class ActivationCache:
                        f"0..{top - 1}; the final norm feeds no MLP")
     norm = (self._norm_of(model_or_norm, top, mlp_input, fn)
             if hasattr(model_or_norm, "blocks") else model_or_norm)
-    kind, eps, w, _ = _norm_parts(norm)
-    x = self._stream(top, mlp_input).astype(jnp.float32)
-    if kind == "layer":
-      x = x - x.mean(axis=-1, keepdims=True)
-    scale = jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
-    scale = _pos(scale, pos_slice, -2)  # [B, T', 1] or [B, 1]
-    stack = jnp.asarray(stack, jnp.float32)
-    if (stack.ndim < scale.ndim
-        or stack.shape[stack.ndim - scale.ndim:-1] != scale.shape[:-1]):
-      raise ValueError(
-          f"{fn}: `stack` has shape {list(stack.shape)}, expected [..., "
-          f"{', '.join(map(str, scale.shape[:-1]))}, D] (the stream's "
-          "positions after `pos_slice`)")
-    if kind == "layer":
-      stack = stack - stack.mean(axis=-1, keepdims=True)
-    out = stack / scale.reshape((1,) * (stack.ndim - scale.ndim)
-                                + scale.shape)
-    if weight and w is not None:
-      out = out * w.reshape((1,) * (out.ndim - 1) + w.shape)
-    return out
+    reference = _pos(self._stream(top, mlp_input), pos_slice, -2)
+    return frozen_norm(norm, reference, weight=weight)[0](stack)
 
 
 def run_with_cache(model, inputs, names=None, **kwargs):

@@ -153,3 +153,23 @@ def test_bad_input_is_named(loaded):  # noqa: F811
   with pytest.raises(TypeError, match=re.escape(
       "logit_lens: `model` must be a DecoderLM, got Encoder")):
     ll.logit_lens(loaded("bert"), TOKENS)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_attribution_equals_the_cache_path(loaded, name):  # noqa: F811
+  """The same attribution through TransformerLens's other route: the
+  cache's per-head results through `apply_ln_to_stack`, dotted with the
+  readout's columns (the two share one frozen norm; this pins the
+  wiring around it: head order, result site, final stream)."""
+  model = loaded(name)
+  c = model.config
+  target = TOKENS[:, -1]
+  direct = ll.head_logit_attribution(model, TOKENS,
+                                     ll.unembed_directions(model, target))
+  _, cache = model.run_with_cache(TOKENS)
+  normed = cache.apply_ln_to_stack(cache.stack_head_results(), model)
+  u = np.asarray(ll.unembed_directions(model, target))  # [B, D]
+  via_cache = np.einsum("nbtd,bd->nbt", np.asarray(normed), u)
+  np.testing.assert_allclose(
+      via_cache.reshape(c.num_layers, c.num_heads, *TOKENS.shape), direct,
+      rtol=1e-5, atol=1e-5)
