@@ -352,12 +352,12 @@ def _train_and_evaluate(config, workdir, stop_at):
            else None)
     if first is None:
       # A line within seconds of the start, whatever log_every is.
+      shown = row or {k: float(v) for k, v in
+                      jax.device_get(metrics).items()}  # waits for it
       first, t_first = done, time.time()
       t_line = t_first
-      shown = row or {k: float(v) for k, v in
-                      jax.device_get(metrics).items()}
-      logging.info("step %d/%d | %s | first step %.1f s (compiling)", done,
-                   total, _fmt_metrics(shown), t_first - t_start)
+      logging.info("step %d/%d | %s | first step %.1f s, compile included",
+                   done, total, _fmt_metrics(shown), t_first - t_start)
     elif logged or time.time() - t_line >= QUIET_S:
       jax.block_until_ready(metrics)
       t_line = time.time()

@@ -60,7 +60,7 @@ def test_first_line_after_step_one_then_every_quiet_interval(
   assert len(lines) == 3, lines
   assert re.fullmatch(r"step 1/3 \| accuracy \d\.\d{4} \| grad_norm "
                       r"\d+\.\d{4} \| loss \d+\.\d{4} \| first step "
-                      r"\d+\.\d s \(compiling\)", lines[0]), lines[0]
+                      r"\d+\.\d s, compile included", lines[0]), lines[0]
   assert re.fullmatch(r"step 2/3 \| \d+\.\d steps/s \| ETA 0:00:\d\d",
                       lines[1]), lines[1]
   # The last step logs its metrics row, and an ETA of nothing left.
