@@ -35,7 +35,8 @@ test: install
 test-real: install
 	MHA_JAX_REAL_MODELS=1 $(BIN)/python -m pytest -q tests/real_models
 
-# Experiment 1 (induction heads) end to end: 1 min 42 s on 2 idle cores.
+# Experiment 1 (induction heads) end to end: about 2 min (110 s, 118 CPU s,
+# on 2 cores at load 4-8, 2026-12-03; the README quotes the same run).
 run: install
 	$(BIN)/python -m experiments.induction --workdir=runs/induction
 	@echo "Report: runs/induction/report.md (figures beside it)"
