@@ -1,0 +1,225 @@
+"""The report's tables and the wording that depends on the numbers.
+
+Every function formats what results.json holds (means, intervals,
+floors, verdict inputs were computed in run.py); the only choices here are
+words: "raises", "lowers" or "not resolved" where an interval covers 0.
+"""
+
+from __future__ import annotations
+
+from mha_jax.measure import report as report_lib
+
+NAMES = {"previous": "previous token", "induction": "induction",
+         "duplicate": "duplicate token", "first": "first-token (sink) mass",
+         "local": "local mass", "long": "long-range mass",
+         "entropy": "entropy (nats)"}
+ON = {"repeated": "random tokens repeated", "prose": "prose"}
+
+
+def head(lh) -> str:
+  return report_lib.head_name(*lh)
+
+
+def ci(x, digits: int = 3) -> str:
+  return report_lib.interval(x, digits)
+
+
+def verdict(interval) -> str:
+  """What an interval of a change allows one to say."""
+  lo, hi = interval
+  if lo > 0:
+    return "raises"
+  if hi < 0:
+    return "lowers"
+  return "not resolved"
+
+
+def change(mean: float, interval, digits: int = 2) -> str:
+  """`+1.23 [0.50, 2.00]`, with "(not resolved)" where it covers 0."""
+  text = f"{report_lib.signed(mean, digits)} {ci(interval, digits)}"
+  return text + (" (not resolved)" if verdict(interval) == "not resolved"
+                 else "")
+
+
+def windows(ws) -> str:
+  """How the layers' windows read: all global, or which are sliding."""
+  if all(w is None for w in ws):
+    return "every layer global (no window)"
+  glob = [str(l) for l, w in enumerate(ws) if w is None]
+  size = next(w for w in ws if w is not None)
+  return (f"sliding window of {size} tokens on {sum(w is not None for w in ws)}"
+          f" layers, global layers {', '.join(glob)}")
+
+
+def survey_table(s: dict, k: int) -> str:
+  rows = []
+  for name, x in s["scores"].items():
+    best = max if x["direction"] == "high" else min
+    top = "; ".join(f"{head(lh)} {x['mean'][lh[0]][lh[1]]:.3f} "
+                    f"{ci((x['lo'][lh[0]][lh[1]], x['hi'][lh[0]][lh[1]]))}"
+                    for lh in x["top"])
+    rows.append([
+        NAMES[name], ON[x["on"]], f"{x['uniform']:.3f}",
+        f"{best(max(r) if best is max else min(r) for r in x['reinit']):.3f}",
+        f"{best(max(r) if best is max else min(r) for r in x['shuffled']):.3f}",
+        x["above_floor"], top, "yes" if x["separated"] else "no"])
+  return report_lib.md_table(
+      ["score", "read on", "uniform", "re-initialised: most marked head",
+       "shuffled: most marked head", "heads past every floor",
+       f"top {k}: mean [95% interval]", f"top {k} apart from the rest"],
+      rows)
+
+
+def sink(x: dict, eps: float) -> str:
+  t = x["trained"]
+  return (f"Sink_0^{eps} (the share of heads whose mean weight on the first "
+          f"token exceeds {eps}): {report_lib.percent(t['share'])} "
+          f"[{report_lib.percent(t['lo'])}, {report_lib.percent(t['hi'])}]; "
+          f"re-initialised {report_lib.percent(x['reinit'])}, shuffled "
+          f"{report_lib.percent(x['shuffled'])}, uniform "
+          f"{report_lib.percent(x['uniform'])}.")
+
+
+def clean(x: dict) -> str:
+  m = x["mean"]
+  return (f"second copy {m['repeated']:.2f} nats, first copy "
+          f"{m['first_copy']:.2f}, prose {m['prose']:.2f}")
+
+
+def causal_table(c: dict, kind: str) -> str:
+  rows = []
+  for k, by_metric in c[kind]["effect"].items():
+    row = [k, ", ".join(head(lh) for lh in c["sets"][k])]
+    for m in ("repeated", "prose"):
+      x = by_metric[m]
+      row += [change(x["change"], x["ci"]),
+              change(x["random"]["mean"], x["random"]["ci95"]),
+              change(x["minus_random"], x["minus_random_ci"]),
+              report_lib.percent(x["random_at_least"], 0)]
+    rows.append(row)
+  cols = ["change [95%]", "k random: change [t 95%]",
+          "minus random [95%]", "random draws at least as large"]
+  return report_lib.md_table(
+      ["heads", "which"] + [f"copy: {x}" for x in cols]
+      + [f"prose: {x}" for x in cols], rows)
+
+
+def single_table(c: dict, s: dict) -> str:
+  x = c["single"]
+  group = c["zero"]["effect"]["induction"]["repeated"]["change"]
+  rows = []
+  for i, lh in enumerate(x["heads"]):
+    sec, fir, pro = x["second"][i], x["first"][i], x["prose"][i]
+    bigger = (verdict(sec["ci"]) != "not resolved"
+              and abs(sec["mean"]) > abs(group))
+    rows.append([head(lh), f"{x['attribution'][lh[0]][lh[1]]:+.4f}",
+                 change(sec["mean"], sec["ci"]),
+                 change(fir["mean"], fir["ci"]),
+                 "-" if pro is None else change(pro["mean"], pro["ci"]),
+                 "yes" if bigger else "no"])
+  return report_lib.md_table(
+      ["head", "attribution estimate (copy)", "copy loss change [95%]",
+       "first-copy loss change", "prose loss change",
+       "larger than the top-k induction group"], rows)
+
+
+def _scores_of(s: dict, lh) -> str:
+  """A head's survey scores, with its rank among all heads."""
+  parts = []
+  for name in ("previous", "duplicate", "first", "entropy"):
+    x = s["scores"][name]
+    parts.append(f"{NAMES[name]} {x['mean'][lh[0]][lh[1]]:.3f} (rank "
+                 f"{x['rank'][lh[0]][lh[1]]})")
+  return ", ".join(parts)
+
+
+def layer0(c: dict, s: dict) -> str:
+  """Which layer-0 heads lower the copy loss alone, and what else they do."""
+  x = c["single"]
+  lowers = [i for i, lh in enumerate(x["heads"])
+            if lh[0] == 0 and verdict(x["second"][i]["ci"]) == "lowers"]
+  if not lowers:
+    return ("No layer-0 head's ablation alone lowers the second-copy loss "
+            "beyond its interval.")
+  out = []
+  for i in lowers:
+    lh, sec, fir, pro = (x["heads"][i], x["second"][i], x["first"][i],
+                         x["prose"][i])
+    out.append(
+        f"Zeroing {head(lh)} alone {verdict(sec['ci'])} the second-copy loss "
+        f"({change(sec['mean'], sec['ci'])} nats), {verdict(fir['ci'])} the "
+        f"first copy's ({change(fir['mean'], fir['ci'])}) and "
+        f"{verdict(pro['ci'])} the prose loss "
+        f"({change(pro['mean'], pro['ci'])}). Its survey scores: "
+        f"{_scores_of(s, lh)}.")
+  return " ".join(out)
+
+
+def kv(x: dict) -> str:
+  g, m = x["gqa"], x["mha"]
+  d = x["speed_ratio"]
+  return (
+      f"KV cache per token (float32, keys and values of every layer, read "
+      f"off `init_cache`): GQA {g['bytes_per_token']:,} bytes, MHA twin "
+      f"{m['bytes_per_token']:,} ({m['bytes_per_token'] / g['bytes_per_token']:.1f}x). "
+      f"Decode, seconds per token after the first: GQA "
+      f"{report_lib.summary(g['summary'], 4)}, MHA "
+      f"{report_lib.summary(m['summary'], 4)}; MHA minus GQA "
+      f"{report_lib.difference(d, 4)}. The twin's logits differ from the "
+      f"model's by at most {x['logit_max_abs_diff']:.2g}; greedy tokens "
+      f"{'identical' if x['same_tokens'] else 'DIFFER'}.")
+
+
+def distance_values(r: dict, e: dict) -> dict:
+  d = r["distance"]
+  rows = []
+  for g, dist in enumerate(d["distances"]):
+    b = d["summary"][g]
+    rows.append([dist, f"{head(b['best_sliding'])} {b['best_sliding_score']:.3f}",
+                 f"{head(b['best_global'])} {b['best_global_score']:.3f}",
+                 *(f"{b['loss'][k]['mean']:.2f} {ci(b['loss'][k]['ci'], 2)}"
+                   for k in ("none", "global", "local_induction"))])
+  return {
+      "segment": e["segment"], "distance_inputs": e["distance_inputs"],
+      "window": next(w for w in r["info"]["windows"] if w is not None),
+      "global_heads": ", ".join(head(lh) for lh in d["sets"]["global"]),
+      "local_heads": ", ".join(head(lh)
+                               for lh in d["sets"]["local_induction"]),
+      "table": report_lib.md_table(
+          ["distance", "best sliding-layer head", "best global-layer head",
+           "copy loss", "global layers ablated",
+           "top sliding induction heads ablated"], rows),
+      "name": r["info"]["name"]}
+
+
+def findings(saved: dict) -> str:
+  """The conclusions, one paragraph per model, in words no stronger than
+  the intervals."""
+  out = []
+  for r in saved["models"].values():
+    s, c = r["survey"]["scores"], r["causal"]
+    ind, prev = s["induction"], s["previous"]
+    top_i, top_p = ind["top"][0], prev["top"][0]
+    z = c["zero"]["effect"]
+    zi, zp, zs = (z["induction"]["repeated"], z["previous"]["prose"],
+                  z["sink"]["prose"])
+    out.append(
+        f"- **{r['info']['label']}.** Strongest induction head {head(top_i)} "
+        f"({ind['mean'][top_i[0]][top_i[1]]:.2f} "
+        f"{ci((ind['lo'][top_i[0]][top_i[1]], ind['hi'][top_i[0]][top_i[1]]), 2)}"
+        f" against a highest floor of {ind['floor']:.3f}); {ind['above_floor']}"
+        f" heads past every floor. Zeroing the top induction heads "
+        f"{verdict(zi['ci'])} the second-copy loss by "
+        f"{change(zi['change'], zi['ci'])} nats, against "
+        f"{change(zi['random']['mean'], zi['random']['ci95'])} for random "
+        f"sets (minus random {change(zi['minus_random'], zi['minus_random_ci'])}). "
+        f"Strongest previous-token head {head(top_p)} "
+        f"({prev['mean'][top_p[0]][top_p[1]]:.2f}); zeroing the top ones "
+        f"{verdict(zp['ci'])} the prose loss "
+        f"({change(zp['change'], zp['ci'])}; minus random "
+        f"{change(zp['minus_random'], zp['minus_random_ci'])}). Zeroing the "
+        f"top sink heads {verdict(zs['ci'])} the prose loss "
+        f"({change(zs['change'], zs['ci'])}; minus random "
+        f"{change(zs['minus_random'], zs['minus_random_ci'])}); "
+        f"{sink(r['survey']['sink'], saved['config']['experiment']['sink_eps'])}")
+  return "\n".join(out)
