@@ -112,7 +112,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.mesh = ms = ml_collections.ConfigDict()
   ms.data = -1  # data-parallel axis; -1 means all remaining devices
   ms.model = 1  # head-parallel axis size
-  ms.sequence = 1  # context-parallel axis; > 1: implementation ring/all_to_all
+  # Context-parallel axis; > 1 needs implementation ring or all_to_all, and
+  # all_to_all also needs it to divide the heads per device (H / model).
+  ms.sequence = 1
   if smoke:
     shrink(c)
   return c
