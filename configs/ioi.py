@@ -36,7 +36,8 @@ def get_config(arg=None):
   e.force_circuit = False  # analyse the circuit model even if it fails
   e.per_template_order = 16  # logit-difference prompts: 8 x 2 x 16 = 256
   e.circuit_per_order = 1  # patching prompts: 8 x 2 x 1 = 16 (other names)
-  e.roles = ("all", "S1", "IO", "S2", "END")  # activation patching's
+  # Activation patching's roles ("rest": every other position).
+  e.roles = ("all", "S1", "IO", "S2", "END", "rest")
   e.denoise = True  # also clean into ABC, every position of a head
   e.path_rounds = 2  # into name movers' q; into S-inhibition's k and v
   e.k_max = 8  # largest class `stats.separated` considers

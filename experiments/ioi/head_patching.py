@@ -34,21 +34,26 @@ import numpy as np
 
 from experiments.ioi import forward
 
-ROLES = ("all", "S1", "IO", "S2", "END")
+ROLES = ("all", "S1", "IO", "S2", "END", "rest")
 
 
 def role_masks(meta: dict, length: int, roles=ROLES) -> jax.Array:
   """`[R, N, T]` bool: where each role's patch applies ("all": every
-  position; else the role's position in each prompt)."""
+  position; "rest": every position but the four roles'; else the role's
+  position in each prompt)."""
   at = {"S1": meta["s1_pos"], "IO": meta["io_pos"], "S2": meta["s2_pos"],
         "END": meta["end"]}
   n = len(meta["end"])
+  named = {r: np.arange(length)[None] == np.asarray(at[r])[:, None]
+           for r in at}
   out = []
   for r in roles:
     if r == "all":
       out.append(np.ones((n, length), bool))
+    elif r == "rest":
+      out.append(~np.any(np.stack(list(named.values())), 0))
     elif r in at:
-      out.append(np.arange(length)[None] == np.asarray(at[r])[:, None])
+      out.append(named[r])
     else:
       raise ValueError(f"role_masks: `roles` must be drawn from {ROLES}, "
                        f"got {r!r}")

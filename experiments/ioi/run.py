@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import time
 
+from absl import logging
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -186,6 +187,7 @@ def circuit(model, p, e, name_ids) -> dict:
                                  (c.num_layers, n_h, len(roles)))
   out["activation"]["roles"] = list(roles)
   out["activation"]["seconds"] = time.time() - t0
+  logging.info("ioi: activation patching took %.0f s", time.time() - t0)
   if e.denoise:
     all_mask = head_patching.role_masks(p, clean.shape[1], ("all",))
     denoised = np.asarray(_activation(graphdef, state, abc, clean,
@@ -207,22 +209,18 @@ def circuit(model, p, e, name_ids) -> dict:
   end_io_vs_s = _compare(flat(det["end_io"]), flat(det["end_s"]), idx)
   copy = {"mean": flat(det["copy"]).mean(0), "ci95": stats.interval(
       stats.resampled_means(flat(det["copy"]), idx))}
-  # Name movers: the direct path to the logits, then the attention and
-  # copying checks on each separated head.
+  # Output heads: the direct path to the logits separates them; where
+  # they attend from END and what their OV does to a name says which
+  # kind each is (Wang et al.'s name movers attend to IO and copy it).
   direct = np.asarray(_direct(graphdef, state, clean, abc, meta))
   out["direct"] = _fractions(direct, ld_clean, ld_abc, idx,
                              (c.num_layers, n_h))
-  nm = _class(out["direct"], k_max=e.k_max, num_heads=n_h)
-  checks = [{"head": h, "io_minus_s": [float(end_io_vs_s["mean"][i]),
-                                       *end_io_vs_s["ci95"][i].tolist()],
-             "copy": [float(copy["mean"][i]), *copy["ci95"][i].tolist()],
-             "attends_io": bool(end_io_vs_s["ci95"][i][0] > 0),
-             "copies": bool(copy["ci95"][i][0] > 0)}
-            for h, i in zip(nm["heads"], nm["flat"])]
-  nm["checks"] = checks
-  nm["confirmed"] = [ch["head"] for ch in checks
-                     if ch["attends_io"] and ch["copies"]]
-  out["name_movers"] = nm
+  heads = _class(out["direct"], k_max=e.k_max, num_heads=n_h)
+  heads["checks"] = [_output_kind(h, i, end_io_vs_s, copy)
+                     for h, i in zip(heads["heads"], heads["flat"])]
+  heads["confirmed"] = [ch["head"] for ch in heads["checks"]
+                        if ch["kind"] == "name mover"]
+  out["name_movers"] = heads
   negative = {"fraction": -out["direct"]["fraction"],
               "samples": -out["direct"]["samples"]}
   out["negative_movers"] = _class(negative, k_max=e.k_max, num_heads=n_h)
@@ -231,8 +229,29 @@ def circuit(model, p, e, name_ids) -> dict:
   out["ind_attention"] = _attention_class(det["s2_after_s1"], idx, e, n_h,
                                           floors["s2_after_s1"])
   out["paths"] = _path_rounds(graphdef, state, clean, abc, meta, ld_clean,
-                              ld_abc, idx, e, nm["confirmed"], n_h, det)
+                              ld_abc, idx, e, heads["heads"], n_h, det)
   return out
+
+
+def _output_kind(head, i, end_io_vs_s, copy) -> dict:
+  """What an output head is, from two paired intervals: attention from
+  END to IO minus to S1 + S2, and its copy score (its value at IO read
+  out: the IO name minus the other names; negative: its OV suppresses
+  the name it attends to). A name mover attends to IO and copies; an
+  S suppressor attends to S and suppresses it, which also raises
+  IO - S; a negative name mover attends to IO and suppresses it."""
+  att_lo, att_hi = end_io_vs_s["ci95"][i]
+  cp_lo, cp_hi = copy["ci95"][i]
+  att = "IO" if att_lo > 0 else "S" if att_hi < 0 else None
+  cp = "copies" if cp_lo > 0 else "suppresses" if cp_hi < 0 else None
+  kind = {("IO", "copies"): "name mover",
+          ("S", "suppresses"): "S suppressor",
+          ("IO", "suppresses"): "negative name mover",
+          ("S", "copies"): "S copier"}.get((att, cp), "not resolved")
+  return {"head": head, "io_minus_s": [float(end_io_vs_s["mean"][i]),
+                                       *end_io_vs_s["ci95"][i].tolist()],
+          "copy": [float(copy["mean"][i]), *copy["ci95"][i].tolist()],
+          "attends": att, "ov": cp, "kind": kind}
 
 
 def _attention_class(values, idx, e, n_h, floor) -> dict:
@@ -254,12 +273,13 @@ def _senders(receivers, n_h) -> np.ndarray:
 
 def _path_rounds(graphdef, state, clean, abc, meta, ld_clean, ld_abc, idx,
                  e, movers, n_h, det) -> dict:
-  """Path patching into the name movers' queries (S-inhibition), then
-  into the S-inhibition heads' keys and values (duplicate-token and
-  induction heads); a round without receivers is not run."""
+  """Path patching into the output heads' queries (Wang et al.'s
+  S-inhibition class: what tells END's queries which name is S), then
+  into those senders' keys and values (duplicate-token and induction
+  heads); a round without receivers is not run."""
   out = {}
   if not movers:
-    return {"skipped": "no name mover was separated and confirmed"}
+    return {"skipped": "no output head was separated"}
   rounds = (("s_inhibition", lambda prev: tuple(
       (l, h, "q") for l, h in prev)),
             ("duplicate_induction", lambda prev: tuple(sorted(
@@ -278,6 +298,8 @@ def _path_rounds(graphdef, state, clean, abc, meta, ld_clean, ld_abc, idx,
     frac = _fractions(patched, ld_clean, ld_abc, idx, (len(senders),))
     sep = stats.separated(frac["fraction"], frac["samples"], k_max=e.k_max)
     heads = senders[sep["members"]].tolist()
+    logging.info("ioi: path patching into %s took %.0f s", receivers,
+                 time.time() - t0)
     out[name] = {"receivers": [list(r) for r in receivers],
                  "senders": senders.tolist(), "fraction": frac["fraction"],
                  "ci95": frac["ci95"], "per_prompt": patched,
@@ -315,6 +337,8 @@ def measure(config) -> dict:
     p = prompts.build(tok, names, per_template_order=e.per_template_order,
                       seed=e.seed, prefix=prefix)
     idx = stats.draws(len(p["end"]), e.resamples, e.seed)
+    logging.info("ioi: %s loaded, %d names, %d prompts", name, len(names),
+                 len(p["end"]))
     task = task_summary(model, p, idx, chunk=e.chunk,
                         shuffled_model=models.shuffled(model, e.seed))
     c = model.config
@@ -340,5 +364,8 @@ def measure(config) -> dict:
     out["models"][name] = entry
     del model
   out["wall_s"] = time.time() - t_start
+  # CPU time of this process: on cores shared with other jobs, the wall
+  # time alone says more about the neighbours than about the run.
+  out["cpu_s"] = time.process_time()
   out["backend"] = jax.default_backend()
   return out

@@ -118,13 +118,13 @@ def mover_table(c: dict) -> str:
                  _ci(ch["copy"][0], ch["copy"][1:]),
                  report_lib.percent(d["copy_top1"]["mean"][l][h]),
                  _ci(d["dla"]["mean"][l][h], d["dla"]["ci95"][l][h]),
-                 "yes" if ch["attends_io"] and ch["copies"] else "no"])
+                 ch["kind"]])
   if not rows:
     return "(no head's direct path is separated from the rest)"
   return report_lib.md_table(
       ["head", "direct path (share)", "attention END: IO - S",
        "copy score (IO - other names)", "IO top name", "direct logit diff.",
-       "name mover"], rows)
+       "kind"], rows)
 
 
 def path_table(p: dict) -> str:
@@ -202,6 +202,7 @@ def circuit_values(saved: dict) -> dict:
       "mover_table": mover_table(c),
       "movers_gap": _gap(c["name_movers"]),
       "movers": _heads(c["name_movers"]["confirmed"]),
+      "output_heads": _heads(c["name_movers"]["heads"]),
       "negative_movers": _heads(c["negative_movers"]["heads"]),
       "negative_gap": _gap(c["negative_movers"]),
       "si_receivers": _receivers(si),
@@ -230,6 +231,9 @@ def values(saved: dict) -> dict:
   out = {
       "command": report_lib.command("experiments.ioi"),
       "wall": report_lib.wall_time(saved["wall_s"], False),
+      # Older results saved no CPU time.
+      "cpu": (f"; {saved['cpu_s'] / 60:.1f} CPU-minutes of the process"
+              if "cpu_s" in saved else ""),
       "backend": saved["backend"],
       "num_templates": len(prompts.TEMPLATES),
       "templates": "\n".join(f"{i + 1}. \"{t.format(A='A', B='B', C='S')}\""

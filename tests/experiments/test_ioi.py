@@ -28,12 +28,17 @@ import numpy as np
 import pytest
 
 from experiments.ioi import forward
+from experiments.ioi import head_patching
 from experiments.ioi import models
 from experiments.ioi import prompts
+from experiments.ioi import report
 from experiments.ioi import run
 from experiments.ioi import stats
+from mha_jax.measure import report as report_lib
 from mha_jax.models.model_config import ModelConfig
 from mha_jax.models.transformer import DecoderLM
+
+import entry_points
 
 TOK = models.word_tokenizer()
 NAMES = prompts.single_token_names(TOK)
@@ -123,7 +128,7 @@ PROMPTS = prompts.build(TOK, NAMES, per_template_order=1, seed=3)
 
 def _config(**overrides):
   e = ml_collections.ConfigDict(dict(
-      roles=("all", "S1", "IO", "S2", "END"), denoise=True, path_rounds=2,
+      roles=("all", "S1", "IO", "S2", "END", "rest"), denoise=True, path_rounds=2,
       k_max=1, resamples=200, chunk=16, batch=None, seed=0, num_kv_heads=2,
       layer_chunks=2))
   e.update(overrides)
@@ -202,9 +207,8 @@ def test_patched_fraction_and_separation_on_known_numbers():
 
 
 def test_role_masks_refuse_an_unknown_role():
-  from experiments.ioi import head_patching  # pylint: disable=import-outside-toplevel
   with pytest.raises(ValueError, match=r"role_masks: `roles` must be drawn "
-                     r"from \('all', 'S1', 'IO', 'S2', 'END'\), got 'S3'"):
+                     r"from \('all', 'S1', 'IO', 'S2', 'END', 'rest'\), got 'S3'"):
     head_patching.role_masks(PROMPTS, 4, ("S3",))
 
 
@@ -235,6 +239,7 @@ def test_activation_patching_finds_each_head_where_it_acts(wired_circuit):
   # Nothing at positions where the head's output is never read.
   assert abs(f[0, 0, roles.index("S1")]) < 0.05
   assert abs(f[1, 0, roles.index("S2")]) < 0.05
+  np.testing.assert_allclose(f[:, :, roles.index("rest")], 0.0, atol=0.05)
   # Denoising: the name mover's clean output alone restores nearly all.
   assert wired_circuit["denoise"]["fraction"][2, 0, 0] > 0.9
 
@@ -252,9 +257,30 @@ def test_path_patching_separates_the_three_classes(wired_circuit):
   c = wired_circuit
   assert c["name_movers"]["heads"] == [[2, 0]]
   assert c["name_movers"]["confirmed"] == [[2, 0]]
+  assert c["name_movers"]["checks"][0]["kind"] == "name mover"
   si = c["paths"]["s_inhibition"]
   assert si["receivers"] == [[2, 0, "q"]] and si["heads"] == [[1, 0]]
   dup = c["paths"]["duplicate_induction"]
   assert dup["receivers"] == [[1, 0, "k"], [1, 0, "v"]]
   assert dup["heads"] == [[0, 0]]
   assert dup["kinds"][0]["kind"] == "duplicate-token"
+
+
+# --- the smoke run ---------------------------------------------------------
+
+def test_smoke_run_end_to_end(tmp_path, monkeypatch):
+  monkeypatch.setattr(report_lib, "_command", None)
+  config = entry_points.config("ioi")
+  saved = entry_points.load("ioi").run(config, tmp_path)
+  assert set(saved["models"]) == {"tiny_llama", "tiny_gemma3"}
+  for m in saved["models"].values():
+    assert m["num_prompts"] == 32 and len(
+        m["task"]["clean"]["per_prompt"]) == 32
+  c = saved["circuit"]
+  assert c["model"] == "tiny_llama"
+  # Per prompt: [L, H, R, N] for the tiny Llama's 2 layers x 4 heads.
+  assert np.asarray(c["activation"]["per_prompt"]).shape == (
+      2, 4, len(config.experiment.roles), 16)
+  text = (tmp_path / "report.md").read_text()
+  assert "Smoke run" in text and (tmp_path / "patching.png").exists()
+  assert report_lib.regenerate(tmp_path, report.render) == text
