@@ -505,7 +505,10 @@ def test_every_entry_point_has_an_end_to_end_test():
             # text_induction: tests/experiments/test_text_induction.py
             "text_induction",
             # pretrained_bench: tests/pretrained/test_pretrained_bench.py
-            "pretrained_bench", "pretrained_heads"}
+            "pretrained_bench", "pretrained_heads",
+            # real_heads, ioi: tests/experiments/test_real_heads.py and
+            # test_ioi.py (tiny random GGUF models through the same code)
+            "real_heads", "ioi"}
   helpers = {"__init__", "cli",  # cli: the flags every experiment shares
              # shared by two experiments (two_offsets, head_dim), run by them
              "offset_sweep", "offset_sweep_report",
