@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import time
 
+from absl import logging
 import numpy as np
 
 from experiments.real_heads import causal
@@ -261,8 +262,12 @@ def measure(config) -> dict:
     model, encode, info = models.load(name, config)
     data = survey_inputs(e, info, encode)
     s = survey_model(model, data, e)
+    logging.info("real_heads: %s surveyed after %.0f s", name,
+                 time.perf_counter() - t0)
     r = {"info": info, "survey": s,
          "causal": causal_model(model, causal_inputs(e, info, encode), s, e)}
+    logging.info("real_heads: %s ablated after %.0f s", name,
+                 time.perf_counter() - t0)
     if name in e.distance_models:
       r["distance"] = distance.measure(
           model, info, e, s["scores"]["induction"]["mean"])
