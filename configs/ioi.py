@@ -39,7 +39,11 @@ def get_config(arg=None):
   # Activation patching's roles ("rest": every other position).
   e.roles = ("all", "S1", "IO", "S2", "END", "rest")
   e.denoise = True  # also clean into ABC, every position of a head
-  e.path_rounds = 2  # into name movers' q; into S-inhibition's k and v
+  e.path_rounds = 3  # into the output heads' q; then k and v, twice
+  # Path patching as Wang et al.: a sender's change reaches the receivers
+  # directly and through the MLPs between (every other head frozen);
+  # False: the direct path only.
+  e.path_through_mlps = True
   e.k_max = 8  # largest class `stats.separated` considers
   e.resamples = 1000  # bootstrap resamples over prompts
   e.chunk = 64  # prompts per forward pass (logit difference)
@@ -53,5 +57,8 @@ def get_config(arg=None):
     e.circuit_models = ("tiny_llama",)
     e.force_circuit = True
     e.per_template_order, e.circuit_per_order = 2, 1
-    e.resamples, e.k_max, e.chunk, e.layer_chunks = 50, 3, 16, 2
+    e.resamples, e.k_max, e.chunk, e.layer_chunks = 50, 3, 16, 1
+    # The wired circuit's test runs every role and denoising; here the
+    # pipeline end to end, compiled as few times as possible.
+    e.roles, e.denoise = ("all", "END"), False
   return c

@@ -13,6 +13,8 @@ run can bootstrap over prompts and compare heads with each other:
   s2_s1            attention from S2 to S1: a duplicate-token head
   s2_after_s1      attention from S2 to the token after S1: an induction
                    head (the token after S's first mention)
+  after_s1_s1      attention from the token after S1 to S1: a previous-
+                   token head, which an induction head's key reads
   dla              the head's output at END read out as the logit
                    difference, through the final norm frozen at this run
                    (its direct effect; a name mover's is positive)
@@ -22,8 +24,8 @@ run can bootstrap over prompts and compare heads with each other:
                    copying OV circuit makes it positive)
   copy_top1        1 where IO is the top name of that readout
 
-The uniform floor of each attention measure is 1 / (END + 1) (or
-1 / (S2 + 1)): a head spreading its weight evenly over the causal past.
+The uniform floor of each attention measure is 1 / (query position + 1):
+a head spreading its weight evenly over the causal past.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ import numpy as np
 from experiments.ioi import forward
 from mha_jax import hooks as hooks_lib
 
-MEASURES = ("end_io", "end_s", "s2_s1", "s2_after_s1", "dla", "copy",
-            "copy_top1")
+MEASURES = ("end_io", "end_s", "s2_s1", "s2_after_s1", "after_s1_s1",
+            "dla", "copy", "copy_top1")
 
 
 def _pick(pattern, query, key):
@@ -71,6 +73,7 @@ def measure(model, tokens, meta, name_ids) -> dict:
     out["end_s"].append(_pick(p, end, s1) + _pick(p, end, s2))
     out["s2_s1"].append(_pick(p, s2, s1))
     out["s2_after_s1"].append(_pick(p, s2, s1 + 1))
+    out["after_s1_s1"].append(_pick(p, s1 + 1, s1))
     z_end = acts[f"blocks.{l}.attn.z"][rows, end]  # [N, H, Dv]
     term = jnp.einsum("nhe,hed->nhd", z_end, w_o) * scale[:, None]
     out["dla"].append(jnp.einsum("nhd,nd->nh", term, u_io - u_s))
@@ -91,5 +94,7 @@ def uniform_floors(meta) -> dict:
   and from S2 (two keys for `end_s`)."""
   end = np.asarray(meta["end"], np.float64)
   s2 = np.asarray(meta["s2_pos"], np.float64)
+  s1 = np.asarray(meta["s1_pos"], np.float64)
   return {"end_io": 1 / (end + 1), "end_s": 2 / (end + 1),
-          "s2_s1": 1 / (s2 + 1), "s2_after_s1": 1 / (s2 + 1)}
+          "s2_s1": 1 / (s2 + 1), "s2_after_s1": 1 / (s2 + 1),
+          "after_s1_s1": 1 / (s1 + 2)}

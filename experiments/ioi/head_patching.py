@@ -123,52 +123,68 @@ def check_pre_norm(model, fn: str) -> None:
 
 
 def path_patching(model, target, source, meta, receivers, senders, *,
-                  batch_size=None) -> jax.Array:
+                  through_mlps: bool = True, batch_size=None) -> jax.Array:
   """`[S, N]`: the logit difference of the `target` run when sender head
-  (l, h)'s change (source minus target output term) reaches ONLY the
-  receivers' inputs.
+  (l, h)'s change reaches the receivers' inputs and nothing else.
 
   `receivers`: `(layer, head, input)` triples, input "q" (head a query
-  head), "k" or "v" (head a kv head: its whole group), or the single
-  `("logits",)` for the senders' direct path to the readout. Each
-  receiver layer's q, k, v are recomputed by running that block on the
-  target run's stream entering it plus the sender's change (a sender at
-  or after a receiver's layer sends it nothing), and those heads' values
-  patched into an otherwise unchanged target run: every other path from
-  the sender, and every other head's inputs, keep the target run's
-  values. `senders [S, 2]`: (layer, head) pairs.
+  head), "k" or "v" (head a kv head: its whole group). `senders [S, 2]`:
+  (layer, head) pairs; a sender at or after a receiver's layer sends it
+  nothing.
+
+  With `through_mlps` (Wang et al.'s form), the sender's `z` takes its
+  source value in a run where every other head's `z` is frozen at its
+  target value while the MLPs recompute, so the change reaches the
+  receivers directly and through the MLPs between, never through another
+  head; the receivers' inputs from that run are then patched into the
+  target run, and what follows the receivers runs normally. Without it,
+  only the direct path counts: each receiver layer's q, k, v are
+  recomputed from the target run's stream plus the sender's output term.
   """
   check_pre_norm(model, "path_patching")
   c = model.config
-  end, io, s = (jnp.asarray(meta[k]) for k in ("end", "io", "s"))
-  deltas = head_deltas(model, target, source, end)
-  senders = jnp.asarray(senders, jnp.int32)
-  if receivers == (("logits",),):
-    last = f"blocks.{c.num_layers - 1}.resid_post"
-
-    def direct(sender):
-      d = deltas[sender[0], :, :, sender[1]]
-      logits, _ = forward.end_logits(
-          model, target, end, patch={last: lambda x: x + d})
-      return forward.logit_diff(logits, io, s)
-
-    return jax.lax.map(direct, senders, batch_size=batch_size)
   for r in receivers:
     if len(r) != 3 or r[2] not in ("q", "k", "v"):
       raise ValueError(f"path_patching: a receiver must be (layer, head, 'q'"
-                       f" | 'k' | 'v') or the single ('logits',), got {r!r}")
+                       f" | 'k' | 'v'), got {r!r}")
+  end, io, s = (jnp.asarray(meta[k]) for k in ("end", "io", "s"))
+  senders = jnp.asarray(senders, jnp.int32)
   layers = sorted({r[0] for r in receivers})
   bases = tuple(f"blocks.{l}.resid_pre" for l in layers)
-  _, base = forward.end_logits(model, target, end, capture=bases + tuple(
-      f"blocks.{l}.attn.{x}" for l in layers for x in "qkv"))
+  inputs = tuple(f"blocks.{l}.attn.{x}" for l in layers for x in "qkv")
+  _, base = forward.end_logits(model, target, end, capture=bases + inputs)
+  if through_mlps:
+    sites = z_sites(layers[-1])
+    _, tgt = forward.end_logits(model, target, end, capture=sites)
+    _, src = forward.end_logits(model, source, end, capture=sites)
+  else:
+    deltas = head_deltas(model, target, source, end)
 
-  def one(sender):
+  def moved_inputs(sender):
+    """{receiver layer's q/k/v site: value} when the sender's change
+    reaches that layer."""
+    if through_mlps:
+      patch = {}
+      for j, site in enumerate(sites):
+        on = (j == sender[0]) & (jnp.arange(c.num_heads) == sender[1])
+        patch[site] = (lambda x, t=tgt[site], v=src[site],
+                       on=on[None, None, :, None]: jnp.where(on, v, t))
+      _, got = forward.end_logits(model, target, end, patch=patch,
+                                  capture=inputs)
+      return got
     d = deltas[sender[0], :, :, sender[1]]  # [N, T, D]
-    patch = {}
+    got = {}
     for l, b in zip(layers, bases):
       moved = base[b] + jnp.where(l > sender[0], 1.0, 0.0) * d
       new = forward.block_sites(model, l, moved,
                                 tuple(f"attn.{x}" for x in "qkv"))
+      got |= {f"blocks.{l}.attn.{x}": new[f"attn.{x}"] for x in "qkv"}
+    return got
+
+  def one(sender):
+    new = moved_inputs(sender)
+    patch = {}
+    for l in layers:
       for x in "qkv":
         heads = [r[1] for r in receivers if r[0] == l and r[2] == x]
         if not heads:
@@ -176,7 +192,7 @@ def path_patching(model, target, source, meta, receivers, senders, *,
         site = f"blocks.{l}.attn.{x}"
         on = jnp.isin(jnp.arange(base[site].shape[2]), jnp.asarray(heads))
         patch[site] = (lambda v, on=on[None, None, :, None],
-                       new=new[f"attn.{x}"]: jnp.where(on, new, v))
+                       n=new[site]: jnp.where(on, n, v))
     # Nothing before the first receiver's block changes: start there.
     logits, _ = forward.end_logits(model, target, end, patch=patch,
                                    start=layers[0], stream=base[bases[0]])

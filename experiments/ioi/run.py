@@ -120,10 +120,12 @@ def _direct(graphdef, state, target, source, meta):
                                    source, meta)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5, 7))
-def _path(graphdef, state, target, source, meta, receivers, senders, batch):
+@functools.partial(jax.jit, static_argnums=(0, 5, 7, 8))
+def _path(graphdef, state, target, source, meta, receivers, senders, batch,
+          through_mlps):
   return head_patching.path_patching(nnx.merge(graphdef, state), target,
                                      source, meta, receivers, senders,
+                                     through_mlps=through_mlps,
                                      batch_size=batch)
 
 
@@ -276,15 +278,16 @@ def _path_rounds(graphdef, state, clean, abc, meta, ld_clean, ld_abc, idx,
   """Path patching into the output heads' queries (Wang et al.'s
   S-inhibition class: what tells END's queries which name is S), then
   into those senders' keys and values (duplicate-token and induction
-  heads); a round without receivers is not run."""
+  heads), then into theirs (previous-token heads, which induction heads'
+  keys read); a round without receivers is not run.""" 
   out = {}
   if not movers:
     return {"skipped": "no output head was separated"}
-  rounds = (("s_inhibition", lambda prev: tuple(
-      (l, h, "q") for l, h in prev)),
-            ("duplicate_induction", lambda prev: tuple(sorted(
-                {(l, h // (n_h // e.num_kv_heads), x) for l, h in prev
-                 for x in ("k", "v")}))))
+  kv = lambda prev: tuple(sorted({(l, h // (n_h // e.num_kv_heads), x)
+                                  for l, h in prev for x in ("k", "v")}))
+  rounds = (("s_inhibition", lambda prev: tuple((l, h, "q")
+                                                for l, h in prev)),
+            ("duplicate_induction", kv), ("previous_token", kv))
   prev = movers
   for name, to in rounds[:e.path_rounds]:
     receivers = to(prev)
@@ -294,7 +297,8 @@ def _path_rounds(graphdef, state, clean, abc, meta, ld_clean, ld_abc, idx,
       break
     t0 = time.time()
     patched = np.asarray(_path(graphdef, state, clean, abc, meta, receivers,
-                               jnp.asarray(senders), e.batch))
+                               jnp.asarray(senders), e.batch,
+                               e.path_through_mlps))
     frac = _fractions(patched, ld_clean, ld_abc, idx, (len(senders),))
     sep = stats.separated(frac["fraction"], frac["samples"], k_max=e.k_max)
     heads = senders[sep["members"]].tolist()
@@ -307,6 +311,13 @@ def _path_rounds(graphdef, state, clean, abc, meta, ld_clean, ld_abc, idx,
                  "seconds": time.time() - t0}
     if name == "duplicate_induction":
       out[name]["kinds"] = [_kind(det, l, h, idx) for l, h in heads]
+    if name == "previous_token":
+      out[name]["previous"] = [
+          {"head": [l, h], "after_s1_s1": [
+              float(det["after_s1_s1"][:, l, h].mean()),
+              *stats.interval(stats.resampled_means(
+                  det["after_s1_s1"][:, l, h], idx)).tolist()]}
+          for l, h in heads]
     if not heads:
       break
     prev = heads

@@ -176,6 +176,10 @@ def circuit_values(saved: dict) -> dict:
   di = paths.get("duplicate_induction", {"skipped": (
       "no S-inhibition head separated" if "heads" in si and not si["heads"]
       else si.get("skipped", "the round was not run"))})
+  pt = paths.get("previous_token", {"skipped": (
+      "no head separated in the round before"
+      if "heads" in di and not di["heads"]
+      else di.get("skipped", "the round was not run"))})
   denoise = c.get("denoise")
   if denoise:
     frac = np.asarray(denoise["fraction"])[:, :, 0]
@@ -214,6 +218,19 @@ def circuit_values(saved: dict) -> dict:
       "di_heads": _heads(di.get("heads", [])),
       "di_gap": _gap(di) if "skipped" not in di else "not run",
       "di_kinds": _kinds(di),
+      "pt_receivers": _receivers(pt),
+      "pt_table": path_table(pt),
+      "pt_heads": _heads(pt.get("heads", [])),
+      "pt_gap": _gap(pt) if "skipped" not in pt else "not run",
+      "pt_previous": ("; ".join(
+          f"{_head(x['head'])} {_ci(x['after_s1_s1'][0], x['after_s1_s1'][1:])}"
+          for x in pt["previous"]) if pt.get("previous") else "none"),
+      "floor_prev": f"{c['floors']['after_s1_s1']:.3f}",
+      "path_form": (
+          "the sender's change reaches the receivers directly and through "
+          "the MLPs between, every other head frozen at its clean output"
+          if saved["config"]["experiment"]["path_through_mlps"] else
+          "the direct path only (no MLP or head between carries it)"),
       "dup_attention": _attention_list(c["dup_attention"], d, "s2_s1"),
       "ind_attention": _attention_list(c["ind_attention"], d,
                                        "s2_after_s1"),
@@ -275,21 +292,27 @@ def claims(saved: dict) -> str:
   if c is None:
     return " ".join(parts)
   label = LABELS.get(c["model"], c["model"])
-  nm = c["name_movers"]["confirmed"]
+  checks = c["name_movers"]["checks"]
   paths = c["paths"]
   si = paths.get("s_inhibition", {}).get("heads", [])
   di = paths.get("duplicate_induction", {}).get("heads", [])
-  if nm:
-    parts.append(f"In {label}, {_heads(nm)} act as name movers: separated "
-                 "from every other head on the direct path, attending to IO "
-                 "over S and copying the name they attend to.")
+  if checks:
+    kinds = "; ".join(f"{_head(ch['head'])} {ch['kind']}" for ch in checks)
+    parts.append(f"In {label}, the heads whose direct path the ABC "
+                 f"corruption changes most, separated from every other "
+                 f"head: {kinds}.")
+    movers = c["name_movers"]["confirmed"]
+    parts.append(f"Name movers in Wang et al.'s sense: {_heads(movers)}."
+                 if movers else "No separated output head is a name mover "
+                 "in Wang et al.'s sense (attending to IO and copying it).")
+    parts.append(f"Heads that steer the output heads' queries: {_heads(si)}"
+                 + ("." if si else " (not resolved)."))
   else:
-    parts.append(f"In {label}, no head passes as a name mover: not "
-                 "resolved at this prompt count.")
-  if nm:
-    parts.append(f"S-inhibition (path into their queries): {_heads(si)}"
-                 + ("." if si else ", not resolved."))
+    parts.append(f"In {label}, no head's direct path is separated from the "
+                 "rest: not resolved at this prompt count.")
   if si:
-    parts.append(f"Heads feeding the S-inhibition heads' keys and values: "
-                 f"{_heads(di)}" + ("." if di else ", not resolved."))
+    kinds = paths["duplicate_induction"].get("kinds", [])
+    text = "; ".join(f"{_head(k['head'])} {k['kind']}" for k in kinds)
+    parts.append("Heads feeding those heads' keys and values: "
+                 + (text if di else "not resolved") + ".")
   return " ".join(parts)

@@ -128,7 +128,8 @@ PROMPTS = prompts.build(TOK, NAMES, per_template_order=1, seed=3)
 
 def _config(**overrides):
   e = ml_collections.ConfigDict(dict(
-      roles=("all", "S1", "IO", "S2", "END", "rest"), denoise=True, path_rounds=2,
+      roles=("all", "S1", "IO", "S2", "END", "rest"), denoise=True,
+      path_rounds=3, path_through_mlps=True,
       k_max=1, resamples=200, chunk=16, batch=None, seed=0, num_kv_heads=2,
       layer_chunks=2))
   e.update(overrides)
@@ -264,6 +265,22 @@ def test_path_patching_separates_the_three_classes(wired_circuit):
   assert dup["receivers"] == [[1, 0, "k"], [1, 0, "v"]]
   assert dup["heads"] == [[0, 0]]
   assert dup["kinds"][0]["kind"] == "duplicate-token"
+  # Nothing sits before layer 0 to send to its keys and values.
+  assert c["paths"]["previous_token"] == {
+      "skipped": "the receivers are in layer 0"}
+
+
+def test_path_patching_direct_form_equals_wangs_without_mlps():
+  # An attention-only model has no MLP to carry a change, so both forms
+  # move the same sum of terms into the receivers.
+  p = prompts.subset(PROMPTS, np.arange(4))
+  args = (WIRED, jnp.asarray(p["tokens"]), jnp.asarray(p["corrupted"]),
+          run._meta(p), ((2, 0, "q"),), np.asarray([[1, 0], [0, 0]]))
+  wang = head_patching.path_patching(*args, through_mlps=True)
+  direct = head_patching.path_patching(*args, through_mlps=False)
+  np.testing.assert_allclose(wang, direct, atol=1e-4)
+  assert np.all(np.asarray(wang)[0] < 0) and np.allclose(wang[1],
+                                                         wang[1][0])
 
 
 # --- the smoke run ---------------------------------------------------------
