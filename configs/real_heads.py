@@ -55,7 +55,7 @@ def get_config(arg=None):
   # KV cache and decode speed, GQA against the MHA twin.
   e.kv_prompt = 32  # prompt tokens
   e.kv_new = 32  # tokens decoded
-  e.kv_max_len = 256  # cache slots
+  e.kv_max_len = 2048  # cache slots (every decode step reads them all)
   e.kv_repeats = 5  # timed decodes per layout
   # Tiny models of the smoke run (mha_jax's own random init).
   e.tiny_seed = 0

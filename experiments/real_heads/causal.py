@@ -71,8 +71,8 @@ def _gradient(graphdef, state, ids, positions, replacement):
 
   def f(select):
     _, acts = model(ids, capture=(site,),
-                    patch=scores._patch(select, replacement, n))  # pylint: disable=protected-access
-    return scores._nll(model, acts[site], targets, positions).sum()  # pylint: disable=protected-access
+                    patch=scores.patch_heads(select, replacement, n))
+    return scores.loss_at(model, acts[site], targets, positions).sum()
   zeros = jnp.zeros((n, model.config.num_heads), jnp.float32)
   return jax.grad(f)(zeros)
 

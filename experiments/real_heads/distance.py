@@ -6,9 +6,10 @@ A sliding layer of window W (Gemma 3: 512, itself and 511 back) sees the
 token after an earlier copy only when that token is at most W - 1 back,
 i.e. when the copy is at most W tokens back. `measure` reads every head's
 induction score on the second copy of `inputs.at_distance` sequences at
-each distance, and the copy loss with three sets of heads: none ablated,
-every head of the global layers ablated, and the top-k induction heads of
-the sliding layers (by the survey) ablated (zero ablation).
+each distance, and the copy loss with four sets of heads zeroed: none,
+the top-k induction heads (by the survey) of the global layers, the
+top-k of the sliding layers, and k heads drawn at random from all layers
+(one draw, the control for removing any k heads).
 """
 
 from __future__ import annotations
@@ -26,25 +27,30 @@ def layer_kinds(windows) -> np.ndarray:
   return np.asarray([w is None for w in windows])
 
 
-def head_sets(windows, num_heads: int, induction_means, k: int) -> dict:
-  """{"global": every head of the global layers, "local_induction": the k
-  sliding-layer heads of highest survey induction score `[L, H]`}."""
+def head_sets(windows, num_heads: int, induction_means, k: int, *,
+              seed: int) -> dict:
+  """{"global_induction", "local_induction": the k heads of highest survey
+  induction score `[L, H]` among the global / sliding layers, "random": k
+  heads drawn from all layers with `seed`}."""
   is_global = layer_kinds(windows)
   if is_global.all() or not is_global.any():
     raise ValueError("head_sets: the model needs both sliding and global "
                      f"layers, got windows {list(windows)}")
-  glob = [(int(l), h) for l in np.flatnonzero(is_global)
-          for h in range(num_heads)]
-  m = np.where(is_global[:, None], -np.inf, np.asarray(induction_means))
-  order = np.argsort(-m.ravel(), kind="stable")[:k]
-  local = [(int(i // num_heads), int(i % num_heads)) for i in order]
-  return {"global": glob, "local_induction": local}
+
+  def top(sel):
+    m = np.where(sel[:, None], np.asarray(induction_means), -np.inf)
+    order = np.argsort(-m.ravel(), kind="stable")[:k]
+    return [(int(i // num_heads), int(i % num_heads)) for i in order]
+  return {"global_induction": top(is_global), "local_induction":
+          top(~is_global), "random": causal.random_sets(
+              len(windows), num_heads, k, 1, seed=seed)[0]}
 
 
 def measure(model, info, e, induction_means) -> dict:
   """{"distances", "sets", "induction": `[G, N, L, H]`, "loss": {set:
   `[G, N]`}} for the model described by `info` and config group `e`."""
-  sets = head_sets(info["windows"], info["heads"], induction_means, e.top_k)
+  sets = head_sets(info["windows"], info["heads"], induction_means, e.top_k,
+                   seed=e.seed)
   out = {"distances": list(e.distances), "sets": sets, "induction": [],
          "loss": {"none": [], **{k: [] for k in sets}}}
   for g, d in enumerate(e.distances):

@@ -7,9 +7,10 @@ d_model, H query heads, K kv heads, Dh head width.
 head's key and value weights `[D, K, Dh]` repeated for the query heads of
 its group (`hooks.expand_kv`: query head h reads kv head h // (H / K)),
 every other weight shared. Its logits equal the GQA model's (each query
-head reads the same keys and values), with H / K times the cache. `cache_bytes_per_token` reads the bytes from the cache
-the model itself allocates (`model.init_cache`); `decode_seconds` times
-greedy decoding with `mha_jax.models.generate`, compiled first.
+head reads the same keys and values), with H / K times the cache.
+`cache_bytes_per_token` reads the bytes from the cache the model itself
+allocates (`model.init_cache`); `decode_seconds` times greedy decoding
+with `mha_jax.models.generate`, compiled first.
 """
 
 from __future__ import annotations

@@ -70,7 +70,9 @@ def model_values(name: str, r: dict, e: dict) -> dict:
   kv = r["kv"]
   return {
       "label": info["label"], "name": name, "layers": info["layers"],
-      "heads": info["heads"], "kv_heads": info["kv_heads"],
+      "heads": info["heads"],
+      "kv_heads": f"{info['kv_heads']} KV head"
+                  + ("s" if info["kv_heads"] > 1 else ""),
       "head_dim": info["head_dim"],
       "windows": tables.windows(info["windows"]),
       "floor_inputs": s["floor_inputs"],
@@ -81,7 +83,7 @@ def model_values(name: str, r: dict, e: dict) -> dict:
       "mean_table": tables.causal_table(c, "mean"),
       "single_table": tables.single_table(c, s),
       "layer0": tables.layer0(c, s),
-      "kv": tables.kv(kv),
+      "kv": tables.kv(kv, e),
       "distance": (report_lib.fill(DISTANCE_TEMPLATE,
                                    tables.distance_values(r, e))
                    if "distance" in r else ""),

@@ -179,18 +179,20 @@ def causal_model(model, data, survey_out, e) -> dict:
         "random": {m: _round(v) for m, v in rand.items()},
         "effect": {k: {m: _effect(ablated[k][m], clean[m], rand[m], e)
                        for m in METRICS} for k in KINDS}}
-  out["single"] = single_heads(model, data, pos, clean_all, e)
+  out["single"] = single_heads(model, data, pos, clean_all, mean_z, e)
   return out
 
 
-def single_heads(model, data, pos, clean, e) -> dict:
+def single_heads(model, data, pos, clean, mean_z, e) -> dict:
   """Zero ablation of one head at a time: every head of layer 0 and the
   `single_top` others of largest estimated effect on the second-copy loss
   (attribution over all heads). Per head and input: the change of the
-  second-copy loss, of the first copy's loss (a head that makes the first
-  copy less surprising, or the second more predictable, shows in one and
-  not the other) and, for layer 0, of the prose loss; each mean with its
-  bootstrap interval."""
+  second-copy loss (also under mean ablation, which keeps the head's
+  average output and removes only what depends on the input), of the
+  first copy's loss (a head that makes the first copy less surprising,
+  or the second more predictable, shows in one and not the other) and,
+  for layer 0, of the prose loss; each mean with its bootstrap
+  interval."""
   c = model.config
   rep = data["repeated"]
   zeros = scores.no_patch(model, rep.shape[1])[1]
@@ -207,7 +209,7 @@ def single_heads(model, data, pos, clean, e) -> dict:
   boot = lambda v: stats.bootstrap_interval(v, resamples=e.resamples,
                                             seed=e.seed)
   out = {"heads": heads, "attribution": _round(est, 5), "second": [],
-         "first": [], "prose": []}
+         "first": [], "prose": [], "second_mean_ablation": []}
   for lh in heads:
     nll = scores.measure(model, rep, np.ones(rep.shape[1], bool),
                          chunk=e.chunk, local=0, positions=all_targets,
@@ -216,11 +218,14 @@ def single_heads(model, data, pos, clean, e) -> dict:
                                                  c.num_heads))["nll"]
     parts = {"second": nll[:, second].mean(1) - clean["repeated"],
              "first": nll[:, first].mean(1) - clean["first_copy"]}
+    parts["second_mean_ablation"] = causal.loss(
+        model, rep, pos["repeated"], [lh], mean_z["repeated"],
+        chunk=e.chunk) - clean["repeated"]
     if lh[0] == 0:
       parts["prose"] = causal.loss(model, data["prose"], pos["prose"], [lh],
                                    prose_zeros, chunk=e.chunk) - clean[
                                        "prose"]
-    for k in ("second", "first", "prose"):
+    for k in ("second", "first", "prose", "second_mean_ablation"):
       d = parts.get(k)
       out[k].append(None if d is None else {
           "per_input": _round(d), "mean": float(d.mean()), "ci": boot(d)})

@@ -78,7 +78,7 @@ def layer_measures(w, tokens, rows, local: int):
 layer_measures_jit = jax.jit(layer_measures, static_argnames=("local",))
 
 
-def _nll(model, resid, targets, positions):
+def loss_at(model, resid, targets, positions):
   """`[B, P]` loss of `targets [B, T]` at `positions [P]` from the last
   block's stream `resid [B, T, D]` (the readout is applied at those
   positions only: Gemma's 262,144-token readout over every position of a
@@ -92,7 +92,7 @@ def _nll(model, resid, targets, positions):
           - jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0])
 
 
-def _patch(select, replacement, num_layers):
+def patch_heads(select, replacement, num_layers):
   """{z site: patch} replacing the heads of `select [L, H]` by
   `replacement [L, T, H, Dv]` (zeros: zero ablation)."""
   def one(l):
@@ -116,9 +116,9 @@ def _chunk(graphdef, state, ids, rows, positions, select, replacement, *,
   if with_scores:
     sites += [f"blocks.{l}.attn.pattern" for l in range(n)]
   _, acts = model(ids, capture=tuple(sites),
-                  patch=_patch(select, replacement, n))
+                  patch=patch_heads(select, replacement, n))
   targets = jnp.pad(ids[:, 1:], ((0, 0), (0, 1)))
-  nll = _nll(model, acts[sites[0]], targets, positions)
+  nll = loss_at(model, acts[sites[0]], targets, positions)
   z = jnp.stack([acts[f"blocks.{l}.attn.z"].sum(0) for l in range(n)])
   m = None
   if with_scores:

@@ -112,14 +112,16 @@ def single_table(c: dict, s: dict) -> str:
     sec, fir, pro = x["second"][i], x["first"][i], x["prose"][i]
     bigger = (verdict(sec["ci"]) != "not resolved"
               and abs(sec["mean"]) > abs(group))
+    mea = x["second_mean_ablation"][i]
     rows.append([head(lh), f"{x['attribution'][lh[0]][lh[1]]:+.4f}",
                  change(sec["mean"], sec["ci"]),
+                 change(mea["mean"], mea["ci"]),
                  change(fir["mean"], fir["ci"]),
                  "-" if pro is None else change(pro["mean"], pro["ci"]),
                  "yes" if bigger else "no"])
   return report_lib.md_table(
       ["head", "attribution estimate (copy)", "copy loss change [95%]",
-       "first-copy loss change", "prose loss change",
+       "copy, mean ablation", "first-copy loss change", "prose loss change",
        "larger than the top-k induction group"], rows)
 
 
@@ -143,11 +145,13 @@ def layer0(c: dict, s: dict) -> str:
             "beyond its interval.")
   out = []
   for i in lowers:
-    lh, sec, fir, pro = (x["heads"][i], x["second"][i], x["first"][i],
-                         x["prose"][i])
+    lh, sec, fir, pro, mea = (x["heads"][i], x["second"][i], x["first"][i],
+                              x["prose"][i], x["second_mean_ablation"][i])
     out.append(
         f"Zeroing {head(lh)} alone {verdict(sec['ci'])} the second-copy loss "
-        f"({change(sec['mean'], sec['ci'])} nats), {verdict(fir['ci'])} the "
+        f"({change(sec['mean'], sec['ci'])} nats; its mean ablation "
+        f"{verdict(mea['ci'])} it: {change(mea['mean'], mea['ci'])}), "
+        f"{verdict(fir['ci'])} the "
         f"first copy's ({change(fir['mean'], fir['ci'])}) and "
         f"{verdict(pro['ci'])} the prose loss "
         f"({change(pro['mean'], pro['ci'])}). Its survey scores: "
@@ -155,13 +159,17 @@ def layer0(c: dict, s: dict) -> str:
   return " ".join(out)
 
 
-def kv(x: dict) -> str:
+def kv(x: dict, e: dict) -> str:
   g, m = x["gqa"], x["mha"]
   d = x["speed_ratio"]
   return (
+      f"Greedy decoding of {e['kv_new']} tokens after a {e['kv_prompt']}-"
+      f"token prompt, batch 1, a cache of {e['kv_max_len']} slots (every "
+      f"step reads all of them), {e['kv_repeats']} timed repeats. "
       f"KV cache per token (float32, keys and values of every layer, read "
       f"off `init_cache`): GQA {g['bytes_per_token']:,} bytes, MHA twin "
-      f"{m['bytes_per_token']:,} ({m['bytes_per_token'] / g['bytes_per_token']:.1f}x). "
+      f"{m['bytes_per_token']:,} "
+      f"({m['bytes_per_token'] / g['bytes_per_token']:.1f}x). "
       f"Decode, seconds per token after the first: GQA "
       f"{report_lib.summary(g['summary'], 4)}, MHA "
       f"{report_lib.summary(m['summary'], 4)}; MHA minus GQA "
@@ -175,20 +183,24 @@ def distance_values(r: dict, e: dict) -> dict:
   rows = []
   for g, dist in enumerate(d["distances"]):
     b = d["summary"][g]
-    rows.append([dist, f"{head(b['best_sliding'])} {b['best_sliding_score']:.3f}",
+    rows.append([dist,
+                 f"{head(b['best_sliding'])} {b['best_sliding_score']:.3f}",
                  f"{head(b['best_global'])} {b['best_global_score']:.3f}",
                  *(f"{b['loss'][k]['mean']:.2f} {ci(b['loss'][k]['ci'], 2)}"
-                   for k in ("none", "global", "local_induction"))])
+                   for k in ("none", "global_induction", "local_induction",
+                             "random"))])
   return {
       "segment": e["segment"], "distance_inputs": e["distance_inputs"],
       "window": next(w for w in r["info"]["windows"] if w is not None),
-      "global_heads": ", ".join(head(lh) for lh in d["sets"]["global"]),
+      "global_heads": ", ".join(head(lh)
+                                for lh in d["sets"]["global_induction"]),
       "local_heads": ", ".join(head(lh)
                                for lh in d["sets"]["local_induction"]),
+      "random_heads": ", ".join(head(lh) for lh in d["sets"]["random"]),
       "table": report_lib.md_table(
           ["distance", "best sliding-layer head", "best global-layer head",
-           "copy loss", "global layers ablated",
-           "top sliding induction heads ablated"], rows),
+           "copy loss", "global induction heads zeroed",
+           "sliding induction heads zeroed", "random heads zeroed"], rows),
       "name": r["info"]["name"]}
 
 
@@ -196,23 +208,26 @@ def findings(saved: dict) -> str:
   """The conclusions, one paragraph per model, in words no stronger than
   the intervals."""
   out = []
+  eps = saved["config"]["experiment"]["sink_eps"]
   for r in saved["models"].values():
     s, c = r["survey"]["scores"], r["causal"]
     ind, prev = s["induction"], s["previous"]
     top_i, top_p = ind["top"][0], prev["top"][0]
+    li, hi = top_i
     z = c["zero"]["effect"]
     zi, zp, zs = (z["induction"]["repeated"], z["previous"]["prose"],
                   z["sink"]["prose"])
     out.append(
         f"- **{r['info']['label']}.** Strongest induction head {head(top_i)} "
-        f"({ind['mean'][top_i[0]][top_i[1]]:.2f} "
-        f"{ci((ind['lo'][top_i[0]][top_i[1]], ind['hi'][top_i[0]][top_i[1]]), 2)}"
+        f"({ind['mean'][li][hi]:.2f} "
+        f"{ci((ind['lo'][li][hi], ind['hi'][li][hi]), 2)}"
         f" against a highest floor of {ind['floor']:.3f}); {ind['above_floor']}"
         f" heads past every floor. Zeroing the top induction heads "
         f"{verdict(zi['ci'])} the second-copy loss by "
         f"{change(zi['change'], zi['ci'])} nats, against "
         f"{change(zi['random']['mean'], zi['random']['ci95'])} for random "
-        f"sets (minus random {change(zi['minus_random'], zi['minus_random_ci'])}). "
+        f"sets (minus random "
+        f"{change(zi['minus_random'], zi['minus_random_ci'])}). "
         f"Strongest previous-token head {head(top_p)} "
         f"({prev['mean'][top_p[0]][top_p[1]]:.2f}); zeroing the top ones "
         f"{verdict(zp['ci'])} the prose loss "
@@ -221,5 +236,32 @@ def findings(saved: dict) -> str:
         f"top sink heads {verdict(zs['ci'])} the prose loss "
         f"({change(zs['change'], zs['ci'])}; minus random "
         f"{change(zs['minus_random'], zs['minus_random_ci'])}); "
-        f"{sink(r['survey']['sink'], saved['config']['experiment']['sink_eps'])}")
+        f"{sink(r['survey']['sink'], eps)}"
+        + (" " + _distance_finding(r) if "distance" in r else ""))
   return "\n".join(out)
+
+
+def _apart(a: dict, b: dict) -> str:
+  """Whether two losses' intervals leave each other: "above", "below" or
+  "not resolved" (they overlap)."""
+  if a["ci"][0] > b["ci"][1]:
+    return "above"
+  if a["ci"][1] < b["ci"][0]:
+    return "below"
+  return "not resolved (the intervals overlap)"
+
+
+def _distance_finding(r: dict) -> str:
+  d = r["distance"]
+  far = d["summary"][-1]
+  loss = far["loss"]
+  cell = lambda k: f"{loss[k]['mean']:.2f} {ci(loss[k]['ci'], 2)}"
+  return (
+      f"At a repeat distance of {d['distances'][-1]} tokens the best "
+      f"sliding-layer head scores {far['best_sliding_score']:.3f} and the "
+      f"best global-layer head ({head(far['best_global'])}) "
+      f"{far['best_global_score']:.3f}; the copy loss is {cell('none')}, "
+      f"with the global induction heads zeroed {cell('global_induction')} "
+      f"({_apart(loss['global_induction'], loss['random'])} the random "
+      f"heads' {cell('random')}), with the sliding ones "
+      f"{cell('local_induction')}.")

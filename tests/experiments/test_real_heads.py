@@ -11,6 +11,9 @@ families. One shared model per family; a few seconds in all.
 
 from __future__ import annotations
 
+import json
+
+import ml_collections
 import numpy as np
 import pytest
 
@@ -19,10 +22,13 @@ from experiments.real_heads import distance
 from experiments.real_heads import inputs
 from experiments.real_heads import kv_twin
 from experiments.real_heads import models
+from experiments.real_heads import report
 from experiments.real_heads import scores
 from experiments.real_heads import survey
 from experiments.real_heads import tables
+from mha_jax.measure import report as report_lib
 
+import entry_points
 import wired_circuit as wc
 
 WIRED = wc.build()
@@ -238,17 +244,17 @@ def test_verdict_words():
 def test_head_sets_by_layer_kind():
   windows = [4, 4, None]
   ind = np.array([[0.1, 0.9], [0.5, 0.2], [1.0, 1.0]])
-  sets = distance.head_sets(windows, 2, ind, 2)
-  assert sets == {"global": [(2, 0), (2, 1)],
-                  "local_induction": [(0, 1), (1, 0)]}
+  sets = distance.head_sets(windows, 2, ind, 2, seed=0)
+  assert sets["global_induction"] == [(2, 0), (2, 1)]
+  assert sets["local_induction"] == [(0, 1), (1, 0)]
+  assert len(set(sets["random"])) == 2
   with pytest.raises(ValueError, match=r"head_sets: the model needs both "
                      r"sliding and global layers, got windows \[None, "
                      r"None\]"):
-    distance.head_sets([None, None], 2, ind[:2], 1)
+    distance.head_sets([None, None], 2, ind[:2], 1, seed=0)
 
 
 def _tiny(name):
-  import ml_collections  # pylint: disable=import-outside-toplevel
   c = ml_collections.ConfigDict({"experiment": {"tiny_seed": 0}})
   return models.load(name, c)
 
@@ -282,3 +288,32 @@ def test_tiny_configs_and_floors():
                      r"names of \('smollm2', 'gemma3', 'tiny_llama', "
                      r"'tiny_gemma3'\), got 'gpt2'"):
     models.load("gpt2", None)
+
+
+def test_smoke_run_end_to_end(tmp_path):
+  """Both tiny families through `python -m experiments.real_heads`'s own
+  `run`: the files, the report regenerated from results.json, and the
+  numbers with a known answer."""
+  config = entry_points.config("real_heads")
+  results = entry_points.load("real_heads").run(config, tmp_path)
+  for name in ("tiny_llama_heads", "tiny_gemma3_heads",
+               "tiny_gemma3_distance"):
+    assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+  assert json.loads((tmp_path / "results.json").read_text()) == results
+  assert report_lib.regenerate(tmp_path, report.render) == (
+      tmp_path / "report.md").read_text()
+  for name, r in results["models"].items():
+    s = r["survey"]["scores"]
+    total = sum(np.asarray(s[k]["per_input"]) for k in ("first", "local",
+                                                        "long"))
+    np.testing.assert_allclose(total, 1.0, atol=2e-4)  # saved to 4 places
+    kv = r["kv"]
+    assert kv["logit_max_abs_diff"] < 1e-5 and kv["same_tokens"]
+    assert kv["mha"]["bytes_per_token"] == kv["gqa"]["bytes_per_token"] * (
+        r["info"]["heads"] // r["info"]["kv_heads"])
+  # The sliding layer's window is 4 tokens: at distance 4 it can see the
+  # token after the earlier copy, at 12 it cannot (exactly 0).
+  d = results["models"]["tiny_gemma3"]["distance"]
+  assert d["distances"] == [4, 12]
+  ind = np.asarray(d["induction"]).mean(1)  # [G, L, H]
+  assert ind[0, 0].max() > 0 and ind[1, 0].max() == 0
