@@ -21,9 +21,9 @@ def write(saved: dict, workdir) -> list[str]:
   if not c:
     return []
   act = np.asarray(c["activation"]["fraction"])  # [L, H, R]
-  panels = [(f"{r}: activation patching", act[:, :, i])
+  panels = [(f"at {r}", act[:, :, i])
             for i, r in enumerate(c["activation"]["roles"])]
-  panels.append(("direct path to the logits",
+  panels.append(("direct path",
                  np.asarray(c["direct"]["fraction"])))
   fig, axes = plots.subplots(1, len(panels),
                              figsize=(2.2 * len(panels) + 1, 5))
@@ -37,7 +37,8 @@ def write(saved: dict, workdir) -> list[str]:
   axes[0].set_ylabel("layer")
   fig.colorbar(im, ax=list(axes), shrink=0.8,
                label="share of the clean - ABC logit difference removed")
-  fig.suptitle(f"{c['model']}: noising each head (ABC into clean), "
-               f"{c['n']} prompts")
+  fig.suptitle(f"{c['model']}: activation patching of each head's z (ABC "
+               f"into clean) by position, and its direct path; {c['n']} "
+               "prompts")
   plots.save(fig, str(pathlib.Path(workdir) / PATCHING))
   return [PATCHING]

@@ -218,7 +218,8 @@ def circuit(model, p, e, name_ids) -> dict:
   out["direct"] = _fractions(direct, ld_clean, ld_abc, idx,
                              (c.num_layers, n_h))
   heads = _class(out["direct"], k_max=e.k_max, num_heads=n_h)
-  heads["checks"] = [_output_kind(h, i, end_io_vs_s, copy)
+  heads["checks"] = [_output_kind(h, i, end_io_vs_s, copy,
+                                  out["floors"]["end_io"])
                      for h, i in zip(heads["heads"], heads["flat"])]
   heads["confirmed"] = [ch["head"] for ch in heads["checks"]
                         if ch["kind"] == "name mover"]
@@ -235,21 +236,26 @@ def circuit(model, p, e, name_ids) -> dict:
   return out
 
 
-def _output_kind(head, i, end_io_vs_s, copy) -> dict:
+def _output_kind(head, i, end_io_vs_s, copy, floor) -> dict:
   """What an output head is, from two paired intervals: attention from
   END to IO minus to S1 + S2, and its copy score (its value at IO read
   out: the IO name minus the other names; negative: its OV suppresses
   the name it attends to). A name mover attends to IO and copies; an
   S suppressor attends to S and suppresses it, which also raises
-  IO - S; a negative name mover attends to IO and suppresses it."""
+  IO - S; a negative name mover attends to IO and suppresses it. A head
+  "attends" to one name over the other only where the interval clears
+  `floor` (what uniform attention puts on one name) on that side: a
+  difference smaller than a uniform head's is no preference."""
   att_lo, att_hi = end_io_vs_s["ci95"][i]
   cp_lo, cp_hi = copy["ci95"][i]
-  att = "IO" if att_lo > 0 else "S" if att_hi < 0 else None
+  att = "IO" if att_lo > floor else "S" if att_hi < -floor else None
   cp = "copies" if cp_lo > 0 else "suppresses" if cp_hi < 0 else None
   kind = {("IO", "copies"): "name mover",
           ("S", "suppresses"): "S suppressor",
           ("IO", "suppresses"): "negative name mover",
           ("S", "copies"): "S copier"}.get((att, cp), "not resolved")
+  if att is None:
+    kind = "attends to neither name more than uniform"
   return {"head": head, "io_minus_s": [float(end_io_vs_s["mean"][i]),
                                        *end_io_vs_s["ci95"][i].tolist()],
           "copy": [float(copy["mean"][i]), *copy["ci95"][i].tolist()],

@@ -227,10 +227,13 @@ def circuit_values(saved: dict) -> dict:
           for x in pt["previous"]) if pt.get("previous") else "none"),
       "floor_prev": f"{c['floors']['after_s1_s1']:.3f}",
       "path_form": (
-          "the sender's change reaches the receivers directly and through "
-          "the MLPs between, every other head frozen at its clean output"
+          "as in Wang et al., the sender's `z` takes its ABC value in a run "
+          "where every other head's `z` is frozen at its clean value and "
+          "the MLPs recompute, so the change reaches the receivers directly "
+          "and through the MLPs between, never through another head"
           if saved["config"]["experiment"]["path_through_mlps"] else
-          "the direct path only (no MLP or head between carries it)"),
+          "the direct path only: each receiver layer's inputs recomputed "
+          "from the clean stream plus the sender's output term"),
       "dup_attention": _attention_list(c["dup_attention"], d, "s2_s1"),
       "ind_attention": _attention_list(c["ind_attention"], d,
                                        "s2_after_s1"),
@@ -283,6 +286,20 @@ def values(saved: dict) -> dict:
 CIRCUIT_TEMPLATE = pathlib.Path(__file__).with_name("circuit.md.tmpl")
 
 
+def _share_of(p: dict, head) -> str:
+  """A path round's share for one sender head, with its interval."""
+  i = [list(x) for x in p["senders"]].index(list(head))
+  return _ci(p["fraction"][i], p["ci95"][i])
+
+
+def _act(c: dict, head, role: str) -> str:
+  """A head's activation-patching share at one role, with its interval."""
+  r = c["activation"]["roles"].index(role)
+  l, h = head
+  return _ci(c["activation"]["fraction"][l][h][r],
+             c["activation"]["ci95"][l][h][r])
+
+
 def claims(saved: dict) -> str:
   """The conclusions, worded no stronger than the numbers."""
   e = saved["config"]["experiment"]
@@ -294,25 +311,35 @@ def claims(saved: dict) -> str:
   label = LABELS.get(c["model"], c["model"])
   checks = c["name_movers"]["checks"]
   paths = c["paths"]
-  si = paths.get("s_inhibition", {}).get("heads", [])
-  di = paths.get("duplicate_induction", {}).get("heads", [])
-  if checks:
-    kinds = "; ".join(f"{_head(ch['head'])} {ch['kind']}" for ch in checks)
-    parts.append(f"In {label}, the heads whose direct path the ABC "
-                 f"corruption changes most, separated from every other "
-                 f"head: {kinds}.")
-    movers = c["name_movers"]["confirmed"]
-    parts.append(f"Name movers in Wang et al.'s sense: {_heads(movers)}."
-                 if movers else "No separated output head is a name mover "
-                 "in Wang et al.'s sense (attending to IO and copying it).")
-    parts.append(f"Heads that steer the output heads' queries: {_heads(si)}"
-                 + ("." if si else " (not resolved)."))
-  else:
+  if not checks:
     parts.append(f"In {label}, no head's direct path is separated from the "
                  "rest: not resolved at this prompt count.")
-  if si:
-    kinds = paths["duplicate_induction"].get("kinds", [])
-    text = "; ".join(f"{_head(k['head'])} {k['kind']}" for k in kinds)
-    parts.append("Heads feeding those heads' keys and values: "
-                 + (text if di else "not resolved") + ".")
+    return " ".join(parts)
+  kinds = "; ".join(
+      f"{_head(ch['head'])} ({ch['kind']}, share at END "
+      f"{_act(c, ch['head'], 'END')})" for ch in checks)
+  parts.append(f"In {label}, the output heads separated from every other "
+               f"head on the direct path: {kinds}.")
+  movers = c["name_movers"]["confirmed"]
+  parts.append(f"Name movers in Wang et al.'s sense: {_heads(movers)}."
+               if movers else "None of them is a name mover in Wang et "
+               "al.'s sense (attending to IO and copying it).")
+  chain = []
+  for key, what, role in (
+      ("s_inhibition", "steers their queries", "END"),
+      ("duplicate_induction", "feeds that head's keys and values", "S2"),
+      ("previous_token", "feeds those keys and values in turn", "rest")):
+    p = paths.get(key, {})
+    if not p.get("heads"):
+      chain.append(f"the next step back ({what}) is not resolved")
+      break
+    where = ("positions other than S1, IO, S2 and END" if role == "rest"
+             else role)
+    chain.append(", ".join(
+        f"{_head(h)} {what} (path share {_share_of(p, h)}; its whole "
+        f"output at {where}: {_act(c, h, role)})" for h in p["heads"]))
+  parts.append("Path patching, step by step back: " + "; ".join(chain)
+               + ". Where a path's share is far below the head's whole "
+               "output, most of that head's effect goes another way that "
+               "these rounds do not trace.")
   return " ".join(parts)

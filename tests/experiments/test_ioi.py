@@ -20,6 +20,8 @@ and the logit difference is exactly 0.
 
 from __future__ import annotations
 
+import dataclasses
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -208,9 +210,58 @@ def test_patched_fraction_and_separation_on_known_numbers():
 
 
 def test_role_masks_refuse_an_unknown_role():
-  with pytest.raises(ValueError, match=r"role_masks: `roles` must be drawn "
-                     r"from \('all', 'S1', 'IO', 'S2', 'END', 'rest'\), got 'S3'"):
+  with pytest.raises(ValueError, match=r"role_masks: `roles` must be "
+                     r"drawn from \('all', 'S1', 'IO', 'S2', 'END', "
+                     r"'rest'\), got 'S3'"):
     head_patching.role_masks(PROMPTS, 4, ("S3",))
+
+
+def test_a_template_with_a_fourth_name_is_refused():
+  with pytest.raises(ValueError, match=r"prompts: expected 3 name tokens in "
+                     r"a prompt, found 4 \(ids .*\): a name is not one "
+                     r"token in this context"):
+    prompts.build(TOK, {"Mary": NAMES["Mary"]} | {
+        n: NAMES[n] for n in ("John", "Tom", "Anna", "Kate", "Paul")},
+                  per_template_order=1, seed=0,
+                  templates=("When {A} and {B} met Mary, {C} said to",))
+
+
+def test_bad_calls_name_the_argument():
+  with pytest.raises(ValueError, match=r"models.load: `name` must be one of "
+                     r"\('smollm2', 'gemma3', 'tiny_llama', 'tiny_gemma3'\),"
+                     r" got 'gpt2'"):
+    models.load("gpt2")
+  tokens, end = jnp.asarray(PROMPTS["tokens"][:2]), PROMPTS["end"][:2]
+  with pytest.raises(ValueError, match=r"end_logits: `start`=1 needs the "
+                     r"`stream` entering that block, got None"):
+    forward.end_logits(WIRED, tokens, end, start=1)
+  meta = run._meta(prompts.subset(PROMPTS, np.arange(2)))
+  with pytest.raises(ValueError, match=r"path_patching: a receiver must be "
+                     r"\(layer, head, 'q' \| 'k' \| 'v'\), got \(2, 0, "
+                     r"'z'\)"):
+    head_patching.path_patching(WIRED, tokens, tokens, meta, ((2, 0, "z"),),
+                                np.asarray([[0, 0]]))
+
+
+def test_models_the_head_terms_do_not_fit_are_refused():
+  gemma, _, _ = models.load("tiny_gemma3")
+  with pytest.raises(ValueError, match=r"direct_path: a head's output term "
+                     r"is what it adds to the stream only in pre-norm "
+                     r"sequential blocks; the model has norm_placement="
+                     r"'sandwich', parallel_block=False"):
+    head_patching.check_pre_norm(gemma, "direct_path")
+  capped = DecoderLM(dataclasses.replace(WIRED.config, final_soft_cap=30.0),
+                     rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"direct_path: the logit difference "
+                     r"is read as a dot product with the readout, which a "
+                     r"final soft cap would bend; the model has "
+                     r"final_soft_cap=30.0"):
+    head_patching.direct_path(capped, None, None, None)
+  layer_norm = DecoderLM(dataclasses.replace(WIRED.config, norm="layer"),
+                         rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"final_scale: the direct effect is "
+                     r"written for RMSNorm models, got norm='layer'"):
+    forward.final_scale(layer_norm, jnp.zeros((1, D)))
 
 
 # --- the positive control --------------------------------------------------
