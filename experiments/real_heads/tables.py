@@ -149,12 +149,11 @@ def layer0(c: dict, s: dict) -> str:
                               x["prose"][i], x["second_mean_ablation"][i])
     out.append(
         f"Zeroing {head(lh)} alone {verdict(sec['ci'])} the second-copy loss "
-        f"({change(sec['mean'], sec['ci'])} nats; its mean ablation "
-        f"{verdict(mea['ci'])} it: {change(mea['mean'], mea['ci'])}), "
-        f"{verdict(fir['ci'])} the "
-        f"first copy's ({change(fir['mean'], fir['ci'])}) and "
-        f"{verdict(pro['ci'])} the prose loss "
-        f"({change(pro['mean'], pro['ci'])}). Its survey scores: "
+        f"({change(sec['mean'], sec['ci'])} nats; under mean ablation "
+        f"{change(mea['mean'], mea['ci'])}), "
+        f"the first copy's changes by {change(fir['mean'], fir['ci'])} "
+        f"and the prose loss by {change(pro['mean'], pro['ci'])}. Its "
+        f"survey scores: "
         f"{_scores_of(s, lh)}.")
   return " ".join(out)
 
