@@ -42,12 +42,22 @@ def load_tokenizer(path) -> tokenizers.Tokenizer:
 def _encodings(tokenizer, inputs, max_len):
   """The tokenizer's encodings of `inputs` (texts or (a, b) pairs), without
   the file's own padding (MiniLM's pads every text to 128): the callers pad
-  to the batch's longest only."""
-  tokenizer = tokenizers.Tokenizer.from_str(tokenizer.to_str())
-  tokenizer.no_padding()
-  if max_len is not None:  # the tokenizer's own: keeps [SEP] and the like
-    tokenizer.enable_truncation(max_length=max_len)
-  return tokenizer.encode_batch(inputs)
+  to the batch's longest only. The caller's tokenizer is left as it was:
+  its padding and truncation are set for the call and restored (a copy
+  through `to_str` took seconds for Gemma's 262k-token vocabulary)."""
+  padding, truncation = tokenizer.padding, tokenizer.truncation
+  try:
+    tokenizer.no_padding()
+    if max_len is not None:  # the tokenizer's own: keeps [SEP] and the like
+      tokenizer.enable_truncation(max_length=max_len)
+    return tokenizer.encode_batch(inputs)
+  finally:
+    if padding is not None:
+      tokenizer.enable_padding(**padding)
+    if truncation is None:
+      tokenizer.no_truncation()
+    else:
+      tokenizer.enable_truncation(**truncation)
 
 
 def _padded(tokenizer, rows):
