@@ -9,9 +9,10 @@ builds templated prompts (eight templates, ABBA and BABA, single-token
 names per tokenizer) and measures logit(IO) - logit(S) at END beside the
 ABC-corrupted prompts, uniform attention and shuffled weights; on
 SmolLM2, each head's activation patching per role (ABC into clean) and
-path patching into the name movers' queries and the S-inhibition heads'
-keys and values. The report states the wall time on 2 cores (about 20
-minutes).
+path patching back from the output heads' queries, three rounds. The
+committed run: 16.6 min wall on 2 shared cores (14 CPU-minutes); both
+models do the task (logit difference +4.06 and +4.67), and SmolLM2's
+answer is written mainly by a head that attends to S and suppresses it.
 `--config=configs/ioi.py:smoke`: tiny random Llama and Gemma 3 models
 with a word-level tokenizer, through the same code (seconds).
 """
