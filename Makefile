@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test test-real run experiments results publish benchmark mesh_check mutation gpu-check clean text_heads text_induction
+.PHONY: install test test-real run experiments results publish benchmark mesh_check mutation gpu-check clean text_heads text_induction real_lms
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,8 +54,16 @@ text_heads: install
 text_induction: install
 	$(BIN)/python -m experiments.text_induction --workdir=runs/text_induction
 
+# What the heads of the two real GGUF LMs do (docs/real_heads.md,
+# docs/ioi.md): the survey, ablations, repeat distance and KV cache
+# (13.5 min on 2 shared cores), then the IOI task and its circuit
+# (16.6 min).
+real_lms: install
+	$(BIN)/python -m experiments.real_heads --workdir=runs/real_heads
+	$(BIN)/python -m experiments.ioi --workdir=runs/ioi
+
 # The head experiments, each writing runs/<name>/report.md.
-EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits text_heads sinks pretrained_heads text_induction
+EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits text_heads sinks pretrained_heads text_induction real_heads ioi
 experiments: install
 	for e in $(EXPERIMENTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \
@@ -66,11 +74,12 @@ experiments: install
 # figures, copied from its run into docs/results/<name>/ (never edited by
 # hand; tests check the README's numbers against them). The first ten
 # took 95 minutes on 2 loaded cores; kv_cache adds 1.5 minutes and
-# context_parallel 4 (19 on loaded cores), text_induction about 60.
+# context_parallel 4 (19 on loaded cores), text_induction about 60,
+# real_heads and ioi about 35 together.
 # RESULTS=induction limits it to one
 # experiment, and `make publish` copies finished runs without running
 # them again.
-RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads kv_cache context_parallel text_induction
+RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads kv_cache context_parallel text_induction real_heads ioi
 results: install
 	for e in $(RESULTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \
