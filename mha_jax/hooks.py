@@ -81,6 +81,14 @@ _LETTERS = {"q": "B, Tq, H, Dh", "k": "B, Tk, K, Dh", "v": "B, Tk, K, Dv",
 Patch = jax.Array | Callable[[jax.Array], jax.Array]
 
 
+def head_name(layer: int, head: int) -> str:
+  """`L1H3`: head 3 of layer 1, both counted from 0 as the API counts them
+  (`blocks.1.attn`, `heads=3`) and as TransformerLens names heads. The one
+  place a head's name is written: reports, the explorer and the cache's
+  labels all use it."""
+  return f"L{int(layer)}H{int(head)}"
+
+
 def outputs(main, *asked):
   """What a user-facing call returns: `main` alone when nothing else was
   asked for, else `(main, *parts)` with the asked-for parts in the

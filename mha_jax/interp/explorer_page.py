@@ -59,12 +59,9 @@ def gqa_note(num_heads: int, num_kv_heads: int) -> str:
           f"every head here is a query head; {groups}")
 
 
-def head_name(layer: int, head: int) -> str:
-  """`L1H3`: head 3 of layer 1, both counted from 0 as the API counts them
-  (`blocks.1.attn`, `heads=3`). The page shows the names it is given, so
-  Python's tests read every label a reader sees. (`measure/report.py`
-  names heads the same way; interp does not import measure.)"""
-  return f"L{int(layer)}H{int(head)}"
+# The page shows the names it is given, so Python's tests read every label
+# a reader sees.
+head_name = hooks.head_name
 
 
 def score_rows(values, num_layers: int, num_heads: int) -> list[dict]:

@@ -34,6 +34,7 @@ from absl import app
 import jax
 import numpy as np
 
+from mha_jax import hooks
 from mha_jax.measure import stats
 
 
@@ -115,9 +116,8 @@ HEAD_NAMES = ("Layers and heads count from 0, as the API does: L1H3 is head "
               "3 of layer 1, `hooks` site `blocks.1.attn.*` with `heads=3`.")
 
 
-def head_name(layer: int, head: int) -> str:
-  """`L1H3`: head 3 of layer 1, both counted from 0 (see `HEAD_NAMES`)."""
-  return f"L{int(layer)}H{int(head)}"
+# `L1H3`: head 3 of layer 1, both counted from 0 (see `HEAD_NAMES`).
+head_name = hooks.head_name
 
 
 def md_table(headers, rows) -> str:

@@ -29,6 +29,7 @@ import difflib
 import jax
 import jax.numpy as jnp
 
+from mha_jax import hooks as hooks_lib
 from mha_jax.models import blocks as blocks_lib
 
 # TransformerLens's short names -> this project's site, relative to
@@ -307,7 +308,7 @@ class ActivationCache:
     for l in range(top):
       result = _pos(self["result", l], pos_slice, -3)  # [B, T, H, D]
       parts.append(jnp.moveaxis(result, -2, 0))  # [H, B, T, D]
-      labels += [f"L{l}H{h}" for h in range(result.shape[-2])]
+      labels += [hooks_lib.head_name(l, h) for h in range(result.shape[-2])]
     if not parts:
       raise ValueError("stack_head_results: `layer`=0 leaves no heads")
     out = jnp.concatenate(parts)
@@ -362,7 +363,7 @@ class ActivationCache:
       result = self["result", l]  # [B, T, H, D]
       heads = jnp.moveaxis(result, -2, 0)
       parts.extend(heads)
-      labels.extend(f"L{l}H{h}" for h in range(heads.shape[0]))
+      labels.extend(hooks_lib.head_name(l, h) for h in range(heads.shape[0]))
       parts.append(self["attn_out", l] - result.sum(axis=-2))
       labels.append(f"{l}_attn_bias")
 
