@@ -32,6 +32,7 @@ from mha_jax.models import transformer
 from mha_jax.pretrained import gguf_files
 from mha_jax.pretrained import gguf_tokenizer
 from mha_jax.pretrained import load as load_lib
+from mha_jax.pretrained import tokenizer as tokenizer_lib
 from mha_jax.pretrained.tokenizer import load_tokenizer
 
 # config.json `model_type` -> prepend BOS by default (TransformerLens's
@@ -70,11 +71,6 @@ class LanguageModel:
                        "None")
     self.prepend_bos = prepend_bos and not self.encoder
     self.pad_id = tokenizer.padding["pad_id"] if tokenizer.padding else 0
-    # A copy without padding or truncation: rows are padded here, to the
-    # batch's longest, after BOS is placed.
-    self._plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())
-    self._plain.no_padding()
-    self._plain.no_truncation()
 
   def __repr__(self) -> str:
     return (f"LanguageModel({type(self.model).__name__}, family="
@@ -107,9 +103,12 @@ class LanguageModel:
       raise TypeError(f"{fn}: `text` must be a str or a non-empty list of "
                       f"str, got {text!r:.60}")
     bos = self._bos(prepend_bos, fn)
-    encodings = self._plain.encode_batch(list(texts),
-                                         add_special_tokens=self.encoder)
-    return [([self.bos_id] if bos else []) + e.ids for e in encodings]
+    # Neither padded nor truncated here: rows are padded to the batch's
+    # longest after BOS is placed.
+    encs = tokenizer_lib.encodings(self.tokenizer, list(texts),
+                                   truncate=False,
+                                   add_special_tokens=self.encoder)
+    return [([self.bos_id] if bos else []) + e.ids for e in encs]
 
   def _pad(self, rows):
     """`(ids [B, T] int32, lengths [B])`, right-padded with the pad id."""
@@ -145,7 +144,7 @@ class LanguageModel:
     return rows[0] if len(rows) == 1 else rows
 
   def _pieces(self, ids) -> list[str]:
-    return [self._plain.decode([int(i)], skip_special_tokens=False)
+    return [self.tokenizer.decode([int(i)], skip_special_tokens=False)
             for i in ids]
 
   def _ids(self, tokens, fn) -> np.ndarray:
@@ -161,7 +160,7 @@ class LanguageModel:
     """Ids `[T]` -> str, `[B, T]` -> list of str; special tokens kept
     (TransformerLens's, and nothing of the text is cleaned up)."""
     ids = self._ids(tokens, "to_string")
-    decode = lambda r: self._plain.decode([int(i) for i in r],
+    decode = lambda r: self.tokenizer.decode([int(i) for i in r],
                                           skip_special_tokens=False)
     return decode(ids) if ids.ndim == 1 else [decode(r) for r in ids]
 

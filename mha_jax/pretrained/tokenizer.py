@@ -39,18 +39,24 @@ def load_tokenizer(path) -> tokenizers.Tokenizer:
                           f"unreadable one: {e}") from e
 
 
-def _encodings(tokenizer, inputs, max_len):
+def encodings(tokenizer, inputs, max_len=None, *, truncate: bool = True,
+              add_special_tokens: bool = True):
   """The tokenizer's encodings of `inputs` (texts or (a, b) pairs), without
   the file's own padding (MiniLM's pads every text to 128): the callers pad
-  to the batch's longest only. The caller's tokenizer is left as it was:
+  to the batch's longest only. `max_len` truncates each (the tokenizer's
+  own truncation: keeps [SEP] and the like); `truncate=False` turns the
+  file's truncation off too. The caller's tokenizer is left as it was:
   its padding and truncation are set for the call and restored (a copy
   through `to_str` took seconds for Gemma's 262k-token vocabulary)."""
   padding, truncation = tokenizer.padding, tokenizer.truncation
   try:
     tokenizer.no_padding()
-    if max_len is not None:  # the tokenizer's own: keeps [SEP] and the like
+    if not truncate:
+      tokenizer.no_truncation()
+    elif max_len is not None:
       tokenizer.enable_truncation(max_length=max_len)
-    return tokenizer.encode_batch(inputs)
+    return tokenizer.encode_batch(inputs,
+                                  add_special_tokens=add_special_tokens)
   finally:
     if padding is not None:
       tokenizer.enable_padding(**padding)
@@ -77,7 +83,7 @@ def encode(tokenizer: tokenizers.Tokenizer, texts, *, max_len=None):
   right-padded with the tokenizer's pad id (0 without one); `max_len`
   truncates each text (special tokens kept)."""
   texts = [texts] if isinstance(texts, str) else list(texts)
-  return _padded(tokenizer, [e.ids for e in _encodings(tokenizer, texts,
+  return _padded(tokenizer, [e.ids for e in encodings(tokenizer, texts,
                                                           max_len)])
 
 
@@ -85,7 +91,7 @@ def encode_pairs(tokenizer: tokenizers.Tokenizer, pairs, *, max_len=None):
   """Sentence pairs `[(a, b), ...]` in the tokenizer's pair template (BERT:
   `[CLS] a [SEP] b [SEP]`) -> `(ids, mask, token_types)`, each `[B, T]`;
   token type 1 marks b and its [SEP], as in BERT's pre-training."""
-  encs = _encodings(tokenizer, [tuple(p) for p in pairs], max_len)
+  encs = encodings(tokenizer, [tuple(p) for p in pairs], max_len)
   ids, mask = _padded(tokenizer, [e.ids for e in encs])
   types, _ = _padded(tokenizer, [e.type_ids for e in encs])
   return ids, mask, np.where(mask, types, 0).astype(np.int32)
