@@ -14,6 +14,7 @@ import pathlib
 
 from experiments.circuits import claims as claims_lib
 from experiments.circuits import figures as circuit_plots
+from experiments.circuits import roles
 from experiments.circuits import tables as tables_lib
 from mha_jax.measure import report as report_lib
 
@@ -78,4 +79,5 @@ def values(saved: dict) -> dict:
       "draws": saved["baselines"]["draws"],
       **tables_lib.values(saved),
       **claims_lib.values(saved),
+      **roles.values(saved),
   }

@@ -171,6 +171,7 @@ def _claim_summaries(runs, chance) -> dict:
         metric=stats.summary([x["metric"] for x in c]),
         vs_chance=stats.summary(vs_chance),
         floor=None if None in floors else stats.summary(floors),
+        **({} if None in floors else _lead(c, rs, kind, chance)),
         sets=[x["set"] for x in c],
         detectable=(None if s["std"] is None else
                     stats.detectable_difference(s["std"], s["n"])))
@@ -181,6 +182,21 @@ def _claim_summaries(runs, chance) -> dict:
       for kind in rs[0]["claims"]["reference"]}
   out["chance"] = chance
   return out
+
+
+def _lead(c, rs, kind, chance) -> dict:
+  """A role head against the best OTHER layer-0 head on the same route,
+  paired within each seed: `stats.summary` of value - floor ("lead"), and
+  of the same difference read against chance ("lead_vs_chance": times
+  (m_clean - m_corrupt) / (m_clean - chance), which turns a share of the
+  corrupted gap into a share of the above-chance log-prob). A role claim
+  needs the lead's interval above 0: the floor's mean alone ignores that
+  both vary with the seed."""
+  lead = [x["value"] - x["floor"] for x in c]
+  gaps = [(m_c - m_x) / (m_c - chance)
+          for m_c, m_x in (r["claims"]["reference"][kind] for r in rs)]
+  return {"lead": stats.summary(lead),
+          "lead_vs_chance": stats.summary(np.multiply(lead, gaps))}
 
 
 def _calibration_summaries(runs) -> dict:
