@@ -127,8 +127,9 @@ def _ablation(a) -> str:
           + report_lib.md_table(["", "mean ± std [95% interval]"], rows))
 
 
-def _formation(s, num_steps, threshold) -> str:
-  """The first conclusions: whether induction heads formed on tokens."""
+def _formation(s, num_steps, threshold, positions) -> str:
+  """The first conclusions: whether induction heads formed on tokens,
+  within the budget of `positions` training tokens per model."""
   n = len(s["formation_step"])
   if s["seeds_formed"]:
     return (f"- Induction heads (prefix matching >= {threshold}) formed on "
@@ -139,7 +140,10 @@ def _formation(s, num_steps, threshold) -> str:
   below = sum(a < b for a, b in zip(s["best_prefix_matching"]["values"],
                                     s["best_prefix_matching_init"]["values"]))
   return (f"- **No induction head formed on tokens** in any of {n} seeds "
-          f"within {num_steps} steps: the best prefix-matching score ends "
+          f"within {num_steps} steps ({positions / 1e6:.1f}M training tokens "
+          "per model, orders of magnitude fewer than the billions after "
+          "which Olsson et al. report the phase change: the absence holds "
+          "for this budget only): the best prefix-matching score ends "
           f"at {_s(s['best_prefix_matching'])}, against {threshold} for the "
           f"threshold, {_s(s['best_prefix_matching_init'])} at "
           f"initialisation and {_s(s['uniform_prefix_matching'])} for "
@@ -215,7 +219,7 @@ def values(saved: dict) -> dict:
       **{f"{k}_heads": _head_table(r0[k]) for k in run_lib.KINDS},
       "ablation": _ablation(s.get("ablation")),
       "formation": _formation(s, config["train"]["num_steps"],
-                              e["threshold"]),
+                              e["threshold"], positions),
       "icl_final": _s(s["icl_final"]),
       "icl_sign": sign,
       "bigram_icl": f"{saved['ngram']['bigram']['icl']:+.3f}",
