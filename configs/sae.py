@@ -1,0 +1,114 @@
+r"""Sparse autoencoders on one attention layer's output `z` (the heads
+concatenated), on the project's induction model and on SmolLM2-135M.
+
+  python -m experiments.sae --workdir=runs/sae                # induction
+  python -m experiments.sae --config=configs/sae.py:smollm2 \
+      --workdir=runs/sae_smollm2
+
+"induction" (the default): trains the 2-layer model of configs/induction.py
+(one seed, about a minute) unless runs/.../model holds it, then a ReLU-L1
+and a TopK SAE (32x the 64-wide z of layer 1) per seed, 3 seeds: L0,
+dead and dense features, explained variance, loss recovered against zero
+and mean ablation, and the induction features found on repeated random
+tokens. About 6 min on 2 cores.
+"smollm2": one SAE of each kind on layer 17 of SmolLM2-135M (the layer
+holding three of its four strongest induction heads in
+docs/results/real_heads), text of the standard library; the report states
+tokens and time (target: under 40 min on 2 cores).
+"smoke": a tiny induction model and tiny SAEs, seconds.
+"""
+
+import ml_collections
+
+from configs import induction
+
+ARGS = (None, "smoke", "smollm2")
+
+
+def _sae() -> ml_collections.ConfigDict:
+  s = ml_collections.ConfigDict()
+  s.kind = "relu"  # relu (L1) | topk; the run trains each of `kinds`
+  s.d_sae = 2048  # F, dictionary size (32 x the 64-wide z)
+  s.l1 = 3.0  # ReLU: L1 coefficient, on inputs scaled to E|x|^2 = D
+  s.k = 16  # TopK: features kept per token
+  s.aux_k = 256  # TopK: dead features used by the AuxK loss
+  s.aux_coef = 1 / 32  # TopK: AuxK weight (Gao et al.)
+  s.learning_rate = 1e-3  # Adam
+  s.beta2 = 0.999  # Adam beta2 (beta1 is 0)
+  s.batch_size = 1024  # tokens per step
+  s.num_steps = 3000
+  s.dead_steps = 400  # a feature silent this many steps is dead
+  s.resample_every = 600  # ReLU: resample dead features every ... steps
+  s.resample_until = 0.6  # ... during this fraction of the run
+  s.resample_pool = 8192  # inputs the resampling draws from
+  s.checkpoint_every = 1000  # steps between checkpoints
+  s.log_every = 200  # steps between metric rows
+  s.seed = 0  # set per run from experiment.seeds
+  return s
+
+
+def get_config(arg=None):
+  """The induction run; `arg` "smoke" or "smollm2" for the others."""
+  if arg not in ARGS:
+    raise ValueError(f"configs/sae.py: unknown config argument {arg!r}; "
+                     f"expected none (the induction model), 'smoke' or "
+                     f"'smollm2'")
+  c = ml_collections.ConfigDict()
+  c.smoke = arg == "smoke"
+  c.source = "smollm2" if arg == "smollm2" else "induction"
+  # The model trained when source is induction (configs/induction.py).
+  c.model = induction.get_config("smoke" if arg == "smoke" else None)
+  c.model.experiment.seeds = (0,)
+  c.sae = _sae()
+
+  c.experiment = e = ml_collections.ConfigDict()
+  e.layer = 1  # the layer whose z the SAEs read
+  e.seeds = (0, 1, 2)  # SAE seeds (init and batch order), one model
+  e.kinds = ("relu", "topk")
+  e.train_batches = 250  # task batches collected for training (x 64 x 32)
+  e.eval_batches = 16  # held-out task batches for the metrics
+  e.drop_first = False  # leave out each window's first token
+  # Induction features, on repeated random tokens [x, x] (+ BOS).
+  e.repeat_len = 14  # n tokens per copy
+  e.repeat_inputs = 64
+  e.token_range = (3, 32)  # ids of the random tokens, [lo, hi)
+  e.bos = -1  # a BOS id before the copies, -1 for none
+  e.induction_threshold = 0.4  # a head is an induction head above this
+  e.second_ratio = 5.0  # fires >= this x more on the second copy
+  e.second_rate = 0.05  # ... and on at least this share of its tokens
+  e.head_share = 0.5  # its DFA there comes >= this much from induction heads
+  e.source_share = 0.5  # ... and from the token after the earlier copy
+  e.random_draws = 20  # random feature sets, baseline of the reconstruction
+  e.top_contexts = 8  # contexts per feature in the viewer
+  e.view_features = 12  # features on the viewer page
+  # SmolLM2 (source smollm2).
+  e.text_len = 128  # tokens per text window
+  e.text_windows = 0  # training windows (set below)
+  e.eval_windows = 0  # held-out windows for the metrics
+
+  if arg == "smollm2":
+    e.layer = 17
+    e.seeds = (0,)
+    e.text_windows = 3200  # 3200 x 127 = 406k tokens
+    e.eval_windows = 32
+    e.drop_first = True  # the first token of a window is an attention sink
+    e.repeat_len, e.repeat_inputs = 50, 24
+    e.token_range, e.bos = (1000, 32000), -1
+    e.random_draws = 20
+    s = c.sae
+    s.d_sae = 4608  # 8 x 576: what 2 cores train in the time (docs/sae.md)
+    s.k = 32
+    s.batch_size = 1024
+    s.num_steps = 3000
+    s.resample_every, s.dead_steps = 600, 400
+  if arg == "smoke":
+    e.layer = 1
+    e.seeds = (0, 1)
+    e.train_batches, e.eval_batches = 8, 2
+    e.repeat_len, e.repeat_inputs, e.token_range = 4, 8, (3, 8)
+    e.random_draws, e.top_contexts, e.view_features = 3, 3, 3
+    s = c.sae
+    s.d_sae, s.k, s.aux_k, s.batch_size, s.num_steps = 32, 4, 8, 16, 12
+    s.dead_steps, s.resample_every, s.resample_until = 3, 4, 0.7
+    s.resample_pool, s.checkpoint_every, s.log_every = 32, 6, 4
+  return c

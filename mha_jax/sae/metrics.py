@@ -1,0 +1,118 @@
+"""How good an SAE is: sparsity, dead and dense features, explained
+variance, and the model's loss with the reconstruction spliced in.
+
+Shape letters: N examples, D input width, F features, B batch, T tokens,
+H heads, Dv per-head value width.
+
+Loss recovered (Kissane et al. 2024, after Bricken et al. 2023): the SAE's
+reconstruction replaces the site through its patch hook, and
+
+  recovered = (CE_ablated - CE_splice) / (CE_ablated - CE_clean),
+
+1 when the splice costs nothing, 0 when it is as bad as removing the
+site. Two ablations are the baselines: zero (the site's output set to 0)
+and mean (to its mean over the buffer).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mha_jax.sae import buffer as buffer_lib
+from mha_jax.sae import sae as sae_lib
+
+DENSE = 0.1  # a feature firing on more than this share of tokens is dense
+
+
+def feature_stats(params, acts, *, kind: str, k: int | None = None,
+                  chunk: int = 4096) -> dict:
+  """On `acts [N, D]`: {"l0", "freq" [F], "dead", "dense",
+  "explained_variance"}; dead: fired on none of the N, dense: on more
+  than `DENSE` of them; explained variance 1 - |x - x_hat|^2 /
+  |x - mean x|^2 summed over all entries."""
+  enc = jax.jit(lambda p, x: sae_lib.encode(p, x, kind=kind, k=k))
+  fired = np.zeros(params["w_dec"].shape[0])
+  err = total = l0 = 0.0
+  mean = acts.mean(0)
+  for a in range(0, acts.shape[0], chunk):
+    x = jnp.asarray(acts[a:a + chunk])
+    f = enc(params, x)
+    x_hat = sae_lib.decode(params, f)
+    fired += np.asarray(jnp.sum(f > 0, 0))
+    l0 += float(jnp.sum(f > 0))
+    err += float(jnp.sum((x - x_hat) ** 2))
+    total += float(jnp.sum((x - mean[None]) ** 2))
+  n = acts.shape[0]
+  freq = fired / n
+  return {"l0": l0 / n, "freq": freq, "dead": float(np.mean(freq == 0)),
+          "dense": float(np.mean(freq > DENSE)),
+          "explained_variance": 1.0 - err / total}
+
+
+def splice(params, z, *, kind: str, k: int | None = None,
+           scale: float = 1.0):
+  """`z [B, T, H, Dv]` (or a block site `[B, T, D]`) -> the SAE's
+  reconstruction in the same shape. The SAE reads `scale * x` (its
+  training normalisation) and its output is divided back."""
+  x = buffer_lib.flatten_site(z) * scale
+  x_hat = sae_lib.reconstruct(params, x, kind=kind, k=k) / scale
+  return x_hat.reshape(z.shape).astype(z.dtype)
+
+
+def cross_entropy(logits, targets, mask):
+  """Mean next-token loss over the positions where `mask [B, T]` is 1."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+  nll = -jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  return jnp.sum(nll * mask) / jnp.sum(mask)
+
+
+MODES = ("clean", "splice", "zero", "mean")
+
+
+def site_loss_fn(model, site: str, *, kind: str, k: int | None = None):
+  """A jitted `(mode, params, scale, mean_site, tokens, targets, mask) ->
+  CE`, with the site left alone ("clean"), replaced by the SAE's
+  reconstruction ("splice"), zeroed ("zero") or set to `mean_site` (its
+  mean, shaped like the flattened site's row, "mean"). `mode` is static."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  graphdef, state = nnx.split(model)
+
+  def run(mode, params, scale, mean_site, tokens, targets, mask):
+    if mode not in MODES:
+      raise ValueError(f"site_loss_fn: `mode` must be one of {MODES}, got "
+                       f"{mode!r}")
+    patch = {
+        "clean": None,
+        "splice": lambda z: splice(params, z, kind=kind, k=k, scale=scale),
+        "zero": jnp.zeros_like,
+        "mean": lambda z: jnp.broadcast_to(
+            mean_site.reshape(z.shape[2:]), z.shape).astype(z.dtype)}[mode]
+    m = nnx.merge(graphdef, state)
+    logits = m(tokens, patch={site: patch} if patch else None)
+    return cross_entropy(logits, targets, mask)
+
+  jitted = jax.jit(run, static_argnums=0)
+  return lambda mode, *args: jitted(mode, *args)
+
+
+def loss_recovered(ce_clean: float, ce_splice: float, ce_ablated: float
+                   ) -> float:
+  """(CE_ablated - CE_splice) / (CE_ablated - CE_clean)."""
+  return (ce_ablated - ce_splice) / (ce_ablated - ce_clean)
+
+
+def losses(loss_fn, batches, params, scale, mean_site) -> dict:
+  """Mean CE per mode over `batches` (dicts of inputs, targets,
+  loss_mask), and loss recovered against both ablations."""
+  out = {}
+  for mode in MODES:
+    out[mode] = float(np.mean([loss_fn(mode, params, scale, mean_site,
+                                       b["inputs"], b["targets"],
+                                       b["loss_mask"]) for b in batches]))
+  out["recovered_zero"] = loss_recovered(out["clean"], out["splice"],
+                                         out["zero"])
+  out["recovered_mean"] = loss_recovered(out["clean"], out["splice"],
+                                         out["mean"])
+  return out

@@ -1,0 +1,122 @@
+"""Sparse autoencoders: ReLU with an L1 penalty, and TopK.
+
+Shape letters: N examples (tokens), D input width (H * Dv for `z`),
+F dictionary features.
+
+One SAE is a params dict of arrays:
+  w_enc [D, F], b_enc [F], w_dec [F, D] (unit-norm rows), b_dec [D].
+The pre-encoder bias is the decoder's: the input is centred by `b_dec`
+before encoding (Bricken et al. 2023, Kissane et al. 2024), so
+`pre = (x - b_dec) @ w_enc + b_enc` and `x_hat = f @ w_dec + b_dec`.
+
+Kinds:
+  "relu": f = ReLU(pre); loss = |x - x_hat|^2 + l1 * sum_f f_f |w_dec_f|
+    (the decoder rows have unit norm, so the L1 term is sum_f f_f).
+  "topk": f keeps the k largest of ReLU(pre) and zeroes the rest (Gao et
+    al. 2024); loss = |x - x_hat|^2 + aux_coef * AuxK, where AuxK asks the
+    `aux_k` largest pre-activations of the dead features to reconstruct
+    what the live ones missed (Gao et al.'s remedy for dead latents).
+Both are means over the N examples of sums over D (or F).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+KINDS = ("relu", "topk")
+
+
+def check_kind(kind: str, k: int | None = None) -> None:
+  """Raise naming `kind` (and `k` for TopK) when they are not usable."""
+  if kind not in KINDS:
+    raise ValueError(f"sae kind: expected one of {KINDS}, got {kind!r}")
+  if kind == "topk" and (not isinstance(k, int) or k < 1):
+    raise ValueError(f"sae kind 'topk': `k` must be a positive int, got "
+                     f"{k!r}")
+
+
+def init(key, d_in: int, d_sae: int) -> dict:
+  """Random unit-norm decoder rows, the encoder their transpose (Gao et al.:
+  a tied start avoids early dead features), zero biases."""
+  for name, n in (("d_in", d_in), ("d_sae", d_sae)):
+    if not isinstance(n, int) or n < 1:
+      raise ValueError(f"sae.init: `{name}` must be a positive int, got {n!r}")
+  w_dec = jax.random.normal(key, (d_sae, d_in), jnp.float32)
+  w_dec = w_dec / jnp.linalg.norm(w_dec, axis=1, keepdims=True)
+  return {"w_enc": w_dec.T, "b_enc": jnp.zeros((d_sae,), jnp.float32),
+          "w_dec": w_dec, "b_dec": jnp.zeros((d_in,), jnp.float32)}
+
+
+def pre_acts(params, x):
+  """`[N, D] -> [N, F]`: the features' pre-activations."""
+  return (x - params["b_dec"][None]) @ params["w_enc"] + params["b_enc"][None]
+
+
+def activate(pre, *, kind: str, k: int | None = None):
+  """`[N, F] -> [N, F]`: the features from their pre-activations."""
+  f = jax.nn.relu(pre)
+  if kind == "relu":
+    return f
+  # TopK: keep each row's k largest (ties broken by index, as top_k does).
+  vals, idx = jax.lax.top_k(f, k)  # [N, k]
+  rows = jnp.arange(f.shape[0])[:, None]
+  return jnp.zeros_like(f).at[rows, idx].set(vals)
+
+
+def encode(params, x, *, kind: str, k: int | None = None):
+  """`[N, D] -> [N, F]`."""
+  return activate(pre_acts(params, x), kind=kind, k=k)
+
+
+def decode(params, f):
+  """`[N, F] -> [N, D]`."""
+  return f @ params["w_dec"] + params["b_dec"][None]
+
+
+def reconstruct(params, x, *, kind: str, k: int | None = None):
+  """`[N, D] -> [N, D]`: the SAE's reconstruction of x."""
+  return decode(params, encode(params, x, kind=kind, k=k))
+
+
+def loss(params, x, *, kind: str, l1: float = 0.0, k: int | None = None,
+         dead=None, aux_k: int = 0, aux_coef: float = 0.0):
+  """`(loss, {"mse", "sparsity", "aux", "l0"})` of a batch `x [N, D]`.
+
+  `dead [F]` bool marks the features that have not fired for a while
+  (TopK's AuxK uses them; ignored by "relu" and when aux_k is 0).
+  """
+  pre = pre_acts(params, x)
+  f = activate(pre, kind=kind, k=k)
+  err = x - decode(params, f)  # [N, D]
+  mse = jnp.mean(jnp.sum(err ** 2, -1))
+  dec_norm = jnp.linalg.norm(params["w_dec"], axis=1)  # [F], 1 after renorm
+  sparsity = jnp.mean(jnp.sum(f * dec_norm[None], -1))
+  aux = jnp.zeros((), jnp.float32)
+  if kind == "topk" and aux_k and dead is not None:
+    # The dead features' largest pre-activations reconstruct the error
+    # (no decoder bias: it is the live features' residual).
+    masked = jnp.where(dead[None], jax.nn.relu(pre), 0.0)
+    f_aux = activate(masked, kind="topk", k=min(aux_k, pre.shape[-1]))
+    err_aux = jax.lax.stop_gradient(err) - f_aux @ params["w_dec"]
+    # Zero when nothing is dead, as Gao et al.'s loss is.
+    aux = jnp.where(jnp.any(dead), jnp.mean(jnp.sum(err_aux ** 2, -1)), 0.0)
+  total = mse + (l1 * sparsity if kind == "relu" else aux_coef * aux)
+  return total, {"mse": mse, "sparsity": sparsity, "aux": aux,
+                 "l0": jnp.mean(jnp.sum(f > 0, -1))}
+
+
+def normalize_decoder(params) -> dict:
+  """The params with every decoder row scaled to unit norm."""
+  w = params["w_dec"]
+  return {**params, "w_dec": w / jnp.linalg.norm(w, axis=1, keepdims=True)}
+
+
+def project_decoder_grad(grads, params) -> dict:
+  """The gradient with each decoder row's component along that row
+  removed: a step along it would only change the row's norm, which the
+  renormalisation undoes, so it is wasted (and, with Adam, distorts the
+  step sizes of the other directions)."""
+  w, g = params["w_dec"], grads["w_dec"]
+  parallel = jnp.sum(g * w, axis=1, keepdims=True) * w
+  return {**grads, "w_dec": g - parallel}

@@ -1,0 +1,211 @@
+"""Training an SAE on a buffer of activations: Adam, renormalised
+decoder, dead-feature resampling (ReLU) or AuxK (TopK), checkpoints and
+resume.
+
+Shape letters: N buffer rows, D input width, F features.
+
+The recipe (docs/sae.md says why each choice): Adam with beta1 = 0
+(Kissane et al. 2024 after Bricken et al. 2023), the decoder's rows set
+back to unit norm after every step and the gradient's part along each row
+removed before it; for ReLU SAEs, every `resample_every` steps up to
+`resample_until`, features that fired on no example for `dead_steps`
+steps are re-initialised towards inputs the SAE reconstructs badly
+(probability proportional to the squared loss), their encoder scaled to
+0.2 of the live features' mean norm, and their Adam moments zeroed. The
+state is a dict `{"step", "params", "opt_state", "since_fired" [F]}`, all
+arrays, saved with orbax in `workdir/checkpoints/<step>/` like the
+model's training runs; batch `step` comes from `buffer.batch_at`, so a
+resumed run repeats the uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+import time
+from typing import NamedTuple
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from mha_jax.sae import buffer as buffer_lib
+from mha_jax.sae import sae as sae_lib
+from mha_jax.training import checkpoint
+from mha_jax.training import workdir as workdir_lib
+
+
+class Hyper(NamedTuple):
+  """The static settings of a train step (hashable, for `jax.jit`)."""
+  kind: str
+  l1: float
+  k: int | None
+  aux_k: int
+  aux_coef: float
+  dead_steps: int
+
+
+def hyper(cfg) -> Hyper:
+  """`Hyper` from an `sae` config group (see configs/sae.py)."""
+  sae_lib.check_kind(cfg.kind, cfg.k if cfg.kind == "topk" else None)
+  return Hyper(cfg.kind, float(cfg.l1), cfg.k if cfg.kind == "topk" else None,
+               int(cfg.aux_k), float(cfg.aux_coef), int(cfg.dead_steps))
+
+
+def make_optimizer(cfg) -> optax.GradientTransformation:
+  return optax.adam(cfg.learning_rate, b1=0.0, b2=cfg.beta2)
+
+
+def init_state(cfg, d_in: int, b_dec) -> dict:
+  """A fresh state; `b_dec [D]` starts at the data's mean (so the first
+  steps learn directions, not the offset)."""
+  params = sae_lib.init(jax.random.PRNGKey(cfg.seed), d_in, cfg.d_sae)
+  params["b_dec"] = jnp.asarray(b_dec, jnp.float32)
+  return {"step": jnp.zeros((), jnp.int32), "params": params,
+          "opt_state": make_optimizer(cfg).init(params),
+          "since_fired": jnp.zeros((cfg.d_sae,), jnp.int32)}
+
+
+def train_step(state, x, *, hp: Hyper, optimizer):
+  """One step on a batch `x [N, D]`; returns `(state, metrics)`."""
+  params = state["params"]
+  dead = state["since_fired"] >= hp.dead_steps
+  (_, m), grads = jax.value_and_grad(sae_lib.loss, has_aux=True)(
+      params, x, kind=hp.kind, l1=hp.l1, k=hp.k, dead=dead, aux_k=hp.aux_k,
+      aux_coef=hp.aux_coef)
+  grads = sae_lib.project_decoder_grad(grads, params)
+  updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+  params = sae_lib.normalize_decoder(optax.apply_updates(params, updates))
+  fired = jnp.any(sae_lib.encode(state["params"], x, kind=hp.kind, k=hp.k)
+                  > 0, axis=0)
+  since = jnp.where(fired, 0, state["since_fired"] + 1)
+  return ({"step": state["step"] + 1, "params": params,
+           "opt_state": opt_state, "since_fired": since},
+          {**m, "dead": jnp.mean(dead)})
+
+
+def _reset_adam_rows(opt_state, dead):
+  """Zero Adam's moments of the features marked `dead [F]`."""
+  masks = {"w_enc": dead[None, :], "b_enc": dead, "w_dec": dead[:, None],
+           "b_dec": jnp.zeros((), bool)}
+
+  def fix(s):
+    if isinstance(s, optax.ScaleByAdamState):
+      zero = lambda t: {n: jnp.where(masks[n], 0.0, v) for n, v in t.items()}
+      return s._replace(mu=zero(s.mu), nu=zero(s.nu))
+    return s
+  return jax.tree.map(fix, opt_state, is_leaf=lambda s: isinstance(
+      s, optax.ScaleByAdamState))
+
+
+def resample(state, pool, key, *, hp: Hyper):
+  """Re-initialise the dead features from the inputs `pool [M, D]` the SAE
+  reconstructs worst; returns `(state, number resampled)`."""
+  params = state["params"]
+  dead = state["since_fired"] >= hp.dead_steps  # [F]
+  err = pool - sae_lib.reconstruct(params, pool, kind=hp.kind, k=hp.k)
+  loss2 = jnp.sum(err ** 2, -1) ** 2  # [M]
+  idx = jax.random.choice(key, pool.shape[0], (dead.shape[0],),
+                          p=loss2 / jnp.sum(loss2))  # one candidate per feature
+  v = pool[idx] - params["b_dec"][None]  # [F, D]
+  v = v / jnp.maximum(jnp.linalg.norm(v, axis=1, keepdims=True), 1e-8)
+  enc_norm = jnp.linalg.norm(params["w_enc"], axis=0)  # [F]
+  alive = ~dead
+  mean_alive = jnp.sum(enc_norm * alive) / jnp.maximum(jnp.sum(alive), 1)
+  params = {
+      "w_dec": jnp.where(dead[:, None], v, params["w_dec"]),
+      "w_enc": jnp.where(dead[None, :], v.T * 0.2 * mean_alive,
+                         params["w_enc"]),
+      "b_enc": jnp.where(dead, 0.0, params["b_enc"]),
+      "b_dec": params["b_dec"]}
+  return ({**state, "params": params,
+           "opt_state": _reset_adam_rows(state["opt_state"], dead),
+           "since_fired": jnp.where(dead, 0, state["since_fired"])},
+          jnp.sum(dead))
+
+
+def resample_steps(cfg) -> frozenset:
+  """The steps after which a ReLU SAE resamples (none for TopK)."""
+  if cfg.kind != "relu" or not cfg.resample_every:
+    return frozenset()
+  last = int(cfg.resample_until * cfg.num_steps)
+  return frozenset(range(cfg.resample_every, last + 1, cfg.resample_every))
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(hp: Hyper, learning_rate: float, beta2: float):
+  """The jitted step and resampling of these settings, built once per
+  process (a resumed run in the same process compiles nothing new)."""
+  optimizer = optax.adam(learning_rate, b1=0.0, b2=beta2)
+  step = jax.jit(lambda s, x: train_step(s, x, hp=hp, optimizer=optimizer),
+                 donate_argnums=0)
+  return step, jax.jit(lambda s, p, k: resample(s, p, k, hp=hp))
+
+
+def _save(manager, state):
+  with checkpoint.quiet():
+    manager.save(int(state["step"]), args=ocp.args.StandardSave(state),
+                 force=True)
+
+
+def _restore_latest(manager, state):
+  steps = sorted(manager.all_steps())
+  if not steps:
+    return state
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+  with checkpoint.quiet():
+    return manager.restore(steps[-1], args=ocp.args.StandardRestore(abstract))
+
+
+def train(cfg, acts: np.ndarray, workdir, *, stop_at: int | None = None
+          ) -> dict:
+  """Train the SAE of config group `cfg` on `acts [N, D]` in `workdir`,
+  resuming from its latest checkpoint; returns the final state.
+
+  `stop_at` ends the run early at that step (saving it), as an
+  interruption would. Metrics go to `workdir/metrics.jsonl` every
+  `log_every` steps.
+  """
+  workdir = pathlib.Path(workdir)
+  if acts.ndim != 2:
+    raise ValueError(f"sae train: `acts` must be [N, D], got "
+                     f"{list(acts.shape)}")
+  step_fn, resample_fn = _compiled(hyper(cfg), float(cfg.learning_rate),
+                                    float(cfg.beta2))
+  when = resample_steps(cfg)
+  end = cfg.num_steps if stop_at is None else min(stop_at, cfg.num_steps)
+  with workdir_lib.lock(workdir):
+    manager = checkpoint.make_manager(workdir, cfg.checkpoint_every, 2)
+    state = _restore_latest(manager, init_state(cfg, acts.shape[1],
+                                                acts.mean(0)))
+    metrics_path = workdir / "metrics.jsonl"
+    checkpoint.truncate_metrics(metrics_path, int(state["step"]))
+    start = time.perf_counter()
+    first = int(state["step"])
+    for step in range(first, end):
+      x = buffer_lib.batch_at(acts, step, batch_size=cfg.batch_size,
+                              seed=cfg.seed)
+      state, m = step_fn(state, jnp.asarray(x))
+      done = step + 1
+      if done in when:
+        pool = buffer_lib.batch_at(acts, done, batch_size=min(
+            cfg.resample_pool, acts.shape[0]), seed=cfg.seed + 1)
+        state, n = resample_fn(state, jnp.asarray(pool),
+                               jax.random.PRNGKey(cfg.seed * 100003 + done))
+        logging.info("step %d: resampled %d dead features", done, int(n))
+      if done % cfg.log_every == 0 or done == cfg.num_steps:
+        row = {"step": done, **{n: float(v) for n, v in m.items()}}
+        with metrics_path.open("a") as f:
+          f.write(json.dumps(row) + "\n")
+        rate = (done - first) / (time.perf_counter() - start)
+        logging.info("sae step %d/%d: mse %.4g l0 %.1f dead %.3f (%.1f "
+                     "steps/s)", done, cfg.num_steps, row["mse"], row["l0"],
+                     row["dead"], rate)
+      if done % cfg.checkpoint_every == 0 or done == end:
+        _save(manager, state)
+    checkpoint.close(manager)
+  return state

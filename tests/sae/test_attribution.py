@@ -1,0 +1,93 @@
+"""Splicing through the z hook and direct feature attribution, on a tiny
+grouped-query decoder."""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mha_jax
+from mha_jax import hooks
+from mha_jax.sae import attribution
+from mha_jax.sae import buffer
+from mha_jax.sae import metrics
+from mha_jax.sae import sae
+
+SITE = "blocks.1.attn.z"
+H, K, DV = 4, 2, 4
+
+
+@pytest.fixture(scope="module")
+def setup():
+  config = mha_jax.ModelConfig(vocab_size=11, d_model=16, num_layers=2,
+                               num_heads=H, num_kv_heads=K, max_len=8,
+                               use_bias=True)
+  model = mha_jax.DecoderLM(config, rngs=nnx.Rngs(0))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 11, (2, 7)),
+                       jnp.int32)
+  params = sae.init(jax.random.PRNGKey(1), H * DV, 24)
+  params["b_enc"] = jnp.linspace(-0.5, 0.5, 24)
+  params["b_dec"] = jnp.linspace(-0.2, 0.2, H * DV)
+  sites = [SITE, "blocks.1.attn.pattern", "blocks.1.attn.v"]
+  logits, cap = nnx.jit(lambda m, t: m(t, capture=sites))(model, tokens)
+  return model, tokens, params, logits, cap
+
+
+@pytest.mark.parametrize("kind", ["relu", "topk"])
+def test_splice_equals_z_replaced_by_hand(setup, kind):
+  model, tokens, params, _, cap = setup
+  scale = 1.7
+  spliced = model(tokens, patch={SITE: lambda z: metrics.splice(
+      params, z, kind=kind, k=3, scale=scale)})
+  # By hand: the captured z, through the SAE in float64 NumPy, put back.
+  z = np.asarray(cap[SITE], np.float64)
+  x = z.reshape(-1, H * DV) * scale
+  p = {n: np.asarray(a, np.float64) for n, a in params.items()}
+  pre = (x - p["b_dec"]) @ p["w_enc"] + p["b_enc"]
+  f = np.maximum(pre, 0)
+  if kind == "topk":
+    f = np.where(f >= np.sort(f, -1)[:, -3:-2], f, 0)
+  z_hat = ((f @ p["w_dec"] + p["b_dec"]) / scale).reshape(z.shape)
+  by_hand = nnx.jit(lambda m, t, z: m(t, patch=hooks.replace(SITE, z)))(
+      model, tokens, jnp.asarray(z_hat, jnp.float32))
+  np.testing.assert_allclose(spliced, by_hand, atol=1e-5, rtol=1e-5)
+  assert not np.allclose(spliced, setup[3], atol=1e-3)  # it did change
+
+
+def test_dfa_by_source_sums_to_the_pre_activation(setup):
+  _, _, params, _, cap = setup
+  scale, feats = 1.7, jnp.asarray([0, 5, 23])
+  pattern, v, z = (cap[f"blocks.1.attn.{s}"] for s in ("pattern", "v", "z"))
+  parts = attribution.dfa_by_source(params, pattern, v, features=feats,
+                                    scale=scale)  # [B, T, F', H, S]
+  pre = sae.pre_acts(params, buffer.flatten_site(z) * scale)[:, feats]
+  total = parts.sum((-1, -2)).reshape(pre.shape) + attribution.dfa_bias(
+      params, feats)[None]
+  np.testing.assert_allclose(total, pre, atol=1e-5, rtol=1e-5)
+  # Over sources it is the per-head DFA; one source, a slice of it.
+  by_head = attribution.dfa_by_head(params, z, scale=scale)[..., feats]
+  np.testing.assert_allclose(parts.sum(-1), jnp.moveaxis(by_head, 2, 3),
+                             atol=1e-5)
+  source = jnp.asarray([-1, 0, 1, 1, 2, 3, 4])
+  one = attribution.dfa_at_source(params, pattern, v, source, scale=scale)
+  t = jnp.arange(7)
+  want = parts[:, t, :, :, jnp.maximum(source, 0)]  # [T, B, F', H]
+  want = jnp.where((source >= 0)[:, None, None, None], want, 0.0)
+  np.testing.assert_allclose(one[..., feats],
+                             jnp.moveaxis(want, (0, 2), (1, 3)), atol=1e-6)
+
+
+def test_head_shares_and_top_contexts():
+  w = np.zeros((3, 8), np.float32)
+  w[0, 4:6] = [0.6, 0.8]  # all in head 2 of 4
+  w[1] = 1 / np.sqrt(8)  # spread evenly
+  w[2, [0, 7]] = [0.6, 0.8]  # heads 0 and 3: 0.36 and 0.64
+  s = np.asarray(attribution.head_shares(jnp.asarray(w), 4))
+  np.testing.assert_allclose(s, [[0, 0, 1, 0], [.25] * 4, [.36, 0, 0, .64]],
+                             atol=1e-6)
+  acts = np.array([[0.0, 3.0, 1.0], [2.0, 0.0, 0.0]])
+  assert attribution.top_contexts(acts, 5) == [(0, 1, 3.0), (1, 0, 2.0),
+                                               (0, 2, 1.0)]
+  with pytest.raises(ValueError, match="`num_heads`=3 must divide"):
+    attribution.head_shares(jnp.asarray(w), 3)
