@@ -16,6 +16,20 @@ as each prompt would alone.
 steps, so it traces once for any prompt values or lengths); `generate` jits
 it once per (model structure, shapes, N) and raises `OverflowError` when a
 sequence would run past the cache.
+
+Shapes are what compiles, so `generate` buckets them (`bucket`): it pads
+the prompt's width P to the next power of two (at least `MIN_BUCKET`), and
+sizes a default cache to the next power of two that holds every row. A
+prompt of 20 tokens and one of 30 then share one program; for a given N,
+prompt lengths up to 2^k need at most 2(k - 3) programs (one width
+bucket's lengths span at most two cache buckets), not one per length.
+Padding to buckets rather than to one fixed width: the padded columns are
+real work in the prefill (at most as many as the real ones), while a fixed
+width (the model's 8,192 slots for SmolLM2) would make every prompt and
+every decoding step pay for the longest.
+Padded columns and unwritten slots are masked, so a bucketed call gives
+the tokens of an unbucketed one, and logits within float32 rounding
+(tests/models/test_generate_buckets.py).
 """
 
 from __future__ import annotations
@@ -24,10 +38,20 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from mha_jax.core import kv_cache
 from mha_jax.models import transformer
+
+
+MIN_BUCKET = 16  # the narrowest prompt width and cache `generate` compiles
+
+
+def bucket(n: int) -> int:
+  """The width `generate` compiles for `n` tokens: the next power of two,
+  at least `MIN_BUCKET`."""
+  return max(MIN_BUCKET, 1 << (int(n) - 1).bit_length())
 
 
 def _check_token_lm(model, fn):
@@ -125,7 +149,8 @@ def _decode_jit(graphdef, state, prompt, lengths, new_tokens, temperature,
 
 def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
              new_tokens=None, temperature: float = 0.0, rng=None,
-             max_len: int | None = None, return_logits: bool = False):
+             max_len: int | None = None, return_logits: bool = False,
+             bucket_shapes: bool = True):
   """Continue right-padded prompts `[B, P]` by `max_new_tokens` tokens.
 
   Args:
@@ -137,9 +162,14 @@ def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
       are 0); None means N for every row.
     temperature: 0 picks the argmax; > 0 samples and needs `rng`.
     rng: a PRNG key for sampling (the same key gives the same tokens).
-    max_len: cache slots, default the model's `max_len`; row b needs
-      `prompt_lengths[b] + new_tokens[b] - 1` of them.
+    max_len: cache slots; row b needs `prompt_lengths[b] + new_tokens[b]
+      - 1` of them. None: with `bucket_shapes`, the `bucket` of the most
+      any row needs (at most the model's `max_len`), else the model's.
     return_logits: also return the logits `[B, N, V]` each token came from.
+    bucket_shapes: pad the prompt to `bucket(P)` columns (at most the
+      model's `max_len`) and size a default cache by `bucket`, so that
+      prompt lengths in one bucket share one compiled program (the module
+      docstring); False compiles for the exact P.
 
   Returns:
     `tokens [B, N]` (and the logits). Raises `OverflowError` if a row would
@@ -147,39 +177,49 @@ def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
   """
   fn = "generate"
   _check_token_lm(model, fn)
-  prompt = jnp.asarray(prompt)
-  if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer):
+  # Host-side NumPy from here to the jitted call: eager jnp ops would
+  # dispatch (and compile) small programs of their own for each shape.
+  prompt = np.asarray(prompt)
+  if prompt.ndim != 2 or not np.issubdtype(prompt.dtype, np.integer):
     raise ValueError(f"{fn}: `prompt` must be int tokens [B, P], got "
                      f"{prompt.dtype} {prompt.shape}")
   b, p = prompt.shape
   if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
     raise ValueError(f"{fn}: `max_new_tokens` must be an int >= 1, got "
                      f"{max_new_tokens!r}")
-  lengths = (jnp.full((b,), p, jnp.int32) if prompt_lengths is None
-             else jnp.asarray(prompt_lengths, jnp.int32))
-  if lengths.shape != (b,) or bool(jnp.any((lengths < 1) | (lengths > p))):
+  lengths = (np.full((b,), p, np.int32) if prompt_lengths is None
+             else np.asarray(prompt_lengths, np.int32))
+  if lengths.shape != (b,) or np.any((lengths < 1) | (lengths > p)):
     raise ValueError(f"{fn}: `prompt_lengths` must be [{b}] ints in [1, "
                      f"P={p}], got {prompt_lengths!r}")
-  budget = (jnp.full((b,), max_new_tokens, jnp.int32) if new_tokens is None
-            else jnp.asarray(new_tokens, jnp.int32))
-  if budget.shape != (b,) or bool(jnp.any((budget < 1)
-                                          | (budget > max_new_tokens))):
+  budget = (np.full((b,), max_new_tokens, np.int32) if new_tokens is None
+            else np.asarray(new_tokens, np.int32))
+  if budget.shape != (b,) or np.any((budget < 1) | (budget > max_new_tokens)):
     raise ValueError(f"{fn}: `new_tokens` must be [{b}] ints in [1, "
                      f"max_new_tokens={max_new_tokens}], got {new_tokens!r}")
   if temperature < 0 or (temperature > 0 and rng is None):
     raise ValueError(f"{fn}: `temperature` must be 0 (greedy) or > 0 with "
                      f"an `rng` key, got {temperature!r} and rng={rng!r}")
-  max_len = model.config.max_len if max_len is None else max_len
   need = lengths + budget - 1  # [B] cache slots each row fills
-  worst = int(jnp.argmax(need))
+  worst = int(np.argmax(need))
+  if max_len is None:
+    max_len = model.config.max_len
+    if bucket_shapes:
+      max_len = min(max_len, bucket(need[worst]))  # O(S) per step
   if int(need[worst]) > max_len:
     raise OverflowError(f"{fn}: row {worst}'s prompt of {int(lengths[worst])}"
                         f" tokens plus {int(budget[worst])} new ones needs "
                         f"{int(need[worst])} cache slots, but `max_len`="
                         f"{max_len}")
+  # No wider than the model takes (its `max_len`, the embedder's bound).
+  width = min(bucket(p), max(p, model.config.max_len))
+  if bucket_shapes and width > p:
+    # The padding columns lie past every row's length: never written to
+    # the cache, and their logits are never read.
+    prompt = np.pad(prompt, ((0, 0), (0, width - p)))  # [B, width]
   graphdef, state = nnx.split(model)
   tokens, logits, status = _decode_jit(
-      graphdef, state, prompt, lengths, budget, jnp.float32(temperature),
+      graphdef, state, prompt, lengths, budget, np.float32(temperature),
       jax.random.PRNGKey(0) if rng is None else rng,
       max_new_tokens=max_new_tokens, max_len=max_len, sample=rng is not None)
   kv_cache.raise_if_overflow(status)  # never expected after the check above

@@ -192,7 +192,8 @@ class LanguageModel:
     the rule prepended) and the new ones, decoded together. Greedy at
     temperature 0, else sampled with `rng`
     (`models.generate.generate`). `stop_at_eos`: the text ends after the
-    first EOS generated (the loop itself runs all N steps).
+    first EOS generated (the loop itself runs all N steps). Prompts
+    of lengths within one `generate.bucket` share one compiled program.
     """
     rows = self._rows(prompt, prepend_bos, "generate")
     start = int(self._bos(prepend_bos, "generate"))  # drop the BOS we added
