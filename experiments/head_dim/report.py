@@ -140,13 +140,14 @@ def _plateau_claim(plateau, multi, num_steps: int) -> str:
     return ""
   sig = lambda x: report_lib.significant(x, 2)
   return (
-      "\n* Plateau: doubling the steps on the selection seed still lowered "
-      "the NMSE of " + ", ".join(
+      "\n* Plateau: doubling the steps on the selection seed (one run per "
+      "setting, not one of the reported seeds) still lowered the NMSE of "
+      + ", ".join(
           f"{k} ({sig(plateau[k]['loss'])} → {sig(plateau[k]['long_loss'])})"
           for k in moving)
-      + f", so at {num_steps} steps these settings had not fully "
-      "converged; the numbers above compare them at equal steps, not at "
-      "their limits.")
+      + f", so at {num_steps} steps these settings had probably not fully "
+      "converged (one seed shows it); the numbers above compare them at "
+      "equal steps, not at their limits.")
 
 
 def _narrow_claim(saved, narrow) -> str:

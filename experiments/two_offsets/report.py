@@ -198,7 +198,7 @@ def _token_verdict(accuracy) -> str:
     return ("So on discrete symbols ONE head can also solve it: an unequal "
             "split of the weight between t-1 and t-3 keeps the pair (and its "
             "order) decodable from the blended value, which a continuous "
-            "target cannot afford.")
+            "target does not allow at a fixed split.")
   return ("One head does not solve the token version in this budget; see "
           "the loss and entropy columns for how far it gets.")
 
