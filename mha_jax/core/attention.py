@@ -116,15 +116,16 @@ def _check_broadcast(name, arr, target, *, boolean, fn):
                      f"{list(target)}")
 
 
-def _head_scores(q, k, mask, bias, slope, q_pos, q_seg, k_seg, *,
-                 is_causal, rules):
+def _head_scores(q, k, mask, bias, slope, q_pos, q_seg, k_seg, b_id=0,
+                 h_id=0, *, is_causal, rules):
   """One head: q [Tq,Dh], k [Tk,Dh] -> float32 scores [Tq,Tk].
 
   Scaled dot products plus `bias` (and ALiBi's `slope` term, soft-capped
   by `rules`), and -inf where `mask`, the causal rule, the window or the
   segments `q_seg [Tq]`, `k_seg [Tk]` forbid a key: the softmax's input,
   as the `scores` hook sees it. `q_pos [Tq]`: the queries' key positions
-  (None: bottom-right).
+  (None: bottom-right). `b_id`, `h_id`: this head's batch row and query
+  head, the `b` and `h` of the user rules.
   """
   tq, tk = q.shape[0], k.shape[0]
   if q_pos is None:
@@ -133,10 +134,12 @@ def _head_scores(q, k, mask, bias, slope, q_pos, q_seg, k_seg, *,
   q, scale = _fold_scale(q, score_rules.scale_of(rules, q.shape[-1]))
   qk = jnp.einsum("qd,kd->qk", q, k,
                   preferred_element_type=jnp.float32)  # [Tq, Tk]
+  user = score_rules.user_of(rules, jnp.reshape(b_id, (1, 1)),
+                             jnp.reshape(h_id, (1, 1)))
   ok = score_rules.allowed(q_pos, k_pos, mask=mask, is_causal=is_causal,
-                           rules=rules, q_seg=q_seg, k_seg=k_seg)
+                           rules=rules, q_seg=q_seg, k_seg=k_seg, user=user)
   s, _ = score_rules.scores(qk, q_pos, k_pos, scale=scale, rules=rules,
-                            bias=bias, slopes=slope, ok=ok)
+                            bias=bias, slopes=slope, ok=ok, user=user)
   return s
 
 
@@ -242,14 +245,20 @@ def _attend_vmap(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   q_seg, qsb = per_row(rules.q_segment_ids)
   k_seg, ksb = per_row(rules.kv_segment_ids)
 
+  # The batch row and query head of each score, for the user rules.
+  b_ids, h_ids = jnp.arange(b), jnp.arange(h).reshape(kh, g)  # [B], [K, G]
+
   head = functools.partial(_head_scores, is_causal=is_causal, rules=rules)
   # Over the G query heads that share one kv head: q is [Tq, G, Dh].
-  over_g = jax.vmap(head, in_axes=(1, None, mg, bg, sg, None, None, None))
+  over_g = jax.vmap(head, in_axes=(1, None, mg, bg, sg, None, None, None,
+                                   None, 0))
   # Over the K kv heads: q [Tq, K, G, Dh], k [Tk, K, Dh].
-  over_k = jax.vmap(over_g, in_axes=(1, 1, mk, bk, sk, None, None, None))
-  over_b = jax.vmap(over_k, in_axes=(0, 0, mb, bb, None, pb, qsb, ksb))
-  scores = over_b(q, k, mask, bias, slope, q_pos, q_seg, k_seg).reshape(
-      b, h, tq, tk)  # from [B, K, G, Tq, Tk]
+  over_k = jax.vmap(over_g, in_axes=(1, 1, mk, bk, sk, None, None, None,
+                                     None, 0))
+  over_b = jax.vmap(over_k, in_axes=(0, 0, mb, bb, None, pb, qsb, ksb, 0,
+                                     None))
+  scores = over_b(q, k, mask, bias, slope, q_pos, q_seg, k_seg, b_ids,
+                  h_ids).reshape(b, h, tq, tk)  # from [B, K, G, Tq, Tk]
   pattern, weights = _weights(scores, keep, dropout_rate, hooks, rules.sinks)
 
   mix_g = jax.vmap(_head_mix, in_axes=(0, None), out_axes=1)  # [Tq, G, Dv]
@@ -285,15 +294,18 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   q_pos = (score_rules.default_q_positions(tq, tk)[None, None, None]
            if rules.q_positions is None else rows(rules.q_positions))
   k_pos = jnp.arange(tk)
+  user = score_rules.user_of(  # [B, 1, 1, 1, 1], [1, K, G, 1, 1]
+      rules, jnp.arange(b).reshape(b, 1, 1, 1, 1),
+      jnp.arange(h).reshape(1, kh, g, 1, 1))
   ok = score_rules.allowed(
       q_pos, k_pos, mask=to_5d(_to_4d(mask)), is_causal=is_causal,
       rules=rules, q_seg=rows(rules.q_segment_ids),
-      k_seg=rows(rules.kv_segment_ids))
+      k_seg=rows(rules.kv_segment_ids), user=user)
   slopes = (None if rules.alibi_slopes is None else
             rules.alibi_slopes.reshape(1, kh, g, 1, 1))
   logits, _ = score_rules.scores(
       qk, q_pos, k_pos, scale=scale, rules=rules,
-      bias=to_5d(_to_4d(bias)), slopes=slopes, ok=ok)
+      bias=to_5d(_to_4d(bias)), slopes=slopes, ok=ok, user=user)
   pattern, weights = _weights(logits.reshape(b, h, tq, tk), keep,
                               dropout_rate, hooks, rules.sinks)
   weights = weights.reshape(b, kh, g, tq, tk).astype(v.dtype)
@@ -363,6 +375,11 @@ REGISTERED = {}
 # Implementations whose `attend` returns weights=None ("auto" may pick one)
 # and that have no `scores` / `pattern` hook sites; `register` adds to it.
 WEIGHTLESS = {"flash", "xla", "cudnn", "pallas_tpu", "auto"}
+
+
+# Paths that apply `score_mod` / `mask_mod` (score_rules.ScoreRules); the
+# others (jax.nn's, Pallas', the context-parallel ones) refuse them.
+USER_RULE_PATHS = frozenset({"vmap", "einsum", "flash", "auto"})
 
 
 def register(name: str, path, *, forms_weights: bool = False) -> None:
@@ -441,6 +458,12 @@ def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend",
                     num_heads=h, fn=fn)
   if implementation in ("xla", "cudnn"):
     xla.check_rules(rules, implementation, fn)
+  user = [n for n in ("score_mod", "mask_mod", "block_mask")
+          if getattr(rules, n) is not None]
+  if user and implementation not in USER_RULE_PATHS:
+    raise ValueError(f"{fn}: implementation={implementation!r} does not "
+                     f"apply user rules (`{user[0]}`); use one of "
+                     f"{sorted(USER_RULE_PATHS)}")
 
 
 def attend(q, k, v, *, mask=None, bias=None, is_causal=False,

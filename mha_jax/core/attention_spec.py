@@ -22,6 +22,7 @@ Following `window` from config to kernel: `ModelConfig.local_window` (or
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 from mha_jax.core import attention
 from mha_jax.core import score_rules
@@ -73,6 +74,12 @@ class AttentionSpec:
       (None: no rotation). rotary_dim, rotary_scaling: as in
       `rotary.apply_rotary` (GPT-NeoX's partial rotary, Llama 3's
       frequencies).
+    score_mod, mask_mod, block_mask: the layer's user rules
+      (`score_rules.ScoreRules`; docs/score_rules.md), fixed functions.
+      A rule that reads per-call arrays (document ids of the batch) or
+      trains (a learned bias) is passed with each call instead
+      (`attention_layer(rules=)`, the NNX module's call arguments), where
+      it closes over the call's traced values.
   """
   d_model: int
   num_heads: int
@@ -94,6 +101,9 @@ class AttentionSpec:
   rotary_base: float | None = None
   rotary_dim: int | None = None
   rotary_scaling: tuple | None = None
+  score_mod: Callable | None = None
+  mask_mod: Callable | None = None
+  block_mask: Any = None
 
   def __post_init__(self):
     _positive_int("d_model", self.d_model)
@@ -120,8 +130,10 @@ class AttentionSpec:
             f"{self.qk_norm!r}")
     if self.local_window is not None:
       object.__setattr__(self, "local_window", tuple(self.local_window))
-    score_rules.check(self.rules(), batch=1, q_len=1, kv_len=1,
-                      num_heads=self.num_heads, fn="AttentionSpec")
+    # A block mask fits one call's shape; `attend` checks it there.
+    score_rules.check(self.rules().replace(block_mask=None), batch=1,
+                      q_len=1, kv_len=1, num_heads=self.num_heads,
+                      fn="AttentionSpec")
     if self.rotary_base is not None:
       if not self.rotary_base > 0:
         _fail("rotary_base", f"must be None or > 0, got {self.rotary_base}")
@@ -142,7 +154,9 @@ class AttentionSpec:
         scale=self.scale, q_segment_ids=segment_ids,
         kv_segment_ids=kv_segment_ids,
         alibi_slopes=(score_rules.alibi_slopes(self.num_heads)
-                      if self.alibi else None))
+                      if self.alibi else None),
+        score_mod=self.score_mod, mask_mod=self.mask_mod,
+        block_mask=self.block_mask)
 
   @property
   def forms_weights(self) -> bool:

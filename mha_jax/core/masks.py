@@ -60,3 +60,48 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
   for m in present[1:]:
     out = jnp.logical_and(out, m)
   return out
+
+
+# ----------------------------------------------------------------------------
+# The built-in masks as `mask_mod` rules (`score_rules.ScoreRules.mask_mod`):
+# functions of scalars (b, h, q_idx, kv_idx) -> bool, with q_idx the
+# query's position (Tk - Tq + i by default) and kv_idx the key's. Each is
+# tested equal to its built-in (`is_causal`, `local_window`, segment ids);
+# the built-ins stay the convenient names and the faster path (their block
+# ranges need no block mask), these compose with a user's own rules.
+
+
+def causal_mod():
+  """`is_causal`: key j visible from position p iff j <= p."""
+  return lambda b, h, q_idx, kv_idx: kv_idx <= q_idx
+
+
+def window_mod(left: int, right: int = 0):
+  """`local_window=(left, right)`: keys p - left .. p + right."""
+  return lambda b, h, q_idx, kv_idx: (kv_idx >= q_idx - left) & (
+      kv_idx <= q_idx + right)
+
+
+def documents_mod(ids):
+  """Segment ids as a rule: `ids [B, Tk]` int, the document of each
+  position; a query sees only keys of its own document. Indexed by
+  position on both sides (self-attention, or decoding with the ids of
+  every cached position)."""
+  ids = jnp.asarray(ids)
+  return lambda b, h, q_idx, kv_idx: ids[b, q_idx] == ids[b, kv_idx]
+
+
+def prefix_lm_mod(prefix: int):
+  """Prefix-LM: the first `prefix` positions are seen by every query
+  (bidirectional prefix), the rest causally."""
+  return lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx) | (kv_idx < prefix)
+
+
+def and_mods(*mods):
+  """A rule allowing a key where every one of `mods` does."""
+  def both(b, h, q_idx, kv_idx):
+    ok = mods[0](b, h, q_idx, kv_idx)
+    for mod in mods[1:]:
+      ok = ok & mod(b, h, q_idx, kv_idx)
+    return ok
+  return both

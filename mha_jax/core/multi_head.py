@@ -139,12 +139,15 @@ def _layer_rules(spec, params, rules, fn="attention_layer"):
   (segment ids; for direct use also ALiBi slopes or query positions) with
   the spec's static rules, ALiBi's slopes and the params' sink logits."""
   own = spec.rules()
-  for name, value in score_rules.static(own).items():
+  static = score_rules.static(own)
+  for name, value in static.items():
     given = getattr(rules, name)
-    if given is not None and given != value:
+    if name in score_rules.USER_FIELDS and value is None:
+      static[name] = given  # a user rule may come with the call
+    elif given is not None and given != value:
       raise ValueError(f"{fn}: `rules.{name}`={given!r} differs from the "
                        f"spec's {value!r}; set it in the AttentionSpec")
-  rules = rules.replace(**score_rules.static(own))
+  rules = rules.replace(**static)
   if own.alibi_slopes is not None:
     if rules.alibi_slopes is not None:
       raise ValueError(f"{fn}: the spec's `alibi` gives the paper's slopes;"
@@ -240,7 +243,8 @@ def attention_layer(params, x_q, x_kv=None, *, spec=None, mask=None,
       raise ValueError("attention_layer: segment ids do not apply with a "
                        "KV cache (a cache row holds one sequence; use "
                        "`lengths` for ragged rows)")
-    if rules.local_window is not None or rules.alibi_slopes is not None:
+    if any(getattr(rules, n) is not None for n in (
+        "local_window", "alibi_slopes", "score_mod", "mask_mod")):
       # Slot j holds the token at position j; the queries sit at theirs.
       rules = rules.replace(q_positions=kv_cache.positions(cache, q.shape[1]))
     # Attend over every slot; the cache's mask holds the causal rule.

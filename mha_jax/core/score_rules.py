@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +65,25 @@ class ScoreRules:
     alibi_slopes: float `[H]`: each head's ALiBi slope (>= 0).
     q_positions: int `[B, Tq]`: the key position each query sits at, for
       the causal, window and ALiBi rules (None: `Tk - Tq + i`).
+    score_mod: a user rule `score_mod(score, b, h, q_idx, kv_idx) ->
+      score`, FlexAttention's, applied after the rules above and before
+      the masks (docs/score_rules.md).
+    mask_mod: a user rule `mask_mod(b, h, q_idx, kv_idx) -> bool`, True =
+      may attend, ANDed with the masks above.
+    block_mask: a `block_mask.BlockMask` built from `mask_mod` for this
+      call's shape: the blockwise kernel then visits only its non-empty
+      blocks and evaluates `mask_mod` only on its partial ones. Exact, so
+      the other paths ignore it.
+
+  The user rules are static fields of this object, not of the layer's
+  `AttentionSpec` alone, because this object is what every path reads:
+  the vmap and einsum paths and the blockwise kernel all apply them
+  through `allowed` and `scores` below, one computation in one place
+  (the spec holds them too and hands them here, as it does the window).
+  They are called on scalars and mapped over every element (FlexAttention's
+  semantics): `b` the batch row, `h` the query head, `q_idx` the query's
+  position (as the causal rule sees it: `q_positions`, else `Tk - Tq +
+  i`), `kv_idx` the key's index, all int32; `score` float32.
   """
   local_window: tuple[int, int] | None = dataclasses.field(
       default=None, metadata=dict(static=True))
@@ -76,6 +96,12 @@ class ScoreRules:
   sinks: jax.Array | None = None
   alibi_slopes: jax.Array | None = None
   q_positions: jax.Array | None = None
+  score_mod: Callable | None = dataclasses.field(
+      default=None, metadata=dict(static=True))
+  mask_mod: Callable | None = dataclasses.field(
+      default=None, metadata=dict(static=True))
+  block_mask: Any = dataclasses.field(
+      default=None, metadata=dict(static=True))
 
   @property
   def segments(self) -> bool:
@@ -84,7 +110,8 @@ class ScoreRules:
   def active(self) -> tuple[str, ...]:
     """Names of the options in use (for errors and `auto`'s reasons)."""
     names = ("local_window", "soft_cap", "scale", "q_segment_ids", "sinks",
-             "alibi_slopes", "q_positions")
+             "alibi_slopes", "q_positions", "score_mod", "mask_mod",
+             "block_mask")
     return tuple(n for n in names if getattr(self, n) is not None)
 
   def replace(self, **changes) -> ScoreRules:
@@ -92,6 +119,8 @@ class ScoreRules:
 
 
 NO_RULES = ScoreRules()
+# The user rules: fields a call may bring when its layer's spec has none.
+USER_FIELDS = ("score_mod", "mask_mod", "block_mask")
 
 
 def static(rules: ScoreRules) -> dict:
@@ -155,12 +184,104 @@ def check(rules: ScoreRules, *, batch: int, q_len: int, kv_len: int,
     if not jnp.issubdtype(jnp.result_type(arr), jnp.floating):
       _fail(fn, TypeError, f"`{name}` must be floating, got "
             f"{jnp.result_type(arr)}")
+  check_user(rules, fn)
+  if rules.block_mask is not None:
+    if not hasattr(rules.block_mask, "check_call"):
+      _fail(fn, TypeError, "`block_mask` must be a block_mask.BlockMask "
+            f"(block_mask.create), got {type(rules.block_mask).__name__}")
+    rules.block_mask.check_call(rules, batch=batch, num_heads=num_heads,
+                                q_len=q_len, kv_len=kv_len, fn=fn)
   slopes = rules.alibi_slopes
   if slopes is not None and _is_known(slopes):
     if np.any(~np.isfinite(np.asarray(slopes))) or np.any(
         np.asarray(slopes) < 0):
       _fail(fn, ValueError, f"`alibi_slopes` must be finite and >= 0, got "
             f"{np.asarray(slopes)}")
+
+
+_SIGNATURES = {"score_mod": "score_mod(score, b, h, q_idx, kv_idx) -> score",
+               "mask_mod": "mask_mod(b, h, q_idx, kv_idx) -> bool"}
+
+
+def check_user(rules: ScoreRules, fn: str = "attend") -> None:
+  """Trace each user rule once on scalars (float32 score, int32 indices,
+  nothing computed) and check that it gives one float score / one bool:
+  a wrong signature or output fails here, naming the rule, not deep in
+  a kernel."""
+  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype)
+  for name, signature in _SIGNATURES.items():
+    rule = getattr(rules, name)
+    if rule is None:
+      continue
+    if not callable(rule):
+      _fail(fn, TypeError, f"`{name}` must be a function {signature}, got "
+            f"{type(rule).__name__}")
+    args = [scalar(jnp.int32)] * 4
+    if name == "score_mod":
+      args = [scalar(jnp.float32)] + args
+    try:
+      out = jax.eval_shape(rule, *args)
+    except Exception as e:  # the user's code: say which rule and how
+      _fail(fn, TypeError, f"`{name}` must be a function {signature}, "
+            "called on scalars (float32 score, int32 indices); calling it "
+            f"raised {type(e).__name__}: {e}")
+    shape = getattr(out, "shape", None)
+    dtype = getattr(out, "dtype", None)
+    if shape != ():
+      _fail(fn, ValueError, f"`{name}` must return one value per (b, h, "
+            "q_idx, kv_idx): it is called on scalars and mapped over the "
+            f"scores; got {out!r}")
+    good = (jnp.issubdtype(dtype, jnp.floating) if name == "score_mod"
+            else dtype == jnp.bool_)
+    if not good:
+      _fail(fn, TypeError, f"`{name}` must return "
+            f"{'a float score' if name == 'score_mod' else 'a bool'}, got "
+            f"{dtype}")
+
+
+class User(NamedTuple):
+  """The user rules of one call, ready to evaluate on a grid: `b`, `h`
+  int arrays that broadcast with the score grid's leading axes (the
+  batch row and query head of each score), and the rules themselves
+  (None: absent; the blockwise kernel binds its hoisted arrays into
+  them)."""
+  b: jax.Array
+  h: jax.Array
+  score_mod: Callable | None
+  mask_mod: Callable | None
+
+
+def user_of(rules: ScoreRules, b, h) -> User | None:
+  """`User` of `rules` with batch and head indices `b`, `h`; None when
+  the call has no user rule."""
+  if rules.score_mod is None and rules.mask_mod is None:
+    return None
+  return User(b, h, rules.score_mod, rules.mask_mod)
+
+
+def elementwise(rule, args, shape):
+  """`rule` on scalars, mapped over every element of `shape`: each of
+  `args` broadcasts to `shape` (same rank; axes of size 1 are shared, and
+  are not mapped, so a head index [.., H, 1, 1] is not copied per key)."""
+  if not shape:
+    return rule(*args)
+  n = shape[0]
+  mapped = tuple(a.shape[0] == n and n != 1 for a in args)
+  inner = lambda *xs: elementwise(rule, xs, shape[1:])
+  if not any(mapped):  # nothing varies along this axis
+    return jnp.broadcast_to(inner(*(a[0] for a in args))[None], shape)
+  args = tuple(a if m else a[0] for a, m in zip(args, mapped))
+  return jax.vmap(inner, in_axes=tuple(0 if m else None for m in mapped))(
+      *args)
+
+
+def _user_grid(user, q_pos, k_pos, ndim):
+  """b, h, q, kv int32 index arrays of rank `ndim` for the grid of
+  `q_pos [..., Tq]`, `k_pos [Tk]`."""
+  qp, kp = _grid(q_pos, k_pos)
+  fit = lambda x: jnp.reshape(
+      jnp.asarray(x, jnp.int32), (1,) * (ndim - jnp.ndim(x)) + jnp.shape(x))
+  return fit(user.b), fit(user.h), fit(qp), fit(kp)
 
 
 def alibi_slopes(num_heads: int) -> jax.Array:
@@ -202,13 +323,15 @@ def distance(q_pos, k_pos):
 
 
 def allowed(q_pos, k_pos, *, mask=None, is_causal=False, rules=NO_RULES,
-            q_seg=None, k_seg=None, kv_len=None):
+            q_seg=None, k_seg=None, kv_len=None, user=None):
   """Boolean "may attend" from positions and ids; None when all may.
 
   q_pos `[..., Tq]`, k_pos `[Tk]` (ints), q_seg `[..., Tq]`, k_seg
   `[..., Tk]`, mask broadcastable to `[..., Tq, Tk]`; the leading axes of
   the arguments broadcast together. `kv_len`: keys at positions >= kv_len
   are padding (the blockwise path's last block) and never allowed.
+  `user`: the call's `User` rules; its `mask_mod` (if any) joins the AND,
+  evaluated on the whole grid.
   """
   qp, kp = _grid(q_pos, k_pos)
   ok = mask
@@ -223,11 +346,16 @@ def allowed(q_pos, k_pos, *, mask=None, is_causal=False, rules=NO_RULES,
     ok = both(ok, (kp >= qp - left) & (kp <= qp + right))
   if q_seg is not None:
     ok = both(ok, q_seg[..., :, None] == k_seg[..., None, :])
+  if user is not None and user.mask_mod is not None:
+    ndim = max(qp.ndim, jnp.ndim(user.b), jnp.ndim(user.h))
+    idx = _user_grid(user, q_pos, k_pos, ndim)
+    shape = jnp.broadcast_shapes(*(x.shape for x in idx))
+    ok = both(ok, elementwise(user.mask_mod, idx, shape))
   return ok
 
 
 def scores(qk, q_pos, k_pos, *, scale, rules=NO_RULES, bias=None,
-           slopes=None, ok=None):
+           slopes=None, ok=None, user=None):
   """float32 dot products `qk [..., Tq, Tk]` -> the softmax input.
 
   `slopes` broadcasts to qk's leading axes (`[..., 1, 1]`); `ok` is
@@ -244,9 +372,18 @@ def scores(qk, q_pos, k_pos, *, scale, rules=NO_RULES, bias=None,
   if rules.soft_cap is not None:
     t = jnp.tanh(s / rules.soft_cap)
     s, dcap = rules.soft_cap * t, 1.0 - t * t
+  if user is not None and user.score_mod is not None:
+    s = user_scores(user, s, q_pos, k_pos)
   if ok is not None:
     s = forbid(s, ok)
   return s, dcap
+
+
+def user_scores(user, s, q_pos, k_pos):
+  """`user.score_mod` on every score of `s [..., Tq, Tk]` (float32)."""
+  b, h, qp, kp = _user_grid(user, q_pos, k_pos, s.ndim)
+  out = elementwise(user.score_mod, (s, b, h, qp, kp), s.shape)
+  return out.astype(jnp.float32)
 
 
 @jax.custom_jvp
@@ -277,3 +414,18 @@ def _forbid_jvp(primals, tangents):
   (s, ok), (ds, _) = primals, tangents
   out = forbid(s, ok)
   return out, jnp.broadcast_to(ds, out.shape)
+
+
+# The built-in score changes as `score_mod` rules (tested equal to them).
+
+
+def soft_cap_mod(cap: float):
+  """`soft_cap=cap`: scores become cap * tanh(score / cap)."""
+  return lambda score, b, h, q_idx, kv_idx: cap * jnp.tanh(score / cap)
+
+
+def alibi_mod(slopes):
+  """`alibi_slopes=slopes [H]`: score - slope_h * |q_idx - kv_idx|."""
+  slopes = jnp.asarray(slopes, jnp.float32)
+  return lambda score, b, h, q_idx, kv_idx: score - slopes[h] * jnp.abs(
+      q_idx - kv_idx).astype(jnp.float32)

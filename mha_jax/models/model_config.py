@@ -69,6 +69,10 @@ class ModelConfig:
   logit_soft_cap: float | None = None  # c: scores -> c tanh(s / c)
   attn_scale: float | None = None  # q.k multiplier (None: 1 / sqrt(Dh))
   attention_sinks: bool = False  # a learned sink logit per head
+  # User rules of every self-attention layer (score_rules.ScoreRules;
+  # docs/score_rules.md): fixed functions of (score,) b, h, q_idx, kv_idx.
+  score_mod: Any = None  # (score, b, h, q_idx, kv_idx) -> score
+  mask_mod: Any = None  # (b, h, q_idx, kv_idx) -> bool
   qk_norm: str | None = None  # None, "rms" or "layer"; norm_eps, norm_offset
   dtype: Any = None  # compute dtype (None: param_dtype)
   param_dtype: Any = jnp.float32  # parameter storage dtype
@@ -284,7 +288,9 @@ class ModelConfig:
         qk_norm_offset=self.norm_offset,
         rotary_base=base if rotary else None,
         rotary_dim=self.rotary_dim if rotary else None,
-        rotary_scaling=scaling if rotary else None)
+        rotary_scaling=scaling if rotary else None,
+        score_mod=self.score_mod if positional else None,
+        mask_mod=self.mask_mod if positional else None)
 
   @property
   def has_out_bias(self) -> bool:

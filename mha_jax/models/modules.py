@@ -89,7 +89,8 @@ class MultiHeadAttention(nnx.Module):
   def __call__(self, x_q, x_kv=None, *, mask=None, positions=None,
                kv_positions=None, head_mask=None, cache=None, lengths=None,
                hooks=None, deterministic=True, dropout_rng=None,
-               segment_ids=None, kv_segment_ids=None):
+               segment_ids=None, kv_segment_ids=None, score_mod=None,
+               mask_mod=None, block_mask=None):
     """Attend from `x_q [B,Tq,D]` to `x_kv [B,Tk,D]` (None: self-attention).
 
     `mask` (bool, True = may attend) broadcasts to `[B, H, Tq, Tk]`; the
@@ -104,6 +105,9 @@ class MultiHeadAttention(nnx.Module):
     `pattern` there to read the weights. `segment_ids [B, Tq]` (int):
     packed sequences, each token attends only within its segment;
     `kv_segment_ids [B, Tk]` for cross-attention (default: `segment_ids`).
+    `score_mod`, `mask_mod`, `block_mask`: user rules of this call
+    (`score_rules.ScoreRules`), for a layer whose spec has none; a rule
+    closing over this call's arrays (a learned table) gets gradients.
 
     Returns `(y [B, Tq, D], new cache or None)`, as `attention_layer`.
     """
@@ -131,7 +135,9 @@ class MultiHeadAttention(nnx.Module):
     if kv_segment_ids is None:
       kv_segment_ids = segment_ids
     rules = score_rules.ScoreRules(q_segment_ids=segment_ids,
-                                   kv_segment_ids=kv_segment_ids)
+                                   kv_segment_ids=kv_segment_ids,
+                                   score_mod=score_mod, mask_mod=mask_mod,
+                                   block_mask=block_mask)
     return multi_head.attention_layer(
         params, x_q, x_kv, spec=self.spec, mask=mask, positions=positions,
         kv_positions=kv_positions, cache=cache, lengths=lengths,

@@ -74,6 +74,11 @@ class _Config(NamedTuple):
   is_causal: bool
   rules: score_rules.ScoreRules  # only its static fields are read here
   scale: float
+  # The user rules, closure-converted (`_user_rules`): they take their
+  # hoisted arrays (`_Extras.score_consts` / `mask_consts`) last.
+  score_mod: object = None
+  mask_mod: object = None
+  block_masked: bool = False  # visit the blocks `_Extras.kv_*` list
 
 
 class _Extras(NamedTuple):
@@ -86,6 +91,19 @@ class _Extras(NamedTuple):
   # [1] int: the position of key 0 (None: 0). Context parallelism passes
   # one device's slice of the keys, which starts further along.
   k_start: jax.Array | None = None
+  # The user rules' inputs: batch rows [B, 1, 1, 1, 1] and query heads
+  # [1, K, G, 1, 1] (int32), and the arrays their functions close over,
+  # passed as arguments so that gradients reach them (`_user_rules`).
+  b_ids: jax.Array | None = None
+  h_ids: jax.Array | None = None
+  score_consts: tuple = ()  # float: differentiated
+  fixed_consts: tuple = ((), ())  # score_mod's others, mask_mod's: not
+  # A block mask (`block_mask.kernel_lists`): per query block, how many
+  # key blocks to visit [B', K', Nq], which [B', K', Nq, Nk] and whether
+  # each is full [B', K', Nq, Nk] (its mask_mod work skipped).
+  kv_num: jax.Array | None = None
+  kv_idx: jax.Array | None = None
+  kv_full: jax.Array | None = None
 
 
 # The names context parallelism (a layer above) builds on.
@@ -141,10 +159,28 @@ def _block_k_pos(ex, ks, cfg):
   return _key_start(ex) + ks + jnp.arange(cfg.bk)
 
 
-def _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg):
+def _user(ex, cfg, full=False, with_score=True):
+  """The block's `score_rules.User` (None without user rules): the
+  converted rules bound to their arrays. `full`: a block the block mask
+  found full, whose mask_mod work is skipped."""
+  bind = lambda f, consts: None if f is None else (
+      lambda *a: f(*a, *consts))
+  score = (bind(cfg.score_mod, ex.score_consts + ex.fixed_consts[0])
+           if with_score else None)
+  keep = None if full is True else bind(cfg.mask_mod, ex.fixed_consts[1])
+  if score is None and keep is None:
+    return None
+  return score_rules.User(ex.b_ids, ex.h_ids, score, keep)
+
+
+def _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full=False,
+                  with_score=True):
   """float32 scores of one block `[B, K, G, Bq, Bk]`, -inf where forbidden,
   and the soft cap's derivative (None without one): `score_rules.scores`
-  on the block."""
+  on the block. `full`: skip mask_mod (the block mask says it allows
+  every key of the block); `with_score=False`: the scores before
+  score_mod, not masked (the backward differentiates score_mod itself),
+  returned with the mask."""
   qk = jnp.einsum("bkgqd,bksd->bkgqs", qb, kb,
                   preferred_element_type=jnp.float32)
   q_pos = _block_q_pos(ex, qs, cfg)
@@ -154,16 +190,49 @@ def _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg):
   cut_k = lambda x: lax.dynamic_slice_in_dim(x, ks, cfg.bk, axis=1)[
       :, None, None]
   segs = ex.q_seg is not None
+  user = _user(ex, cfg, full, with_score)
   ok = score_rules.allowed(
       q_pos, k_pos, mask=_slice_block(mask, qs, ks, cfg),
       is_causal=cfg.is_causal, rules=cfg.rules,
       q_seg=cut_q(ex.q_seg) if segs else None,
       k_seg=cut_k(ex.k_seg) if segs else None,
       # Keys added by padding are never real.
-      kv_len=_key_start(ex) + cfg.tk if cfg.padded_keys else None)
-  return score_rules.scores(
+      kv_len=_key_start(ex) + cfg.tk if cfg.padded_keys else None,
+      user=user)
+  s, dcap = score_rules.scores(
       qk, q_pos, k_pos, scale=cfg.scale, rules=cfg.rules,
-      bias=_slice_block(bias, qs, ks, cfg), slopes=ex.slopes, ok=ok)
+      bias=_slice_block(bias, qs, ks, cfg), slopes=ex.slopes,
+      ok=ok if with_score else None, user=user)
+  return (s, dcap) if with_score else (s, dcap, ok)
+
+
+def _score_mod_vjp(s, ex, qs, ks, cfg):
+  """`score_mod` on a block of unmasked scores `s`, and its vjp to `s`
+  and to the arrays it closes over."""
+  q_pos, k_pos = _block_q_pos(ex, qs, cfg), _block_k_pos(ex, ks, cfg)
+  def apply(s, consts):
+    user = score_rules.User(ex.b_ids, ex.h_ids,
+                            lambda *a: cfg.score_mod(*a, *consts,
+                                                     *ex.fixed_consts[0]),
+                            None)
+    return score_rules.user_scores(user, s, q_pos, k_pos)
+  return jax.vjp(apply, s, ex.score_consts)
+
+
+def _key_blocks(i, nk, ex, cfg, body, carry):
+  """Run `body(j, full, carry)` over the key blocks query block i visits:
+  those of the block mask (`full` from it) or the built-in range
+  (`_kv_block_range`, full False)."""
+  if not cfg.block_masked:
+    return lax.fori_loop(*_kv_block_range(i, nk, ex, cfg),
+                         lambda j, c: body(j, False, c), carry)
+  first, end = _kv_block_range(i, nk, ex, cfg)
+  def step(t, c):
+    j, full = ex.kv_idx[0, 0, i, t], ex.kv_full[0, 0, i, t]
+    # A block the built-in rules hide stays unvisited.
+    return lax.cond((j >= first) & (j < end),
+                    lambda c: body(j, full, c), lambda c: c, c)
+  return lax.fori_loop(0, ex.kv_num[0, 0, i], step, carry)
 
 
 def _kv_block_range(i, nk, ex, cfg):
@@ -185,6 +254,16 @@ def _kv_block_range(i, nk, ex, cfg):
   first_key, last_key = first_key - _key_start(ex), last_key - _key_start(ex)
   end = jnp.clip(last_key // cfg.bk + 1, 0, nk)
   return jnp.clip(first_key // cfg.bk, 0, nk), end
+
+
+def _full_or_not(visit, full):
+  """`visit(carry, full)` as a function of the carry. `full` is False
+  without a block mask; with one it is traced, and a block the mask found
+  full takes the branch without the mask_mod work."""
+  if full is False:
+    return lambda c: visit(c, False)
+  return lambda c: lax.cond(full, lambda c: visit(c, True),
+                            lambda c: visit(c, False), c)
 
 
 def _visit(ex, qs, ks, cfg, body, carry):
@@ -232,14 +311,14 @@ def forward_blocks(q, k, v, mask, bias, ex, cfg, state):
     qs = i * cfg.bq
     qb = lax.dynamic_slice_in_dim(q, qs, cfg.bq, axis=3)  # [B,K,G,Bq,Dh]
 
-    def key_block(j, carry):
+    def key_block(j, full, carry):
       ks = j * cfg.bk
 
-      def visit(carry):
+      def visit(carry, full):
         m, l, acc = carry
         kb = lax.dynamic_slice_in_dim(k, ks, cfg.bk, axis=2)  # [B,K,Bk,Dh]
         vb = lax.dynamic_slice_in_dim(v, ks, cfg.bk, axis=2)  # [B,K,Bk,Dv]
-        s, _ = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg)
+        s, _ = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         # Rows that have seen no allowed key yet have m = -inf; shifting
         # them by 0 keeps exp() at exactly 0 instead of exp(-inf + inf).
@@ -252,10 +331,9 @@ def forward_blocks(q, k, v, mask, bias, ex, cfg, state):
             preferred_element_type=jnp.float32)
         return m_new, l, acc
 
-      return _visit(ex, qs, ks, cfg, visit, carry)
+      return _visit(ex, qs, ks, cfg, _full_or_not(visit, full), carry)
 
-    return lax.fori_loop(*_kv_block_range(i, nk, ex, cfg), key_block,
-                         (m, l, acc))
+    return _key_blocks(i, nk, ex, cfg, key_block, (m, l, acc))
 
   nq = state[0].shape[0]
   return lax.map(query_block, (jnp.arange(nq), *state))
@@ -325,6 +403,14 @@ def zero_grads(q, k, v, bias, ex):
 
 
 def backward_blocks(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads):
+  """`_backward_walk` without user rules (the context-parallel paths,
+  which refuse them): `grads` `(dq, dk, dv, dbias, dslopes)` float32."""
+  return _backward_walk(cfg, q, k, v, mask, bias, ex, lse, delta, d_out,
+                        grads, ())[:5]
+
+
+def _backward_walk(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads,
+                   dconsts):
   """Add the gradients through the key blocks of k, v to `grads`.
 
   Recomputes each block's probabilities as exp(S - lse) from the rows'
@@ -332,29 +418,39 @@ def backward_blocks(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads):
   slice of the sequence (`ex.k_start`), visited in any order: context
   parallelism calls this once per slice that reaches a device. `cfg`:
   `backward_cfg(...)`; `grads`: `(dq, dk, dv, dbias, dslopes)` float32
-  (`zero_grads`), dk and dv those of this k and v.
+  (`zero_grads`), dk and dv those of this k and v; `dconsts`: those of
+  `ex.score_consts` (zeros like them). Returns the six.
   """
   nq, nk = q.shape[3] // cfg.bq, k.shape[2] // cfg.bk
 
   def query_block(i, grads):
-    dq, dk, dv, dbias, dslopes = grads
+    dq, dk, dv, dbias, dslopes, dconsts = grads
     qs = i * cfg.bq
     cut = functools.partial(lax.dynamic_slice_in_dim, start_index=qs,
                             slice_size=cfg.bq, axis=3)
     qb, dob, lseb, deltab = cut(q), cut(d_out), cut(lse), cut(delta)
 
-    def key_block(j, carry):
+    def key_block(j, full, carry):
       ks = j * cfg.bk
 
-      def visit(carry):
-        dqb, dk, dv, dbias, dslopes = carry
+      def visit(carry, full):
+        dqb, dk, dv, dbias, dslopes, dconsts = carry
         kb = lax.dynamic_slice_in_dim(k, ks, cfg.bk, axis=2)
         vb = lax.dynamic_slice_in_dim(v, ks, cfg.bk, axis=2)
-        s, dcap = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg)
+        if cfg.score_mod is None:
+          s, dcap = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full)
+        else:  # differentiate score_mod on the unmasked scores
+          s, dcap, ok = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg,
+                                      full, with_score=False)
+          s, user_vjp = _score_mod_vjp(s, ex, qs, ks, cfg)
+          s = s if ok is None else score_rules.forbid(s, ok)
         p = jnp.exp(s - lseb[..., None])  # [B, K, G, Bq, Bk], exact softmax
         dp = jnp.einsum("bkgqd,bksd->bkgqs", dob, vb,
                         preferred_element_type=jnp.float32)
         ds = p * (dp - deltab[..., None])  # d loss / d (softmax input)
+        if cfg.score_mod is not None:  # through score_mod (p and so ds
+          ds, dc = user_vjp(ds)  # are 0 on masked keys: they add nothing)
+          dconsts = jax.tree.map(jnp.add, dconsts, dc)
         if dcap is not None:  # through c * tanh(x / c)
           ds = ds * dcap
         # The G query heads of a group share k and v: sum their gradients.
@@ -373,17 +469,17 @@ def backward_blocks(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads):
           dist = score_rules.distance(_block_q_pos(ex, qs, cfg),
                                       _block_k_pos(ex, ks, cfg))
           dslopes = dslopes - _reduce_to(ds * dist, dslopes.shape)
-        return dqb, dk, dv, dbias, dslopes
+        return dqb, dk, dv, dbias, dslopes, dconsts
 
-      return _visit(ex, qs, ks, cfg, visit, carry)
+      return _visit(ex, qs, ks, cfg, _full_or_not(visit, full), carry)
 
-    init = (cut(dq), dk, dv, dbias, dslopes)
-    dqb, dk, dv, dbias, dslopes = lax.fori_loop(
-        *_kv_block_range(i, nk, ex, cfg), key_block, init)
+    init = (cut(dq), dk, dv, dbias, dslopes, dconsts)
+    dqb, dk, dv, dbias, dslopes, dconsts = _key_blocks(
+        i, nk, ex, cfg, key_block, init)
     dq = lax.dynamic_update_slice_in_dim(dq, dqb, qs, axis=3)
-    return dq, dk, dv, dbias, dslopes
+    return dq, dk, dv, dbias, dslopes, dconsts
 
-  return lax.fori_loop(0, nq, query_block, grads)
+  return lax.fori_loop(0, nq, query_block, grads + (dconsts,))
 
 
 def _backward(cfg, residuals, d_out):
@@ -391,14 +487,17 @@ def _backward(cfg, residuals, d_out):
   cfg = backward_cfg(cfg)
   q, k, v, mask, bias, ex, out, lse = residuals
   delta, lse = row_terms(out, lse, d_out)
-  dq, dk, dv, dbias, dslopes = backward_blocks(
+  dq, dk, dv, dbias, dslopes, dconsts = _backward_walk(
       cfg, q, k, v, mask, bias, ex, lse, delta, d_out,
-      zero_grads(q, k, v, bias, ex))
+      zero_grads(q, k, v, bias, ex),
+      tuple(jnp.zeros_like(c) for c in ex.score_consts))
   dbias = None if bias is None else dbias.astype(bias.dtype)
   dsinks = None if ex.sinks is None else sink_grad(ex.sinks, lse, delta)
-  # Masks, positions and segment ids are not differentiable (None: zero).
+  # Masks, positions, segment ids, indices, the mask rule's arrays and the
+  # block lists are not differentiable (None: zero).
   d_ex = _Extras(q_pos=None, q_seg=None, k_seg=None, slopes=dslopes,
-                 sinks=dsinks)
+                 sinks=dsinks, score_consts=dconsts,
+                 fixed_consts=jax.tree.map(lambda _: None, ex.fixed_consts))
   return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None,
           dbias, d_ex)
 
@@ -447,10 +546,14 @@ def _flash_by_head(q, k, v, mask, bias, ex, cfg):
 
   def one(index):
     i, j = index // kh, index % kh
-    ex_ij = _Extras(q_pos=cut(ex.q_pos, i, j, head_axis=False),
-                    q_seg=cut(ex.q_seg, i, j, head_axis=False),
-                    k_seg=cut(ex.k_seg, i, j, head_axis=False),
-                    slopes=cut(ex.slopes, i, j), sinks=cut(ex.sinks, i, j))
+    ex_ij = ex._replace(
+        q_pos=cut(ex.q_pos, i, j, head_axis=False),
+        q_seg=cut(ex.q_seg, i, j, head_axis=False),
+        k_seg=cut(ex.k_seg, i, j, head_axis=False),
+        slopes=cut(ex.slopes, i, j), sinks=cut(ex.sinks, i, j),
+        b_ids=cut(ex.b_ids, i, j), h_ids=cut(ex.h_ids, i, j),
+        kv_num=cut(ex.kv_num, i, j), kv_idx=cut(ex.kv_idx, i, j),
+        kv_full=cut(ex.kv_full, i, j))
     out = _flash(cut(q, i, j), cut(k, i, j), cut(v, i, j), cut(mask, i, j),
                  cut(bias, i, j), ex_ij, cfg)
     return out[0, 0]  # [G, Tq', Dv]
@@ -474,7 +577,15 @@ def block_config(dtype, head_dim, rules, is_causal, tq, tk, block_q, block_k,
   at most `block_q` x `block_k`. `halve_backward`: the batched kernel's
   backward runs on halved blocks (BACKWARD_BLOCK); one head at a time it
   keeps the forward's. With `prescaled(dtype)` the caller multiplies q by
-  the scale."""
+  the scale. User rules are refused: only `flash_attention` hoists the
+  arrays they close over into the kernel's arguments."""
+  user = [n for n in ("score_mod", "mask_mod", "block_mask")
+          if getattr(rules, n) is not None]
+  if user:
+    raise ValueError(f"block_config: `{user[0]}` is applied by "
+                     "flash_attention (implementation='flash') on one "
+                     "device; the context-parallel paths do not take user "
+                     "rules")
   bq, bk = min(block_q, tq), min(block_k, tk)
   tk_pad = -(-tk // bk) * bk
   return _Config(tq=tq, tk=tk, bq=bq, bk=bk,
@@ -487,6 +598,44 @@ def block_config(dtype, head_dim, rules, is_causal, tq, tk, block_q, block_k,
                      soft_cap=rules.soft_cap, scale=rules.scale),
                  scale=(1.0 if prescaled(dtype)
                         else score_rules.scale_of(rules, head_dim)))
+
+
+def _hoist(rule, example):
+  """`rule` traced once on `example` scalars, with every array it closes
+  over hoisted out: `(fn, floats, others)`, `fn(*args, *floats, *others)`
+  the rule. A custom VJP may not close over traced values (a parameter
+  under grad, document ids under jit), so the kernel takes them as
+  arguments; the floats get gradients."""
+  closed = jax.make_jaxpr(rule)(*example)
+  is_float = [jnp.issubdtype(jnp.result_type(c), jnp.inexact)
+              for c in closed.consts]
+  floats = tuple(c for c, f in zip(closed.consts, is_float) if f)
+  others = tuple(c for c, f in zip(closed.consts, is_float) if not f)
+  n, nf = len(example), len(floats)
+
+  def fn(*args):
+    fl, ot = iter(args[n:n + nf]), iter(args[n + nf:])
+    consts = [next(fl) if f else next(ot) for f in is_float]
+    return jax.core.eval_jaxpr(closed.jaxpr, consts, *args[:n])[0]
+  return fn, floats, others
+
+
+def _user_rules(rules):
+  """`(score_mod, mask_mod, score_consts, fixed_consts)`: the user rules
+  with the arrays they close over hoisted (`_hoist`). score_mod takes
+  `(*args, *score_consts, *its fixed consts)`, mask_mod `(*args, *its
+  consts)`; `fixed_consts` = (score_mod's, mask_mod's), not
+  differentiated."""
+  i32 = jnp.zeros((), jnp.int32)
+  score, mask, floats, fixed = None, None, (), ((), ())
+  if rules.score_mod is not None:
+    score, floats, others = _hoist(
+        rules.score_mod, (jnp.zeros((), jnp.float32), i32, i32, i32, i32))
+    fixed = (others, ())
+  if rules.mask_mod is not None:
+    mask, fl, others = _hoist(rules.mask_mod, (i32, i32, i32, i32))
+    fixed = (fixed[0], fl + others)
+  return score, mask, floats, fixed
 
 
 def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
@@ -524,13 +673,27 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
     head_loop = jax.default_backend() == "cpu"
   default = (HEAD_LOOP_BLOCK, HEAD_LOOP_BLOCK) if head_loop else (
       DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K)
+  bm = rules.block_mask
+  if bm is not None:  # the kernel's blocks are the block mask's
+    for name, val, want, length in (
+        ("block_q", block_q, bm.q_block, q.shape[1]),
+        ("block_k", block_k, bm.kv_block, k.shape[1])):
+      if val is not None and min(val, length) != want:
+        raise ValueError(f"flash_attention: `{name}`={val} differs from "
+                         f"the block mask's {want}")
+    block_q, block_k = bm.q_block, bm.kv_block
   block_q = default[0] if block_q is None else block_q
   block_k = default[1] if block_k is None else block_k
   b, tq, h, dh = q.shape
   tk, kh, dv = k.shape[1], k.shape[2], v.shape[3]
   g = h // kh
-  cfg = block_config(q.dtype, dh, rules, is_causal, tq, tk, block_q,
-                     block_k, halve_backward=not head_loop)
+  plain = score_rules.ScoreRules(**{
+      n: getattr(rules, n) for n in ("local_window", "soft_cap", "scale")})
+  cfg = block_config(q.dtype, dh, plain, is_causal, tq, tk, block_q,
+                     block_k, halve_backward=not head_loop and bm is None)
+  score_fn, mask_fn, score_consts, fixed_consts = _user_rules(rules)
+  cfg = cfg._replace(score_mod=score_fn, mask_mod=mask_fn,
+                     block_masked=bm is not None)
   tq_pad, tk_pad = -(-tq // cfg.bq) * cfg.bq, -(-tk // cfg.bk) * cfg.bk
   if prescaled(q.dtype):
     q = q * score_rules.scale_of(rules, dh)
@@ -561,7 +724,13 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
                q_seg=edge(rules.q_segment_ids, tq_pad),
                k_seg=edge(rules.kv_segment_ids, tk_pad),
                slopes=per_head(rules.alibi_slopes, (1, 1)),
-               sinks=per_head(rules.sinks, (1,)))
+               sinks=per_head(rules.sinks, (1,)),
+               b_ids=jnp.arange(b, dtype=jnp.int32).reshape(b, 1, 1, 1, 1),
+               h_ids=jnp.arange(h, dtype=jnp.int32).reshape(1, kh, g, 1, 1),
+               score_consts=score_consts, fixed_consts=fixed_consts)
+  if bm is not None:
+    num, idx, full = bm.kernel_lists(kh, per_head=head_loop)
+    ex = ex._replace(kv_num=num, kv_idx=idx, kv_full=full)
   kernel = _flash_by_head if head_loop else _flash
   out = kernel(qt, kt, vt, mask, bias, ex, cfg)  # [B, K, G, Tq', Dv]
   out = out[:, :, :, :tq].transpose(0, 3, 1, 2, 4)  # [B, Tq, K, G, Dv]

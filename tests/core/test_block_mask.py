@@ -1,0 +1,144 @@
+"""Block masks: exact block states against NumPy, the known block counts of
+causal, window and document masks, and a blockwise kernel that visits
+exactly the blocks the mask lists (shown by tampering with the list)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha_jax.core import attention
+from mha_jax.core import block_mask
+from mha_jax.core import masks
+from mha_jax.core import score_rules
+from mha_jax.core.kernels import flash
+
+
+def _numpy_states(mask_np, b_n, h_n, tq, tk, bq, bk):
+  """The block states from the whole [Tq, Tk] mask, by definition."""
+  nq, nk = -(-tq // bq), -(-tk // bk)
+  out = np.zeros((b_n, h_n, nq, nk), np.int8)
+  qi = (tk - tq + np.arange(tq))[:, None]
+  ki = np.arange(tk)[None, :]
+  for b in range(b_n):
+    for h in range(h_n):
+      ok = np.broadcast_to(mask_np(b, h, qi, ki), (tq, tk))
+      for i in range(nq):
+        for j in range(nk):
+          blk = ok[i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
+          out[b, h, i, j] = (block_mask.FULL if blk.all() else
+                             block_mask.PARTIAL if blk.any() else
+                             block_mask.EMPTY)
+  return out
+
+
+def test_states_are_exact_for_a_rule_of_batch_and_head(monkeypatch):
+  # Tiny chunks, so that the chunked evaluation and its padded last
+  # chunk (13 rows of blocks of 3, lengths not multiples) are exercised.
+  monkeypatch.setattr(block_mask, "CHUNK", 40)
+  ids = np.array([[0] * 5 + [1] * 6 + [2] * 4, [0] * 9 + [1] * 6])
+  jids = jnp.asarray(ids)
+  rule = lambda b, h, qi, ki: (jids[b, qi] == jids[b, ki]) & (
+      qi - ki <= 2 + 3 * h)
+  rule_np = lambda b, h, qi, ki: (ids[b][qi] == ids[b][ki]) & (
+      qi - ki <= 2 + 3 * h)
+  got = block_mask.create(rule, 2, 2, 13, 15, 3, 4)
+  np.testing.assert_array_equal(
+      got.state, _numpy_states(rule_np, 2, 2, 13, 15, 3, 4))
+  assert (got.q_block, got.kv_block, got.q_offset) == (3, 4, 2)
+
+
+def test_known_block_counts_of_causal_window_and_documents():
+  n, blk = 64, 8  # 8 x 8 blocks
+  causal = block_mask.create(masks.causal_mod(), None, None, n, n, blk, blk)
+  # The 8 diagonal blocks are partial, the 28 below them full.
+  assert causal.counts() == {"empty": 28, "partial": 8, "full": 28}
+  window = block_mask.create(
+      masks.and_mods(masks.causal_mod(), masks.window_mod(16)), None, None,
+      n, n, blk, blk)
+  # Query block i >= 2 sees key blocks i - 2 (partial), i - 1 (full) and
+  # i (partial); block 1 sees 0 (full) and 1; block 0 only itself.
+  assert window.counts() == {"empty": 64 - 21, "partial": 14, "full": 7}
+  ids = np.repeat(np.arange(4), 16)[None]  # 4 documents of 2 blocks each
+  docs = block_mask.create(
+      masks.and_mods(masks.causal_mod(), masks.documents_mod(ids)), 1, None,
+      n, n, blk, blk)
+  # Per document: two diagonal blocks (partial) and the one below (full).
+  assert docs.counts() == {"empty": 64 - 12, "partial": 8, "full": 4}
+  assert docs.computed() == 12
+
+
+def _qkv(seed, b=1, t=24, h=2, kh=1):
+  ks = jax.random.split(jax.random.key(seed), 3)
+  return (jax.random.normal(ks[0], (b, t, h, 8)),
+          jax.random.normal(ks[1], (b, t, kh, 8)),
+          jax.random.normal(ks[2], (b, t, kh, 8)))
+
+
+def test_kernel_visits_exactly_the_listed_blocks():
+  q, k, v = _qkv(0)
+  rule = masks.causal_mod()
+  bm = block_mask.create(rule, None, None, 24, 24, 8, 8)
+  run = lambda bm_, rule_=rule: flash.flash_attention(
+      q, k, v, rules=score_rules.ScoreRules(mask_mod=rule_, block_mask=bm_))
+  dense = lambda ok: attention.attend(q, k, v, mask=jnp.asarray(ok),
+                                      implementation="einsum")[0]
+  causal = np.tril(np.ones((24, 24), bool))
+  np.testing.assert_allclose(run(bm), dense(causal), atol=1e-6)
+  # Listed empty, block (2, 0) is skipped: its keys drop out of rows 16-23.
+  state = bm.state.copy()
+  state[0, 0, 2, 0] = block_mask.EMPTY
+  skipped = causal.copy()
+  skipped[16:24, 0:8] = False
+  np.testing.assert_allclose(run(block_mask.BlockMask(
+      state, 24, 24, 8, 8, 0)), dense(skipped), atol=1e-6)
+  # Listed full, diagonal block (1, 1) gets no mask_mod work: its upper
+  # triangle is attended.
+  state = bm.state.copy()
+  state[0, 0, 1, 1] = block_mask.FULL
+  opened = causal.copy()
+  opened[8:16, 8:16] = True
+  np.testing.assert_allclose(run(block_mask.BlockMask(
+      state, 24, 24, 8, 8, 0)), dense(opened), atol=1e-6)
+
+
+def test_heads_of_one_group_share_the_merged_lists():
+  # H = 2 query heads on one kv head: head 0 causal, head 1 sees all. The
+  # group's block (0, 1) is empty for head 0 only, so it is visited
+  # (partial), and the results equal the dense reference per head.
+  rule = lambda b, h, qi, ki: (ki <= qi) | (h == 1)
+  bm = block_mask.create(rule, None, 2, 16, 16, 8, 8)
+  num, idx, full = bm.kernel_lists(1, per_head=True)
+  np.testing.assert_array_equal(num[0, 0], [2, 2])
+  np.testing.assert_array_equal(full[0, 0], [[False, False],
+                                             [True, False]])
+  q, k, v = _qkv(1, t=16)
+  got = flash.flash_attention(q, k, v, rules=score_rules.ScoreRules(
+      mask_mod=rule, block_mask=bm))
+  ok = np.stack([np.tril(np.ones((16, 16), bool)), np.ones((16, 16), bool)])
+  want, _ = attention.attend(q, k, v, mask=jnp.asarray(ok)[None],
+                             implementation="einsum")
+  np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_block_mask_that_does_not_fit_the_call_is_refused():
+  bm = block_mask.create(masks.causal_mod(), None, None, 16, 16, 8, 8)
+  q = jnp.zeros((1, 24, 2, 8))
+  rules = score_rules.ScoreRules(mask_mod=masks.causal_mod(), block_mask=bm)
+  with pytest.raises(ValueError, match=r"attend: `block_mask` does not fit:"
+                     r" it was built for Tq=16, Tk=16, the call has Tq=24"):
+    attention.attend(q, q, q, implementation="flash", rules=rules)
+  with pytest.raises(ValueError, match="`block_mask`.*no `mask_mod`"):
+    attention.attend(q[:, :16], q[:, :16], q[:, :16], implementation="flash",
+                     rules=score_rules.ScoreRules(block_mask=bm))
+  with pytest.raises(ValueError, match=r"`block_k`=4 differs from the block"
+                     " mask's 8"):
+    flash.flash_attention(q[:, :16], q[:, :16], q[:, :16], rules=rules,
+                          block_k=4)
+  with pytest.raises(ValueError, match=r"block_mask.create: `q_len` must be"
+                     " a positive int, got 0"):
+    block_mask.create(masks.causal_mod(), None, None, 0, 16)
+  with pytest.raises(TypeError, match=r"block_mask.create: `mask_mod` must "
+                     "return a bool"):
+    block_mask.create(lambda b, h, qi, ki: qi - ki, None, None, 8, 8)
+

@@ -1,0 +1,225 @@
+"""User rules (`score_mod`, `mask_mod`) on every path that takes them,
+against a float64 NumPy reference that applies the rule to the whole score
+matrix and differentiates it by hand; and the errors of a malformed rule."""
+
+import math
+
+import hypothesis
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha_jax.core import attention
+from mha_jax.core import block_mask
+from mha_jax.core import score_rules
+from mha_jax.core.kernels import flash
+
+# One shape per rule, no shrinking: each new shape compiles every path,
+# and the suite's time is budgeted (five rules, so five random shapes).
+_SETTINGS = dict(max_examples=1, deadline=None, derandomize=True,
+                 phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+                 suppress_health_check=[hypothesis.HealthCheck.too_slow])
+
+
+def reference(q, k, v, w, rule):
+  """float64 out and the gradients of sum(out * w) to q, k, v and to the
+  score_mod output (`dmod [B, H, Tq, Tk]`, for a table's gradient), one
+  (batch, head) at a time. `rule`: a `Rule` (NumPy side)."""
+  q, k, v, w = (np.asarray(x, np.float64) for x in (q, k, v, w))
+  b_n, tq, h_n, dh = q.shape
+  tk, kh = k.shape[1], k.shape[2]
+  scale = 1 / math.sqrt(dh)
+  out, dq = np.zeros((b_n, tq, h_n, v.shape[-1])), np.zeros_like(q)
+  dk, dv = np.zeros_like(k), np.zeros_like(v)
+  dmod = np.zeros((b_n, h_n, tq, tk))
+  qi = (tk - tq + np.arange(tq))[:, None]
+  ki = np.arange(tk)[None, :]
+  for b in range(b_n):
+    for h in range(h_n):
+      g = h // (h_n // kh)
+      s0 = scale * q[b, :, h] @ k[b, :, g].T  # [Tq, Tk]
+      s = rule.score_np(s0, b, h, qi, ki)
+      ok = np.broadcast_to(rule.mask_np(b, h, qi, ki), s.shape)
+      sink = -np.inf if rule.sinks is None else float(rule.sinks[h])
+      top = np.maximum(np.max(np.where(ok, s, -np.inf), -1, keepdims=True),
+                       sink)
+      top = np.where(np.isfinite(top), top, 0.0)
+      e = np.where(ok, np.exp(np.where(ok, s, 0.0) - top), 0.0)
+      total = e.sum(-1, keepdims=True) + np.exp(sink - top)
+      p = e / np.where(total > 0, total, 1.0)
+      out[b, :, h] = p @ v[b, :, g]
+      dp = w[b, :, h] @ v[b, :, g].T
+      dv[b, :, g] += p.T @ w[b, :, h]
+      ds = p * (dp - np.sum(p * dp, -1, keepdims=True))
+      dmod[b, h] = ds
+      ds0 = ds * rule.dscore_np(s0, b, h, qi, ki)
+      dq[b, :, h] = scale * ds0 @ k[b, :, g]
+      dk[b, :, g] += scale * ds0.T @ q[b, :, h]
+  return out, dq, dk, dv, dmod
+
+
+class Rule:
+  """One rule twice: jnp for the library (`rules(table)`), NumPy for the
+  reference (`score_np`, its derivative `dscore_np`, `mask_np`)."""
+
+  def __init__(self, name, b, h, tk, rng):
+    self.name, self.table, self.sinks = name, None, None
+    self.score_np = lambda s, *_: s
+    self.dscore_np = lambda s, *_: np.ones_like(s)
+    self.mask_np = lambda b, h, qi, ki: np.ones(np.broadcast(qi, ki).shape,
+                                                bool)
+    self.score_mod = self.mask_mod = None
+    if name == "relative_bias":  # a learned per-head table
+      self.table = rng.normal(size=(h, 2 * tk - 1)).astype(np.float32)
+      self.score_np = lambda s, b, h, qi, ki: s + self.table_np[
+          h, qi - ki + tk - 1]
+      self.score_mod = lambda table: (
+          lambda s, b, h, qi, ki: s + table[h, qi - ki + tk - 1])
+    elif name == "documents":  # packed documents, causal inside each
+      docs = np.sort(rng.integers(0, 3, size=(b, tk)), axis=1)
+      self.mask_np = lambda b, h, qi, ki: (docs[b][qi] == docs[b][ki]) & (
+          ki <= qi)
+      ids = jnp.asarray(docs)
+      self.mask_mod = lambda b, h, qi, ki: (ids[b, qi] == ids[b, ki]) & (
+          ki <= qi)
+    elif name == "prefix_lm":  # the first n keys seen by all, causal after
+      n = int(rng.integers(1, tk + 1))
+      self.mask_np = lambda b, h, qi, ki: (ki <= qi) | (ki < n)
+      self.mask_mod = lambda b, h, qi, ki: (ki <= qi) | (ki < n)
+    elif name == "soft_cap":  # tanh soft-capping, c = 2
+      self.score_np = lambda s, *_: 2.0 * np.tanh(s / 2.0)
+      self.dscore_np = lambda s, *_: 1.0 - np.tanh(s / 2.0) ** 2
+      self.score_mod = lambda table: (
+          lambda s, b, h, qi, ki: 2.0 * jnp.tanh(s / 2.0))
+    elif name == "window_sinks":  # causal window of 3, 1 sink token, and
+      # the project's per-head sink logits (a built-in rule) beside it
+      self.sinks = rng.normal(size=(h,)).astype(np.float32)
+      self.mask_np = lambda b, h, qi, ki: ((ki <= qi) & (qi - ki < 3)) | (
+          ki < 1)
+      self.mask_mod = lambda b, h, qi, ki: ((ki <= qi) & (qi - ki < 3)) | (
+          ki < 1)
+    elif name == "empty_rows":  # odd query positions see nothing
+      self.mask_np = lambda b, h, qi, ki: np.broadcast_to(
+          qi % 2 == 0, np.broadcast(qi, ki).shape)
+      self.mask_mod = lambda b, h, qi, ki: qi % 2 == 0
+
+  @property
+  def table_np(self):
+    return self.table.astype(np.float64)
+
+  def rules(self, table):
+    return score_rules.ScoreRules(
+        score_mod=None if self.score_mod is None else self.score_mod(table),
+        mask_mod=self.mask_mod,
+        sinks=None if self.sinks is None else jnp.asarray(self.sinks))
+
+
+# "flash": one (batch, kv head) at a time (the CPU default), with a block
+# mask where the rule has a mask_mod; "flash_batched": all heads per block
+# (the GPU default), without one.
+PATHS = ("vmap", "einsum", "flash", "flash_batched")
+
+
+def _run(path, q, k, v, w, rule, table):
+  """out and d sum(out * w) / d (q, k, v, table) on `path`, jitted."""
+  bm = None
+  if path == "flash" and rule.mask_mod is not None:
+    # Built once, outside the compiled step (it is NumPy).
+    bm = block_mask.create(rule.mask_mod, q.shape[0], None, q.shape[1],
+                           k.shape[1], 4, 4)
+
+  def loss(q, k, v, table):
+    rules = rule.rules(table)
+    if path in ("vmap", "einsum"):
+      out, _ = attention.attend(q, k, v, implementation=path, rules=rules)
+    else:
+      rules = rules.replace(block_mask=bm)
+      attention.check_attend_inputs(q, k, v, None, None, "flash",
+                                    rules=rules)
+      out = flash.flash_attention(q, k, v, rules=rules, block_q=4,
+                                  block_k=4,
+                                  head_loop=path != "flash_batched")
+    return jnp.sum(out * w), out
+  (_, out), grads = jax.jit(jax.value_and_grad(
+      loss, argnums=(0, 1, 2, 3), has_aux=True))(q, k, v, table)
+  return out, grads
+
+
+def _check_rule(name, b, tq, tk, h, kh, seed, paths=PATHS[:3]):
+  rng = np.random.default_rng(seed)
+  rule = Rule(name, b, h, tk, rng)
+  q, k, v = (rng.normal(size=s).astype(np.float32) for s in
+             ((b, tq, h, 8), (b, tk, kh, 8), (b, tk, kh, 8)))
+  w = rng.normal(size=(b, tq, h, 8)).astype(np.float32)
+  table = (jnp.zeros((1,)) if rule.table is None else
+           jnp.asarray(rule.table))
+  want_out, *want_grads, dmod = reference(q, k, v, w, rule)
+  for path in paths:
+    out, grads = _run(path, q, k, v, w, rule, table)
+    np.testing.assert_allclose(out, want_out, atol=2e-5, err_msg=path)
+    for got, want, what in zip(grads, want_grads, "qkv"):
+      np.testing.assert_allclose(got, want, atol=5e-5,
+                                 err_msg=f"{path} d{what}")
+    if rule.table is not None:  # the table gets every dmod at its offset
+      want_table = np.zeros(rule.table.shape)
+      rel = (tk - tq + np.arange(tq))[:, None] - np.arange(tk)[None] + tk - 1
+      for hi in range(h):
+        np.add.at(want_table[hi], rel, dmod[:, hi].sum(0))
+      np.testing.assert_allclose(grads[3], want_table, atol=5e-5,
+                                 err_msg=f"{path} dtable")
+
+
+_SHAPES = dict(b=st.integers(1, 2), tq=st.integers(1, 9),
+               extra=st.integers(0, 4), heads=st.sampled_from([(2, 1),
+                                                               (2, 2)]),
+               seed=st.integers(0, 99))
+
+
+@pytest.mark.parametrize("name", ["relative_bias", "documents", "prefix_lm",
+                                  "soft_cap", "window_sinks"])
+@hypothesis.settings(**_SETTINGS)
+@hypothesis.given(**_SHAPES)
+def test_rule_matches_float64_reference_on_every_path(name, b, tq, extra,
+                                                      heads, seed):
+  _check_rule(name, b, tq, tq + extra, heads[0], heads[1], seed)
+
+
+@pytest.mark.parametrize("name", ["relative_bias", "documents"])
+def test_batched_kernel_matches_float64_reference(name):
+  # The batched kernel sums the table's gradient over (B, K) in one block.
+  _check_rule(name, 2, 6, 9, 4, 2, seed=5, paths=("flash_batched",))
+
+
+def test_fully_masked_rows_give_zero_output_and_zero_gradients():
+  # The project's empty-row policy (attention.py): output 0 and finite
+  # gradients (0 to the keys through those rows), not NaN, on every path;
+  # the reference gives exactly that for rows with no allowed key.
+  _check_rule("empty_rows", 2, 6, 6, 2, 1, seed=3, paths=PATHS)
+
+
+@pytest.mark.parametrize("rule, field, match", [
+    (lambda s, b, h: s, "score_mod", "takes 3 positional"),
+    (lambda s, b, h, qi, ki: jnp.stack([s, s]), "score_mod",
+     "one value per"),
+    (lambda s, b, h, qi, ki: qi, "score_mod", "a float score, got int32"),
+    (lambda b, h, qi, ki: qi - ki, "mask_mod", "a bool, got int32"),
+    (3.0, "mask_mod", "must be a function"),
+])
+def test_malformed_rule_is_refused_naming_it(rule, field, match):
+  q = jnp.zeros((1, 4, 2, 8))
+  with pytest.raises((TypeError, ValueError),
+                     match=rf"attend: `{field}`.*{match}"):
+    attention.attend(q, q, q, implementation="flash",
+                     rules=score_rules.ScoreRules(**{field: rule}))
+
+
+@pytest.mark.parametrize("implementation", ["xla", "cudnn", "pallas_tpu"])
+def test_paths_without_user_rules_refuse_them(implementation):
+  q = jnp.zeros((1, 4, 2, 8))
+  with pytest.raises(ValueError, match="does not apply user rules "
+                     r"\(`mask_mod`\)"):
+    attention.attend(q, q, q, implementation=implementation,
+                     rules=score_rules.ScoreRules(
+                         mask_mod=lambda b, h, qi, ki: ki <= qi))
