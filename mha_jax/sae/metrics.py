@@ -16,6 +16,7 @@ and mean (to its mean over the buffer).
 
 from __future__ import annotations
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,12 +72,14 @@ def cross_entropy(logits, targets, mask):
 MODES = ("clean", "splice", "zero", "mean")
 
 
-def site_loss_fn(model, site: str, *, kind: str, k: int | None = None):
+def site_loss_fn(model, site: str, *, kind: str, k: int | None = None,
+                 keep_first: bool = False):
   """A jitted `(mode, params, scale, mean_site, tokens, targets, mask) ->
   CE`, with the site left alone ("clean"), replaced by the SAE's
   reconstruction ("splice"), zeroed ("zero") or set to `mean_site` (its
-  mean, shaped like the flattened site's row, "mean"). `mode` is static."""
-  from flax import nnx  # pylint: disable=import-outside-toplevel
+  mean, shaped like the flattened site's row, "mean"). `mode` is static.
+  `keep_first`: position 0 keeps its clean value in every mode (for an
+  SAE trained without first tokens)."""
   graphdef, state = nnx.split(model)
 
   def run(mode, params, scale, mean_site, tokens, targets, mask):
@@ -89,6 +92,9 @@ def site_loss_fn(model, site: str, *, kind: str, k: int | None = None):
         "zero": jnp.zeros_like,
         "mean": lambda z: jnp.broadcast_to(
             mean_site.reshape(z.shape[2:]), z.shape).astype(z.dtype)}[mode]
+    if patch and keep_first:
+      patch = (lambda p: lambda z: jnp.concatenate([z[:, :1], p(z)[:, 1:]],
+                                                   1))(patch)
     m = nnx.merge(graphdef, state)
     logits = m(tokens, patch={site: patch} if patch else None)
     return cross_entropy(logits, targets, mask)

@@ -81,7 +81,8 @@ def reconstruct(params, x, *, kind: str, k: int | None = None):
 
 def loss(params, x, *, kind: str, l1: float = 0.0, k: int | None = None,
          dead=None, aux_k: int = 0, aux_coef: float = 0.0):
-  """`(loss, {"mse", "sparsity", "aux", "l0"})` of a batch `x [N, D]`.
+  """`(loss, {"mse", "sparsity", "aux", "l0", "fired" [F]})` of a batch
+  `x [N, D]` ("fired": which features were active on any example).
 
   `dead [F]` bool marks the features that have not fired for a while
   (TopK's AuxK uses them; ignored by "relu" and when aux_k is 0).
@@ -94,16 +95,20 @@ def loss(params, x, *, kind: str, l1: float = 0.0, k: int | None = None,
   sparsity = jnp.mean(jnp.sum(f * dec_norm[None], -1))
   aux = jnp.zeros((), jnp.float32)
   if kind == "topk" and aux_k and dead is not None:
-    # The dead features' largest pre-activations reconstruct the error
-    # (no decoder bias: it is the live features' residual).
-    masked = jnp.where(dead[None], jax.nn.relu(pre), 0.0)
-    f_aux = activate(masked, kind="topk", k=min(aux_k, pre.shape[-1]))
-    err_aux = jax.lax.stop_gradient(err) - f_aux @ params["w_dec"]
-    # Zero when nothing is dead, as Gao et al.'s loss is.
-    aux = jnp.where(jnp.any(dead), jnp.mean(jnp.sum(err_aux ** 2, -1)), 0.0)
+    def aux_loss(_):
+      # The dead features' largest pre-activations reconstruct the error
+      # (no decoder bias: it is the live features' residual).
+      masked = jnp.where(dead[None], jax.nn.relu(pre), 0.0)
+      f_aux = activate(masked, kind="topk", k=min(aux_k, pre.shape[-1]))
+      err_aux = jax.lax.stop_gradient(err) - f_aux @ params["w_dec"]
+      return jnp.mean(jnp.sum(err_aux ** 2, -1))
+    # Zero when nothing is dead, as in Gao et al.; `cond` skips the second
+    # top-k, the slowest part of a TopK step on a CPU, in that case.
+    aux = jax.lax.cond(jnp.any(dead), aux_loss, lambda _: aux, None)
   total = mse + (l1 * sparsity if kind == "relu" else aux_coef * aux)
   return total, {"mse": mse, "sparsity": sparsity, "aux": aux,
-                 "l0": jnp.mean(jnp.sum(f > 0, -1))}
+                 "l0": jnp.mean(jnp.sum(f > 0, -1)),
+                 "fired": jnp.any(f > 0, axis=0)}
 
 
 def normalize_decoder(params) -> dict:

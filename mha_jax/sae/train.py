@@ -80,9 +80,7 @@ def train_step(state, x, *, hp: Hyper, optimizer):
   grads = sae_lib.project_decoder_grad(grads, params)
   updates, opt_state = optimizer.update(grads, state["opt_state"], params)
   params = sae_lib.normalize_decoder(optax.apply_updates(params, updates))
-  fired = jnp.any(sae_lib.encode(state["params"], x, kind=hp.kind, k=hp.k)
-                  > 0, axis=0)
-  since = jnp.where(fired, 0, state["since_fired"] + 1)
+  since = jnp.where(m.pop("fired"), 0, state["since_fired"] + 1)
   return ({"step": state["step"] + 1, "params": params,
            "opt_state": opt_state, "since_fired": since},
           {**m, "dead": jnp.mean(dead)})
@@ -159,6 +157,20 @@ def _restore_latest(manager, state):
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
   with checkpoint.quiet():
     return manager.restore(steps[-1], args=ocp.args.StandardRestore(abstract))
+
+
+def load(cfg, d_in: int, workdir) -> dict:
+  """The latest saved state of the SAE of `cfg` in `workdir` (FileNotFound
+  when there is none)."""
+  workdir = pathlib.Path(workdir)
+  manager = checkpoint.make_manager(workdir, cfg.checkpoint_every, 2)
+  try:
+    if not manager.all_steps():
+      raise FileNotFoundError(f"sae load: no checkpoint in {workdir}")
+    return _restore_latest(manager, init_state(cfg, d_in, np.zeros(
+        d_in, np.float32)))
+  finally:
+    checkpoint.close(manager)
 
 
 def train(cfg, acts: np.ndarray, workdir, *, stop_at: int | None = None

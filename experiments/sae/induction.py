@@ -1,0 +1,135 @@
+"""Finding induction features: on random tokens repeated, a feature that
+fires on the second copy, reads the induction heads, and reads them at
+the token after the earlier copy.
+
+Shape letters: N inputs, T tokens, H heads, Dv per-head width, D = H *
+Dv, F features.
+
+On `[BOS?, x_1..x_n, x_1..x_n]` the query at second-copy position q finds
+its token's earlier copy n positions back and an induction head attends
+to the token after it, source q - n + 1. For each feature, over the
+second-copy positions where it fires, the DFA (attribution.py) sums the
+pre-activation's token-dependent part by head and at that one source:
+
+  second/first: mean activation on the second copy over the first;
+  rate:         share of second-copy tokens it fires on;
+  head share:   the induction heads' part of its DFA there;
+  source share: the part coming from source q - n + 1.
+
+A feature is an induction feature when all four pass the config's
+thresholds; a "copying" feature passes all but the first (it reads the
+induction heads at the induction source on the second copy, but fires as
+much on the first copy, where the same heads read something else). `reconstruction` then asks how much of the induction heads'
+output (their block of z, second-copy positions) the induction features
+alone reconstruct, beside the whole SAE and random feature sets of the
+same size.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mha_jax.sae import attribution
+from mha_jax.sae import buffer
+from mha_jax.sae import sae as sae_lib
+
+
+def layout(tokens_len: int, n: int) -> tuple[np.ndarray, np.ndarray,
+                                              np.ndarray]:
+  """`(first [T], second [T] bool, source [T] int)` of a repeated input of
+  `tokens_len` = 2n (+1 with BOS) tokens: the copies' positions and each
+  second-copy query's induction source (-1 elsewhere)."""
+  off = tokens_len - 2 * n
+  t = np.arange(tokens_len)
+  first = (t >= off) & (t < off + n)
+  second = t >= off + n
+  return first, second, np.where(second, t - n + 1, -1)
+
+
+def _sums(params, z, pattern, v, source, second, ind_mask, *, kind, k,
+          scale):
+  """Per feature, summed over this chunk: activation on each copy,
+  firing count on the second, and the DFA parts over firing second-copy
+  positions (all heads, induction heads, the induction source)."""
+  f = sae_lib.encode(params, buffer.flatten_site(z) * scale, kind=kind, k=k)
+  f = f.reshape(z.shape[0], z.shape[1], -1)  # [N, T, F]
+  by_head = attribution.dfa_by_head(params, z, scale=scale)  # [N, T, H, F]
+  at_src = attribution.dfa_at_source(params, pattern, v, source,
+                                     scale=scale).sum(2)  # [N, T, F]
+  fires = (f > 0) & second[None, :, None]
+  w = fires.astype(jnp.float32)
+  return {"act_second": jnp.sum(f * second[None, :, None], (0, 1)),
+          "fires_second": jnp.sum(w, (0, 1)),
+          "dfa_all": jnp.sum(by_head.sum(2) * w, (0, 1)),
+          "dfa_ind": jnp.sum(jnp.einsum("nthf,h->ntf", by_head, ind_mask)
+                             * w, (0, 1)),
+          "dfa_src": jnp.sum(at_src * w, (0, 1))}
+
+
+def detect(params, captured, layer: int, n: int, ind_heads, e, *, kind, k,
+           scale, chunk: int = 4) -> dict:
+  """The induction features of an SAE on the repeated inputs whose
+  captured `z`, `pattern`, `v` of `layer` are in `captured` ([N, ...])."""
+  z, pattern, v = (captured[f"blocks.{layer}.attn.{s}"]
+                   for s in ("z", "pattern", "v"))
+  num_heads = z.shape[2]
+  first, second, source = layout(z.shape[1], n)
+  ind_mask = jnp.zeros(num_heads).at[jnp.asarray(ind_heads, int)].set(1.0)
+  fn = jax.jit(lambda p, z, pa, v: _sums(
+      p, z, pa, v, jnp.asarray(source), jnp.asarray(second), ind_mask,
+      kind=kind, k=k, scale=scale))
+  total = None
+  for a in range(0, z.shape[0], chunk):
+    part = fn(params, z[a:a + chunk], pattern[a:a + chunk], v[a:a + chunk])
+    total = part if total is None else jax.tree.map(jnp.add, total, part)
+  s = jax.tree.map(np.asarray, total)
+  f_first = np.asarray(sae_lib.encode(params, buffer.flatten_site(
+      z[:, first]) * scale, kind=kind, k=k)).reshape(-1, s["act_second"].size)
+  positions = z.shape[0] * second.sum()
+  mean_second = s["act_second"] / positions
+  mean_first = f_first.mean(0)
+  rate = s["fires_second"] / positions
+  safe = np.where(s["dfa_all"] > 0, s["dfa_all"], np.inf)
+  head_share, src_share = s["dfa_ind"] / safe, s["dfa_src"] / safe
+  reads = ((mean_second > 0) & (rate >= e.second_rate)
+           & (head_share >= e.head_share) & (src_share >= e.source_share))
+  found = reads & (mean_second >= e.second_ratio * mean_first)
+  return {"features": [int(i) for i in np.flatnonzero(found)],
+          "copying": [int(i) for i in np.flatnonzero(reads)],
+          "second_rate": rate, "mean_second": mean_second,
+          "mean_first": mean_first, "head_share": head_share,
+          "source_share": src_share}
+
+
+def reconstruction(params, z, n: int, ind_heads, features, *, kind, k,
+                   scale, draws: int, seed: int) -> dict:
+  """Explained variance of the induction heads' block of z (second-copy
+  positions) by: the induction features alone, the whole SAE, and
+  `draws` random sets of as many features among those firing there."""
+  if not ind_heads:  # no induction head: nothing to reconstruct
+    return {"induction_features": None, "all_features": None, "random": [],
+            "none": None, "count": len(features)}
+  _, second, _ = layout(z.shape[1], n)
+  dv = z.shape[3]
+  x = buffer.flatten_site(z[:, second]) * scale  # [M, D]
+  f = np.asarray(sae_lib.encode(params, x, kind=kind, k=k))
+  cols = np.concatenate([np.arange(h * dv, (h + 1) * dv) for h in ind_heads])
+  x_i = np.asarray(x)[:, cols]
+  denom = np.sum((x_i - x_i.mean(0)) ** 2)
+
+  def ev(keep):
+    mask = np.zeros(f.shape[1])
+    mask[list(keep)] = 1.0
+    x_hat = np.asarray(sae_lib.decode(params, jnp.asarray(f * mask)))
+    return float(1 - np.sum((x_i - x_hat[:, cols]) ** 2) / denom)
+
+  live = np.flatnonzero((f > 0).any(0))
+  rng = np.random.default_rng(seed)
+  m = len(features)
+  random = ([ev(rng.choice(live, m, replace=False)) for _ in range(draws)]
+            if 0 < m <= len(live) else [])
+  return {"induction_features": ev(features) if m else 0.0,
+          "all_features": ev(range(f.shape[1])), "random": random,
+          "none": ev([]), "count": m}

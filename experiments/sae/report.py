@@ -1,0 +1,193 @@
+"""The SAE experiment, reporting: report.md and figures from results.json.
+
+`write` saves results.json first (so a failing figure or template never
+loses a long run's numbers), draws the figures and renders the template;
+`render` reads results.json alone, so a committed report regenerates.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+from experiments.sae import figures
+from mha_jax.measure import report as report_lib
+from mha_jax.measure import stats
+
+TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
+KIND_NAMES = {"relu": "ReLU + L1", "topk": "TopK"}
+
+
+def write(config, results, workdir) -> dict:
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  saved = report_lib.saved_results(results, config=config)
+  (workdir / "results.json").write_text(json.dumps(saved, indent=1) + "\n")
+  figures.write(saved, workdir)
+  return report_lib.write_rendered(workdir, results, render, config=config)
+
+
+def render(saved: dict) -> str:
+  return report_lib.fill(TEMPLATE, values(saved))
+
+
+def _heads(layer, top_heads) -> str:
+  """`L1H2 x3, L1H3 x1`: how many features have each head as the largest
+  block of their decoder."""
+  counts = {}
+  for h in top_heads:
+    counts[h] = counts.get(h, 0) + 1
+  return ", ".join(f"{report_lib.head_name(layer, h)} x{n}"
+                   for h, n in sorted(counts.items())) or "-"
+
+
+def _random(draws) -> str:
+  if not draws:
+    return "-"
+  return f"{np.mean(draws):.3f} [{np.min(draws):.3f}, {np.max(draws):.3f}]"
+
+
+def _num(x) -> str:
+  return "-" if x is None else f"{x:.3f}"
+
+
+def _s(summ, digits=3):
+  return report_lib.summary(summ, digits)
+
+
+def values(saved: dict) -> dict:
+  """The template's cells from results.json's contents."""
+  m, d, c = saved["model"], saved["data"], saved["config"]
+  s = c["sae"]
+  rows = []
+  for kind, x in saved["summary"].items():
+    rows.append([KIND_NAMES[kind], _s(x["l0"], 1), _s(x["dead"]),
+                 _s(x["dense"]), _s(x["explained_variance"]),
+                 _s(x["recovered_zero"]), _s(x["recovered_mean"]),
+                 _s(x["steps_per_s"], 2)])
+  ce_rows = []
+  for r in saved["runs"]:
+    lo = r["loss"]
+    ce_rows.append([KIND_NAMES[r["kind"]], str(r["seed"]),
+                    f"{lo['clean']:.3f}", f"{lo['splice']:.3f}",
+                    f"{lo['zero']:.3f}", f"{lo['mean']:.3f}",
+                    f"{lo['recovered_zero']:.3f}",
+                    f"{lo['recovered_mean']:.3f}", f"{r['l0']:.1f}",
+                    f"{r['explained_variance']:.3f}"])
+  ind_rows = []
+  for r in saved["runs"]:
+    ind = r["induction"]
+    rec, cop = ind["reconstruction"], ind["copying_reconstruction"]
+    ind_rows.append([
+        KIND_NAMES[r["kind"]], str(r["seed"]), str(ind["count"]),
+        _heads(m["layer"], ind["top_head"]), _num(rec["induction_features"]),
+        _random(rec["random"]), str(ind["copying_count"]),
+        _num(cop["induction_features"]), _random(cop["random"]),
+        _num(cop["all_features"])])
+  ind_heads = ", ".join(report_lib.head_name(m["layer"], h)
+                        for h in saved["induction_heads"]) or "none"
+  scores = ", ".join(f"{report_lib.head_name(m['layer'], h)} {v:.2f}"
+                     for h, v in enumerate(saved["induction_scores"]))
+  return {
+      "command": report_lib.command("experiments.sae"),
+      "model": m["label"], "layer": str(m["layer"]),
+      "width": str(m["width"]), "heads": str(m["heads"]),
+      "d_sae": str(s["d_sae"]), "expansion": f"{s['d_sae'] / m['width']:g}",
+      "l1": f"{s['l1']:g}", "k": str(s["k"]), "steps": str(s["num_steps"]),
+      "batch": str(s["batch_size"]), "seeds": str(len(c["experiment"]["seeds"])),
+      "train_tokens": f"{d['train_tokens']:,}",
+      "eval_tokens": f"{d['eval_tokens']:,}",
+      "collect": f"{d['collect_s']:.0f} s ({d['collect_tokens_per_s']:,.0f} "
+                 "tokens/s)",
+      "wall": f"{saved['wall_s'] / 60:.1f} min",
+      "summary_table": report_lib.md_table(
+          ["SAE", "L0", "dead", "dense", "explained var.",
+           "loss rec. (zero)", "loss rec. (mean)", "steps/s"], rows),
+      "loss_table": report_lib.md_table(
+          ["SAE", "seed", "CE clean", "CE splice", "CE zero", "CE mean",
+           "rec. (zero)", "rec. (mean)", "L0", "expl. var."], ce_rows),
+      "induction_heads": ind_heads, "induction_scores": scores,
+      "repeat_len": str(c["experiment"]["repeat_len"]),
+      "repeat_inputs": str(c["experiment"]["repeat_inputs"]),
+      "induction_table": report_lib.md_table(
+          ["SAE", "seed", "induction features", "their top decoder head",
+           "their EV", "random sets of as many: EV (mean [min, max])",
+           "copying features", "their EV", "random sets of as many: EV",
+           "whole SAE: EV"],
+          ind_rows),
+      "criteria": _criteria(c["experiment"]),
+      "findings": _findings(saved),
+      "steps_note": _steps_note(c),
+  }
+
+
+def _steps_note(c) -> str:
+  s = c["sae"]
+  if "topk" in c["experiment"]["kinds"] and s.get("topk_steps"):
+    return (f" (TopK: {s['topk_steps']} steps; its training loss was flat "
+            "by then)")
+  return ""
+
+
+def _per_run(saved, kind, fn):
+  return [fn(r) for r in saved["runs"] if r["kind"] == kind]
+
+
+def _findings(saved) -> str:
+  """The conclusions, worded from the numbers (no stronger than they)."""
+  summ, m = saved["summary"], saved["model"]
+  out = []
+  for kind, x in summ.items():
+    out.append(
+        f"- {KIND_NAMES[kind]}: L0 {_s(x['l0'], 1)} active features per "
+        f"token explain {_s(x['explained_variance'])} of the variance of "
+        f"held-out z; spliced into the model they recover "
+        f"{_s(x['recovered_zero'])} of the loss that zeroing layer "
+        f"{m['layer']}'s z costs ({_s(x['recovered_mean'])} against mean "
+        "ablation).")
+  if {"relu", "topk"} <= summ.keys():
+    ev = lambda r: r["explained_variance"]
+    d = stats_difference(_per_run(saved, "topk", ev),
+                         _per_run(saved, "relu", ev))
+    out.append(f"- TopK minus ReLU, explained variance: "
+               f"{report_lib.difference(d)} (Welch interval over seeds; "
+               "the two differ in L0 too, so this compares two points of "
+               "the sparsity-fidelity trade-off, not two methods at one "
+               "sparsity).")
+  for kind in summ:
+    counts = _per_run(saved, kind, lambda r: r["induction"]["count"])
+    cop = _per_run(saved, kind, lambda r: r["induction"]["copying_count"])
+    recs = _per_run(saved, kind, lambda r: r["induction"][
+        "copying_reconstruction"])
+    line = (f"- {KIND_NAMES[kind]}: {_list(counts)} induction feature(s) "
+            f"per seed by all four criteria, {_list(cop)} copying "
+            "feature(s) (all but the second-copy criterion).")
+    evs = [r["induction_features"] for r in recs
+           if r["induction_features"] is not None and r["count"]]
+    rnd = [np.mean(r["random"]) for r in recs if r["random"]]
+    if evs and rnd:
+      line += (f" The copying features alone explain {_list(evs, 3)} of "
+               f"the variance of the induction heads' z on the second copy; "
+               f"random sets of as many live features {_list(rnd, 3)} "
+               "(mean over draws).")
+    out.append(line)
+  return "\n".join(out)
+
+
+def _list(values, digits=0) -> str:
+  return ", ".join(f"{v:.{digits}f}" for v in values)
+
+
+def stats_difference(a, b):
+  return stats.difference(a, b)
+
+
+def _criteria(e) -> str:
+  return (f"fires on at least {e['second_rate']:.0%} of second-copy tokens "
+          f"with a mean activation there at least {e['second_ratio']:g}x "
+          f"its mean on the first copy; over the second-copy tokens where "
+          f"it fires, at least {e['head_share']:.0%} of its DFA comes from "
+          f"the induction heads and at least {e['source_share']:.0%} from "
+          "the token after the earlier copy")

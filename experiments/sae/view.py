@@ -1,0 +1,122 @@
+r"""The viewer page of a finished SAE run: top contexts of its features.
+
+  python -m experiments.sae.view --workdir=runs/sae
+  python -m experiments.sae.view --config=configs/sae.py:smollm2 \
+      --workdir=runs/sae_smollm2
+
+Reads results.json and the first seed's ReLU SAE from --workdir, and
+writes view.html there (mha_jax/sae/view.py): the induction features
+found (then the copying ones) and as many features drawn at random among
+the live ones, each with its top contexts among the held-out inputs and
+the repeated random tokens, per-token activation, and the DFA of the top
+token by source token and by head. `__main__` writes it after the report.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import cli
+from experiments.sae import run as run_lib
+from experiments.sae import sources
+from mha_jax import hooks
+from mha_jax.sae import attribution
+from mha_jax.sae import buffer
+from mha_jax.sae import sae as sae_lib
+from mha_jax.sae import train
+from mha_jax.sae import view
+
+
+def _capture(model, tokens, layer):
+  sites = [f"blocks.{layer}.attn.{s}" for s in ("z", "pattern", "v")]
+  caps = [model(jnp.asarray(tokens[a:a + 8]), capture=sites)[1]
+          for a in range(0, len(tokens), 8)]
+  return [jnp.concatenate([c[s] for c in caps]) for s in sites]
+
+
+def _pick(run, live, n, seed):
+  """`(feature, title)`: induction, then copying features, then random
+  live ones, `n` in all."""
+  ind = run["induction"]
+  chosen = [(f, "induction feature") for f in ind["features"][:n // 2]]
+  copying = [f for f in ind.get("copying", []) if f not in ind["features"]]
+  chosen += [(f, "copying feature") for f in copying[:n // 2 - len(chosen)]]
+  rest = [f for f in live if f not in {c for c, _ in chosen}]
+  rng = np.random.default_rng(seed)
+  draw = rng.choice(rest, min(n - len(chosen), len(rest)), replace=False)
+  return chosen + [(int(f), "drawn at random among live features")
+                   for f in draw]
+
+
+def features(config, workdir, *, kind: str = "relu") -> list:
+  """The viewer's feature dicts for the first seed's `kind` SAE."""
+  e = config.experiment
+  workdir = pathlib.Path(workdir)
+  saved = json.loads((workdir / "results.json").read_text())
+  seed = e.seeds[0]
+  run = next(r for r in saved["runs"] if r["kind"] == kind
+             and r["seed"] == seed)
+  cfg = run_lib.sae_config(config, kind, seed)
+  k = cfg.k if kind == "topk" else None
+  width, scale = saved["model"]["width"], saved["data"]["scale"]
+  params = train.load(cfg, width, workdir / f"{kind}_seed{seed}")["params"]
+  src = sources.load(config, workdir)
+  sets = [np.concatenate([b["inputs"] for b in src.eval_batches]),
+          buffer.repeated_tokens(e.repeat_inputs, e.repeat_len,
+                                 tuple(e.token_range), seed=e.data_seed + 1,
+                                 bos=None if e.bos < 0 else e.bos)]
+  caps, acts = [], []
+  for tokens in sets:
+    z, pattern, v = _capture(src.model, tokens, e.layer)
+    f = sae_lib.encode(params, buffer.flatten_site(z) * scale, kind=kind,
+                       k=k).reshape(z.shape[0], z.shape[1], -1)
+    if e.drop_first:  # the SAE never saw first tokens
+      f = f.at[:, 0].set(0.0)
+    caps.append((z, pattern, v))
+    acts.append(np.asarray(f))
+  live = np.flatnonzero(acts[0].max((0, 1)) > 0)
+  shares = np.asarray(attribution.head_shares(params["w_dec"],
+                                              saved["model"]["heads"]))
+  names = [hooks.head_name(e.layer, h) for h in range(shares.shape[1])]
+  out = []
+  for feat, title in _pick(run, live, e.view_features, seed):
+    tops = sorted(((v, s, row, pos) for s, a in enumerate(acts)
+                   for row, pos, v in attribution.top_contexts(
+                       a[..., feat], e.top_contexts)), reverse=True)
+    contexts = []
+    for v, s, row, pos in tops[:e.top_contexts]:
+      _, pattern, vals = caps[s]
+      dfa = np.asarray(attribution.dfa_by_source(
+          params, pattern[row:row + 1], vals[row:row + 1],
+          features=[feat], scale=scale))[0, pos, 0]  # [H, S]
+      contexts.append({
+          "tokens": src.decode(sets[s][row]),
+          "acts": [float(x) for x in acts[s][row, :, feat]], "at": pos,
+          "source": [float(x) for x in dfa.sum(0)],
+          "by_head": list(zip(names, (float(x) for x in dfa.sum(1))))})
+    out.append({"id": feat, "title": f"{title}; {kind} SAE, seed {seed}",
+                "heads": list(zip(names, (float(x) for x in shares[feat]))),
+                "contexts": contexts})
+  return out
+
+
+def write(config, workdir) -> pathlib.Path:
+  saved = json.loads((pathlib.Path(workdir) / "results.json").read_text())
+  return view.write_page(
+      pathlib.Path(workdir) / "view.html", features(config, workdir),
+      title=f"SAE features of layer {config.experiment.layer}'s z: "
+      f"{saved['model']['label']}")
+
+
+if __name__ == "__main__":
+  _FLAGS = cli.experiment_flags(config="configs/sae.py", workdir="runs/sae")
+
+  def _run(config, workdir, *, reuse_runs=False):
+    del reuse_runs
+    print(f"Viewer: {write(config, workdir)}")
+    return {}
+  cli.main(_run, _FLAGS)
