@@ -1,0 +1,44 @@
+r"""User rules on long sequences: block skipping against no skipping, dense
+einsum and PyTorch's FlexAttention, on the CPU.
+
+  nice .venv/bin/python -m experiments.score_rules_bench \
+      --workdir=docs/results/score_rules_bench
+  .venv/bin/python -m experiments.score_rules_bench \
+      --config=configs/score_rules_bench.py:smoke --workdir=runs/srb_smoke
+
+Two causal rules, each at every length of `sizes`: 8 packed documents and
+a 512-token sliding window. The full run took about 10 minutes on 2
+shared cores (the report states its own time); the smoke run, seconds.
+"""
+
+import ml_collections
+
+from configs import default
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  smoke = default.is_smoke(arg, "configs/score_rules_bench.py")
+  c = ml_collections.ConfigDict()
+  c.smoke = smoke
+  c.sizes = (8192, 32768)  # sequence lengths n (Tq = Tk = n)
+  c.batch = 1  # B
+  c.heads = 2  # H = K (one kv head per query head)
+  c.head_dim = 64  # Dh
+  c.documents = 8  # documents of equal length packed in one row
+  c.window = 512  # keys a query sees: itself and the 511 before
+  c.block = 512  # the blockwise kernel's blocks on CPU (and the block mask's)
+  c.repeats = 3  # timed calls per path after one untimed call
+  c.slow_s = 8.0  # a path whose first call takes longer is timed once
+  # The dense path forms float32 [B, H, n, n] scores (and a mask of that
+  # size); above this many score bytes it is not run.
+  c.dense_max_bytes = 2 ** 31
+  c.torch = True  # FlexAttention (torch.compile on CPU) beside JAX
+  c.torch_threads = 2  # the cores this machine has
+  c.seed = 0
+  if smoke:
+    c.sizes = (1024,)
+    c.block = 128
+    c.window = 128
+    c.repeats = 2
+    c.torch = False
+  return c

@@ -1,0 +1,112 @@
+"""Reporting: results.json -> report.md (nothing here measures).
+
+`render` fills report.md.tmpl from the saved results alone, so the report
+regenerates from its results.json; the ratios were computed while
+measuring (`run.summarise`).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from mha_jax.measure import report as report_lib
+
+TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
+PATHS = ("flash_skip", "flash_all", "einsum_dense", "torch_flex")
+
+
+def write(config, results, workdir) -> dict:
+  """report.md and results.json in `workdir` (the report printed too)."""
+  return report_lib.write_rendered(workdir, results, render, config=config,
+                                   echo=True)
+
+
+def render(saved: dict) -> str:
+  return report_lib.fill(TEMPLATE, values(saved))
+
+
+def _cell(case, path) -> str:
+  res = case["paths"].get(path)
+  if res is None:
+    return "not run: " + case.get("dense_skipped", "off in this config")
+  if "error" in res:  # one table cell: the error's first line
+    return "failed: " + res["error"].splitlines()[0][:150] + " (results.json)"
+  text = f"{res['median_s']:.3g} s"
+  if len(res["times_s"]) == 1:
+    text += " (1 call)"
+  if path != "flash_skip":
+    x = res["x_skip"]
+    text += f", {x['median']:.2f}x [{x['low']:.2f}, {x['high']:.2f}]"
+  return text + f"; diff {res['max_abs_diff']:.1e}"
+
+
+def values(saved: dict) -> dict:
+  c = saved["config"]
+  cases = saved["cases"]
+  rows = [[str(case["n"]), case["rule"]] + [_cell(case, p) for p in PATHS]
+          for case in cases]
+  table = report_lib.md_table(
+      ["n", "rule", "flash_skip", "flash_all (x skip)",
+       "einsum_dense (x skip)", "torch_flex (x skip)"], rows)
+  block_rows = []
+  for case in cases:
+    b = case["blocks"]
+    flex = case["paths"].get("torch_flex", {})
+    block_rows.append([
+        str(case["n"]), case["rule"], f"{b['computed']} / {b['total']}",
+        f"{b['full']} full, {b['partial']} partial",
+        f"{b['all_over_computed']:.1f}",
+        f"{case['block_mask_s']:.2f} s",
+        f"{flex['block_mask_s']:.2f} s" if "block_mask_s" in flex else "-"])
+  blocks_table = report_lib.md_table(
+      ["n", "rule", "blocks computed / all", "of which",
+       "all / computed", "block mask build (JAX)",
+       "create_block_mask (torch)"], block_rows)
+  torch_v = next((case["paths"]["torch_flex"].get("torch") for case in cases
+                  if "torch_flex" in case["paths"]), None)
+  return {
+      "command": report_lib.command("experiments.score_rules_bench"),
+      "took_s": f"{saved['took_s']:.0f}", "cpus": str(saved["cpus"]),
+      "load": f"{saved['load_before'][0]:.1f}",
+      "load_after": f"{saved['load_after'][0]:.1f}",
+      "jax": saved["jax"], "backend": saved["backend"],
+      "torch": f"torch {torch_v}" if torch_v else "torch not run",
+      "batch": str(c["batch"]), "heads": str(c["heads"]),
+      "head_dim": str(c["head_dim"]), "documents": str(c["documents"]),
+      "window": str(c["window"]), "block": str(c["block"]),
+      "repeats": str(c["repeats"]), "slow_s": f"{c['slow_s']:g}",
+      "table": table, "blocks_table": blocks_table,
+      "claims": claims(cases)}
+
+
+def _side(x) -> str:
+  """How a ratio to flash_skip reads: faster or slower only where every
+  pair of single calls agrees (the bracketed range excludes 1)."""
+  if x["high"] < 1:
+    return "faster than flash_skip in every pair of calls"
+  if x["low"] > 1:
+    return "slower than flash_skip in every pair of calls"
+  return "neither clearly faster nor slower: its single calls fall on both sides"
+
+
+def claims(cases) -> str:
+  """One line per case: skipping's gain beside the block count's, and
+  the FlexAttention comparison, worded from the numbers."""
+  lines = []
+  for case in cases:
+    p = case["paths"]
+    x = p["flash_all"]["x_skip"]
+    want = case["blocks"]["all_over_computed"]
+    line = (f"- {case['rule']}, n = {case['n']}: without the block mask the "
+            f"kernel took {x['median']:.1f}x the time with it (single calls "
+            f"{x['low']:.1f}-{x['high']:.1f}x), where the block count alone "
+            f"predicts {want:.1f}x")
+    flex = p.get("torch_flex", {})
+    if "x_skip" in flex:
+      fx = flex["x_skip"]
+      line += (f"; FlexAttention took {fx['median']:.2f}x flash_skip's time "
+               f"[{fx['low']:.2f}, {fx['high']:.2f}], {_side(fx)}")
+    elif "error" in flex:
+      line += "; FlexAttention did not run (error above)"
+    lines.append(line + ".")
+  return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""Measuring: one causal rule at one length on every path, forward only.
+
+For each length n of `config.sizes` and each rule (8 packed documents,
+causal inside each; a causal window of `config.window` keys), on q, k, v
+`[B, n, H, Dh]` float32 drawn once per length:
+
+  flash_skip     attend(implementation="flash") with the rule's block mask:
+                 only non-empty blocks visited, mask_mod only on partial ones
+  flash_all      the same kernel and rule without a block mask: every block
+                 visited and mask_mod evaluated on each
+  einsum_dense   the dense path (the whole [B, H, n, n] scores), while the
+                 float32 scores fit in `config.dense_max_bytes`
+  torch_flex     torch.compile(flex_attention) with create_block_mask on the
+                 same arrays, `config.torch_threads` threads
+
+Each JAX path is compiled first (its compile time kept apart), then called
+`config.repeats` times, or once when that call took over `config.slow_s`.
+Every path's output is compared with flash_skip's (largest absolute
+difference), so a ratio is never between two different answers. The block
+mask's build time is measured too (the cost docs/score_rules.md names).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mha_jax.core import attention
+from mha_jax.core import block_mask
+from mha_jax.core import masks
+from mha_jax.core import score_rules
+
+RULES = ("documents", "window")
+
+
+def rule_of(name: str, n: int, config):
+  """`(mask_mod, document ids [n] or None)` of the rule `name` at length n."""
+  causal = masks.causal_mod()
+  if name == "documents":
+    ids = np.repeat(np.arange(config.documents), -(-n // config.documents))[
+        :n]
+    return masks.and_mods(causal, masks.documents_mod(ids[None])), ids
+  return masks.and_mods(causal, masks.window_mod(config.window - 1)), None
+
+
+def _timed(call, config) -> dict:
+  """Wall seconds of `call()` (blocking): `repeats` calls, or one when the
+  first took longer than `slow_s`."""
+  times = []
+  for _ in range(config.repeats):
+    start = time.perf_counter()
+    out = call()
+    times.append(time.perf_counter() - start)
+    if times[0] > config.slow_s:
+      break
+  return {"times_s": times, "out": out}
+
+
+def _jax_path(path, q, k, v, rules, config) -> dict:
+  impl = "einsum" if path == "einsum_dense" else "flash"
+  if path == "flash_all":
+    rules = rules.replace(block_mask=None)
+  fn = jax.jit(lambda q, k, v: attention.attend(
+      q, k, v, implementation=impl, rules=rules)[0])
+  start = time.perf_counter()
+  compiled = fn.lower(q, k, v).compile()
+  compile_s = time.perf_counter() - start
+  got = _timed(lambda: jax.block_until_ready(compiled(q, k, v)), config)
+  return {**got, "compile_s": compile_s}
+
+
+def _torch_path(name, q, k, v, ids, config) -> dict:
+  """FlexAttention on the same arrays, or {"error": text} where it fails."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    from torch.nn.attention import flex_attention as flex  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    return {"error": f"{type(e).__name__}: {e}"}
+  torch.set_num_threads(config.torch_threads)
+  n = q.shape[1]
+  as_torch = lambda x: torch.from_numpy(np.array(x)).transpose(1, 2) \
+      .contiguous()  # [B, H, n, Dh]
+  qt, kt, vt = as_torch(q), as_torch(k), as_torch(v)
+  if name == "documents":
+    doc = torch.from_numpy(ids)
+    mask_mod = lambda b, h, qi, ki: (ki <= qi) & (doc[qi] == doc[ki])
+  else:
+    w = config.window
+    mask_mod = lambda b, h, qi, ki: (ki <= qi) & (qi - ki < w)
+  try:
+    start = time.perf_counter()
+    bm = flex.create_block_mask(mask_mod, None, None, n, n, device="cpu")
+    block_mask_s = time.perf_counter() - start
+    # Static shapes: compiled again for each length, as JAX compiles each
+    # shape. With torch's default, the second length is compiled with a
+    # symbolic n, whose C++ failed to build (g++ error) at n = 32768 with 8
+    # documents in the first run of this benchmark.
+    run = torch.compile(flex.flex_attention, dynamic=False)
+    start = time.perf_counter()
+    with torch.no_grad():
+      run(qt, kt, vt, block_mask=bm)
+    compile_s = time.perf_counter() - start
+    with torch.no_grad():
+      got = _timed(lambda: run(qt, kt, vt, block_mask=bm), config)
+  except Exception as e:  # recorded, not hidden: the report prints it
+    text = str(e)  # its start names the error, its end says why
+    return {"error": f"{type(e).__name__}: {text[:300]} ... {text[-900:]}"}
+  out = got.pop("out").transpose(1, 2).numpy()  # [B, n, H, Dh]
+  return {**got, "compile_s": compile_s, "block_mask_s": block_mask_s,
+          "block_size": list(bm.BLOCK_SIZE), "out": out,
+          "torch": torch.__version__}
+
+
+def one_case(name: str, n: int, config) -> dict:
+  """Every path for rule `name` at length n."""
+  ks = jax.random.split(jax.random.key(config.seed + n), 3)
+  shape = (config.batch, n, config.heads, config.head_dim)
+  q, k, v = (jax.random.normal(kk, shape) for kk in ks)
+  mask_mod, ids = rule_of(name, n, config)
+  start = time.perf_counter()
+  bm = block_mask.create(mask_mod, None, None, n, n, config.block,
+                         config.block)
+  build_s = time.perf_counter() - start
+  rules = score_rules.ScoreRules(mask_mod=mask_mod, block_mask=bm)
+  case = {"rule": name, "n": n, "block_mask_s": build_s,
+          "blocks": {**bm.counts(), "total": int(bm.state.size),
+                     "computed": bm.computed()}, "paths": {}}
+  paths = ["flash_skip", "flash_all"]
+  score_bytes = 4 * config.batch * config.heads * n * n
+  if score_bytes <= config.dense_max_bytes:
+    paths.append("einsum_dense")
+  else:
+    case["dense_skipped"] = (f"float32 scores of {score_bytes / 2**30:.0f} "
+                             f"GiB > {config.dense_max_bytes / 2**30:.0f} GiB")
+  for path in paths:
+    case["paths"][path] = _jax_path(path, q, k, v, rules, config)
+    print(f"{name} n={n} {path}: {case['paths'][path]['times_s']}",
+          flush=True)
+  if config.torch:
+    case["paths"]["torch_flex"] = _torch_path(name, q, k, v, ids, config)
+    print(f"{name} n={n} torch_flex: "
+          f"{case['paths']['torch_flex'].get('times_s')}", flush=True)
+  ref = np.asarray(case["paths"]["flash_skip"]["out"])
+  for res in case["paths"].values():
+    if "out" in res:
+      res["max_abs_diff"] = float(np.max(np.abs(np.asarray(res.pop("out"))
+                                                - ref)))
+  summarise(case)
+  return case
+
+
+def summarise(case: dict) -> None:
+  """Add each path's median, mean, sample std and its time as a multiple
+  of flash_skip's: the ratio of medians, and the widest ratio the single
+  calls allow (slowest over fastest and back) as its range."""
+  skip = case["paths"]["flash_skip"]["times_s"]
+  for res in case["paths"].values():
+    t = res.get("times_s")
+    if not t:
+      continue
+    res["median_s"] = float(np.median(t))
+    res["mean_s"] = float(np.mean(t))
+    res["std_s"] = float(np.std(t, ddof=1)) if len(t) > 1 else None
+    res["x_skip"] = {"median": float(np.median(t) / np.median(skip)),
+                     "low": float(min(t) / max(skip)),
+                     "high": float(max(t) / min(skip))}
+  blocks = case["blocks"]
+  # If time went with the blocks computed, flash_all / flash_skip would be
+  # this (every block against the non-empty ones).
+  case["blocks"]["all_over_computed"] = blocks["total"] / blocks["computed"]
+
+
+def measure(config) -> dict:
+  """Every (length, rule) case; what results.json holds (less config)."""
+  start = time.perf_counter()
+  load = os.getloadavg()
+  cases = [one_case(name, n, config) for n in config.sizes for name in RULES]
+  return {"cases": cases, "took_s": time.perf_counter() - start,
+          "load_before": list(load), "load_after": list(os.getloadavg()),
+          "jax": jax.__version__, "backend": jax.default_backend(),
+          "cpus": os.cpu_count(), "machine": platform.machine()}
