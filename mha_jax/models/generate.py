@@ -139,8 +139,10 @@ def decode_loop(model, prompt, max_new_tokens: int, *, lengths=None,
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens",
                                              "max_len", "sample"))
-def _decode_jit(graphdef, state, prompt, lengths, new_tokens, temperature,
-                rng, *, max_new_tokens, max_len, sample):
+def decode_jit(graphdef, state, prompt, lengths, new_tokens, temperature,
+               rng, *, max_new_tokens, max_len, sample):
+  """The program `generate` compiles and runs; `prepare` gives its
+  arguments (a profiler or a cost analysis can lower it with them)."""
   return decode_loop(nnx.merge(graphdef, state), prompt, max_new_tokens,
                      lengths=lengths, new_tokens=new_tokens,
                      temperature=temperature, rng=rng if sample else None,
@@ -175,6 +177,21 @@ def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
     `tokens [B, N]` (and the logits). Raises `OverflowError` if a row would
     run past `max_len`: no position is ever wrapped or clamped.
   """
+  args, static = prepare(model, prompt, max_new_tokens,
+                         prompt_lengths=prompt_lengths,
+                         new_tokens=new_tokens, temperature=temperature,
+                         rng=rng, max_len=max_len,
+                         bucket_shapes=bucket_shapes)
+  tokens, logits, status = decode_jit(*args, **static)
+  kv_cache.raise_if_overflow(status)  # never expected after the check above
+  return (tokens, logits) if return_logits else tokens
+
+
+def prepare(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
+            new_tokens=None, temperature: float = 0.0, rng=None,
+            max_len: int | None = None, bucket_shapes: bool = True):
+  """`generate`'s checks and buckets: returns `(args, static)` for
+  `decode_jit(*args, **static)`, raising on bad input or overflow."""
   fn = "generate"
   _check_token_lm(model, fn)
   # Host-side NumPy from here to the jitted call: eager jnp ops would
@@ -218,9 +235,9 @@ def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
     # the cache, and their logits are never read.
     prompt = np.pad(prompt, ((0, 0), (0, width - p)))  # [B, width]
   graphdef, state = nnx.split(model)
-  tokens, logits, status = _decode_jit(
-      graphdef, state, prompt, lengths, budget, np.float32(temperature),
-      jax.random.PRNGKey(0) if rng is None else rng,
-      max_new_tokens=max_new_tokens, max_len=max_len, sample=rng is not None)
-  kv_cache.raise_if_overflow(status)  # never expected after the check above
-  return (tokens, logits) if return_logits else tokens
+  args = (graphdef, state, prompt, lengths, budget, np.float32(temperature),
+          jax.random.PRNGKey(0) if rng is None else rng)
+  return args, dict(max_new_tokens=max_new_tokens, max_len=max_len,
+                    sample=rng is not None)
+
+

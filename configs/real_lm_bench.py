@@ -1,0 +1,53 @@
+r"""A real decoder LM in mha_jax against transformers, on one machine.
+
+  python -m experiments.real_lm_bench --workdir=docs/results/real_lm_bench
+
+Reads SmolLM2-135M-Instruct's GGUF file with both libraries (float32
+weights) and times, in interleaved rounds: a forward of 512 tokens, the
+loss and gradient of all weights on those tokens, and 128 greedy tokens
+after a 16-token prompt with the KV cache; torch at 2 threads and at 1.
+Then profiles the forward and the decoding by operation, XLA's per-op
+trace beside torch.profiler. About 8 minutes on 2 CPU cores.
+Expect ratios near or below 1 for the forward and decoding; the report
+says where the gradient stands and what costs the difference.
+`--config=configs/real_lm_bench.py:smoke`: a tiny random Llama written
+by transformers and read back by both (seconds).
+"""
+
+import ml_collections
+
+from configs import default
+
+
+def get_config(arg=None):
+  """The benchmark's settings; no training, so no model/task/train groups."""
+  smoke = default.is_smoke(arg, "configs/real_lm_bench.py")
+  c = ml_collections.ConfigDict()
+  c.smoke = smoke  # a smoke report draws no conclusion
+  c.experiment = e = ml_collections.ConfigDict()
+  e.model = "smollm2"  # smollm2 (its GGUF wheel) | tiny_llama (random)
+  e.implementations = ("einsum", "flash")  # mha_jax attention paths timed
+  e.threads = (2, 1)  # torch thread counts; the first is the reference
+  e.tokens = 512  # T of the forward and of the loss + gradient
+  e.prompt = 16  # P, prompt tokens before decoding
+  e.new_tokens = 128  # N, greedy tokens decoded per timed call
+  e.second_prompt = 11  # a prompt length of the same bucket: no recompile
+  e.rounds = 5  # timed rounds; each times every contestant once per task
+  e.profile = True  # per-op profiles of the forward and of decoding
+  e.profile_calls = 2  # calls traced per profile (after a warm call)
+  e.seed = 0  # the random token ids both libraries read
+  # The tiny random Llama of the smoke run (transformers' init, seed).
+  e.tiny = t = ml_collections.ConfigDict()
+  t.seed = 0
+  t.vocab_size = 128
+  t.hidden_size = 32
+  t.intermediate_size = 64
+  t.num_hidden_layers = 2
+  t.num_attention_heads = 4
+  t.num_key_value_heads = 2
+  if smoke:
+    e.model = "tiny_llama"
+    e.implementations = ("einsum",)
+    e.tokens, e.prompt, e.new_tokens, e.second_prompt = 16, 6, 4, 5
+    e.rounds, e.profile_calls = 2, 1
+  return c

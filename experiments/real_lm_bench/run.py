@@ -1,0 +1,267 @@
+"""A real decoder LM in mha_jax against transformers: times and profiles.
+
+Shape letters: T tokens of the forward and gradient, P prompt tokens, N
+new tokens, V vocabulary (one sequence throughout: batch 1).
+
+Both libraries read one file (SmolLM2's GGUF; the smoke run's tiny Llama
+checkpoint written by transformers) and run float32 weights: mha_jax
+through `load_pretrained` (once per attention path, jitted), transformers
+through `AutoModelForCausalLM` with its default attention, at each torch
+thread count. Three tasks, on random ids (a fixed seed):
+
+- forward: the logits `[1, T, V]` of T tokens, no cache;
+- loss_grad: the mean next-token cross-entropy over the T tokens and its
+  gradient for every weight (transformers: `labels=ids`, `backward()`);
+- decode: N greedy tokens after a P-token prompt with the KV cache
+  (mha_jax `generate.generate`, bucketed; transformers `generate`);
+  tokens/s is N over the whole call, the prompt's prefill included.
+
+Each contestant's first call of each task is untimed (mha_jax compiles
+then). Then a decode at another prompt length of the same bucket is timed
+and its XLA compiles counted (0 when the bucket does its work). Then
+`rounds` rounds time one call of every contestant per task, in an order
+rotated each round, so a change in the load of the shared machine falls
+on all of them; the ratio to torch is per round (time over torch's time
+in that round), kept per round, with their median, minimum and maximum.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import mha_jax
+from experiments.pretrained_bench import decoders
+from experiments.real_lm_bench import profile as profile_lib
+from mha_jax.measure import timing
+from mha_jax.models import generate
+from mha_jax.pretrained import real_models
+
+TASKS = ("forward", "loss_grad", "decode")
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def load_hf(e, workdir):
+  """`(transformers model, the path mha_jax reads, label)`."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  if e.model == "smollm2":
+    path = real_models.smollm2_135m()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return hf.eval(), path, "SmolLM2-135M-Instruct (Q4_1 GGUF)"
+  if e.model == "tiny_llama":
+    t = e.tiny
+    torch.manual_seed(t.seed)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=t.vocab_size, hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_hidden_layers=t.num_hidden_layers,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        max_position_embeddings=4 * (e.tokens + e.new_tokens),
+        tie_word_embeddings=True))
+    path = pathlib.Path(workdir) / "tiny_llama"
+    hf.save_pretrained(path)
+    return hf.eval(), path, f"tiny random Llama (seed {t.seed})"
+  raise ValueError(f"config.experiment.model: expected 'smollm2' or "
+                   f"'tiny_llama', got {e.model!r}")
+
+
+def next_token_loss(logits, ids):
+  """Mean cross-entropy of `logits [B, T, V]` predicting `ids [B, T]`
+  one position on (transformers' `labels=ids` loss)."""
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  return -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1).mean()
+
+
+def mha_jax_calls(model, ids, prompt, new_tokens: int) -> dict:
+  """task -> `(jitted fn, args)` or, for decode, a zero-argument call."""
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  forward = jax.jit(lambda p, r, x: nnx.merge(graphdef, p, r)(x))
+  grad = jax.jit(jax.value_and_grad(
+      lambda p, r, x: next_token_loss(nnx.merge(graphdef, p, r)(x), x)))
+  return {"forward": (forward, (params, rest, ids)),
+          "loss_grad": (grad, (params, rest, ids)),
+          "decode": lambda p=prompt: generate.generate(model, p, new_tokens)}
+
+
+def torch_calls(hf, ids, prompt, new_tokens: int) -> dict:
+  """task -> zero-argument call of transformers' model."""
+  import torch  # pylint: disable=import-outside-toplevel
+  ids, prompt = torch.as_tensor(ids), torch.as_tensor(prompt)
+
+  def forward():
+    with torch.no_grad():
+      return hf(ids, use_cache=False).logits
+
+  def loss_grad():
+    hf.zero_grad(set_to_none=True)
+    loss = hf(ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    return loss.detach()
+
+  def decode():
+    with torch.no_grad():
+      out = hf.generate(prompt, attention_mask=torch.ones_like(prompt),
+                        max_new_tokens=new_tokens,
+                        min_new_tokens=new_tokens, do_sample=False,
+                        pad_token_id=0)
+    return out[:, prompt.shape[1]:]
+
+  return {"forward": forward, "loss_grad": loss_grad, "decode": decode}
+
+
+def _call(c):
+  """A zero-argument call of a contestant's task entry."""
+  return c if callable(c) else (lambda: c[0](*c[1]))
+
+
+def _kept(task: str, out):
+  """What agreement needs of a first call's output: the loss alone of
+  loss_grad (not a second copy of every weight), else the array."""
+  if task != "loss_grad":
+    return np.asarray(out)
+  return float(out[0] if isinstance(out, tuple) else out)
+
+
+def _timed(setup, fn):
+  setup()
+  (seconds,), out = timing.wall_times(fn, (), warmup=0, repeats=1)
+  return seconds, out
+
+
+def _count_compiles(fn):
+  """`(seconds, XLA compiles, output)` of one call of `fn()`."""
+  seen = []
+  listener = lambda event, secs, **kw: seen.append(secs) if (
+      event == COMPILE_EVENT) else None
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    seconds, out = _timed(lambda: None, fn)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  return seconds, len(seen), out
+
+
+def cpu() -> dict:
+  """The CPU the numbers come from: lscpu's model name and whether it has
+  AVX-512 (/proc/cpuinfo; empty where there is none)."""
+  info = pathlib.Path("/proc/cpuinfo")
+  text = info.read_text() if info.exists() else ""
+  model = next((l.split(":", 1)[1].strip() for l in text.splitlines()
+                if l.startswith("model name")), "")
+  return {"model": model, "avx512f": " avx512f" in text}
+
+
+def _rel(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def measure(config, workdir) -> dict:
+  """Times of every contestant per task and round, ratios, agreement,
+  the second prompt length's compiles, and the profiles (run.py's
+  docstring)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  e = config.experiment
+  start = time.perf_counter()
+  hf, path, label = load_hf(e, workdir)
+  vocab = hf.config.vocab_size
+  ids = decoders.token_ids(vocab, e.tokens, seed=e.seed)  # [1, T]
+  prompt = ids[:, :e.prompt]  # [1, P]
+  contestants, setups, outs = {}, {}, {}
+  models = {}
+  for impl in e.implementations:
+    name = f"mha_jax {impl}"
+    models[name] = mha_jax.load_pretrained(path, implementation=impl)
+    contestants[name] = mha_jax_calls(models[name], jnp.asarray(ids,
+                                                                jnp.int32),
+                                      prompt, e.new_tokens)
+    setups[name] = lambda: None
+  t_calls = torch_calls(hf, ids, prompt, e.new_tokens)
+  for n in e.threads:
+    name = f"torch {n} thread{'s' if n > 1 else ''}"
+    contestants[name] = t_calls
+    setups[name] = lambda n=n: torch.set_num_threads(n)
+  names = list(contestants)
+  reference = names[len(e.implementations)]  # torch at e.threads[0]
+  first = {t: {} for t in TASKS}
+  for c in names:
+    for t in TASKS:
+      first[t][c], out = _timed(setups[c], _call(contestants[c][t]))
+      outs[(c, t)] = _kept(t, out)
+  second = {}
+  for c in names[:len(e.implementations)]:
+    p2 = prompt[:, :e.second_prompt]
+    s, compiles, _ = _count_compiles(
+        lambda c=c, p2=p2: contestants[c]["decode"](p2))
+    second[c] = {"seconds": s, "compiles": compiles}
+  times = {t: {c: [] for c in names} for t in TASKS}
+  load = []
+  for r in range(e.rounds):
+    load.append(os.getloadavg()[0])
+    order = names[r % len(names):] + names[:r % len(names)]
+    for t in TASKS:
+      for c in order:
+        times[t][c].append(_timed(setups[c], _call(contestants[c][t]))[0])
+  agree = {c: {
+      "forward_rel": _rel(outs[(c, "forward")],
+                          outs[(reference, "forward")]),
+      "loss": outs[(c, "loss_grad")],
+      "tokens": decoders.leading_agreement(outs[(c, "decode")],
+                                           outs[(reference, "decode")])}
+           for c in names}
+  results = {
+      "model": label, "file": path.name, "vocab": vocab,
+      "attn_implementation": hf.config._attn_implementation,  # pylint: disable=protected-access
+      "tokens": e.tokens, "prompt": e.prompt, "new_tokens": e.new_tokens,
+      "second_prompt": e.second_prompt,
+      "decode_cache_slots": generate.bucket(e.prompt + e.new_tokens - 1),
+      "decode_width": generate.bucket(e.prompt),
+      "contestants": names, "reference": reference, "times": times,
+      "ratios": {ref: _ratios_to(times, names, ref)
+                 for ref in names[len(e.implementations):]},
+      "first": first, "second_prompt_call": second, "agree": agree,
+      "loadavg_rounds": load,
+      "cores": os.cpu_count(), "cpu": cpu(), "jax": jax.__version__,
+      "torch": torch.__version__}
+  if e.profile:
+    results["profile"] = _profiles(e, contestants, models, names, prompt,
+                                   setups)
+  results["seconds"] = time.perf_counter() - start
+  return results
+
+
+def _ratios_to(times, names, ref) -> dict:
+  """task -> contestant -> its time over `ref`'s, per round."""
+  return {t: {c: [float(x) for x in np.asarray(times[t][c])
+                  / np.asarray(times[t][ref])] for c in names}
+          for t in TASKS}
+
+
+def _profiles(e, contestants, models, names, prompt, setups) -> dict:
+  """task -> {contestant: `profile.xla_ops` / `torch_ops` tables}: mha_jax
+  on its first path, torch at its first thread count, on the timed work
+  (for decode, the program `generate` runs: `generate.prepare`)."""
+  jax_name, torch_name = names[0], names[len(e.implementations)]
+  out = {}
+  for t in TASKS:
+    if t == "decode":
+      args, static = generate.prepare(models[jax_name], prompt,
+                                      e.new_tokens)
+      fn = generate.decode_jit
+    else:
+      (fn, args), static = contestants[jax_name][t], {}
+    setups[torch_name]()
+    out[t] = {jax_name: profile_lib.xla_ops(fn, args, static,
+                                            calls=e.profile_calls),
+              torch_name: profile_lib.torch_ops(contestants[torch_name][t],
+                                                calls=e.profile_calls)}
+  return out

@@ -1,0 +1,100 @@
+"""The real-LM benchmark: its op classes on known programs, and the smoke
+run end to end (a tiny random Llama written by transformers and read back
+by mha_jax), whose report shows results.json's numbers."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.real_lm_bench import profile
+from experiments.real_lm_bench import report
+from mha_jax.measure import report as report_lib
+
+import entry_points
+
+
+def test_xla_ops_classes_a_matmul_and_a_reduction():
+  f = jax.jit(lambda a, b: (jnp.tanh(a @ b).sum(1), jnp.exp(a).max(0)))
+  a = jnp.ones((64, 64))
+  out = profile.xla_ops(f, (a, a), calls=2)
+  assert out["kinds"]["matmul"] > 0
+  assert out["kinds"]["softmax, norms, reductions"] > 0
+  assert out["kinds"]["attention kernel"] == 0  # XLA has no such kernel
+  assert sum(out["kinds"].values()) == pytest.approx(out["total"])
+
+
+def test_torch_ops_counts_each_op_once_by_self_time():
+  import torch  # pylint: disable=import-outside-toplevel
+  a = torch.ones(64, 64)
+  out = profile.torch_ops(lambda: torch.tanh(a @ a).sum(), calls=2)
+  assert out["kinds"]["matmul"] > 0 and out["kinds"]["elementwise"] > 0
+  assert sum(out["kinds"].values()) == pytest.approx(out["total"])
+
+
+def test_profile_tables_show_each_kind_and_the_difference():
+  kinds = dict.fromkeys(profile.KINDS, 0.0)
+  j = {"kinds": {**kinds, "matmul": 30.0}, "total": 30.0,
+       "top": [["ynn_fusion.3", "matmul", 30.0]]}
+  t = {"kinds": {**kinds, "matmul": 20.0, "elementwise": 5.0},
+       "total": 25.0, "top": [["aten::mm", "matmul", 20.0]]}
+  text = report.profile_tables({"profile": {"forward": {
+      "mha_jax einsum": j, "torch 2 threads": t}}})
+  rows = entry_points.table_by_label(text, "| kind |")
+  assert rows["matmul"] == ["30.0", "20.0", "+10.0"]
+  assert rows["elementwise"] == ["0.0", "5.0", "-5.0"]
+  assert rows["all ops"] == ["30.0", "25.0", "+5.0"]
+
+
+@pytest.mark.parametrize("ops,kind", [
+    ({"dot", "add"}, "matmul"), ({"reduce", "exponential"},
+                                 "softmax, norms, reductions"),
+    ({"scatter", "add"}, "gather, scatter, slices"),
+    ({"transpose", "copy"}, "copies and layout"),
+    ({"multiply", "tanh"}, "elementwise")])
+def test_classify_by_the_ops_a_fusion_runs(ops, kind):
+  assert profile.classify(ops) == kind
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("aten::mm", "matmul"), ("aten::tanh", "elementwise"),
+    ("aten::t", "copies and layout"), ("aten::_log_softmax",
+                                       "softmax, norms, reductions"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu",
+     "attention kernel"), ("MmBackward0", "other"),
+    ("aten::index_select", "gather, scatter, slices")])
+def test_torch_kind_by_exact_name(name, kind):
+  assert profile.torch_kind(name) == kind
+
+
+def test_smoke_run_agrees_with_transformers_and_reports(tmp_path):
+  config = entry_points.config("real_lm_bench")
+  # The profiles' parts are tested above; here they would compile every
+  # program a second time.
+  config.experiment.profile = False
+  results = entry_points.load("real_lm_bench").run(config, tmp_path)
+  saved_report = (tmp_path / "report.md").read_text()
+  assert report_lib.regenerate(tmp_path, report.render) == saved_report
+  e = config.experiment
+  names = results["contestants"]
+  assert names == ["mha_jax einsum", "torch 2 threads", "torch 1 thread"]
+  # Same weights, same work: mha_jax's logits, loss and greedy tokens are
+  # transformers' within float32 rounding.
+  a = results["agree"]["mha_jax einsum"]
+  assert a["forward_rel"] < 1e-5
+  assert a["loss"] == pytest.approx(results["agree"]["torch 1 thread"]
+                                    ["loss"], rel=1e-5)
+  assert a["tokens"] == e.new_tokens
+  # A prompt of the same bucket decodes without compiling.
+  assert results["second_prompt_call"]["mha_jax einsum"]["compiles"] == 0
+  # Ratios are per round, to the reference's time in that round.
+  t = results["times"]["forward"]
+  np.testing.assert_allclose(
+      results["ratios"]["torch 2 threads"]["forward"]["mha_jax einsum"],
+      np.asarray(t["mha_jax einsum"]) / np.asarray(t["torch 2 threads"]))
+  rows = entry_points.table(saved_report, "| task | contestant |")
+  assert len(rows) == 3 * len(names)
+  second = entry_points.table_by_label(saved_report, "| contestant | seconds")
+  assert second["mha_jax einsum"][1] == "0"
