@@ -479,9 +479,11 @@ def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
   the same keep pattern is used by every implementation. `hooks` (see
   `mha_jax.hooks`) may read or replace the `scores` and `pattern` sites on
   the paths that form them. `rules` (`score_rules.ScoreRules`): local
-  window, segment ids, soft cap, sinks, scale, ALiBi, query positions; all
-  of them on "vmap", "einsum" and "flash", what jax.nn supports natively
-  on "xla"/"cudnn" (the rest is refused naming the option).
+  window, segment ids, soft cap, sinks, scale, ALiBi, query positions and
+  the user rules `score_mod` / `mask_mod` / `block_mask`
+  (docs/score_rules.md); all of them on "vmap", "einsum" and "flash", what
+  jax.nn supports natively on "xla"/"cudnn" (the rest is refused naming
+  the option; user rules by every path outside `USER_RULE_PATHS`).
   Paths added with `register` run too (the package registers its
   context-parallel ones; docs/multi_device.md).
   Returns `(out [B, Tq, H, Dv], pattern [B, H, Tq, Tk] float32)`; the

@@ -653,7 +653,11 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
     rules: `score_rules.ScoreRules`; windows, segment ids and positions
       are applied per block from their vectors (no `[Tq, Tk]` array), key
       blocks outside a window are never visited and blocks with no shared
-      segment are skipped.
+      segment are skipped. User rules (`score_mod`, `mask_mod`) are
+      evaluated per block, with the arrays they close over hoisted into
+      the custom VJP's arguments (`_hoist`); with `rules.block_mask` only
+      its non-empty blocks are visited, on its block lengths, and its full
+      blocks skip the mask_mod work.
     block_q, block_k: block lengths (clipped to the sequence lengths). Lengths
       that are not multiples are padded internally and the padding masked.
       None: `HEAD_LOOP_BLOCK` with `head_loop`, else `DEFAULT_BLOCK_Q/K`
