@@ -17,7 +17,8 @@ every (q, kv) pair; block corners or samples would misjudge a rule such as
 Cost: B' H' Tq Tk evaluations of mask_mod (B' = 1 when `batch` is None,
 H' = 1 when `heads` is None: the rule does not depend on them), run as one
 compiled program over `CHUNK` pairs at a time, so memory stays bounded
-(about 16 bytes a pair: the bool and the int32 indices); it is paid once
+whatever the length (each int32 or bool array the rule makes over a chunk
+is 16-64 MiB); it is paid once
 per shape and the result is reused by every call of that shape. The
 benchmark (experiments/score_rules_bench/) records the time at
 Tq = Tk = 8192 and 32768.
@@ -41,8 +42,8 @@ import numpy as np
 from mha_jax.core import score_rules
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
-# Pairs evaluated per compiled call of `create` (2^24: about 256 MiB of
-# bools and indices at the peak).
+# Pairs evaluated per compiled call of `create`: 2^24, so that each int32
+# (or bool) array the rule makes over a chunk is 64 (16) MiB.
 CHUNK = 2 ** 24
 
 
