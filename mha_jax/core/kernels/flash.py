@@ -74,8 +74,8 @@ class _Config(NamedTuple):
   is_causal: bool
   rules: score_rules.ScoreRules  # only its static fields are read here
   scale: float
-  # The user rules, closure-converted (`_user_rules`): they take their
-  # hoisted arrays (`_Extras.score_consts` / `mask_consts`) last.
+  # The user rules with the arrays they close over hoisted (`_user_rules`):
+  # they take them (`_Extras.score_consts`, `fixed_consts`) last.
   score_mod: object = None
   mask_mod: object = None
   block_masked: bool = False  # visit the blocks `_Extras.kv_*` list
