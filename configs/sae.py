@@ -105,6 +105,7 @@ def get_config(arg=None):
     e.repeat_len, e.repeat_inputs = 50, 24
     e.token_range, e.bos = (1000, 32000), -1
     e.random_draws = 20
+    e.top_contexts = 6
     s = c.sae
     # 4 x 576: a TopK step at 8 x took 1.1 s on 2 loaded cores, so 8 x
     # would not train in the time (docs/sae.md).

@@ -140,13 +140,19 @@ def _findings(saved) -> str:
   summ, m = saved["summary"], saved["model"]
   out = []
   for kind, x in summ.items():
+    gap = [r["loss"]["zero"] - r["loss"]["clean"] for r in saved["runs"]
+           if r["kind"] == kind]
     out.append(
         f"- {KIND_NAMES[kind]}: L0 {_s(x['l0'], 1)} active features per "
         f"token explain {_s(x['explained_variance'])} of the variance of "
         f"held-out z; spliced into the model they recover "
         f"{_s(x['recovered_zero'])} of the loss that zeroing layer "
         f"{m['layer']}'s z costs ({_s(x['recovered_mean'])} against mean "
-        "ablation).")
+        f"ablation). Zeroing costs {_list(gap, 3)} nats per seed, the "
+        "denominator of that ratio" + (
+            ": too small a cost for the ratio to say much (a value above 1 "
+            "means the splice cost less than nothing, within noise)."
+            if min(gap) < 0.1 else "."))
   if {"relu", "topk"} <= summ.keys():
     ev = lambda r: r["explained_variance"]
     d = stats_difference(_per_run(saved, "topk", ev),
@@ -164,14 +170,21 @@ def _findings(saved) -> str:
     line = (f"- {KIND_NAMES[kind]}: {_list(counts)} induction feature(s) "
             f"per seed by all four criteria, {_list(cop)} copying "
             "feature(s) (all but the second-copy criterion).")
-    evs = [r["induction_features"] for r in recs
-           if r["induction_features"] is not None and r["count"]]
-    rnd = [np.mean(r["random"]) for r in recs if r["random"]]
-    if evs and rnd:
-      line += (f" The copying features alone explain {_list(evs, 3)} of "
-               f"the variance of the induction heads' z on the second copy; "
-               f"random sets of as many live features {_list(rnd, 3)} "
-               "(mean over draws).")
+    strict = _per_run(saved, kind, lambda r: r["induction"][
+        "reconstruction"])
+    for name, rs in (("induction", strict), ("copying", recs)):
+      evs = [r["induction_features"] for r in rs
+             if r["induction_features"] is not None and r["count"]]
+      rnd = [np.mean(r["random"]) for r in rs if r["random"]]
+      whole = [r["all_features"] for r in rs if r["all_features"] is not None
+               and r["count"]]
+      if evs and rnd:
+        line += (f" The {name} features alone explain {_list(evs, 3)} of "
+                 "the variance of the induction heads' z on the second "
+                 f"copy (the whole SAE {_list(whole, 3)}; random sets of as "
+                 f"many live features {_list(rnd, 3)}, mean over draws: "
+                 "adding other features' directions alone is worse than "
+                 "the mean).")
     out.append(line)
   return "\n".join(out)
 

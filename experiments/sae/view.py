@@ -4,7 +4,8 @@ r"""The viewer page of a finished SAE run: top contexts of its features.
   python -m experiments.sae.view --config=configs/sae.py:smollm2 \
       --workdir=runs/sae_smollm2
 
-Reads results.json and the first seed's ReLU SAE from --workdir, and
+Reads results.json and the first seed's SAE of the config's first kind
+(ReLU for the induction model, TopK for SmolLM2) from --workdir, and
 writes view.html there (mha_jax/sae/view.py): the induction features
 found (then the copying ones) and as many features drawn at random among
 the live ones, each with its top contexts among the held-out inputs and
@@ -30,6 +31,8 @@ from mha_jax.sae import sae as sae_lib
 from mha_jax.sae import train
 from mha_jax.sae import view
 
+CONTEXT = 56  # tokens shown before a context's top token
+
 
 def _capture(model, tokens, layer):
   sites = [f"blocks.{layer}.attn.{s}" for s in ("z", "pattern", "v")]
@@ -52,9 +55,11 @@ def _pick(run, live, n, seed):
                    for f in draw]
 
 
-def features(config, workdir, *, kind: str = "relu") -> list:
-  """The viewer's feature dicts for the first seed's `kind` SAE."""
+def features(config, workdir, *, kind: str | None = None) -> list:
+  """The viewer's feature dicts for the first seed's `kind` SAE (None:
+  the config's first kind)."""
   e = config.experiment
+  kind = kind or e.kinds[0]
   workdir = pathlib.Path(workdir)
   saved = json.loads((workdir / "results.json").read_text())
   seed = e.seeds[0]
@@ -93,10 +98,13 @@ def features(config, workdir, *, kind: str = "relu") -> list:
       dfa = np.asarray(attribution.dfa_by_source(
           params, pattern[row:row + 1], vals[row:row + 1],
           features=[feat], scale=scale))[0, pos, 0]  # [H, S]
+      # The tokens up to CONTEXT before the top one (room for the earlier
+      # copy of a repeated input) and a few after it.
+      lo, hi = max(0, pos - CONTEXT), pos + 4
       contexts.append({
-          "tokens": src.decode(sets[s][row]),
-          "acts": [float(x) for x in acts[s][row, :, feat]], "at": pos,
-          "source": [float(x) for x in dfa.sum(0)],
+          "tokens": src.decode(sets[s][row, lo:hi]),
+          "acts": [float(x) for x in acts[s][row, lo:hi, feat]],
+          "at": pos - lo, "source": [float(x) for x in dfa.sum(0)[lo:hi]],
           "by_head": list(zip(names, (float(x) for x in dfa.sum(1))))})
     out.append({"id": feat, "title": f"{title}; {kind} SAE, seed {seed}",
                 "heads": list(zip(names, (float(x) for x in shares[feat]))),

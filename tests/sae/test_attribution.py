@@ -18,8 +18,13 @@ SITE = "blocks.1.attn.z"
 H, K, DV = 4, 2, 4
 
 
+SCALE = 1.7
+
+
 @pytest.fixture(scope="module")
 def setup():
+  """The model, tokens, an SAE, and one compiled forward giving the clean
+  logits and captures and the logits with each kind's splice."""
   config = mha_jax.ModelConfig(vocab_size=11, d_model=16, num_layers=2,
                                num_heads=H, num_kv_heads=K, max_len=8,
                                use_bias=True)
@@ -30,52 +35,67 @@ def setup():
   params["b_enc"] = jnp.linspace(-0.5, 0.5, 24)
   params["b_dec"] = jnp.linspace(-0.2, 0.2, H * DV)
   sites = [SITE, "blocks.1.attn.pattern", "blocks.1.attn.v"]
-  logits, cap = nnx.jit(lambda m, t: m(t, capture=sites))(model, tokens)
-  return model, tokens, params, logits, cap
+
+  def run(m, t, p):
+    splice = lambda kind: {SITE: lambda z: metrics.splice(
+        p, z, kind=kind, k=3, scale=SCALE)}
+    return (m(t, capture=sites), m(t, patch=splice("relu")),
+            m(t, patch=splice("topk")))
+  (logits, cap), relu, topk = nnx.jit(run)(model, tokens, params)
+  return model, tokens, params, logits, cap, {"relu": relu, "topk": topk}
+
+
+@pytest.fixture(scope="module")
+def by_hand(setup):
+  """The model's logits with z replaced by a given array (one compile)."""
+  model, tokens = setup[:2]
+  run = nnx.jit(lambda m, t, z: m(t, patch=hooks.replace(SITE, z)))
+  return lambda z: run(model, tokens, z)
 
 
 @pytest.mark.parametrize("kind", ["relu", "topk"])
-def test_splice_equals_z_replaced_by_hand(setup, kind):
-  model, tokens, params, _, cap = setup
-  scale = 1.7
-  spliced = model(tokens, patch={SITE: lambda z: metrics.splice(
-      params, z, kind=kind, k=3, scale=scale)})
+def test_splice_equals_z_replaced_by_hand(setup, by_hand, kind):
+  _, _, params, clean, cap, spliced = setup
   # By hand: the captured z, through the SAE in float64 NumPy, put back.
   z = np.asarray(cap[SITE], np.float64)
-  x = z.reshape(-1, H * DV) * scale
+  x = z.reshape(-1, H * DV) * SCALE
   p = {n: np.asarray(a, np.float64) for n, a in params.items()}
   pre = (x - p["b_dec"]) @ p["w_enc"] + p["b_enc"]
   f = np.maximum(pre, 0)
   if kind == "topk":
     f = np.where(f >= np.sort(f, -1)[:, -3:-2], f, 0)
-  z_hat = ((f @ p["w_dec"] + p["b_dec"]) / scale).reshape(z.shape)
-  by_hand = nnx.jit(lambda m, t, z: m(t, patch=hooks.replace(SITE, z)))(
-      model, tokens, jnp.asarray(z_hat, jnp.float32))
-  np.testing.assert_allclose(spliced, by_hand, atol=1e-5, rtol=1e-5)
-  assert not np.allclose(spliced, setup[3], atol=1e-3)  # it did change
+  z_hat = ((f @ p["w_dec"] + p["b_dec"]) / SCALE).reshape(z.shape)
+  want = by_hand(jnp.asarray(z_hat, jnp.float32))
+  np.testing.assert_allclose(spliced[kind], want, atol=1e-5, rtol=1e-5)
+  assert not np.allclose(spliced[kind], clean, atol=1e-3)  # it did change
 
 
 def test_dfa_by_source_sums_to_the_pre_activation(setup):
-  _, _, params, _, cap = setup
-  scale, feats = 1.7, jnp.asarray([0, 5, 23])
+  _, _, params, _, cap, _ = setup
+  feats = np.array([0, 5, 23])
+  source = np.array([-1, 0, 1, 1, 2, 3, 4])
   pattern, v, z = (cap[f"blocks.1.attn.{s}"] for s in ("pattern", "v", "z"))
-  parts = attribution.dfa_by_source(params, pattern, v, features=feats,
-                                    scale=scale)  # [B, T, F', H, S]
-  pre = sae.pre_acts(params, buffer.flatten_site(z) * scale)[:, feats]
-  total = parts.sum((-1, -2)).reshape(pre.shape) + attribution.dfa_bias(
-      params, feats)[None]
+
+  @jax.jit
+  def parts_of(params, pattern, v, z):
+    return (attribution.dfa_by_source(params, pattern, v, features=feats,
+                                      scale=SCALE),  # [B, T, F', H, S]
+            sae.pre_acts(params, buffer.flatten_site(z) * SCALE)[:, feats],
+            attribution.dfa_bias(params, feats),
+            attribution.dfa_by_head(params, z, scale=SCALE)[..., feats],
+            attribution.dfa_at_source(params, pattern, v, source,
+                                      scale=SCALE)[..., feats])
+  parts, pre, bias, by_head, one = map(np.asarray, parts_of(params, pattern,
+                                                             v, z))
+  total = parts.sum((-1, -2)).reshape(pre.shape) + bias[None]
   np.testing.assert_allclose(total, pre, atol=1e-5, rtol=1e-5)
   # Over sources it is the per-head DFA; one source, a slice of it.
-  by_head = attribution.dfa_by_head(params, z, scale=scale)[..., feats]
-  np.testing.assert_allclose(parts.sum(-1), jnp.moveaxis(by_head, 2, 3),
+  np.testing.assert_allclose(parts.sum(-1), np.moveaxis(by_head, 2, 3),
                              atol=1e-5)
-  source = jnp.asarray([-1, 0, 1, 1, 2, 3, 4])
-  one = attribution.dfa_at_source(params, pattern, v, source, scale=scale)
-  t = jnp.arange(7)
-  want = parts[:, t, :, :, jnp.maximum(source, 0)]  # [T, B, F', H]
-  want = jnp.where((source >= 0)[:, None, None, None], want, 0.0)
-  np.testing.assert_allclose(one[..., feats],
-                             jnp.moveaxis(want, (0, 2), (1, 3)), atol=1e-6)
+  want = parts[:, np.arange(7), :, :, np.maximum(source, 0)]  # [T, B, F', H]
+  want = np.where((source >= 0)[:, None, None, None], want, 0.0)
+  np.testing.assert_allclose(one, np.moveaxis(want, (0, 2), (1, 3)),
+                             atol=1e-6)
 
 
 def test_head_shares_and_top_contexts():

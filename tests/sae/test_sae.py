@@ -34,12 +34,16 @@ def _cfg(**kw):
 
 
 def _fit(cfg, x):
+  """The SAE after `num_steps` train steps on the buffer's batches (one
+  scan: a single compiled program)."""
   hp, opt = train.hyper(cfg), train.make_optimizer(cfg)
   state = train.init_state(cfg, x.shape[1], x.mean(0))
-  step = jax.jit(lambda s, b: train.train_step(s, b, hp=hp, optimizer=opt))
-  for i in range(cfg.num_steps):
-    state, _ = step(state, jnp.asarray(buffer.batch_at(
-        x, i, batch_size=cfg.batch_size, seed=cfg.seed)))
+  batches = np.stack([buffer.batch_at(x, i, batch_size=cfg.batch_size,
+                                      seed=cfg.seed)
+                      for i in range(cfg.num_steps)])
+  step = lambda s, b: (train.train_step(s, b, hp=hp, optimizer=opt)[0], None)
+  state, _ = jax.jit(lambda s, bs: jax.lax.scan(step, s, bs))(
+      state, jnp.asarray(batches))
   return state["params"]
 
 
