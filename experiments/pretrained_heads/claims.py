@@ -57,8 +57,8 @@ def _sep_cls(r) -> dict:
       "sep_uniform": fmt(h["sep"]["uniform"]["mean"]),
       "cls_layer_max": fmt(cls_v), "cls_layer": cls_l,
       "cls_uniform": fmt(h["cls"]["uniform"]["mean"]),
-      "parks_on_cls": (": where BERT-base parks attention on [SEP], this "
-                       "model parks it on [CLS]"
+      "parks_on_cls": (": where BERT-base puts its attention on [SEP], this "
+                       "model puts it on [CLS]"
                        if cls_v > 0.5 * sep_v + 0.25 else ""),
       **{f"{k}_heads": len(_above(r, k)) for k in ("cls", "sep", "punct")}}
 
@@ -75,6 +75,70 @@ def _gradient(r) -> dict:
       "little_parked": (", but with so little attention on [SEP] there is "
                         "little parked attention for a no-op reading to "
                         "explain" if share < 0.1 else "")}
+
+
+def _cls_controls(r) -> dict:
+  """The [CLS] share on single sentences against pairs, and whether the
+  no-op reading holds for [CLS] where the share is large."""
+  h, s, g = r["heads"], r["single_sentences"], r["gradient"]
+  pairs = np.asarray(h["cls"]["layer_trained"]["mean"])
+  single = np.asarray(s["trained"]["cls"]["mean"])
+  lo, hi = (np.asarray(s["trained"]["cls"]["ci95"])[:, i] for i in (0, 1))
+  big = [l for l in range(len(pairs)) if pairs[l] > 0.25]
+  ratio = np.asarray(g["cls_over_other"]["mean"])
+  ratio_hi = np.asarray(g["cls_over_other"]["ci95"])[:, 1]
+  ratio_lo = np.asarray(g["cls_over_other"]["ci95"])[:, 0]
+  below = [l for l in big if ratio_hi[l] < 1]
+  above = [l for l in big if ratio_lo[l] > 1]
+  layers = lambda ls: ", ".join(str(l) for l in ls) or "none"
+  same = all(min(pairs[l], single[l]) > 0.5 * max(pairs[l], single[l])
+             for l in big)
+  return {
+      "big_cls_layers": layers(big),
+      "single_cls": ", ".join(f"{single[l]:.3f} [{lo[l]:.3f}, {hi[l]:.3f}]"
+                              for l in big),
+      "pairs_cls": ", ".join(f"{pairs[l]:.3f}" for l in big),
+      "single_verdict": (
+          "the [CLS] share is a property of the model, not of the pair "
+          "inputs it never saw (within a factor of 2 in every such layer)"
+          if same else "the pair inputs change where these layers attend: "
+          "the [CLS] share on pairs is NOT what the model does on its own "
+          "inputs"),
+      "cls_ratios": ", ".join(f"{v:.2f}" for v in ratio),
+      "cls_noop_verdict": (
+          f"per weight, the embedding is less sensitive to attention on "
+          f"[CLS] than elsewhere in layers {layers(below)} (interval below "
+          f"1) and more sensitive in layers {layers(above)} (above 1), "
+          f"of the layers with a [CLS] share above 0.25 "
+          f"({layers(big)})"),
+      "cls_noop_reading": (
+          "consistent with Clark et al.'s no-op reading, moved from [SEP] "
+          "to [CLS]" if big and len(below) == len(big) else
+          "so the no-op reading does NOT hold for [CLS] in every such "
+          "layer: the attention parked there is not shown to be inert")}
+
+
+def z_text(j) -> str:
+  """A clustering's permutation z, 'n/a' where the null has no spread."""
+  return "n/a" if j["z"] is None else f"{j['z']:.1f}"
+
+
+def _clustering(r) -> dict:
+  """Clustering by layer, trained against re-initialised."""
+  a, j, i = r["js"]["against_init"], r["js"]["trained"], r["js"]["init"]
+  lo, hi = a["ci95"]
+  return {
+      "js_z": z_text(j), "init_js_z": z_text(i),
+      "share_trained": fmt(a["share_trained"]),
+      "share_init": fmt(a["share_init"]),
+      "share_difference": (f"{report_lib.signed(a['difference'])} "
+                           f"{report_lib.interval(a['ci95'])}"),
+      "clustering_verdict": (
+          "training adds to the layer clustering the architecture already "
+          "gives (difference interval above 0)" if lo > 0 else
+          "training is NOT separated from the architecture here "
+          "(difference interval reaches 0)" if hi > 0 else
+          "the re-initialised model clusters more (interval below 0)")}
 
 
 def _entropy(r) -> dict:
@@ -96,7 +160,8 @@ def values(saved) -> dict:
   r, j, i = saved, saved["js"]["trained"], saved["js"]["init"]
   accuracy = r["pruning"]["ranked"]["accuracy"]
   return {
-      **_sep_cls(r), **_gradient(r), **_entropy(r),
+      **_sep_cls(r), **_gradient(r), **_entropy(r), **_cls_controls(r),
+      **_clustering(r),
       "previous_heads": ", ".join(_above(r, "previous")) or "none",
       "next_heads": ", ".join(_above(r, "next")) or "none",
       "previous_uniform": fmt(r["heads"]["previous"]["uniform"]["mean"]),

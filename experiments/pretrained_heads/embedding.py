@@ -9,9 +9,9 @@ mean of the last hidden states over a sentence's real tokens, normalised,
 puts related sentences close. `embed` computes that embedding with every
 head's output `z` gated: `z <- g z + (1 - g) fill`, so g = 0 with fill 0
 is zero ablation and with fill = the head's mean output is mean ablation,
-in one compiled program. `sep_gradient` is item 4 of the brief: the
-gradient of the embedding's cosine with a fixed reference sentence with
-respect to every attention weight.
+in one compiled program. `class_gradient` is Clark et al.'s no-op test
+(their Fig. 3): the gradient of the embedding's cosine with a fixed
+reference sentence with respect to every attention weight.
 """
 
 from __future__ import annotations
@@ -114,22 +114,23 @@ def _cos_gradient(graphdef, state, ids, mask, types, ref, num_layers):
   return jax.grad(cos)(jnp.zeros((num_layers, b, h, t, t)))
 
 
-def sep_gradient(model, ids, mask, types, sep_id: int, ref, *,
-                 chunk: int = 16):
+def class_gradient(model, ids, mask, types, key_id: int, ref, *,
+                   chunk: int = 16):
   """Mean |gradient| per attention weight, split by the weight's key:
-  `{"sep": [N, L, H], "other": [N, L, H]}`, over each pair's real query
-  rows and real keys (the gradient of cos(pooled embedding, `ref [D]`))."""
+  `{"class": [N, L, H], "other": [N, L, H]}`, keys equal to `key_id`
+  ([SEP], [CLS]) against every other real key, over each input's real
+  query rows (the gradient of cos(pooled embedding, `ref [D]`))."""
   c = model.config
   graphdef, state = nnx.split(model)
   out = {k: np.zeros((ids.shape[0], c.num_layers, c.num_heads), np.float32)
-         for k in ("sep", "other")}
+         for k in ("class", "other")}
   for idx in survey.chunks(mask, chunk):
     i, m, t = survey.padded(ids, mask, types, idx)
     g = np.abs(np.asarray(_cos_gradient(graphdef, state, i, m, t,
                                         jnp.asarray(ref), c.num_layers)))
     real = m[:, :, None] & m[:, None, :]  # [B, T, T] query and key real
-    sep = real & (i == sep_id)[:, None, :]
-    for name, where in (("sep", sep), ("other", real & ~sep)):
+    hit = real & (i == key_id)[:, None, :]
+    for name, where in (("class", hit), ("other", real & ~hit)):
       w = where[None, :, None]  # [1, B, 1, T, T]
       out[name][idx] = np.transpose(
           (g * w).sum((-1, -2)) / np.maximum(w.sum((-1, -2)), 1), (1, 0, 2))

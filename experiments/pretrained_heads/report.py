@@ -95,26 +95,51 @@ def _top_table(r) -> str:
 
 
 def _js_table(r) -> str:
-  """JS distances within and across layers, and the permutation test."""
+  """JS distances within and across layers, the permutation test, and the
+  gap in units of its permutation null and of the mean distance."""
+  a = r["js"]["against_init"]
   rows = [[label, report_lib.fmt(j["within_layer"]),
            report_lib.fmt(j["across_layer"]), report_lib.signed(j["gap"]),
-           report_lib.fmt(j["p_value"])]
-          for j, label in ((r["js"]["trained"], "pretrained"),
-                           (r["js"]["init"], "re-initialised"))]
+           report_lib.fmt(j["p_value"]), claims.z_text(j),
+           report_lib.fmt(share)]
+          for j, label, share in (
+              (r["js"]["trained"], "pretrained", a["share_trained"]),
+              (r["js"]["init"], "re-initialised", a["share_init"]))]
   return report_lib.md_table(
       ["model", "JS distance within a layer", "across layers",
-       "gap (across - within)", "permutation p"], rows)
+       "gap (across - within)", "permutation p",
+       "z (gap in null std)", "gap / mean distance"], rows)
 
 
 def _gradient_table(r) -> str:
-  """Per layer, the gradient at [SEP] keys against other keys."""
+  """Per layer, the gradient at [SEP] keys and at [CLS] keys, each
+  against the other keys, beside the share on that token."""
   g = r["gradient"]
   return report_lib.md_table(
       ["layer", "share on [SEP]", "mean abs. gradient, [SEP] keys",
-       "mean abs. gradient, other keys", "[SEP] / other"],
+       "mean abs. gradient, other keys", "[SEP] / other", "share on [CLS]",
+       "mean abs. gradient, [CLS] keys", "[CLS] / other"],
       [[l, _ci(g["sep_share"], l), _ci(g["sep"], l, 6),
-        _ci(g["other"], l, 6), _ci(g["sep_over_other"], l)]
+        _ci(g["other"], l, 6), _ci(g["sep_over_other"], l),
+        _ci(g["cls_share"], l), _ci(g["cls"], l, 6),
+        _ci(g["cls_over_other"], l)]
        for l in range(r["model"]["layers"])])
+
+
+def _single_table(r) -> str:
+  """Per layer, [CLS] and [SEP] shares on sentence pairs against single
+  sentences, with the single sentences' floors."""
+  h, s = r["heads"], r["single_sentences"]
+  rows = [[l, _ci(h["cls"]["layer_trained"], l), _ci(s["trained"]["cls"], l),
+           _ci(s["init"]["cls"], l), _ci(h["sep"]["layer_trained"], l),
+           _ci(s["trained"]["sep"], l), _ci(s["init"]["sep"], l)]
+          for l in range(r["model"]["layers"])]
+  rows.append(["uniform", _ci(h["cls"]["uniform"]), _ci(s["uniform"]["cls"]),
+               "", _ci(h["sep"]["uniform"]), _ci(s["uniform"]["sep"]), ""])
+  return report_lib.md_table(
+      ["layer", "[CLS], pairs", "[CLS], single sentences",
+       "re-initialised, single", "[SEP], pairs", "[SEP], single sentences",
+       "re-initialised, single"], rows)
 
 
 def _ranking_table(r) -> str:
@@ -165,6 +190,7 @@ def _setup(r) -> dict:
       "documents": c["documents"], "sentences": c["sentences"],
       "pairs": c["pairs"], "pairs_used": c["pairs_used"], "seed": e["seed"],
       "tokens_per_pair": _ci(c["tokens_per_pair"], digits=1),
+      "documents_used": c["documents_used"],
       "truncated": c["truncated"], "max_len": e["max_len"],
       "resamples": e["resamples"], "init_seed": e["init_seed"],
       **{f"{k}_ids": r["classes"][k] for k in ("cls", "sep", "punct")}}
@@ -186,6 +212,10 @@ def values(saved: dict) -> dict:
       "reference": r["gradient"]["reference"],
       "gradient_pairs": r["gradient"]["pairs"],
       "gradient_table": _gradient_table(r),
+      "single_table": _single_table(r),
+      "single_inputs": r["single_sentences"]["inputs"],
+      "single_tokens": _ci(r["single_sentences"]["tokens"], digits=1),
+      "js_documents": r["js"]["against_init"]["documents"],
       "triples": e["triples"], "ranking_table": _ranking_table(r),
       "zero_below": counts["zero"], "mean_below": counts["mean"],
       "all_heads": r["model"]["layers"] * r["model"]["heads"],

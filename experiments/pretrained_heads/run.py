@@ -1,9 +1,11 @@
 """Pretrained heads, measuring: every head of an encoder on real sentence
 pairs, beside its floors, and what removing heads does to the embedding.
 
-`measure` returns the results dict that report.py lays out. Shape letters:
-N pairs or triples, L layers, H heads, R bootstrap resamples, K points of
-the pruning curve.
+`measure` returns the results dict that report.py lays out: the survey
+(survey.py), the single-sentence and clustering controls (controls.py) and
+the ranking ablation and pruning (ablation.py), every interval over the
+source documents (intervals.py). Shape letters: N pairs, L layers, H
+heads.
 """
 
 from __future__ import annotations
@@ -13,32 +15,16 @@ import time
 
 import numpy as np
 
+from experiments.pretrained_heads import ablation as ablation_lib
+from experiments.pretrained_heads import controls
 from experiments.pretrained_heads import corpus
 from experiments.pretrained_heads import embedding
+from experiments.pretrained_heads import intervals
 from experiments.pretrained_heads import models
 from experiments.pretrained_heads import survey
 from mha_jax import pretrained
 from mha_jax.interp import explorer
 from mha_jax.interp import survey as survey_lib
-
-
-def bootstrap_means(values, *, resamples: int, seed: int) -> np.ndarray:
-  """`[..., 2]` percentile-bootstrap 95% intervals of the mean over axis 0
-  of `values [N, ...]`, every entry on the same draws of the N units."""
-  v = np.asarray(values, np.float64)
-  n = v.shape[0]
-  rng = np.random.default_rng(seed)
-  # A resample's mean is (its counts of each unit) @ values / N.
-  counts = rng.multinomial(n, np.full(n, 1.0 / n), size=resamples)  # [R, N]
-  means = (counts @ v.reshape(n, -1) / n).reshape((resamples,) + v.shape[1:])
-  return np.moveaxis(np.quantile(means, [0.025, 0.975], axis=0), 0, -1)
-
-
-def _summary(values, e) -> dict:
-  """{"mean", "std" (ddof 1, over units), "ci95"} of `values [N, ...]`."""
-  v = np.asarray(values, np.float64)
-  return {"mean": v.mean(0), "std": v.std(0, ddof=1),
-          "ci95": bootstrap_means(v, resamples=e.resamples, seed=e.seed)}
 
 
 def _classes(tok) -> dict:
@@ -52,17 +38,16 @@ def _classes(tok) -> dict:
   return out
 
 
-def _heads(trained, init, uniform, e) -> dict:
+def _heads(trained, init, uniform, e, groups) -> dict:
   """measure -> per head (trained, init: mean/std/ci95 `[L, H]`) and per
   layer (the layer's mean over heads `[L]`), uniform as one number."""
   out = {}
   for name in survey.MEASURES:
     t, i, u = trained[name], init[name], uniform[name][:, 0, 0]
+    s = lambda x: intervals.summary(x, e, groups)
     out[name] = {
-        "trained": _summary(t, e), "init": _summary(i, e),
-        "uniform": _summary(u, e),
-        "layer_trained": _summary(t.mean(-1), e),
-        "layer_init": _summary(i.mean(-1), e)}
+        "trained": s(t), "init": s(i), "uniform": s(u),
+        "layer_trained": s(t.mean(-1)), "layer_init": s(i.mean(-1))}
   return out
 
 
@@ -95,132 +80,58 @@ def layer_clustering(js, num_layers: int, *, permutations: int, seed: int
     p = rng.permutation(labels)
     same = p[:, None] == p[None, :]
     gaps.append(js[~same].mean() - js[same & off].mean())
+  gaps = np.asarray(gaps)
+  # p sits at its floor 1 / (1 + permutations) for any strong gap; z (the
+  # gap in the null's standard deviations) still ranks two models. None
+  # where every relabelling gives the same gap.
+  std = float(gaps.std(ddof=1))
   return {**split, "gap": gap, "p_value": float(
-      (1 + np.sum(np.asarray(gaps) >= gap)) / (1 + permutations))}
+      (1 + np.sum(gaps >= gap)) / (1 + permutations)),
+      "null_mean": float(gaps.mean()), "null_std": std,
+      "z": None if std == 0 else float((gap - gaps.mean()) / std)}
 
 
-def _js(model, init_model, ids, mask, types, classes, e) -> dict:
-  """JS distances between heads, the MDS embedding, and the clustering."""
+def _js(model, init_model, ids, mask, types, classes, e, groups) -> dict:
+  """JS distances between heads, the MDS embedding, the clustering, and
+  the clustering against the re-initialised model's over documents."""
   n = min(e.js_pairs, ids.shape[0])
-  out = {}
+  out, per_pair = {}, {}
   for name, m in (("trained", model), ("init", init_model)):
     _, kept = survey.scores(m, ids[:n], mask[:n], types[:n], classes,
                             chunk=e.chunk, keep_patterns=n)
-    js = survey.js_between_heads(kept)
+    dists, rows, which = survey.js_per_pair(kept)
+    per_pair[name] = (dists, rows)
+    js = np.tensordot(rows, dists, 1) / rows.sum()
     out[name] = layer_clustering(js, m.config.num_layers, permutations=1000,
                                  seed=e.seed)
     out[name]["distance"] = js
     out[name]["mds"] = survey.classical_mds(js)
+  out["against_init"] = controls.clustering_against_init(
+      per_pair, np.asarray(groups)[which], model.config.num_layers,
+      resamples=e.resamples, seed=e.seed)
   out["pairs"] = n
   return out
 
 
-def _gradient(model, tok, ids, mask, types, classes, trained, e) -> dict:
-  """Item 4: |d cos / d attention| on [SEP] vs other keys, per layer, beside
-  the attention share on [SEP] of the same pairs."""
+def _gradient(model, tok, ids, mask, types, classes, trained, e, groups
+              ) -> dict:
+  """Clark et al.'s no-op test: |d cos / d attention| on [SEP] keys and on
+  [CLS] keys against other keys, per layer, beside the attention share on
+  that token of the same pairs ("other" and "cls_other": each test's
+  other keys)."""
   n = min(e.gradient_pairs, ids.shape[0])
+  s = lambda x: intervals.summary(x, e, groups[:n])
   ref = embedding.embed(model, *pretrained.encode(tok, [e.reference],
                                                   max_len=e.max_len))[0]
-  g = embedding.sep_gradient(model, ids[:n], mask[:n], types[:n],
-                             classes["sep"][0], ref)
-  ratio = g["sep"].mean(-1) / np.maximum(g["other"].mean(-1), 1e-30)
-  return {"pairs": n, "reference": e.reference,
-          "sep": _summary(g["sep"].mean(-1), e),
-          "other": _summary(g["other"].mean(-1), e),
-          "sep_over_other": _summary(ratio, e),
-          "sep_share": _summary(trained["sep"][:n].mean(-1), e)}
-
-
-def _ranking_inputs(tok, pairs_, e):
-  """Two halves of triples (rank, test): `(ids, mask, idx [N, 3])` each."""
-  triples = corpus.ranking_triples(pairs_, 2 * e.triples, seed=e.seed)
-  halves = []
-  for half in (triples[:e.triples], triples[e.triples:]):
-    sents = [s for t in half for s in (t["anchor"], t["positive"],
-                                       t["negative"])]
-    ids, mask = pretrained.encode(tok, sents, max_len=e.max_len)
-    halves.append((ids, mask, np.arange(len(sents)).reshape(-1, 3)))
-  return halves
-
-
-def _ablation(model, half, e) -> dict:
-  """Each head's zero- and mean-ablation effect on the rank half: the
-  change in margin and accuracy per triple, with intervals."""
-  ids, mask, idx = half
-  c = model.config
-  clean_margin, clean_acc = embedding.ranking(embedding.embed(model, ids,
-                                                              mask), idx)
-  fills = {"zero": None, "mean": embedding.mean_z(model, ids, mask)}
-  out = {"clean": {"margin": _summary(clean_margin, e),
-                   "accuracy": _summary(clean_acc, e)}}
-  for kind, fill in fills.items():
-    dm = np.zeros((idx.shape[0], c.num_layers, c.num_heads))
-    da = np.zeros_like(dm)
-    for l in range(c.num_layers):
-      for h in range(c.num_heads):
-        gates = np.ones((c.num_layers, c.num_heads), np.float32)
-        gates[l, h] = 0.0
-        m, a = embedding.ranking(embedding.embed(model, ids, mask,
-                                                 gates=gates, fill=fill), idx)
-        dm[:, l, h], da[:, l, h] = m - clean_margin, a - clean_acc
-    out[kind] = {"margin": _summary(dm, e), "accuracy": _summary(da, e)}
+  out = {"pairs": n, "reference": e.reference}
+  for name, other in (("sep", "other"), ("cls", "cls_other")):
+    g = embedding.class_gradient(model, ids[:n], mask[:n], types[:n],
+                                 classes[name][0], ref)
+    ratio = g["class"].mean(-1) / np.maximum(g["other"].mean(-1), 1e-30)
+    out.update({name: s(g["class"].mean(-1)), other: s(g["other"].mean(-1)),
+                f"{name}_over_other": s(ratio),
+                f"{name}_share": s(trained[name][:n].mean(-1))})
   return out
-
-
-def _curve(model, half, order, removed):
-  """Per-triple (margin, accuracy) `[K, N]` with `order[:k]` heads zeroed."""
-  ids, mask, idx = half
-  c = model.config
-  margins, accs = [], []
-  for k in removed:
-    gates = np.ones(c.num_layers * c.num_heads, np.float32)
-    gates[np.asarray(order[:k], int)] = 0.0
-    m, a = embedding.ranking(embedding.embed(
-        model, ids, mask, gates=gates.reshape(c.num_layers, c.num_heads)),
-        idx)
-    margins.append(m)
-    accs.append(a)
-  return np.asarray(margins), np.asarray(accs)
-
-
-def _first_degraded(acc_curve, removed, degrade_by):
-  """The fewest heads removed at which accuracy falls `degrade_by` below
-  the clean accuracy (None: never on the curve)."""
-  clean = acc_curve[0]
-  low = [k for k, a in zip(removed, acc_curve) if a < clean - degrade_by]
-  return low[0] if low else None
-
-
-def _pruning(model, half, ablation, e) -> dict:
-  """Heads removed least harmful first (zero ablation on the rank half),
-  scored on the test half, against random orders."""
-  n_heads = model.config.num_layers * model.config.num_heads
-  removed = list(range(0, n_heads + 1, e.prune_step))
-  if removed[-1] != n_heads:
-    removed.append(n_heads)
-  # Least harmful first: the smallest drop in margin when removed alone.
-  ranked = np.argsort(-ablation["zero"]["margin"]["mean"].ravel(),
-                      kind="stable")
-  m_rank, a_rank = _curve(model, half, ranked, removed)
-  rng = np.random.default_rng(e.seed + 1)
-  rand = [_curve(model, half, rng.permutation(n_heads), removed)
-          for _ in range(e.random_orders)]
-  m_rand = np.mean([r[0] for r in rand], 0)  # [K, N]
-  acc_rand = np.asarray([r[1].mean(1) for r in rand])  # [orders, K]
-  return {
-      "removed": removed, "order": ranked,
-      "ranked": {"accuracy": a_rank.mean(1), "margin": m_rank.mean(1),
-                 "first_degraded": _first_degraded(a_rank.mean(1), removed,
-                                                   e.degrade_by)},
-      "random": {"accuracy": acc_rand.mean(0),
-                 "accuracy_std": acc_rand.std(0, ddof=1),
-                 "margin": m_rand.mean(1),
-                 "first_degraded": [_first_degraded(a, removed, e.degrade_by)
-                                    for a in acc_rand]},
-      # Paired over test triples: ranked minus the random orders' mean.
-      "margin_difference": _summary((m_rank - m_rand).T, e),
-      "accuracy_difference": _summary(
-          (a_rank - np.mean([r[1] for r in rand], 0)).T, e)}
 
 
 def _explorer(model, init_model, tok, pairs_, workdir, e, info):
@@ -256,6 +167,9 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
   chosen = [pairs_[i] for i in np.sort(rng.permutation(len(pairs_))[:e.pairs])]
   ids, mask, types = pretrained.encode_pairs(
       tok, [(p["a"], p["b"]) for p in chosen], max_len=e.max_len)
+  # Each pair's document: every interval over pairs resamples documents.
+  doc_index = {name: i for i, name in enumerate(docs)}
+  groups = np.asarray([doc_index[p["doc"]] for p in chosen])
   c = model.config
   stage_s = {}
 
@@ -273,27 +187,36 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
       m, ids, mask, types, classes, chunk=e.chunk), init_model)
   uniform = survey.uniform_scores(ids, mask, classes, c.num_layers,
                                   c.num_heads)
-  heads = _heads(trained, init, uniform, e)
-  halves = _ranking_inputs(tok, pairs_, e)
-  ablation = timed("ablation", _ablation, model, halves[0], e)
+  heads = _heads(trained, init, uniform, e, groups)
+  halves = ablation_lib.ranking_inputs(tok, pairs_, e, doc_index)
+  ablation = timed("ablation", ablation_lib.ablation, model, halves[0], e)
   init_margin, init_acc = embedding.ranking(
       embedding.embed(init_model, *halves[1][:2]), halves[1][2])
+  single = timed("single", controls.single_sentences, model, init_model, tok,
+                 [p["a"] for p in chosen], classes, e,
+                 lambda x: intervals.summary(x, e, groups))
   results = {
       "model": info,
       "corpus": {"documents": len(docs), "sentences": len(sents),
                  "pairs": len(pairs_), "pairs_used": len(chosen),
-                 "tokens_per_pair": _summary(mask.sum(1), e),
+                 "documents_used": len(set(groups.tolist())),
+                 "tokens_per_pair": intervals.summary(mask.sum(1), e, groups),
                  "truncated": int((mask.sum(1) >= e.max_len).sum())},
       "classes": classes,
       "heads": heads,
       "top": {k: _top(heads, k, e.top) for k in ("previous", "next", "self")},
-      "js": timed("js", _js, model, init_model, ids, mask, types, classes, e),
+      "js": timed("js", _js, model, init_model, ids, mask, types, classes, e,
+                  groups),
       "gradient": timed("gradient", _gradient, model, tok, ids, mask, types,
-                        classes, trained, e),
+                        classes, trained, e, groups),
+      "single_sentences": single,
       "ablation": ablation,
-      "pruning": timed("pruning", _pruning, model, halves[1], ablation, e),
-      "ranking_floors": {"init_accuracy": _summary(init_acc, e),
-                         "init_margin": _summary(init_margin, e),
+      "pruning": timed("pruning", ablation_lib.pruning, model, halves[1],
+                       ablation, e),
+      "ranking_floors": {"init_accuracy": intervals.summary(
+                             init_acc, e, halves[1][3]),
+                         "init_margin": intervals.summary(
+                             init_margin, e, halves[1][3]),
                          "chance_accuracy": 0.5},
       "explorer_pairs": _explorer(model, init_model, tok, chosen, workdir,
                                   e, info),

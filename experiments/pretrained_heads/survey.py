@@ -105,21 +105,28 @@ def uniform_scores(ids, mask, classes, num_layers: int, num_heads: int):
 _js = jax.jit(head_metrics.js_distance)
 
 
-def js_between_heads(kept, *, per_call: int = 2) -> np.ndarray:
-  """`[L*H, L*H]` mean JS distance between heads (layer-major), over the
-  real rows of the kept chunks' pairs. `per_call` pairs at a time: the
-  pairwise terms are `[B, L*H, L*H, T, T]`, 1.4 GB per pair at 72 heads
-  and 128 tokens."""
-  total, rows = 0.0, 0
-  for w, _ in kept:
+def js_per_pair(kept) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Each kept pair's mean JS distance between heads `[P, L*H, L*H]`
+  (layer-major, over its real rows), its count of real rows `[P]` and its
+  index among the surveyed pairs `[P]`: per pair, so that intervals can
+  resample the pairs' documents. One pair per call: the pairwise terms are
+  `[L*H, L*H, T, T]`, 0.7 GB at 72 heads and 128 tokens."""
+  dists, rows, which = [], [], []
+  for w, idx in kept:
     l, b, h, t, _ = w.shape
     heads = np.transpose(w, (1, 0, 2, 3, 4)).reshape(b, l * h, t, t)
-    for i in range(0, b, per_call):
-      part = heads[i:i + per_call]
-      n = int((part[:, 0].sum(-1) > 0).sum())  # real rows of these pairs
-      total = total + np.asarray(_js(part)) * n
-      rows += n
-  return total / max(rows, 1)
+    for i in range(b):
+      dists.append(np.asarray(_js(heads[i:i + 1])))
+      rows.append(int((heads[i, 0].sum(-1) > 0).sum()))  # real rows
+      which.append(int(idx[i]))
+  return np.stack(dists), np.asarray(rows), np.asarray(which)
+
+
+def js_between_heads(kept) -> np.ndarray:
+  """`[L*H, L*H]` mean JS distance between heads over the real rows of
+  the kept chunks' pairs (`js_per_pair` weighted by rows)."""
+  dists, rows, _ = js_per_pair(kept)
+  return np.tensordot(rows, dists, 1) / max(rows.sum(), 1)
 
 
 def classical_mds(d: np.ndarray, dims: int = 2) -> np.ndarray:

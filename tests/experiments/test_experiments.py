@@ -550,6 +550,16 @@ def test_pretrained_heads(tmp_path):
         h["sep"]["layer_trained"]["mean"][l], rel=1e-6)
   assert h["sep"]["uniform"]["mean"] == pytest.approx(
       2 * h["cls"]["uniform"]["mean"], rel=1e-6)
+  # The single-sentence control: [CLS] s [SEP] has one [SEP], so uniform
+  # attention puts as much on it as on [CLS]; the report's table shows it.
+  s = results["single_sentences"]
+  assert s["uniform"]["sep"]["mean"] == pytest.approx(
+      s["uniform"]["cls"]["mean"], rel=1e-6)
+  single = entry_points.table_by_label(report, "| layer | [CLS], pairs |")
+  for l in range(nl):
+    assert single[str(l)][:3] == [
+        cell(h["cls"]["layer_trained"], l), cell(s["trained"]["cls"], l),
+        cell(s["init"]["cls"], l)]
   top = entry_points.table(report, "| focus on | head |")
   assert [r[1] for r in top[:config.experiment.top]] == [
       f"L{t['layer']}H{t['head']}" for t in results["top"]["previous"]]

