@@ -1,6 +1,6 @@
 r"""A real decoder LM in mha_jax against transformers: speed and profile.
 
-  python -m experiments.real_lm_bench --workdir=docs/results/real_lm_bench
+  python -m experiments.real_lm_bench --workdir=runs/real_lm_bench
 
 Writes report.md and results.json into --workdir; what is timed and how:
 run.py's docstring, the per-op profiles: profile.py, the tables:
