@@ -218,9 +218,11 @@ def measure(config, workdir) -> dict:
       "tokens": decoders.leading_agreement(outs[(c, "decode")],
                                            outs[(reference, "decode")])}
            for c in names}
+  # What transformers ran: the config field it dispatches attention on.
+  attn = hf.config._attn_implementation  # pylint: disable=protected-access
   results = {
       "model": label, "file": path.name, "vocab": vocab,
-      "attn_implementation": hf.config._attn_implementation,  # pylint: disable=protected-access
+      "attn_implementation": attn,
       "tokens": e.tokens, "prompt": e.prompt, "new_tokens": e.new_tokens,
       "second_prompt": e.second_prompt,
       "decode_cache_slots": generate.bucket(e.prompt + e.new_tokens - 1),
