@@ -10,8 +10,8 @@ configs/sae.py, trains a ReLU-L1 and a TopK SAE per seed, measures them
 (L0, dead and dense features, explained variance, loss recovered through
 the z hook against zero and mean ablation) and finds their induction
 features on repeated random tokens. Writes report.md, results.json,
-figures and view.html (the features' top contexts) into --workdir; each SAE's checkpoints are in its sub-folder, so
-an interrupted run resumes.
+figures and view.html (the features' top contexts) into --workdir; each
+SAE's checkpoints are in its sub-folder, so an interrupted run resumes.
 """
 
 from __future__ import annotations

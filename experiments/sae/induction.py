@@ -19,7 +19,8 @@ pre-activation's token-dependent part by head and at that one source:
 A feature is an induction feature when all four pass the config's
 thresholds; a "copying" feature passes all but the first (it reads the
 induction heads at the induction source on the second copy, but fires as
-much on the first copy, where the same heads read something else). `reconstruction` then asks how much of the induction heads'
+much on the first copy, where the same heads read something else).
+`reconstruction` then asks how much of the induction heads'
 output (their block of z, second-copy positions) the induction features
 alone reconstruct, beside the whole SAE and random feature sets of the
 same size.

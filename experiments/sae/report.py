@@ -49,6 +49,11 @@ def _random(draws) -> str:
   return f"{np.mean(draws):.3f} [{np.min(draws):.3f}, {np.max(draws):.3f}]"
 
 
+def _ev(rec) -> str:
+  """The EV of a feature set, "-" for an empty set."""
+  return _num(rec["induction_features"] if rec["count"] else None)
+
+
 def _num(x) -> str:
   return "-" if x is None else f"{x:.3f}"
 
@@ -82,9 +87,9 @@ def values(saved: dict) -> dict:
     rec, cop = ind["reconstruction"], ind["copying_reconstruction"]
     ind_rows.append([
         KIND_NAMES[r["kind"]], str(r["seed"]), str(ind["count"]),
-        _heads(m["layer"], ind["top_head"]), _num(rec["induction_features"]),
+        _heads(m["layer"], ind["top_head"]), _ev(rec),
         _random(rec["random"]), str(ind["copying_count"]),
-        _num(cop["induction_features"]), _random(cop["random"]),
+        _ev(cop), _random(cop["random"]),
         _num(cop["all_features"])])
   ind_heads = ", ".join(report_lib.head_name(m["layer"], h)
                         for h in saved["induction_heads"]) or "none"
@@ -96,7 +101,8 @@ def values(saved: dict) -> dict:
       "width": str(m["width"]), "heads": str(m["heads"]),
       "d_sae": str(s["d_sae"]), "expansion": f"{s['d_sae'] / m['width']:g}",
       "l1": f"{s['l1']:g}", "k": str(s["k"]), "steps": str(s["num_steps"]),
-      "batch": str(s["batch_size"]), "seeds": str(len(c["experiment"]["seeds"])),
+      "batch": str(s["batch_size"]),
+      "seeds": str(len(c["experiment"]["seeds"])),
       "train_tokens": f"{d['train_tokens']:,}",
       "eval_tokens": f"{d['eval_tokens']:,}",
       "collect": f"{d['collect_s']:.0f} s ({d['collect_tokens_per_s']:,.0f} "
@@ -179,12 +185,13 @@ def _findings(saved) -> str:
       whole = [r["all_features"] for r in rs if r["all_features"] is not None
                and r["count"]]
       if evs and rnd:
+        worse = max(rnd) < 0
         line += (f" The {name} features alone explain {_list(evs, 3)} of "
                  "the variance of the induction heads' z on the second "
                  f"copy (the whole SAE {_list(whole, 3)}; random sets of as "
-                 f"many live features {_list(rnd, 3)}, mean over draws: "
-                 "adding other features' directions alone is worse than "
-                 "the mean).")
+                 f"many live features {_list(rnd, 3)}, mean over draws"
+                 + (": a random set's directions alone are worse than the "
+                    "mean" if worse else "") + ").")
     out.append(line)
   return "\n".join(out)
 

@@ -135,7 +135,7 @@ def resample_steps(cfg) -> frozenset:
 
 
 @functools.lru_cache(maxsize=8)
-def _compiled(hp: Hyper, learning_rate: float, beta2: float):
+def compiled(hp: Hyper, learning_rate: float, beta2: float):
   """The jitted step and resampling of these settings, built once per
   process (a resumed run in the same process compiles nothing new)."""
   optimizer = optax.adam(learning_rate, b1=0.0, b2=beta2)
@@ -186,8 +186,8 @@ def train(cfg, acts: np.ndarray, workdir, *, stop_at: int | None = None
   if acts.ndim != 2:
     raise ValueError(f"sae train: `acts` must be [N, D], got "
                      f"{list(acts.shape)}")
-  step_fn, resample_fn = _compiled(hyper(cfg), float(cfg.learning_rate),
-                                    float(cfg.beta2))
+  step_fn, resample_fn = compiled(hyper(cfg), float(cfg.learning_rate),
+                                  float(cfg.beta2))
   when = resample_steps(cfg)
   end = cfg.num_steps if stop_at is None else min(stop_at, cfg.num_steps)
   with workdir_lib.lock(workdir):
