@@ -35,6 +35,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from mha_jax.core import attention
+from mha_jax.core import score_rules
 from mha_jax.parallel import sharding
 
 SEQUENCE = sharding.SEQUENCE
@@ -229,6 +230,11 @@ def refuse_unsupported(*, bias, rules, keep, fn):
   if keep is not None:
     raise ValueError(f"{fn}: attention dropout is not supported (the "
                      "weights are never formed); use dropout_rate=0")
+  user = [n for n in score_rules.USER_FIELDS if getattr(rules, n) is not None]
+  if user:
+    raise ValueError(f"{fn}: user rules (`{user[0]}`) are not applied by the "
+                     "context-parallel paths; use implementation='flash' on "
+                     "one device")
 
 
 def check_common(q, k, v, mask, bias, rules, keep, fn):

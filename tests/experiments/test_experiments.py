@@ -508,7 +508,13 @@ def test_every_entry_point_has_an_end_to_end_test():
             "pretrained_bench", "pretrained_heads",
             # real_heads, ioi: tests/experiments/test_real_heads.py and
             # test_ioi.py (tiny random GGUF models through the same code)
-            "real_heads", "ioi"}
+            "real_heads", "ioi",
+            # score_rules_bench: tests/experiments/test_score_rules_bench.py
+            "score_rules_bench",
+            # real_lm_bench: tests/experiments/test_real_lm_bench.py
+            "real_lm_bench",
+            # sae: tests/sae/test_sae.py (the smoke config end to end)
+            "sae"}
   helpers = {"__init__", "cli",  # cli: the flags every experiment shares
              # shared by two experiments (two_offsets, head_dim), run by them
              "offset_sweep", "offset_sweep_report",

@@ -57,6 +57,8 @@ def _qkv(t=32, h=4, kv=2):
           rules=score_rules.ScoreRules(q_positions=jnp.zeros((2, 32),
                                                              jnp.int32))),
      "`q_positions`"),
+    (dict(mesh=_mesh(sequence=4), rules=score_rules.ScoreRules(
+        mask_mod=lambda b, h, q, kv: q >= kv)), "user rules \\(`mask_mod`\\)"),
     (dict(mesh=_mesh(sequence=4), mask=jnp.ones((32, 32), bool)),
      "`mask` of shape \\(32, 32\\) varies over queries"),
     (dict(mesh=_mesh(sequence=4, model=3)), "H=4 query heads do not split"),

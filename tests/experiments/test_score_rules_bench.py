@@ -1,0 +1,31 @@
+"""The score-rules benchmark's smoke run end to end: results.json equals
+what `run` returned, the report regenerates from it and shows its
+numbers, and the blockwise kernel's answers agree."""
+
+import json
+
+from experiments.score_rules_bench import report
+from mha_jax.measure import report as report_lib
+
+import entry_points
+
+
+def test_smoke_run_reports_its_numbers(tmp_path):
+  config = entry_points.config("score_rules_bench")
+  results = entry_points.load("score_rules_bench").run(config, tmp_path)
+  text = (tmp_path / "report.md").read_text()
+  assert json.loads((tmp_path / "results.json").read_text()) == results
+  assert report_lib.regenerate(tmp_path, report.render) == text
+  rows = entry_points.table(text, "| n | rule | flash_skip |")
+  for row, case in zip(rows, results["cases"]):
+    assert row[:2] == [str(case["n"]), case["rule"]]
+    skip = case["paths"]["flash_skip"]
+    assert row[2].startswith(f"{skip['median_s']:.3g} s")
+    for res in case["paths"].values():
+      assert res["max_abs_diff"] < 1e-5  # every path gives one answer
+  blocks = {c["rule"]: c["blocks"] for c in results["cases"]}
+  # n = 1024 on blocks of 128: 8 documents of one block each (causal:
+  # 8 partial diagonal blocks), and a 128-key window (8 diagonal and 7
+  # sub-diagonal blocks, all crossed by the window's edge).
+  assert blocks["documents"]["computed"] == 8
+  assert blocks["window"]["computed"] == 15
