@@ -1,0 +1,181 @@
+r"""Speed of the SAE lab against the same work in PyTorch, in one run.
+
+  python -m experiments.sae.bench --workdir=docs/results/sae
+
+* Activation collection, tokens/s: SmolLM2-135M's layer-17 `z` for
+  batches of 16 x 128 tokens. mha_jax: the experiment's collector (one
+  jitted forward that returns only the site, so XLA drops the later
+  layers). transformers (torch, 2 threads, float32, the same GGUF file): a
+  forward pre-hook on layer 17's `o_proj` reads its input (the heads'
+  outputs concatenated, which is `z`) and stops the forward there, as
+  SAE libraries do. The two activations are compared first.
+* SAE training, steps/s at the committed sizes (configs/sae.py: 64 -> 2048
+  for the induction model, 576 -> 2304 for SmolLM2; batch 1024): the
+  train step of mha_jax/sae/train.py against the same step written in
+  torch (2 threads): loss, backward, the decoder-gradient projection,
+  Adam with beta1 0, the renormalisation. One step from the same
+  parameters is compared first.
+
+Each timing is the median of `repeats` after a warm-up; the ratio is
+mha_jax's speed over torch's. Writes bench.json into --workdir.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import sae as sae_config
+from mha_jax.pretrained import real_models
+from mha_jax.sae import buffer
+from mha_jax.sae import train
+
+
+
+def _median(fn, repeats):
+  fn()  # warm-up (compiles)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
+
+
+def collection(repeats) -> dict:
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  import mha_jax  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(2)
+  layer, shape = 17, (16, 128)
+  path = real_models.smollm2_135m()
+  tokens = np.random.default_rng(0).integers(1000, 32000, shape).astype(
+      np.int32)
+  fwd = buffer.collector(mha_jax.load_pretrained(path),
+                         f"blocks.{layer}.attn.z")
+  hf = transformers.AutoModelForCausalLM.from_pretrained(
+      str(path.parent), gguf_file=path.name, dtype=torch.float32,
+      attn_implementation="sdpa").eval()
+
+  class Stop(Exception):
+    pass
+  got = {}
+
+  def hook(_, args):
+    got["z"] = args[0]
+    raise Stop
+
+  hf.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(hook)
+  t_tokens = torch.as_tensor(tokens, dtype=torch.long)
+
+  def torch_collect():
+    with torch.no_grad():
+      try:
+        hf(t_tokens)
+      except Stop:
+        pass
+    return got["z"]
+
+  jax_z = np.asarray(fwd(tokens)).reshape(shape[0], shape[1], -1)
+  diff = float(np.max(np.abs(jax_z - torch_collect().numpy())))
+  n = shape[0] * shape[1]
+  t_jax = _median(lambda: jax.block_until_ready(fwd(tokens)), repeats)
+  t_torch = _median(torch_collect, repeats)
+  return {"tokens_per_call": n, "jax_tokens_per_s": n / t_jax,
+          "torch_tokens_per_s": n / t_torch, "ratio": t_torch / t_jax,
+          "max_abs_diff": diff,
+          "max_abs": float(np.max(np.abs(jax_z)))}
+
+
+def _torch_step(kind, k, l1, lr, beta2):
+  import torch  # pylint: disable=import-outside-toplevel
+
+  def step(p, opt, x):
+    opt.zero_grad()
+    pre = (x - p["b_dec"]) @ p["w_enc"] + p["b_enc"]
+    f = torch.relu(pre)
+    if kind == "topk":
+      vals, idx = f.topk(k, dim=-1)
+      f = torch.zeros_like(f).scatter(-1, idx, vals)
+    err = x - (f @ p["w_dec"] + p["b_dec"])
+    loss = (err ** 2).sum(-1).mean()
+    if kind == "relu":
+      loss = loss + l1 * (f * p["w_dec"].norm(dim=1)).sum(-1).mean()
+    loss.backward()
+    with torch.no_grad():
+      w, g = p["w_dec"], p["w_dec"].grad
+      g -= (g * w).sum(1, keepdim=True) * w
+    opt.step()
+    with torch.no_grad():
+      p["w_dec"] /= p["w_dec"].norm(dim=1, keepdim=True)
+  return step
+
+
+def training(name, cfg, d_in, repeats) -> list:
+  import torch  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(2)
+  x = np.random.default_rng(0).normal(size=(cfg.batch_size, d_in)).astype(
+      np.float32)
+  out = []
+  for kind in ("relu", "topk"):
+    c = sae_config.get_config(None).sae
+    c.update(cfg.to_dict())
+    c.kind = kind
+    hp = train.hyper(c)
+    step, _ = train.compiled(hp, float(c.learning_rate), float(c.beta2))
+    state = train.init_state(c, d_in, np.zeros(d_in, np.float32))
+    p = {n: torch.tensor(np.asarray(a), requires_grad=True)
+         for n, a in state["params"].items()}
+    opt = torch.optim.Adam(list(p.values()), lr=c.learning_rate,
+                           betas=(0.0, c.beta2))
+    t_step = _torch_step(kind, c.k, c.l1, c.learning_rate, c.beta2)
+    xt = torch.tensor(x)
+    # One step from the same parameters, compared.
+    after, _ = step(jax.tree.map(jnp.copy, state), jnp.asarray(x))
+    t_step(p, opt, xt)
+    diff = max(float(np.max(np.abs(np.asarray(after["params"][n])
+                                   - p[n].detach().numpy()))) for n in p)
+    box = {"s": state}
+
+    def jax_call():
+      box["s"], m = step(box["s"], jnp.asarray(x))
+      jax.block_until_ready(m)
+    t_jax = _median(jax_call, repeats)
+    t_torch = _median(lambda: t_step(p, opt, xt), repeats)
+    out.append({"sae": name, "kind": kind, "d_in": d_in, "d_sae": c.d_sae,
+                "batch": c.batch_size, "jax_steps_per_s": 1 / t_jax,
+                "torch_steps_per_s": 1 / t_torch, "ratio": t_torch / t_jax,
+                "first_step_max_abs_diff": diff})
+  return out
+
+
+def main(argv):
+  del argv
+  start = time.perf_counter()
+  repeats = flags.FLAGS.repeats
+  res = {"collection": collection(repeats), "training": []}
+  res["training"] += training("induction", sae_config.get_config(None).sae,
+                              64, repeats)
+  res["training"] += training("smollm2",
+                              sae_config.get_config("smollm2").sae, 576,
+                              repeats)
+  res["wall_s"] = time.perf_counter() - start
+  res["threads"] = {"torch": 2, "note": "XLA uses the machine's 2 cores"}
+  out = pathlib.Path(flags.FLAGS.workdir)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "bench.json").write_text(json.dumps(res, indent=1) + "\n")
+  print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+  # Defined here, not at import: importing the module sets no flags.
+  flags.DEFINE_string("workdir", "runs/sae_bench", "Where bench.json goes.")
+  flags.DEFINE_integer("repeats", 5, "Timed calls per measure.")
+  app.run(main)
