@@ -161,7 +161,7 @@ def _findings(saved) -> str:
             if min(gap) < 0.1 else "."))
   if {"relu", "topk"} <= summ.keys():
     ev = lambda r: r["explained_variance"]
-    d = stats_difference(_per_run(saved, "topk", ev),
+    d = stats.difference(_per_run(saved, "topk", ev),
                          _per_run(saved, "relu", ev))
     out.append(f"- TopK minus ReLU, explained variance: "
                f"{report_lib.difference(d)} (Welch interval over seeds; "
@@ -199,9 +199,6 @@ def _findings(saved) -> str:
 def _list(values, digits=0) -> str:
   return ", ".join(f"{v:.{digits}f}" for v in values)
 
-
-def stats_difference(a, b):
-  return stats.difference(a, b)
 
 
 def _criteria(e) -> str:

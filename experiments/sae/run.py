@@ -18,7 +18,6 @@ import pathlib
 import shutil
 import time
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
