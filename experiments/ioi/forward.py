@@ -60,6 +60,42 @@ def block_sites(model, layer, x, sites, *, patch=None) -> dict:
   return {s: hooks.captured[s] for s in sites}
 
 
+def post_scale(model, layer, z) -> jax.Array:
+  """`[..., D]` (or a scalar 1): what block `layer` multiplies its
+  attention's output by before adding it to the stream, frozen at the run
+  whose heads' outputs are `z [..., H, Dv]`.
+
+  A pre-norm block adds o = sum_h z_h W_O^h + b_o as it is (1). A
+  sandwich block (Gemma 2 and 3) adds its post-norm of o, o (offset + w) /
+  rms(o): linear in o once rms(o) is frozen at this run, so each head's
+  term z_h W_O^h times this scale is its share, and the shares (with the
+  bias's) sum to the block's `attn_out`."""
+  block = model.blocks[layer]
+  placement = model.config.norm_placement
+  if placement == "pre":
+    return jnp.ones((), jnp.float32)
+  if placement != "sandwich" or model.config.norm != "rms":
+    raise ValueError(f"post_scale: a head's share of the stream is written "
+                     f"for pre-norm blocks and RMS sandwich blocks; the model "
+                     f"has norm_placement={placement!r}, norm="
+                     f"{model.config.norm!r}")
+  return _rms_scale(block.ln_attn_post, attention_output(block.attn, z))
+
+
+def attention_output(attn, z) -> jax.Array:
+  """`[..., D]`: the attention module's output from its heads' `z [..., H,
+  Dv]`: sum_h z_h W_O^h + b_o (the output projection alone)."""
+  o = jnp.einsum("...he,hed->...d", z, attn.w_o[...])
+  return o + attn.b_o[...] if hasattr(attn, "b_o") else o
+
+
+def _rms_scale(ln, x) -> jax.Array:
+  inv = jax.lax.rsqrt(jnp.mean(jnp.square(x.astype(jnp.float32)), -1,
+                               keepdims=True) + ln.eps)
+  gain = ln.offset + ln.scale[...]  # [D]
+  return inv * gain.reshape((1,) * (x.ndim - 1) + gain.shape)
+
+
 def logit_diff(logits, io, s) -> jax.Array:
   """`[N]`: logit of the indirect object minus the subject's."""
   rows = jnp.arange(logits.shape[0])
@@ -86,6 +122,4 @@ def final_scale(model, x_end) -> jax.Array:
   if model.config.norm != "rms":
     raise ValueError(f"final_scale: the direct effect is written for RMSNorm"
                      f" models, got norm={model.config.norm!r}")
-  inv = jax.lax.rsqrt(jnp.mean(jnp.square(x_end), -1, keepdims=True)
-                      + ln.eps)
-  return inv * (ln.offset + ln.scale[...])[None]
+  return _rms_scale(ln, x_end)

@@ -100,26 +100,42 @@ def activation_patching(model, target, source, meta, masks, *,
 
 
 def head_deltas(model, target, source, end) -> jax.Array:
-  """`[L, N, T, H, D]`: each head's output term (`z_h W_O^h`) in the
-  source run minus the target run's."""
+  """`[L, N, T, H, D]`: how much what block l's attention adds to the
+  stream changes when head h's `z` takes the source run's value, every
+  other head's staying at the target run's.
+
+  Pre-norm blocks add z W_O, so that is (z_src - z_tgt)_h W_O^h. A
+  sandwich block (Gemma) adds its post-norm of the attention's output o,
+  so the change is N'(o + d_h) - N'(o) with o the target run's and d_h
+  the head's change of it: the norm recomputed, not frozen, which is
+  where one head's change also rescales its layer's other heads."""
   c = model.config
+  check_blocks(model, "head_deltas")
   sites = z_sites(c.num_layers)
   _, tgt = forward.end_logits(model, target, end, capture=sites)
   _, src = forward.end_logits(model, source, end, capture=sites)
-  w_o = jnp.stack([b.attn.w_o[...] for b in model.blocks])  # [L, H, Dv, D]
-  return jnp.stack([jnp.einsum("nthe,hed->nthd", src[x] - tgt[x], w_o[l])
-                    for l, x in enumerate(sites)])
+  out = []
+  for l, x in enumerate(sites):
+    attn = model.blocks[l].attn
+    d = jnp.einsum("nthe,hed->nthd", src[x] - tgt[x], attn.w_o[...])
+    if c.norm_placement == "sandwich":
+      post = model.blocks[l].ln_attn_post
+      o = forward.attention_output(attn, tgt[x])[:, :, None]  # [N,T,1,D]
+      d = post(o + d) - post(o)
+    out.append(d)
+  return jnp.stack(out)
 
 
-def check_pre_norm(model, fn: str) -> None:
-  """Path patching adds a head's term to a later stream: that is its
-  contribution only where blocks add attention's output unnormalised."""
+def check_blocks(model, fn: str) -> None:
+  """A head's change is a term added to a later stream only where blocks
+  add attention's output to the stream without a norm after the sum:
+  pre-norm and sandwich blocks, sequential."""
   placement = model.config.norm_placement
-  if placement != "pre" or model.config.parallel_block:
-    raise ValueError(f"{fn}: a head's output term is what it adds to the "
-                     f"stream only in pre-norm sequential blocks; the model "
-                     f"has norm_placement={placement!r}, parallel_block="
-                     f"{model.config.parallel_block}")
+  if placement not in ("pre", "sandwich") or model.config.parallel_block:
+    raise ValueError(f"{fn}: a head's change is a term added to the stream "
+                     f"only in pre-norm or sandwich sequential blocks; the "
+                     f"model has norm_placement={placement!r}, "
+                     f"parallel_block={model.config.parallel_block}")
 
 
 def path_patching(model, target, source, meta, receivers, senders, *,
@@ -141,7 +157,7 @@ def path_patching(model, target, source, meta, receivers, senders, *,
   only the direct path counts: each receiver layer's q, k, v are
   recomputed from the target run's stream plus the sender's output term.
   """
-  check_pre_norm(model, "path_patching")
+  check_blocks(model, "path_patching")
   c = model.config
   for r in receivers:
     if len(r) != 3 or r[2] not in ("q", "k", "v"):
@@ -207,7 +223,7 @@ def direct_path(model, target, source, meta) -> jax.Array:
   change added to the final stream at END, read through the final norm
   (recomputed, not frozen) and the readout. No block runs again, so
   every head costs one norm and one dot product."""
-  check_pre_norm(model, "direct_path")
+  check_blocks(model, "direct_path")
   if model.config.final_soft_cap is not None:
     raise ValueError("direct_path: the logit difference is read as a dot "
                      "product with the readout, which a final soft cap "

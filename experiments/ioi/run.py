@@ -1,7 +1,8 @@
 """The IOI experiment's measurements: the logit difference of each model
 with its controls, then, on the model that does the task, activation
 patching per head and role and path patching to the name movers, the
-S-inhibition heads and the heads that feed them.
+S-inhibition heads and the heads that feed them (every model of
+`circuit_models` that does the task).
 
 Shape letters: N prompts, L layers, H query heads, R roles, S senders.
 
@@ -178,7 +179,8 @@ def circuit(model, p, e, name_ids) -> dict:
   ld_clean, _ = logit_diffs(model, p["tokens"], p, chunk=e.chunk)
   ld_abc, _ = logit_diffs(model, p["corrupted"], p, chunk=e.chunk)
   out = {"n": len(p["end"]), "clean": stats.summary(ld_clean, idx),
-         "abc": stats.summary(ld_abc, idx)}
+         "abc": stats.summary(ld_abc, idx),
+         "norm_placement": c.norm_placement}
   roles = tuple(e.roles)
   masks = head_patching.role_masks(p, clean.shape[1], roles)
   t0 = time.time()
@@ -285,36 +287,27 @@ def _path_rounds(graphdef, state, clean, abc, meta, ld_clean, ld_abc, idx,
   S-inhibition class: what tells END's queries which name is S), then
   into those senders' keys and values (duplicate-token and induction
   heads), then into theirs (previous-token heads, which induction heads'
-  keys read); a round without receivers is not run.""" 
-  out = {}
+  keys read); a round without receivers is not run. Beside the first
+  round, one into the output heads' own keys and values: a head that
+  attends to S can also be told at the keys which name is repeated."""
   if not movers:
     return {"skipped": "no output head was separated"}
   kv = lambda prev: tuple(sorted({(l, h // (n_h // e.num_kv_heads), x)
                                   for l, h in prev for x in ("k", "v")}))
+  one = functools.partial(_path_round, graphdef, state, clean, abc, meta,
+                          ld_clean, ld_abc, idx, e, n_h)
   rounds = (("s_inhibition", lambda prev: tuple((l, h, "q")
                                                 for l, h in prev)),
             ("duplicate_induction", kv), ("previous_token", kv))
+  out = {}
+  if e.output_kv_round:
+    out["output_kv"] = one(kv(movers))
   prev = movers
   for name, to in rounds[:e.path_rounds]:
-    receivers = to(prev)
-    senders = _senders(receivers, n_h)
-    if len(senders) == 0:
-      out[name] = {"skipped": "the receivers are in layer 0"}
+    out[name] = one(to(prev))
+    if "skipped" in out[name]:
       break
-    t0 = time.time()
-    patched = np.asarray(_path(graphdef, state, clean, abc, meta, receivers,
-                               jnp.asarray(senders), e.batch,
-                               e.path_through_mlps))
-    frac = _fractions(patched, ld_clean, ld_abc, idx, (len(senders),))
-    sep = stats.separated(frac["fraction"], frac["samples"], k_max=e.k_max)
-    heads = senders[sep["members"]].tolist()
-    logging.info("ioi: path patching into %s took %.0f s", receivers,
-                 time.time() - t0)
-    out[name] = {"receivers": [list(r) for r in receivers],
-                 "senders": senders.tolist(), "fraction": frac["fraction"],
-                 "ci95": frac["ci95"], "per_prompt": patched,
-                 "heads": heads, "gap_ci95": sep["gap_ci95"],
-                 "seconds": time.time() - t0}
+    heads = out[name]["heads"]
     if name == "duplicate_induction":
       out[name]["kinds"] = [_kind(det, l, h, idx) for l, h in heads]
     if name == "previous_token":
@@ -330,6 +323,29 @@ def _path_rounds(graphdef, state, clean, abc, meta, ld_clean, ld_abc, idx,
   return out
 
 
+def _path_round(graphdef, state, clean, abc, meta, ld_clean, ld_abc, idx, e,
+                n_h, receivers) -> dict:
+  """One round of path patching: every head of the layers before the last
+  receiver's sends, one at a time, into `receivers`; the separated
+  senders are the round's heads."""
+  senders = _senders(receivers, n_h)
+  if len(senders) == 0:
+    return {"skipped": "the receivers are in layer 0"}
+  t0 = time.time()
+  patched = np.asarray(_path(graphdef, state, clean, abc, meta, receivers,
+                             jnp.asarray(senders), e.batch,
+                             e.path_through_mlps))
+  frac = _fractions(patched, ld_clean, ld_abc, idx, (len(senders),))
+  sep = stats.separated(frac["fraction"], frac["samples"], k_max=e.k_max)
+  logging.info("ioi: path patching into %s took %.0f s", receivers,
+               time.time() - t0)
+  return {"receivers": [list(r) for r in receivers],
+          "senders": senders.tolist(), "fraction": frac["fraction"],
+          "ci95": frac["ci95"], "per_prompt": patched,
+          "heads": senders[sep["members"]].tolist(),
+          "gap_ci95": sep["gap_ci95"], "seconds": time.time() - t0}
+
+
 def _kind(det, l, h, idx) -> dict:
   """Whether head (l, h) attends from S2 more to S1 (duplicate token) or
   to the token after S1 (induction): the paired interval of the two."""
@@ -342,11 +358,12 @@ def _kind(det, l, h, idx) -> dict:
 
 
 def measure(config) -> dict:
-  """Every model's task numbers; the circuit of the first model in
-  `circuit_models` that does the task (or every one, smoke)."""
+  """Every model's task numbers; the circuit of each model in
+  `circuit_models` that does the task (or every one, with
+  `force_circuit`)."""
   e = config.experiment
   t_start = time.time()
-  out = {"models": {}, "circuit": None, "circuit_skipped": []}
+  out = {"models": {}, "circuits": {}, "circuit_skipped": []}
   for name in e.models:
     t0 = time.time()
     model, tok, prefix = models.load(name, seed=e.seed)
@@ -366,16 +383,16 @@ def measure(config) -> dict:
              "example": p["texts"][:2], "layers": c.num_layers,
              "heads": c.num_heads, "kv_heads": c.num_kv_heads or c.num_heads,
              "seconds": 0.0}
-    if (name in e.circuit_models and out["circuit"] is None
-        and (does_task or e.force_circuit)):
+    if name in e.circuit_models and (does_task or e.force_circuit):
       pc = prompts.build(tok, names, per_template_order=e.circuit_per_order,
                          seed=e.seed + 1, prefix=prefix)
       ec = e.copy_and_resolve_references()
       with ec.unlocked():
         ec.num_kv_heads = entry["kv_heads"]
       name_ids = [names[n] for n in p["names"]]
-      out["circuit"] = {"model": name} | circuit(model, pc, ec, name_ids)
-    elif name in e.circuit_models and out["circuit"] is None:
+      out["circuits"][name] = {"model": name} | circuit(model, pc, ec,
+                                                         name_ids)
+    elif name in e.circuit_models:
       out["circuit_skipped"].append(name)
     entry["seconds"] = time.time() - t0
     out["models"][name] = entry

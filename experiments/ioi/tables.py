@@ -168,8 +168,9 @@ def _attention_list(cls, d, key) -> str:
                    for h in cls["heads"])
 
 
-def circuit_values(saved: dict) -> dict:
-  c = saved["circuit"]
+def circuit_values(c: dict, through_mlps: bool) -> dict:
+  """One circuit's template values (`c`: a model's entry of
+  results.json's `circuits`)."""
   paths = c["paths"]
   si = paths.get("s_inhibition", {"skipped": paths.get(
       "skipped", "no name mover")})
@@ -180,6 +181,8 @@ def circuit_values(saved: dict) -> dict:
       "no head separated in the round before"
       if "heads" in di and not di["heads"]
       else di.get("skipped", "the round was not run"))})
+  okv = paths.get("output_kv", {"skipped": paths.get(
+      "skipped", "the round was not run")})
   denoise = c.get("denoise")
   if denoise:
     frac = np.asarray(denoise["fraction"])[:, :, 0]
@@ -201,7 +204,8 @@ def circuit_values(saved: dict) -> dict:
       "circuit_abc": _summ(c["abc"]),
       "roles": ", ".join(c["activation"]["roles"]),
       "role_table": role_table(c),
-      "figure": figures.PATCHING,
+      "figure": figures.patching_figure(c["model"]),
+      "norm_note": NORM_NOTES[c["norm_placement"]],
       "denoise": denoise_text,
       "mover_table": mover_table(c),
       "movers_gap": _gap(c["name_movers"]),
@@ -213,6 +217,10 @@ def circuit_values(saved: dict) -> dict:
       "si_table": path_table(si),
       "si_heads": _heads(si.get("heads", [])),
       "si_gap": _gap(si) if "skipped" not in si else "not run",
+      "okv_receivers": _receivers(okv),
+      "okv_table": path_table(okv),
+      "okv_heads": _heads(okv.get("heads", [])),
+      "okv_gap": _gap(okv) if "skipped" not in okv else "not run",
       "di_receivers": _receivers(di),
       "di_table": path_table(di),
       "di_heads": _heads(di.get("heads", [])),
@@ -231,7 +239,7 @@ def circuit_values(saved: dict) -> dict:
           "where every other head's `z` is frozen at its clean value and "
           "the MLPs recompute, so the change reaches the receivers directly "
           "and through the MLPs between, never through another head"
-          if saved["config"]["experiment"]["path_through_mlps"] else
+          if through_mlps else
           "the direct path only: each receiver layer's inputs recomputed "
           "from the clean stream plus the sender's output term"),
       "dup_attention": _attention_list(c["dup_attention"], d, "s2_s1"),
@@ -247,7 +255,6 @@ def values(saved: dict) -> dict:
   """The template's values, each written as the report shows it."""
   e = saved["config"]["experiment"]
   models = saved["models"]
-  c = saved.get("circuit")
   out = {
       "command": report_lib.command("experiments.ioi"),
       "wall": report_lib.wall_time(saved["wall_s"], False),
@@ -271,14 +278,30 @@ def values(saved: dict) -> dict:
                        "heads" for n, m in models.items()),
   }
   out["claims"] = claims(saved)
-  if c is None:
+  sections = [report_lib.fill(CIRCUIT_TEMPLATE, circuit_values(
+      c, e["path_through_mlps"]) | {"k_max": e["k_max"]})
+              for c in saved["circuits"].values()]
+  if saved["circuit_skipped"]:
     skipped = ", ".join(LABELS.get(n, n) for n in saved["circuit_skipped"])
-    out["circuit_section"] = (f"No circuit analysis: no model of "
-                              f"`circuit_models` did the task ({skipped}).")
-    return out
-  circuit = circuit_values(saved) | {"k_max": e["k_max"]}
-  out["circuit_section"] = report_lib.fill(CIRCUIT_TEMPLATE, circuit)
+    sections.append(f"No circuit analysis of {skipped}: the task is not "
+                    "done well enough (above).")
+  out["circuit_section"] = "\n\n".join(sections)
   return out
+
+
+# What a head's share means for each block wiring (`circuit.md.tmpl`).
+NORM_NOTES = {
+    "pre": "Its blocks add the attention's output to the stream as it is, "
+           "so a head's term is its z W_O.",
+    "sandwich": "Its blocks norm the attention's output before adding it "
+                "(sandwich norms), so a head's change on a path is N'(o + "
+                "d) - N'(o): the post-norm recomputed with the other heads "
+                "at their clean outputs, which counts the rescaling of its "
+                "layer's other heads as the head's own effect. The "
+                "detectors (direct logit difference, copy score) freeze "
+                "that norm at the clean run, as they freeze the final "
+                "norm.",
+}
 
 
 # The circuit's section: a template of its own, since a run whose models
@@ -305,16 +328,19 @@ def claims(saved: dict) -> str:
   e = saved["config"]["experiment"]
   parts = [verdict(n, m, e["min_positive"])
            for n, m in saved["models"].items()]
-  c = saved.get("circuit")
-  if c is None:
-    return " ".join(parts)
+  parts += [circuit_claims(c) for c in saved["circuits"].values()]
+  return " ".join(parts)
+
+
+def circuit_claims(c: dict) -> str:
+  """One circuit's conclusions."""
+  parts = []
   label = LABELS.get(c["model"], c["model"])
   checks = c["name_movers"]["checks"]
   paths = c["paths"]
   if not checks:
-    parts.append(f"In {label}, no head's direct path is separated from the "
-                 "rest: not resolved at this prompt count.")
-    return " ".join(parts)
+    return (f"In {label}, no head's direct path is separated from the "
+            "rest: not resolved at this prompt count.")
   kinds = "; ".join(
       f"{_head(ch['head'])} ({ch['kind']}, share at END "
       f"{_act(c, ch['head'], 'END')})" for ch in checks)
@@ -342,4 +368,14 @@ def claims(saved: dict) -> str:
                + ". Where a path's share is far below the head's whole "
                "output, most of that head's effect goes another way that "
                "these rounds do not trace.")
+  okv = paths.get("output_kv")
+  if okv and okv.get("heads"):
+    parts.append("Into the output heads' own keys and values: " + ", ".join(
+        f"{_head(h)} (path share {_share_of(okv, h)})"
+        for h in okv["heads"]) + ".")
+  elif okv and "fraction" in okv:
+    top = _top(okv["fraction"], okv["ci95"], k=1,
+               labels=[report_lib.head_name(*x) for x in okv["senders"]])[0]
+    parts.append("Into the output heads' own keys and values no sender is "
+                 f"separated (largest share {top[0]} {_ci(top[1], top[2])}).")
   return " ".join(parts)

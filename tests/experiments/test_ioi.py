@@ -29,6 +29,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from experiments.ioi import detectors
 from experiments.ioi import forward
 from experiments.ioi import head_patching
 from experiments.ioi import models
@@ -131,7 +132,7 @@ PROMPTS = prompts.build(TOK, NAMES, per_template_order=1, seed=3)
 def _config(**overrides):
   e = ml_collections.ConfigDict(dict(
       roles=("all", "S1", "IO", "S2", "END", "rest"), denoise=True,
-      path_rounds=3, path_through_mlps=True,
+      path_rounds=3, path_through_mlps=True, output_kv_round=True,
       k_max=1, resamples=200, chunk=16, batch=None, seed=0, num_kv_heads=2,
       layer_chunks=2))
   e.update(overrides)
@@ -244,12 +245,13 @@ def test_bad_calls_name_the_argument():
 
 
 def test_models_the_head_terms_do_not_fit_are_refused():
-  gemma, _, _ = models.load("tiny_gemma3")
-  with pytest.raises(ValueError, match=r"direct_path: a head's output term "
-                     r"is what it adds to the stream only in pre-norm "
+  post = DecoderLM(dataclasses.replace(WIRED.config, norm_placement="post"),
+                   rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"direct_path: a head's change is a "
+                     r"term added to the stream only in pre-norm or sandwich "
                      r"sequential blocks; the model has norm_placement="
-                     r"'sandwich', parallel_block=False"):
-    head_patching.check_pre_norm(gemma, "direct_path")
+                     r"'post', parallel_block=False"):
+    head_patching.direct_path(post, None, None, None)
   capped = DecoderLM(dataclasses.replace(WIRED.config, final_soft_cap=30.0),
                      rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"direct_path: the logit difference "
@@ -316,6 +318,11 @@ def test_path_patching_separates_the_three_classes(wired_circuit):
   assert dup["receivers"] == [[1, 0, "k"], [1, 0, "v"]]
   assert dup["heads"] == [[0, 0]]
   assert dup["kinds"][0]["kind"] == "duplicate-token"
+  # L2H0's keys read only token identity from the embedding: no head
+  # sends anything there.
+  okv = c["paths"]["output_kv"]
+  assert okv["receivers"] == [[2, 0, "k"], [2, 0, "v"]]
+  assert okv["heads"] == [] and np.allclose(okv["fraction"], 0, atol=1e-6)
   # Nothing sits before layer 0 to send to its keys and values.
   assert c["paths"]["previous_token"] == {
       "skipped": "the receivers are in layer 0"}
@@ -334,6 +341,76 @@ def test_path_patching_direct_form_equals_wangs_without_mlps():
                                                          wang[1][0])
 
 
+# --- sandwich norms (Gemma): a head's change through the post-norm --------
+
+GEMMA, _, _ = models.load("tiny_gemma3")
+SUB = prompts.subset(prompts.build(TOK, NAMES, per_template_order=1,
+                                   seed=5), np.arange(4))
+
+
+def _frozen_downstream(model, target, source, meta, layer, head):
+  """The target run with head (layer, head)'s `z` from the source run and
+  everything added to the stream after that head (its block's MLP, every
+  later block) frozen at the target run's: its direct path, by hooks."""
+  c = model.config
+  end = meta["end"]
+  z = f"blocks.{layer}.attn.z"
+  frozen = [f"blocks.{layer}.mlp_out"] + [
+      f"blocks.{j}.{x}" for j in range(layer + 1, c.num_layers)
+      for x in ("attn_out", "mlp_out")]
+  _, tgt = forward.end_logits(model, target, end, capture=tuple(frozen))
+  _, src = forward.end_logits(model, source, end, capture=(z,))
+  on = (jnp.arange(c.num_heads) == head)[None, None, :, None]
+  patch = {z: lambda x: jnp.where(on, src[z], x)}
+  patch |= {site: (lambda x, v=tgt[site]: v) for site in frozen}
+  logits, _ = forward.end_logits(model, target, end, patch=patch)
+  return forward.logit_diff(logits, meta["io"], meta["s"])
+
+
+def test_sandwich_direct_path_is_the_run_with_everything_after_frozen():
+  meta = run._meta(SUB)
+  clean, abc = jnp.asarray(SUB["tokens"]), jnp.asarray(SUB["corrupted"])
+  direct = head_patching.direct_path(GEMMA, clean, abc, meta)  # [L, H, N]
+  base, _ = forward.end_logits(GEMMA, clean, meta["end"])
+  base = forward.logit_diff(base, meta["io"], meta["s"])
+  for layer, head in ((0, 1), (3, 2), (5, 0)):
+    want = _frozen_downstream(GEMMA, clean, abc, meta, layer, head)
+    assert not np.allclose(want, base, atol=1e-4)  # the head does move it
+    np.testing.assert_allclose(direct[layer, head], want, atol=2e-5)
+
+
+def test_sandwich_head_shares_sum_to_the_blocks_attention_term():
+  meta = run._meta(SUB)
+  clean = jnp.asarray(SUB["tokens"])
+  det = detectors.measure(GEMMA, clean, meta, jnp.asarray(_name_ids()))
+  c = GEMMA.config
+  last = f"blocks.{c.num_layers - 1}.resid_post"
+  sites = (last,) + tuple(f"blocks.{l}.attn_out" for l in range(6))
+  _, acts = forward.end_logits(GEMMA, clean, meta["end"], capture=sites)
+  rows = jnp.arange(clean.shape[0])
+  scale = forward.final_scale(GEMMA, acts[last][rows, meta["end"]])
+  u = (forward.unembed(GEMMA, meta["io"])
+       - forward.unembed(GEMMA, meta["s"]))
+  for l in range(c.num_layers):
+    out = acts[f"blocks.{l}.attn_out"][rows, meta["end"]]  # post-normed
+    want = jnp.sum(out * scale * u, -1)
+    np.testing.assert_allclose(det["dla"][:, l].sum(-1), want, rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_sandwich_path_patching_forms_agree_without_mlps():
+  # Attention only: both forms move the sender's block term, the
+  # post-norm recomputed with the other heads frozen, into the receivers.
+  model = DecoderLM(dataclasses.replace(GEMMA.config, attention_only=True,
+                                        mlp_gated=False), rngs=nnx.Rngs(1))
+  meta = run._meta(SUB)
+  args = (model, jnp.asarray(SUB["tokens"]), jnp.asarray(SUB["corrupted"]),
+          meta, ((4, 1, "q"), (4, 0, "k")), np.asarray([[0, 2], [3, 1]]))
+  wang = head_patching.path_patching(*args, through_mlps=True)
+  direct = head_patching.path_patching(*args, through_mlps=False)
+  np.testing.assert_allclose(wang, direct, atol=2e-5)
+
+
 # --- the smoke run ---------------------------------------------------------
 
 def test_smoke_run_end_to_end(tmp_path, monkeypatch):
@@ -344,11 +421,12 @@ def test_smoke_run_end_to_end(tmp_path, monkeypatch):
   for m in saved["models"].values():
     assert m["num_prompts"] == 32 and len(
         m["task"]["clean"]["per_prompt"]) == 32
-  c = saved["circuit"]
-  assert c["model"] == "tiny_llama"
+  assert list(saved["circuits"]) == ["tiny_llama"]
+  c = saved["circuits"]["tiny_llama"]
   # Per prompt: [L, H, R, N] for the tiny Llama's 2 layers x 4 heads.
   assert np.asarray(c["activation"]["per_prompt"]).shape == (
       2, 4, len(config.experiment.roles), 16)
   text = (tmp_path / "report.md").read_text()
-  assert "Smoke run" in text and (tmp_path / "patching.png").exists()
+  assert "Smoke run" in text and (
+      tmp_path / "patching_tiny_llama.png").exists()
   assert report_lib.regenerate(tmp_path, report.render) == text
