@@ -1,0 +1,47 @@
+"""The SAE experiment's smoke config end to end (about 50 s, most of it
+compiling), so it runs in the heavy tier: MHA_JAX_REAL_MODELS=1, as
+`make test-real` sets it. Checks that the report regenerates from
+results.json, that the loss-recovered numbers are the ratios of the CE
+values beside them, that a second run resumes every SAE from its
+checkpoint and reproduces the numbers, and that the feature page exists."""
+
+import json
+import os
+
+import pytest
+
+from configs import sae as sae_config
+from experiments.sae import __main__ as entry
+from experiments.sae import report
+from mha_jax.measure import report as report_lib
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("MHA_JAX_REAL_MODELS") != "1",
+    reason="heavy tier (MHA_JAX_REAL_MODELS=1): the smoke run compiles for "
+    "about 50 s")
+
+
+def test_smoke_run_end_to_end(tmp_path):
+  config = sae_config.get_config("smoke")
+  first = entry.run(config, tmp_path)
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved == first
+  assert report_lib.regenerate(tmp_path, report.render) == (
+      tmp_path / "report.md").read_text()
+  for r in saved["runs"]:
+    lo = r["loss"]
+    assert lo["recovered_zero"] == pytest.approx(
+        (lo["zero"] - lo["splice"]) / (lo["zero"] - lo["clean"]))
+    assert lo["recovered_mean"] == pytest.approx(
+        (lo["mean"] - lo["splice"]) / (lo["mean"] - lo["clean"]))
+    assert 0 <= r["dead"] <= 1 and 0 <= r["dense"] <= 1
+  assert {(r["kind"], r["seed"]) for r in saved["runs"]} == {
+      (k, s) for k in config.experiment.kinds for s in config.experiment.seeds}
+  assert "feature " in (tmp_path / "view.html").read_text()
+  # Again in the same folder: every SAE restores, nothing retrains, and
+  # the measured numbers come out the same.
+  second = entry.run(config, tmp_path)
+  strip = lambda res: [{k: v for k, v in r.items()
+                        if k not in ("train_s", "steps_per_s")}
+                       for r in res["runs"]]
+  assert strip(second) == strip(first)
