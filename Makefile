@@ -56,8 +56,8 @@ text_induction: install
 
 # What the heads of the two real GGUF LMs do (docs/real_heads.md,
 # docs/ioi.md): the survey, ablations, repeat distance and KV cache
-# (13.5 min on 2 shared cores), then the IOI task and its circuit
-# (16.6 min).
+# (13.5 min on 2 shared cores), then the IOI task and both models'
+# circuits (30 min wall at load 3-12, 18.6 CPU-minutes).
 real_lms: install
 	$(BIN)/python -m experiments.real_heads --workdir=runs/real_heads
 	$(BIN)/python -m experiments.ioi --workdir=runs/ioi
@@ -75,11 +75,12 @@ experiments: install
 # hand; tests check the README's numbers against them). The first ten
 # took 95 minutes on 2 loaded cores; kv_cache adds 1.5 minutes and
 # context_parallel 4 (19 on loaded cores), text_induction about 60,
-# real_heads and ioi about 35 together.
+# real_heads and ioi about 45 together; score_rules_bench 3.3 and
+# real_lm_bench 43 (both timed at load 8-11).
 # RESULTS=induction limits it to one
 # experiment, and `make publish` copies finished runs without running
 # them again.
-RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads kv_cache context_parallel text_induction real_heads ioi
+RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads kv_cache context_parallel text_induction real_heads ioi score_rules_bench real_lm_bench
 results: install
 	for e in $(RESULTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \
@@ -95,9 +96,14 @@ publish:
 	done
 	@echo "Committed results: docs/results/<name>/report.md"
 
+# The attend and cost benchmarks; user score rules with block skipping
+# against FlexAttention (docs/score_rules.md, about 4 min); loaded SmolLM2
+# against transformers (docs/performance_real.md, 43 min at load 9).
 benchmark: install
 	$(BIN)/python -m experiments.benchmark
 	$(BIN)/python -m experiments.cost_scaling
+	$(BIN)/python -m experiments.score_rules_bench --workdir=runs/score_rules_bench
+	$(BIN)/python -m experiments.real_lm_bench --workdir=runs/real_lm_bench
 
 # On a machine with a CUDA GPU: the test suite and the attend benchmark
 # there, written with the date to docs/gpu.md (scripts/gpu_check.sh).
