@@ -513,7 +513,7 @@ def test_every_entry_point_has_an_end_to_end_test():
             "score_rules_bench",
             # real_lm_bench: tests/experiments/test_real_lm_bench.py
             "real_lm_bench",
-            # sae: tests/sae/test_sae.py (the smoke config end to end)
+            # sae: tests/real_models/test_sae_smoke_run.py (the real tier)
             "sae"}
   helpers = {"__init__", "cli",  # cli: the flags every experiment shares
              # shared by two experiments (two_offsets, head_dim), run by them
