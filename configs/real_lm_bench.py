@@ -7,8 +7,8 @@ weights) and times, in interleaved rounds: a forward of 512 tokens, the
 loss and gradient of all weights on those tokens, and 128 greedy tokens
 after a 16-token prompt with the KV cache; torch at 2 threads and at 1.
 Then profiles the three tasks by operation, XLA's per-op trace beside
-torch.profiler. The committed run (docs/results/real_lm_bench): 43 min
-wall on 2 CPU cores shared with other jobs (load average 8.5 to 10.8).
+torch.profiler. The committed run (docs/results/real_lm_bench): 7.6 min
+wall on 2 CPU cores at load average 1.7 to 2.7 (43 min at load 9-11).
 Expect ratios near or below 1 for the forward and decoding; the report
 says where the gradient stands and what costs the difference.
 `--config=configs/real_lm_bench.py:smoke`: a tiny random Llama written
