@@ -88,8 +88,8 @@ experiments: install
 # hand; tests check the README's numbers against them). The first ten
 # took 95 minutes on 2 loaded cores; kv_cache adds 1.5 minutes and
 # context_parallel 4 (19 on loaded cores), text_induction about 60,
-# real_heads and ioi about 45 together; score_rules_bench 3.3 (at
-# load 9) and real_lm_bench 8.
+# real_heads and ioi about 45 together; score_rules_bench 1 and
+# real_lm_bench 8 (on quiet cores).
 # RESULTS=induction limits it to one
 # experiment, and `make publish` copies finished runs without running
 # them again.
@@ -110,7 +110,7 @@ publish:
 	@echo "Committed results: docs/results/<name>/report.md"
 
 # The attend and cost benchmarks; user score rules with block skipping
-# against FlexAttention (docs/score_rules.md, about 4 min); loaded SmolLM2
+# against FlexAttention (docs/score_rules.md, about 1 min); loaded SmolLM2
 # against transformers (docs/performance_real.md, 8 min on quiet cores).
 benchmark: install
 	$(BIN)/python -m experiments.benchmark
