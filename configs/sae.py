@@ -56,8 +56,8 @@ def get_config(arg=None):
   """The induction run; `arg` "smoke" or "smollm2" for the others."""
   if arg not in ARGS:
     raise ValueError(f"configs/sae.py: unknown config argument {arg!r}; "
-                     f"expected none (the induction model), 'smoke' or "
-                     f"'smollm2'")
+                     "expected none (the full run) or 'smoke' (a tiny run of "
+                     "a few seconds), or 'smollm2' (SmolLM2's layer 17)")
   c = ml_collections.ConfigDict()
   c.smoke = arg == "smoke"
   c.source = "smollm2" if arg == "smollm2" else "induction"
