@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax import hooks as hooks_lib
+from mha_jax.models import activation_cache
 
 
 def positions_of(tokens: jax.Array) -> jax.Array:
@@ -90,10 +91,10 @@ def attention_output(attn, z) -> jax.Array:
 
 
 def _rms_scale(ln, x) -> jax.Array:
-  inv = jax.lax.rsqrt(jnp.mean(jnp.square(x.astype(jnp.float32)), -1,
-                               keepdims=True) + ln.eps)
-  gain = ln.offset + ln.scale[...]  # [D]
-  return inv * gain.reshape((1,) * (x.ndim - 1) + gain.shape)
+  """`[..., D]`: what RMSNorm `ln` multiplies `x [..., D]` by, (offset +
+  w) / rms(x): the library's frozen norm applied to ones."""
+  linear, _ = activation_cache.frozen_norm(ln, x)
+  return linear(jnp.ones_like(x, jnp.float32))
 
 
 def logit_diff(logits, io, s) -> jax.Array:

@@ -168,10 +168,12 @@ def path_patching(model, target, source, meta, receivers, senders, *,
   layers = sorted({r[0] for r in receivers})
   bases = tuple(f"blocks.{l}.resid_pre" for l in layers)
   inputs = tuple(f"blocks.{l}.attn.{x}" for l in layers for x in "qkv")
-  _, base = forward.end_logits(model, target, end, capture=bases + inputs)
+  sites = z_sites(layers[-1]) if through_mlps else ()
+  # One target run gives the receivers' inputs and, for Wang's form, the
+  # heads' outputs they are frozen at.
+  _, base = forward.end_logits(model, target, end,
+                               capture=bases + inputs + sites)
   if through_mlps:
-    sites = z_sites(layers[-1])
-    _, tgt = forward.end_logits(model, target, end, capture=sites)
     _, src = forward.end_logits(model, source, end, capture=sites)
   else:
     deltas = head_deltas(model, target, source, end)
@@ -183,7 +185,7 @@ def path_patching(model, target, source, meta, receivers, senders, *,
       patch = {}
       for j, site in enumerate(sites):
         on = (j == sender[0]) & (jnp.arange(c.num_heads) == sender[1])
-        patch[site] = (lambda x, t=tgt[site], v=src[site],
+        patch[site] = (lambda x, t=base[site], v=src[site],
                        on=on[None, None, :, None]: jnp.where(on, v, t))
       _, got = forward.end_logits(model, target, end, patch=patch,
                                   capture=inputs)
