@@ -458,8 +458,7 @@ def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend",
                     num_heads=h, fn=fn)
   if implementation in ("xla", "cudnn"):
     xla.check_rules(rules, implementation, fn)
-  user = [n for n in ("score_mod", "mask_mod", "block_mask")
-          if getattr(rules, n) is not None]
+  user = [n for n in score_rules.USER_FIELDS if getattr(rules, n) is not None]
   if user and implementation not in USER_RULE_PATHS:
     raise ValueError(f"{fn}: implementation={implementation!r} does not "
                      f"apply user rules (`{user[0]}`); use one of "

@@ -150,10 +150,9 @@ def create(mask_mod: Callable, batch: int | None, heads: int | None,
                        f"{' or None' if can_be_none else ''}, got {val!r}")
   score_rules.check_user(score_rules.ScoreRules(mask_mod=mask_mod),
                          "block_mask.create")
-  default = (flash.HEAD_LOOP_BLOCK if jax.default_backend() == "cpu"
-             else flash.DEFAULT_BLOCK_Q)
-  bq = min(default if q_block is None else q_block, q_len)
-  bk = min(default if kv_block is None else kv_block, kv_len)
+  default = flash.default_blocks(jax.default_backend() == "cpu")
+  bq = min(default[0] if q_block is None else q_block, q_len)
+  bk = min(default[1] if kv_block is None else kv_block, kv_len)
   q_offset = kv_len - q_len
   nq, nk = -(-q_len // bq), -(-kv_len // bk)
   rows = max(1, min(nq, CHUNK // (bq * nk * bk)))  # query blocks per call

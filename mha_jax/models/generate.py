@@ -239,5 +239,3 @@ def prepare(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
           jax.random.PRNGKey(0) if rng is None else rng)
   return args, dict(max_new_tokens=max_new_tokens, max_len=max_len,
                     sample=rng is not None)
-
-

@@ -570,6 +570,14 @@ def prescaled(dtype) -> bool:
   return dtype == jnp.float32
 
 
+def default_blocks(head_loop: bool) -> tuple[int, int]:
+  """`(block_q, block_k)` the kernel takes when none is given: one head at
+  a time (CPU) `HEAD_LOOP_BLOCK`, batched `DEFAULT_BLOCK_Q/K`."""
+  if head_loop:
+    return HEAD_LOOP_BLOCK, HEAD_LOOP_BLOCK
+  return DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
+
+
 def block_config(dtype, head_dim, rules, is_causal, tq, tk, block_q, block_k,
                  *, halve_backward=True) -> BlockConfig:
   """The kernel's static facts for queries of length `tq` against keys of
@@ -577,15 +585,9 @@ def block_config(dtype, head_dim, rules, is_causal, tq, tk, block_q, block_k,
   at most `block_q` x `block_k`. `halve_backward`: the batched kernel's
   backward runs on halved blocks (BACKWARD_BLOCK); one head at a time it
   keeps the forward's. With `prescaled(dtype)` the caller multiplies q by
-  the scale. User rules are refused: only `flash_attention` hoists the
-  arrays they close over into the kernel's arguments."""
-  user = [n for n in ("score_mod", "mask_mod", "block_mask")
-          if getattr(rules, n) is not None]
-  if user:
-    raise ValueError(f"block_config: `{user[0]}` is applied by "
-                     "flash_attention (implementation='flash') on one "
-                     "device; the context-parallel paths do not take user "
-                     "rules")
+  the scale. Only the static rules (window, soft cap, scale) are kept;
+  user rules are `flash_attention`'s to add (the context-parallel callers
+  refuse them, `parallel.context.refuse_unsupported`)."""
   bq, bk = min(block_q, tq), min(block_k, tk)
   tk_pad = -(-tk // bk) * bk
   return _Config(tq=tq, tk=tk, bq=bq, bk=bk,
@@ -675,8 +677,7 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
                        f"or None, got {val!r}")
   if head_loop is None:
     head_loop = jax.default_backend() == "cpu"
-  default = (HEAD_LOOP_BLOCK, HEAD_LOOP_BLOCK) if head_loop else (
-      DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K)
+  default = default_blocks(head_loop)
   bm = rules.block_mask
   if bm is not None:  # the kernel's blocks are the block mask's
     for name, val, want, length in (
@@ -691,9 +692,7 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
   b, tq, h, dh = q.shape
   tk, kh, dv = k.shape[1], k.shape[2], v.shape[3]
   g = h // kh
-  plain = score_rules.ScoreRules(**{
-      n: getattr(rules, n) for n in ("local_window", "soft_cap", "scale")})
-  cfg = block_config(q.dtype, dh, plain, is_causal, tq, tk, block_q,
+  cfg = block_config(q.dtype, dh, rules, is_causal, tq, tk, block_q,
                      block_k, halve_backward=not head_loop and bm is None)
   score_fn, mask_fn, score_consts, fixed_consts = _user_rules(rules)
   cfg = cfg._replace(score_mod=score_fn, mask_mod=mask_fn,
