@@ -40,11 +40,6 @@ def flatten_site(x):
   return x.reshape(x.shape[0] * x.shape[1], -1)
 
 
-def unflatten_z(x, batch: int, num_heads: int):
-  """`[B * T, H * Dv] -> [B, T, H, Dv]`, the inverse of `flatten_site`."""
-  return x.reshape(batch, -1, num_heads, x.shape[-1] // num_heads)
-
-
 def collector(model, site: str) -> Callable[[jax.Array], jax.Array]:
   """A jitted `tokens [B, T] -> [B, T, ...]` activation of `site` (the
   model's state is an argument, so a new model reuses nothing stale)."""

@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 
 from mha_jax.sae import buffer as buffer_lib
 from mha_jax.sae import sae as sae_lib
@@ -144,21 +143,6 @@ def compiled(hp: Hyper, learning_rate: float, beta2: float):
   return step, jax.jit(lambda s, p, k: resample(s, p, k, hp=hp))
 
 
-def _save(manager, state):
-  with checkpoint.quiet():
-    manager.save(int(state["step"]), args=ocp.args.StandardSave(state),
-                 force=True)
-
-
-def _restore_latest(manager, state):
-  steps = sorted(manager.all_steps())
-  if not steps:
-    return state
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-  with checkpoint.quiet():
-    return manager.restore(steps[-1], args=ocp.args.StandardRestore(abstract))
-
-
 def load(cfg, d_in: int, workdir) -> dict:
   """The latest saved state of the SAE of `cfg` in `workdir` (FileNotFound
   when there is none)."""
@@ -167,8 +151,8 @@ def load(cfg, d_in: int, workdir) -> dict:
   try:
     if not manager.all_steps():
       raise FileNotFoundError(f"sae load: no checkpoint in {workdir}")
-    return _restore_latest(manager, init_state(cfg, d_in, np.zeros(
-        d_in, np.float32)))
+    return checkpoint.restore_latest(manager, init_state(
+        cfg, d_in, np.zeros(d_in, np.float32)))
   finally:
     checkpoint.close(manager)
 
@@ -192,8 +176,8 @@ def train(cfg, acts: np.ndarray, workdir, *, stop_at: int | None = None
   end = cfg.num_steps if stop_at is None else min(stop_at, cfg.num_steps)
   with workdir_lib.lock(workdir):
     manager = checkpoint.make_manager(workdir, cfg.checkpoint_every, 2)
-    state = _restore_latest(manager, init_state(cfg, acts.shape[1],
-                                                acts.mean(0)))
+    state = checkpoint.restore_latest(manager, init_state(
+        cfg, acts.shape[1], acts.mean(0)))
     metrics_path = workdir / "metrics.jsonl"
     checkpoint.truncate_metrics(metrics_path, int(state["step"]))
     start = time.perf_counter()
@@ -218,6 +202,6 @@ def train(cfg, acts: np.ndarray, workdir, *, stop_at: int | None = None
                      "steps/s)", done, cfg.num_steps, row["mse"], row["l0"],
                      row["dead"], rate)
       if done % cfg.checkpoint_every == 0 or done == end:
-        _save(manager, state)
+        checkpoint.save(manager, state, force=True)
     checkpoint.close(manager)
   return state

@@ -1,4 +1,5 @@
-"""Orbax checkpoints of a `TrainState` in `workdir/checkpoints/<step>/`.
+"""Orbax checkpoints of a `TrainState` (or a dict state with a "step", as
+the SAE trainer keeps) in `workdir/checkpoints/<step>/`.
 
 Only the pytree part is stored (step, params, optimizer state, dropout
 key); the model's graph and the optimizer are rebuilt from the config, and
@@ -40,15 +41,20 @@ def make_manager(workdir, every: int, keep: int) -> ocp.CheckpointManager:
 
 
 def _tree(state):
+  """What is stored: a `TrainState`'s pytree part, or a plain dict state
+  (with a "step") as it is."""
+  if isinstance(state, dict):
+    return state
   return {"step": state.step, "params": state.params,
           "opt_state": state.opt_state, "rng": state.rng}
 
 
 def save(manager, state, *, force: bool = False) -> bool:
   """Save if the manager's interval says so (or `force`)."""
+  tree = _tree(state)
   with quiet():
-    return manager.save(int(state.step), args=ocp.args.StandardSave(
-        _tree(state)), force=force)
+    return manager.save(int(tree["step"]), args=ocp.args.StandardSave(tree),
+                        force=force)
 
 
 def restore(manager, state, step: int):
@@ -56,7 +62,7 @@ def restore(manager, state, step: int):
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _tree(state))
   with quiet():
     got = manager.restore(step, args=ocp.args.StandardRestore(abstract))
-  return state.replace(**got)
+  return got if isinstance(state, dict) else state.replace(**got)
 
 
 def restore_latest(manager, state):
