@@ -34,6 +34,7 @@ from mha_jax.core import attention
 from mha_jax.core import block_mask
 from mha_jax.core import masks
 from mha_jax.core import score_rules
+from mha_jax.measure import stats
 
 RULES = ("documents", "window")
 
@@ -164,8 +165,7 @@ def summarise(case: dict) -> None:
     if not t:
       continue
     res["median_s"] = float(np.median(t))
-    res["mean_s"] = float(np.mean(t))
-    res["std_s"] = float(np.std(t, ddof=1)) if len(t) > 1 else None
+    res["mean_s"], res["std_s"] = stats.mean_std(t)
     res["x_skip"] = {"median": float(np.median(t) / np.median(skip)),
                      "low": float(min(t) / max(skip)),
                      "high": float(max(t) / min(skip))}
