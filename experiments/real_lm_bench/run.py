@@ -44,7 +44,6 @@ from mha_jax.models import generate
 from mha_jax.pretrained import real_models
 
 TASKS = ("forward", "loss_grad", "decode")
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def load_hf(e, workdir):
@@ -139,14 +138,8 @@ def _timed(setup, fn):
 
 def _count_compiles(fn):
   """`(seconds, XLA compiles, output)` of one call of `fn()`."""
-  seen = []
-  listener = lambda event, secs, **kw: seen.append(secs) if (
-      event == COMPILE_EVENT) else None
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
+  with timing.count_compiles() as seen:
     seconds, out = _timed(lambda: None, fn)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
   return seconds, len(seen), out
 
 

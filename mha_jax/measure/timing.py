@@ -1,11 +1,37 @@
-"""Wall-clock timing and log-log slopes for the measuring experiments."""
+"""Wall-clock timing, XLA compile counts and log-log slopes for the
+measuring experiments."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import jax
 import numpy as np
+
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@contextlib.contextmanager
+def count_compiles():
+  """Yields a list that gets one entry per XLA compile inside the block.
+
+  XLA records each backend compile as a `jax.monitoring` duration event,
+  so every program compiled inside the block counts: jitted ones and the
+  small ones eager `jnp` calls compile for each new shape."""
+  seen = []
+
+  def listener(event, secs, **kwargs):
+    del secs, kwargs
+    if event == COMPILE_EVENT:
+      seen.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield seen
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def wall_times(fn, args, *, warmup: int, repeats: int, feed_back=None):
