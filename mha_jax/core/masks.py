@@ -64,16 +64,35 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
 
 # ----------------------------------------------------------------------------
 # The built-in masks as `mask_mod` rules (`score_rules.ScoreRules.mask_mod`):
-# functions of scalars (b, h, q_idx, kv_idx) -> bool, with q_idx the
-# query's position (Tk - Tq + i by default) and kv_idx the key's. Each is
-# tested equal to its built-in (`is_causal`, `local_window`, segment ids);
-# the built-ins stay the convenient names and the faster path (their block
-# ranges need no block mask), these compose with a user's own rules.
+# functions (b, h, q_idx, kv_idx) -> bool, with q_idx the query's position
+# (Tk - Tq + i by default) and kv_idx the key's. They are the built-ins'
+# one definition: `score_rules.allowed` applies `is_causal`, `local_window`
+# and segment ids by calling these same functions on broadcast position
+# grids (`grid`), which they accept because they are plain jnp
+# comparisons; a user's rule gets them mapped over scalars. The built-in
+# arguments stay the convenient names and the faster route in the
+# blockwise kernel: it derives their block ranges from positions, without
+# the O(Tq Tk) block mask a rule needs for that (docs/score_rules.md).
+
+
+def grid(q_pos, k_pos):
+  """`q_pos [..., Tq]`, `k_pos [Tk]` -> `[..., Tq, 1]`, `[1.., 1, Tk]` of
+  equal rank (explicit: the project runs with rank promotion off), the
+  q_idx and kv_idx of every (query, key) pair by broadcasting."""
+  qp = q_pos[..., :, None]
+  return qp, jnp.reshape(k_pos, (1,) * (qp.ndim - 1) + (-1,))
+
+
+def causal(b, h, q_idx, kv_idx):
+  """`is_causal`: key j visible from position p iff j <= p."""
+  return kv_idx <= q_idx
 
 
 def causal_mod():
-  """`is_causal`: key j visible from position p iff j <= p."""
-  return lambda b, h, q_idx, kv_idx: kv_idx <= q_idx
+  """`is_causal` as a rule: `causal` itself, one function object, so
+  every call compiles to the same program (rules are compared by
+  identity)."""
+  return causal
 
 
 def window_mod(left: int, right: int = 0):
@@ -82,19 +101,31 @@ def window_mod(left: int, right: int = 0):
       kv_idx <= q_idx + right)
 
 
+def same_segment(q_seg, k_seg):
+  """The segment rule on ids already gathered (any broadcasting shapes):
+  a query sees a key of its own segment. Segment ids arrive per query and
+  per key (`allowed` compares them as they come); `documents_mod` reads
+  them by position from one array."""
+  return q_seg == k_seg
+
+
 def documents_mod(ids):
   """Segment ids as a rule: `ids [B, Tk]` int, the document of each
   position; a query sees only keys of its own document. Indexed by
   position on both sides (self-attention, or decoding with the ids of
   every cached position)."""
   ids = jnp.asarray(ids)
-  return lambda b, h, q_idx, kv_idx: ids[b, q_idx] == ids[b, kv_idx]
+  return lambda b, h, q_idx, kv_idx: same_segment(ids[b, q_idx],
+                                                  ids[b, kv_idx])
 
 
 def prefix_lm_mod(prefix: int):
   """Prefix-LM: the first `prefix` positions are seen by every query
-  (bidirectional prefix), the rest causally."""
-  return lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx) | (kv_idx < prefix)
+  (bidirectional prefix), the rest causally. A rule only, with no
+  built-in argument: a block mask built from it skips the blocks past the
+  diagonal as the causal ranges would (docs/score_rules.md)."""
+  return lambda b, h, q_idx, kv_idx: causal(b, h, q_idx, kv_idx) | (
+      kv_idx < prefix)
 
 
 def and_mods(*mods):

@@ -32,17 +32,40 @@ masks, so forbidden keys stay at exactly -inf. ALiBi (Press et al. 2022)
 uses `-slope * |pos_q - pos_k|`, which is the paper's `slope * (pos_k -
 pos_q)` on every key a causal query sees and stays symmetric without the
 causal rule.
+
+One definition per rule. The masks are `masks.causal`, `masks.window_mod`
+and `masks.same_segment`, and the score changes `soft_capped` and
+`with_alibi` below: `allowed` and `scores` apply the built-in arguments by
+calling them on broadcast position grids (plain jnp arithmetic, so no
+per-element map and no cost), and the rule factories (`masks.*_mod`,
+`soft_cap_mod`, `alibi_mod`) hand the same functions to a user's
+`mask_mod` / `score_mod`. The arguments stay the convenient names, and the
+faster route in the blockwise kernel, which skips blocks for them from
+closed-form ranges where a rule needs a block mask. Prefix-LM has no
+argument: its rule, `masks.prefix_lm_mod`, is the way. Scale and sinks are
+not per-(query, key) rules (a factor of q.k, a softmax column) and stay
+arguments only. The user rules' machinery is `user_rules.py`; its public
+names are importable from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from mha_jax.core import masks
+from mha_jax.core import user_rules
+# Re-exported: the callers of the user rules find them here.
+from mha_jax.core.user_rules import User  # noqa: F401
+from mha_jax.core.user_rules import check_user
+from mha_jax.core.user_rules import elementwise  # noqa: F401
+from mha_jax.core.user_rules import user_of  # noqa: F401
+from mha_jax.core.user_rules import user_scores
 
 
 @jax.tree_util.register_dataclass
@@ -131,8 +154,7 @@ def static(rules: ScoreRules) -> dict:
           if f.metadata.get("static")}
 
 
-def _fail(fn, exc, message):
-  raise exc(f"{fn}: {message}")
+_fail = user_rules.fail
 
 
 def _is_known(x):
@@ -199,91 +221,6 @@ def check(rules: ScoreRules, *, batch: int, q_len: int, kv_len: int,
             f"{np.asarray(slopes)}")
 
 
-_SIGNATURES = {"score_mod": "score_mod(score, b, h, q_idx, kv_idx) -> score",
-               "mask_mod": "mask_mod(b, h, q_idx, kv_idx) -> bool"}
-
-
-def check_user(rules: ScoreRules, fn: str = "attend") -> None:
-  """Trace each user rule once on scalars (float32 score, int32 indices,
-  nothing computed) and check that it gives one float score / one bool:
-  a wrong signature or output fails here, naming the rule, not deep in
-  a kernel."""
-  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype)
-  for name, signature in _SIGNATURES.items():
-    rule = getattr(rules, name)
-    if rule is None:
-      continue
-    if not callable(rule):
-      _fail(fn, TypeError, f"`{name}` must be a function {signature}, got "
-            f"{type(rule).__name__}")
-    args = [scalar(jnp.int32)] * 4
-    if name == "score_mod":
-      args = [scalar(jnp.float32)] + args
-    try:
-      out = jax.eval_shape(rule, *args)
-    except Exception as e:  # the user's code: say which rule and how
-      _fail(fn, TypeError, f"`{name}` must be a function {signature}, "
-            "called on scalars (float32 score, int32 indices); calling it "
-            f"raised {type(e).__name__}: {e}")
-    shape = getattr(out, "shape", None)
-    dtype = getattr(out, "dtype", None)
-    if shape != ():
-      _fail(fn, ValueError, f"`{name}` must return one value per (b, h, "
-            "q_idx, kv_idx): it is called on scalars and mapped over the "
-            f"scores; got {out!r}")
-    good = (jnp.issubdtype(dtype, jnp.floating) if name == "score_mod"
-            else dtype == jnp.bool_)
-    if not good:
-      _fail(fn, TypeError, f"`{name}` must return "
-            f"{'a float score' if name == 'score_mod' else 'a bool'}, got "
-            f"{dtype}")
-
-
-class User(NamedTuple):
-  """The user rules of one call, ready to evaluate on a grid: `b`, `h`
-  int arrays that broadcast with the score grid's leading axes (the
-  batch row and query head of each score), and the rules themselves
-  (None: absent; the blockwise kernel binds its hoisted arrays into
-  them)."""
-  b: jax.Array
-  h: jax.Array
-  score_mod: Callable | None
-  mask_mod: Callable | None
-
-
-def user_of(rules: ScoreRules, b, h) -> User | None:
-  """`User` of `rules` with batch and head indices `b`, `h`; None when
-  the call has no user rule."""
-  if rules.score_mod is None and rules.mask_mod is None:
-    return None
-  return User(b, h, rules.score_mod, rules.mask_mod)
-
-
-def elementwise(rule, args, shape):
-  """`rule` on scalars, mapped over every element of `shape`: each of
-  `args` broadcasts to `shape` (same rank; axes of size 1 are shared, and
-  are not mapped, so a head index [.., H, 1, 1] is not copied per key)."""
-  if not shape:
-    return rule(*args)
-  n = shape[0]
-  mapped = tuple(a.shape[0] == n and n != 1 for a in args)
-  inner = lambda *xs: elementwise(rule, xs, shape[1:])
-  if not any(mapped):  # nothing varies along this axis
-    return jnp.broadcast_to(inner(*(a[0] for a in args))[None], shape)
-  args = tuple(a if m else a[0] for a, m in zip(args, mapped))
-  return jax.vmap(inner, in_axes=tuple(0 if m else None for m in mapped))(
-      *args)
-
-
-def _user_grid(user, q_pos, k_pos, ndim):
-  """b, h, q, kv int32 index arrays of rank `ndim` for the grid of
-  `q_pos [..., Tq]`, `k_pos [Tk]`."""
-  qp, kp = _grid(q_pos, k_pos)
-  fit = lambda x: jnp.reshape(
-      jnp.asarray(x, jnp.int32), (1,) * (ndim - jnp.ndim(x)) + jnp.shape(x))
-  return fit(user.b), fit(user.h), fit(qp), fit(kp)
-
-
 def alibi_slopes(num_heads: int) -> jax.Array:
   """ALiBi's fixed slopes `[H]`: the geometric sequence 2^(-8 i / H), i =
   1..H (Press et al. 2022). For a head count that is not a power of two
@@ -309,17 +246,49 @@ def scale_of(rules: ScoreRules, head_dim: int) -> float:
   return head_dim ** -0.5 if rules.scale is None else float(rules.scale)
 
 
-def _grid(q_pos, k_pos):
-  """`q_pos [..., Tq]`, `k_pos [Tk]` -> `[..., Tq, 1]`, `[1.., 1, Tk]` of
-  equal rank (explicit: the project runs with rank promotion off)."""
-  qp = q_pos[..., :, None]
-  return qp, jnp.reshape(k_pos, (1,) * (qp.ndim - 1) + (-1,))
+# The built-in score changes, one definition each: `scores` applies them to
+# broadcast grids, `soft_cap_mod` and `alibi_mod` hand them to `score_mod`.
+
+
+def soft_capped(score, cap):
+  """`(cap * tanh(score / cap), 1 - tanh^2)`: the capped score and its
+  derivative to `score`, which the blockwise backward multiplies by (a
+  rule's autodiff computes the same derivative in another order)."""
+  t = jnp.tanh(score / cap)
+  return cap * t, 1.0 - t * t
+
+
+def soft_cap_mod(cap: float):
+  """`soft_cap=cap`: scores become cap * tanh(score / cap)."""
+  return lambda score, b, h, q_idx, kv_idx: soft_capped(score, cap)[0]
+
+
+def _distance(q_idx, kv_idx):
+  return jnp.abs(q_idx - kv_idx).astype(jnp.float32)
 
 
 def distance(q_pos, k_pos):
   """float32 `|pos_q - pos_k|`, `[..., Tq, Tk]` (ALiBi's distance)."""
-  qp, kp = _grid(q_pos, k_pos)
-  return jnp.abs(qp - kp).astype(jnp.float32)
+  return _distance(*masks.grid(q_pos, k_pos))
+
+
+def with_alibi(score, slope, q_idx, kv_idx):
+  """ALiBi: `score - slope * |q_idx - kv_idx|` (float32); the arguments
+  broadcast (a slope `[..., H, 1, 1]` per head, or one head's scalar)."""
+  return score - slope * _distance(q_idx, kv_idx)
+
+
+def alibi_mod(slopes):
+  """`alibi_slopes=slopes [H]` as a rule: `with_alibi` with head h's
+  slope."""
+  slopes = jnp.asarray(slopes, jnp.float32)
+  return lambda score, b, h, q_idx, kv_idx: with_alibi(score, slopes[h],
+                                                       q_idx, kv_idx)
+
+
+def _on_grid(mod, qp, kp):
+  """A built-in mask rule on the whole grid (it reads neither b nor h)."""
+  return mod(None, None, qp, kp)
 
 
 def allowed(q_pos, k_pos, *, mask=None, is_causal=False, rules=NO_RULES,
@@ -333,24 +302,21 @@ def allowed(q_pos, k_pos, *, mask=None, is_causal=False, rules=NO_RULES,
   `user`: the call's `User` rules; its `mask_mod` (if any) joins the AND,
   evaluated on the whole grid.
   """
-  qp, kp = _grid(q_pos, k_pos)
+  qp, kp = masks.grid(q_pos, k_pos)
   ok = mask
   def both(a, b):
     return b if a is None else a & b
   if kv_len is not None:
     ok = both(ok, kp < kv_len)
   if is_causal:
-    ok = both(ok, kp <= qp)
+    ok = both(ok, _on_grid(masks.causal_mod(), qp, kp))
   if rules.local_window is not None:
-    left, right = rules.local_window
-    ok = both(ok, (kp >= qp - left) & (kp <= qp + right))
+    ok = both(ok, _on_grid(masks.window_mod(*rules.local_window), qp, kp))
   if q_seg is not None:
-    ok = both(ok, q_seg[..., :, None] == k_seg[..., None, :])
+    ok = both(ok, masks.same_segment(q_seg[..., :, None],
+                                     k_seg[..., None, :]))
   if user is not None and user.mask_mod is not None:
-    ndim = max(qp.ndim, jnp.ndim(user.b), jnp.ndim(user.h))
-    idx = _user_grid(user, q_pos, k_pos, ndim)
-    shape = jnp.broadcast_shapes(*(x.shape for x in idx))
-    ok = both(ok, elementwise(user.mask_mod, idx, shape))
+    ok = both(ok, user_rules.user_allowed(user, q_pos, k_pos, qp.ndim))
   return ok
 
 
@@ -367,23 +333,15 @@ def scores(qk, q_pos, k_pos, *, scale, rules=NO_RULES, bias=None,
   if bias is not None:
     s = s + bias.astype(jnp.float32)
   if slopes is not None:
-    s = s - slopes.astype(jnp.float32) * distance(q_pos, k_pos)
+    s = with_alibi(s, slopes.astype(jnp.float32), *masks.grid(q_pos, k_pos))
   dcap = None
   if rules.soft_cap is not None:
-    t = jnp.tanh(s / rules.soft_cap)
-    s, dcap = rules.soft_cap * t, 1.0 - t * t
+    s, dcap = soft_capped(s, rules.soft_cap)
   if user is not None and user.score_mod is not None:
     s = user_scores(user, s, q_pos, k_pos)
   if ok is not None:
     s = forbid(s, ok)
   return s, dcap
-
-
-def user_scores(user, s, q_pos, k_pos):
-  """`user.score_mod` on every score of `s [..., Tq, Tk]` (float32)."""
-  b, h, qp, kp = _user_grid(user, q_pos, k_pos, s.ndim)
-  out = elementwise(user.score_mod, (s, b, h, qp, kp), s.shape)
-  return out.astype(jnp.float32)
 
 
 @jax.custom_jvp
@@ -414,18 +372,3 @@ def _forbid_jvp(primals, tangents):
   (s, ok), (ds, _) = primals, tangents
   out = forbid(s, ok)
   return out, jnp.broadcast_to(ds, out.shape)
-
-
-# The built-in score changes as `score_mod` rules (tested equal to them).
-
-
-def soft_cap_mod(cap: float):
-  """`soft_cap=cap`: scores become cap * tanh(score / cap)."""
-  return lambda score, b, h, q_idx, kv_idx: cap * jnp.tanh(score / cap)
-
-
-def alibi_mod(slopes):
-  """`alibi_slopes=slopes [H]`: score - slope_h * |q_idx - kv_idx|."""
-  slopes = jnp.asarray(slopes, jnp.float32)
-  return lambda score, b, h, q_idx, kv_idx: score - slopes[h] * jnp.abs(
-      q_idx - kv_idx).astype(jnp.float32)
