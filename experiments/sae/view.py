@@ -11,6 +11,20 @@ found (then the copying ones) and as many features drawn at random among
 the live ones, each with its top contexts among the held-out inputs and
 the repeated random tokens, per-token activation, and the DFA of the top
 token by source token and by head. `__main__` writes it after the report.
+
+Beside it, explorer.html: the head explorer (mha_jax/interp/explorer.py)
+of the run's model with the same features in its features panel. Its
+heads are shown on the repeated random tokens, not the held-out inputs:
+there an induction head's pattern is the unmistakable stripe one position
+after the earlier copy, and its induction score over the batch means the
+same for both models, while on held-out text (SmolLM2's) or task batches
+(one segment repeated at a random place) the pattern of one example shows
+it only in part. The features the page lists are the SAE's induction
+features first, so the heads they read are then seen doing it. For the
+induction model the table also has each head's ablation effect on the
+next-token loss and the page Treescope's raw-array panel; for SmolLM2
+(30 layers x 9 heads) both are left out: 270 ablations take minutes on a
+CPU, and the panel would double a page of 10 MB of weights.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ from experiments import cli
 from experiments.sae import run as run_lib
 from experiments.sae import sources
 from mha_jax import hooks
+from mha_jax.interp import explorer
 from mha_jax.sae import attribution
 from mha_jax.sae import buffer
 from mha_jax.sae import sae as sae_lib
@@ -55,9 +70,19 @@ def _pick(run, live, n, seed):
                    for f in draw]
 
 
-def features(config, workdir, *, kind: str | None = None) -> list:
+def repeated(config) -> np.ndarray:
+  """`[N, 2 n (+1)]`: the run's repeated random tokens (as run.py draws
+  them for the induction test)."""
+  e = config.experiment
+  return buffer.repeated_tokens(e.repeat_inputs, e.repeat_len,
+                                tuple(e.token_range), seed=e.data_seed + 1,
+                                bos=None if e.bos < 0 else e.bos)
+
+
+def features(config, workdir, *, kind: str | None = None,
+             src: sources.Source | None = None) -> list:
   """The viewer's feature dicts for the first seed's `kind` SAE (None:
-  the config's first kind)."""
+  the config's first kind); `src`: the run's source if already loaded."""
   e = config.experiment
   kind = kind or e.kinds[0]
   workdir = pathlib.Path(workdir)
@@ -69,11 +94,9 @@ def features(config, workdir, *, kind: str | None = None) -> list:
   k = cfg.k if kind == "topk" else None
   width, scale = saved["model"]["width"], saved["data"]["scale"]
   params = train.load(cfg, width, workdir / f"{kind}_seed{seed}")["params"]
-  src = sources.load(config, workdir)
+  src = src or sources.load(config, workdir)
   sets = [np.concatenate([b["inputs"] for b in src.eval_batches]),
-          buffer.repeated_tokens(e.repeat_inputs, e.repeat_len,
-                                 tuple(e.token_range), seed=e.data_seed + 1,
-                                 bos=None if e.bos < 0 else e.bos)]
+          repeated(config)]
   caps, acts = [], []
   for tokens in sets:
     z, pattern, v = _capture(src.model, tokens, e.layer)
@@ -112,12 +135,48 @@ def features(config, workdir, *, kind: str | None = None) -> list:
   return out
 
 
+def write_explorer(path, model, tokens, decode, feats, *, layer: int,
+                   full: bool, title: str, info=()) -> pathlib.Path:
+  """The head explorer of `model` on `tokens [N, T]` (example 0 shown,
+  labelled by `decode`) with `feats` in its features panel, at `path`.
+
+  `full`: the table's ablation column (each head's increase of the
+  next-token loss, every position but the last) and Treescope's panel.
+  """
+  tokens = np.asarray(tokens, np.int32)
+  batch = {"inputs": tokens,
+           "targets": np.pad(tokens[:, 1:], ((0, 0), (0, 1))),
+           "loss_mask": np.pad(np.ones_like(tokens[:, 1:], np.float32),
+                               ((0, 0), (0, 1)))}
+  return explorer.write_explorer(
+      model, batch, path, loss="xent" if full else None,
+      labels={"inputs": decode(tokens[0])}, specials=False, title=title,
+      info=info, raw_arrays=full, sae_features=feats, sae_layer=layer)
+
+
 def write(config, workdir) -> pathlib.Path:
-  saved = json.loads((pathlib.Path(workdir) / "results.json").read_text())
-  return view.write_page(
-      pathlib.Path(workdir) / "view.html", features(config, workdir),
-      title=f"SAE features of layer {config.experiment.layer}'s z: "
-      f"{saved['model']['label']}")
+  """view.html and explorer.html of the run in `workdir`; returns the
+  path of view.html."""
+  e = config.experiment
+  workdir = pathlib.Path(workdir)
+  saved = json.loads((workdir / "results.json").read_text())
+  src = sources.load(config, workdir)
+  feats = features(config, workdir, src=src)
+  title = f"SAE features of layer {e.layer}'s z: {saved['model']['label']}"
+  page = view.write_page(workdir / "view.html", feats, title=title)
+  tokens = repeated(config)
+  write_explorer(
+      workdir / "explorer.html", src.model, tokens, src.decode, feats,
+      layer=e.layer, full=config.source == "induction",
+      title=f"Heads and SAE features: {saved['model']['label']}",
+      info=[("run", str(workdir)), ("model", saved["model"]["label"]),
+            ("input", f"repeated random tokens: {len(tokens)} rows, "
+             f"{e.repeat_len} ids from [{e.token_range[0]}, "
+             f"{e.token_range[1]}) twice, seed {e.data_seed + 1}"),
+            ("SAE", f"{e.kinds[0]}, seed {e.seeds[0]}, on layer "
+             f"{e.layer}'s z; contexts from the held-out inputs and the "
+             "repeated tokens")])
+  return page
 
 
 if __name__ == "__main__":
@@ -125,6 +184,6 @@ if __name__ == "__main__":
 
   def _run(config, workdir, *, reuse_runs=False):
     del reuse_runs
-    print(f"Viewer: {write(config, workdir)}")
+    print(f"Viewer: {write(config, workdir)} and explorer.html beside it")
     return {}
   cli.main(_run, _FLAGS)

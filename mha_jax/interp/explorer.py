@@ -19,6 +19,13 @@ The work is split by concern, and every name stays importable from here:
 and labels), `explorer_measure` computes the numbers (`explore`) and
 `explorer_page` encodes them as JSON and renders the page (`render`).
 
+Given an SAE's features (`sae_features=`, the dicts `mha_jax/sae/view.py`
+documents, and `sae_layer=`, the layer whose z it reads), the page also
+has a features panel: the feature list, the chosen feature's top contexts
+shaded by activation, its decoder share by head, and for a chosen context
+the DFA of its top token by source token and by head; a head's bar
+selects that head in the grid.
+
 An encoder-decoder has three kinds of attention, each its own view:
 encoder self-attention (source x source), decoder self-attention (target
 x target) and cross-attention (target queries x source keys).
@@ -60,13 +67,15 @@ from mha_jax.interp.explorer_page import gqa_note
 from mha_jax.interp.explorer_page import page_html
 from mha_jax.interp.explorer_page import page_json
 from mha_jax.interp.explorer_page import render
+from mha_jax.interp.explorer_page import sae_panel
 
 __all__ = [
     "DECODER_KINDS", "ENCODER_DECODER_KINDS", "ENCODER_KINDS", "Kind",
     "POSITION_SCORES", "SCORE_COLUMNS", "SPECIAL_NAMES", "b64_float32",
     "decoder_text_batch", "encoder_decoder_text_batch", "explore",
     "floor_scores", "gqa_note", "greedy_target", "kinds_of", "page_html",
-    "page_json", "parse_tokens", "render", "text_batch", "token_labels",
+    "page_json", "parse_tokens", "render", "sae_panel", "text_batch",
+    "token_labels",
     "uniform_weights", "visible_keys", "write_explorer",
 ]
 
@@ -74,16 +83,19 @@ __all__ = [
 def write_explorer(model, batch, path, *, loss: str | None = None,
                    init_model=None, example: int = 0, title: str = "",
                    info=(), circuits=None, labels: dict | None = None,
-                   specials: bool = True,
-                   raw_arrays: bool = True) -> pathlib.Path:
+                   specials: bool = True, raw_arrays: bool = True,
+                   sae_features=None,
+                   sae_layer: int | None = None) -> pathlib.Path:
   """Measure `model` on `batch` (`explore`) and write the page to `path`.
 
   For an experiment's report: `write_explorer(model, batch,
   workdir / "explorer.html", loss=task.loss, init_model=...)` with the
-  batch its analysis used. Returns the path written.
+  batch its analysis used. `sae_features` and `sae_layer` add the SAE
+  features panel (see `explore`). Returns the path written.
   """
   data = explore(model, batch, loss=loss, init_model=init_model,
-                 example=example, labels=labels, specials=specials)
+                 example=example, labels=labels, specials=specials,
+                 sae_features=sae_features, sae_layer=sae_layer)
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(render(data, title=title or "Attention explorer",

@@ -25,6 +25,7 @@ from mha_jax.interp import interventions
 from mha_jax.training import tasks
 from mha_jax.models import transformer
 from mha_jax.interp.explorer_batch import token_labels
+from mha_jax.interp.explorer_page import sae_panel
 
 # The scores that compare a query's position with a key's.
 POSITION_SCORES = ("previous_token", "mean_distance", "positional_offset",
@@ -124,7 +125,8 @@ def _weights_model(model):
 
 def explore(model, batch, *, loss: str | None = None, init_model=None,
             example: int = 0, labels: dict | None = None,
-            specials: bool = True) -> dict:
+            specials: bool = True, sae_features=None,
+            sae_layer: int | None = None) -> dict:
   """The page's data for `model` on `batch` (a task batch dict).
 
   Patterns are example `example`'s; scores are over the whole batch.
@@ -132,20 +134,28 @@ def explore(model, batch, *, loss: str | None = None, init_model=None,
   effect on `batch`; `init_model` (the same architecture untrained) adds
   its scores as a floor. `labels`: {batch key: [T] labels} to replace the
   ids' labels (for example a text model's characters); `specials`: name
-  PAD/BOS/SEP.
+  PAD/BOS/SEP. `sae_features`: feature dicts of an SAE on layer
+  `sae_layer`'s z (`mha_jax/sae/view.py` documents them; head names
+  `head_name(sae_layer, h)` of this model) for the page's features panel.
 
   Returns {"kinds": one dict per attention kind (`kinds_of`): "key",
   "title", "causal", "weights" `[L, H, Tq, Tk]` float32 (example
   `example`), "query_labels" `[Tq]`, "key_labels" `[Tk]`, "scores" (name
   -> `[L, H]`, with "ablation" given `loss`) and "floors" ("uniform": name
   -> float; "init", given `init_model`: name -> `[L, H]`); "example",
-  "num_examples", "heads" `(H, K)` and, given `loss`, "eval"
-  (`held_out.eval_loss`)}.
+  "num_examples", "heads" `(H, K)`, given `loss`, "eval"
+  (`held_out.eval_loss`) and, given `sae_features`, "sae"
+  (`explorer_page.sae_panel`: the features checked, ready for the page)}.
 
   Under grouped-query attention (K < H) every view and score is per query
   head (the patterns, the ablation of a head's `z`), and the page says
   which kv head each group of query heads shares.
   """
+  c = model.config
+  # Bad features fail before anything is computed.
+  sae = (None if sae_features is None and sae_layer is None else
+         sae_panel(sae_features, layer=sae_layer, num_layers=c.num_layers,
+                   num_heads=c.num_heads, fn="explore"))
   model = _weights_model(model)
   b = int(np.shape(batch["inputs"])[0])
   if not 0 <= example < b:
@@ -192,4 +202,6 @@ def explore(model, batch, *, loss: str | None = None, init_model=None,
                     model.config.num_kv_heads or model.config.num_heads)}
   if loss is not None:
     data["eval"] = held_out.eval_loss(model, batch, loss)
+  if sae is not None:
+    data["sae"] = sae
   return data

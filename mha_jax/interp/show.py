@@ -10,6 +10,7 @@ length of a sequence.
     show.heads([acts[s][0] for s in sites], labels)         # L x [H, Tq, Tk]
     show.tokens(labels, loss_per_token)                     # [T]
     show.heads_bar(dla, name="direct logit attribution")    # [L, H]
+    show.sae_features(features, layer=1)   # mha_jax/sae/view.py's dicts
 
 Each returns a `View`: a notebook displays it inline (`_repr_html_`) and
 `.save(path)` writes the same page as a file. The page is the explorer's
@@ -47,14 +48,15 @@ MAX_CELLS = 2 ** 20
 
 # Each frame's height before its script has measured the page (and where
 # a front end runs no script in outputs).
-_HEIGHTS = {"heads": 900, "tokens": 220, "heads_bar": 300}
+_HEIGHTS = {"heads": 900, "tokens": 220, "heads_bar": 300,
+            "sae_features": 700}
 
 
 @dataclasses.dataclass(frozen=True)
 class View:
   """One inline view: `page` is a standalone HTML page."""
   page: str
-  kind: str  # "heads", "tokens" or "heads_bar"
+  kind: str  # "heads", "tokens", "heads_bar" or "sae_features"
   title: str
 
   def _repr_html_(self) -> str:
@@ -346,10 +348,32 @@ def heads_bar(values, *, name: str = "Values per head",
   return _view("heads_bar", title or name, payload)
 
 
+def sae_features(features, *, layer: int | None = None,
+                 title: str = "SAE features") -> View:
+  """An SAE's features, as the explorer's features panel shows them: the
+  feature list; for the chosen one its decoder share by head and its top
+  contexts, each token shaded by the feature's activation; for the chosen
+  context the DFA of its top token by source token and by head.
+
+  `features`: the feature dicts `mha_jax/sae/view.py` documents (as
+  `experiments/sae/view.py` builds them); `layer`: the layer whose z the
+  SAE reads, which every head name must then belong to (`L{layer}H{h}`).
+  Raises ValueError naming the entry at fault (`features[2]['contexts']
+  [0]['acts'] has 5 values for 6 tokens`).
+  """
+  panel = explorer_page.sae_panel(features, layer=layer,
+                                  fn="show.sae_features", arg="features",
+                                  layer_arg="layer")
+  # The panel's own heading names the features: no title above it.
+  return _view("sae_features", title,
+               {"kinds": [], "info": [], "sae": panel,
+                "hide_title": title == "SAE features"})
+
+
 def _view(kind: str, title: str, payload: dict) -> View:
   payload["title"] = title
   # A page of one section named as the view needs no title above it.
   name = payload.get("token_values", payload.get("head_values", {})).get(
       "name")
-  payload["hide_title"] = name == title
+  payload["hide_title"] = payload.get("hide_title", False) or name == title
   return View(explorer.page_html(payload, title=title), kind, title)

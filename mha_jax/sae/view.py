@@ -4,12 +4,17 @@ activation, and each feature's attribution to heads and source tokens.
 `feature_html(features)` returns one self-contained HTML string (inline
 CSS, no script, nothing fetched), so it opens from disk, in a notebook
 (`IPython.display.HTML(feature_html(...))`) or as a file
-(`write_page(path, features)`). The project's explorer (interp/explorer*)
-shows heads, not SAE features; this page is separate from it.
+(`write_page(path, features)`). The head explorer shows the same feature
+dicts in its features panel, linked to its heads
+(`explorer.write_explorer(..., sae_features=, sae_layer=)`), and a
+notebook inline with `mha_jax.show.sae_features(features, layer=)`; that
+panel checks every field below (interp/explorer_page.py `sae_panel`),
+so this docstring is the format's one description.
 
 Each feature is a dict:
-  "id": int, "title": str (a line under the id),
-  "heads": [(head name, decoder share)],
+  "id": int, "title": str (optional: a line under the id),
+  "heads": [(head name, decoder share)], head names `hooks.head_name`'s
+     (L1H0: layer 1, head 0), the explorer's,
   "contexts": [{"tokens": [str], "acts": [float], "at": int (the
      position shown), "source": [float] (DFA of that position's
      pre-activation by source token, summed over heads), "by_head":

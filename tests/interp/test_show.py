@@ -69,7 +69,8 @@ def test_pages_embed_everything_and_never_a_raw_token():
   w = _causal_pattern((1, 2, 3, 3))
   views = [show.heads(w[0], [HOSTILE, "a", "b"]),
            show.tokens([HOSTILE, "a"], [0.5, -0.25]),
-           show.heads_bar(np.ones((2, 2)), name=HOSTILE)]
+           show.heads_bar(np.ones((2, 2)), name=HOSTILE),
+           show.sae_features(_sae_features(HOSTILE))]
   for view in views:
     # The only "</script>" sequences close the page's own two scripts.
     assert view.page.count("</script>") == 2, view.kind
@@ -80,6 +81,35 @@ def test_pages_embed_everything_and_never_a_raw_token():
     srcdoc = re.search(r'srcdoc="([^"]*)"', inline).group(1)
     assert html.unescape(srcdoc) == view.page
     assert f'data-view="{view.kind}"' in inline
+
+
+def _sae_features(token="a"):
+  """One feature as mha_jax/sae/view.py documents it."""
+  return [{"id": 5, "title": "t", "heads": [("L1H0", 0.5), ("L1H1", -0.5)],
+           "contexts": [{"tokens": [token, "b"], "acts": [1.0, 3.0], "at": 1,
+                         "source": [0.25, 0.0],
+                         "by_head": [("L1H0", 0.75), ("L1H1", 0.0)]}]}]
+
+
+def test_sae_features_page_holds_the_features():
+  view = show.sae_features(_sae_features(), layer=1)
+  assert view.kind == "sae_features"
+  data = page_data(view.page)
+  pairs = lambda rows: [{"name": n, "head": int(n[-1]), "value": v}
+                        for n, v in rows]
+  assert data["kinds"] == [] and data["sae"] == {"layer": 1, "features": [{
+      "id": 5, "title": "t", "heads": pairs([("L1H0", 0.5), ("L1H1", -0.5)]),
+      "contexts": [{"tokens": ["a", "b"], "acts": [1.0, 3.0], "at": 1,
+                    "source": [0.25, 0.0],
+                    "by_head": pairs([("L1H0", 0.75), ("L1H1", 0.0)])}]}]}
+  # Without a layer, head names are shown as they are, linked to nothing.
+  plain = page_data(show.sae_features(_sae_features()).page)["sae"]
+  assert plain["layer"] is None
+  assert [h["head"] for h in plain["features"][0]["heads"]] == [None, None]
+  with pytest.raises(ValueError, match=r"show.sae_features: "
+                     r"`features\[0\]\['heads'\]\[0\]` names head 'L1H0', "
+                     r"which is not a head of layer `layer`=2"):
+    show.sae_features(_sae_features(), layer=2)
 
 
 def test_tokens_and_heads_bar_hold_their_values():

@@ -10,10 +10,13 @@
 // only some of it: kinds (show.heads, maybe without a table and with a
 // window of positions: q0, k0 and a note), "token_values" (show.tokens)
 // or "head_values" (show.heads_bar); sections with no data stay hidden.
+// Either page may carry "sae" (explorer_page.sae_panel): an SAE's
+// features, shown in their own panel, whose head names select the head.
 "use strict";
 (function () {
   const DATA = JSON.parse(document.getElementById("data").textContent);
-  const state = {kind: 0, layer: 0, head: 0, query: 0, sort: null};
+  const state = {kind: 0, layer: 0, head: 0, query: 0, sort: null,
+                 feature: 0, context: 0};
   const $ = (id) => document.getElementById(id);
 
   function el(tag, attrs, children) {
@@ -495,6 +498,158 @@
     box.appendChild(heads);
   }
 
+  // ------------------------------------------------------ SAE features
+  // The feature list, the chosen feature's decoder share by head and top
+  // contexts (shaded by activation on one scale per feature), and for the
+  // chosen context its top token's DFA by source token and by head.
+
+  // The kind whose heads an SAE reads: self-attention (-1: none here).
+  const selfKind = () => DATA.kinds.findIndex((k) => k.key === "self");
+
+  function showHead(h) {
+    const i = selfKind();
+    if (state.kind !== i) selectKind(i);
+    selectHead(DATA.sae.layer, h);
+    $("heads-views").scrollIntoView({block: "nearest"});
+  }
+
+  // One row per (head, value): the name (a link to the head when the
+  // page has its grid), the value, and a bar whose length is its share
+  // of the largest |value| (red below 0).
+  function headBars(box, rows) {
+    box.replaceChildren();
+    let top = 0;
+    for (const r of rows) top = Math.max(top, Math.abs(r.value));
+    const i = selfKind();
+    const linkable = i >= 0 && DATA.sae.layer !== null &&
+                     DATA.sae.layer < DATA.kinds[i].num_layers;
+    for (const r of rows) {
+      const name = linkable && r.head !== null && r.head <
+                   DATA.kinds[i].num_heads ?
+          el("button", {cls: "head-link", text: r.name,
+                        title: `show ${r.name} above`}) :
+          el("span", {text: r.name});
+      if (name.tagName === "BUTTON") {
+        name.addEventListener("click", () => showHead(r.head));
+      }
+      const fill = el("div", {cls: "fill" + (r.value < 0 ? " neg" : "")});
+      fill.style.width = `${(top > 0 ? 100 * Math.abs(r.value) / top
+                                     : 0).toFixed(1)}%`;
+      box.appendChild(el("div", {cls: "hrow", "data-name": r.name,
+                                 "data-value": fmt(r.value, 3)},
+                         [name, el("span", {cls: "num",
+                                            text: fmt(r.value, 3)}),
+                          el("div", {cls: "track"}, [fill])]));
+    }
+  }
+
+  // A context's tokens, each shaded by `shade(value)`; the top one
+  // outlined; pointing at one reads its value.
+  function saeTokens(box, c, values, what, shade) {
+    box.replaceChildren();
+    c.tokens.forEach((text, i) => {
+      const t = el("span", {cls: "tok" + (i === c.at ? " at" : ""), text,
+                            "data-index": i,
+                            "data-value": fmt(values[i], 3),
+                            title: `${i}: ${fmt(values[i], 3)}`});
+      const [bg, fg] = shade(values[i]);
+      t.style.background = bg;
+      if (fg) t.style.color = fg;
+      t.addEventListener("mouseenter", () => readout(
+          $("sae-readout"), `token ${i} \u201c${text}\u201d, ${what}: `,
+          values[i]));
+      box.appendChild(t);
+    });
+  }
+
+  function drawSaeContext() {
+    const f = DATA.sae.features[state.feature];
+    const c = f.contexts[state.context];
+    for (const row of $("sae-contexts").children) {
+      row.setAttribute("aria-pressed",
+                       Number(row.dataset.context) === state.context);
+    }
+    if (!c) {
+      $("sae-source").replaceChildren();
+      $("sae-dfa-heads").replaceChildren();
+      return;
+    }
+    // Signed, centred on 0: red below, blue above.
+    let top = 0;
+    for (const v of c.source) top = Math.max(top, Math.abs(v));
+    const s = {signed: true, top: top > 0 ? top : 1};
+    saeTokens($("sae-source"), c, c.source, "DFA", (v) => {
+      const rgb = valueColor(v, s);
+      return [css(rgb), ink(rgb)];
+    });
+    headBars($("sae-dfa-heads"), c.by_head);
+  }
+
+  function selectFeature(i) {
+    state.feature = i;
+    state.context = 0;
+    const f = DATA.sae.features[i];
+    for (const b of $("sae-list").children) {
+      b.setAttribute("aria-pressed", Number(b.dataset.feature) === i);
+    }
+    $("sae-title").textContent =
+        `Feature ${f.id}` + (f.title ? `: ${f.title}` : "");
+    headBars($("sae-heads"), f.heads);
+    // One scale per feature, so that its contexts compare.
+    let top = 0;
+    for (const c of f.contexts) for (const v of c.acts) top = Math.max(top, v);
+    const box = $("sae-contexts");
+    box.replaceChildren();
+    if (!f.contexts.length) {
+      box.appendChild(el("p", {cls: "note", text: "No context: the " +
+                               "feature never fires on the inputs searched."}));
+    }
+    f.contexts.forEach((c, j) => {
+      const row = el("div", {cls: "ctx", "data-context": j, role: "button",
+                             tabindex: 0});
+      saeTokens(row, c, c.acts, "activation", (v) => [
+          `rgba(255, 140, 0, ${(top > 0 ? Math.min(Math.max(v / top, 0), 1)
+                                        : 0).toFixed(3)})`, null]);
+      const choose = () => { state.context = j; drawSaeContext(); };
+      row.addEventListener("click", choose);
+      row.addEventListener("keydown", (e) => {
+        if (e.key === "Enter" || e.key === " ") {
+          e.preventDefault();
+          choose();
+        }
+      });
+      box.appendChild(row);
+    });
+    drawSaeContext();
+  }
+
+  function buildSae() {
+    $("sae-section").hidden = false;
+    if (DATA.sae.layer !== null) {
+      $("sae-heading").textContent =
+          `SAE features of layer ${DATA.sae.layer}'s z`;
+    }
+    if (!DATA.kinds.length) {  // a notebook view: no grid to link to
+      $("sae-hint").textContent = "Features of a sparse autoencoder on " +
+          "an attention layer's z. Choose a feature, then one of its top " +
+          "contexts.";
+    }
+    const list = $("sae-list");
+    DATA.sae.features.forEach((f, i) => {
+      const b = el("button", {"data-feature": i, title: f.title},
+                   [el("b", {text: `feature ${f.id}`}),
+                    document.createTextNode(f.title ? ` ${f.title}` : "")]);
+      b.addEventListener("click", () => selectFeature(i));
+      list.appendChild(b);
+    });
+    if (DATA.sae.features.length) {
+      selectFeature(0);
+    } else {
+      $("sae-feature").hidden = true;
+      list.appendChild(el("p", {cls: "note", text: "No features given."}));
+    }
+  }
+
   buildHeader();
   $("title").hidden = Boolean(DATA.hide_title);
   if (DATA.kinds.length) {
@@ -527,5 +682,6 @@
     $("bars-section").hidden = false;
     buildHeadBars();
   }
+  if (DATA.sae) buildSae();
   document.body.dataset.ready = "true";
 })();
