@@ -55,6 +55,7 @@ import math
 from typing import Any, Callable
 
 import jax
+from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
 import numpy as np
 
@@ -252,15 +253,38 @@ def scale_of(rules: ScoreRules, head_dim: int) -> float:
 
 def soft_capped(score, cap):
   """`(cap * tanh(score / cap), 1 - tanh^2)`: the capped score and its
-  derivative to `score`, which the blockwise backward multiplies by (a
-  rule's autodiff computes the same derivative in another order)."""
+  derivative to `score`, which the blockwise backward multiplies by."""
   t = jnp.tanh(score / cap)
   return cap * t, 1.0 - t * t
 
 
+@jax.custom_jvp
+def _capped(score, cap):
+  return soft_capped(score, cap)[0]
+
+
+def _capped_jvp(primals, tangents):
+  # d/d score is `soft_capped`'s derivative as written, so that autodiff
+  # of the rule (the dense paths; a `score_mod` in the kernel's backward)
+  # and the kernel's hand-written backward multiply by the same float32
+  # number: autodiff of cap * tanh(score / cap) rounds through * cap and
+  # / cap and differs in the last bits. A traced cap (a rule's closure)
+  # gets d/d cap = tanh - (score / cap) * (1 - tanh^2).
+  (score, cap), (d_score, d_cap) = primals, tangents
+  out, dcap = soft_capped(score, cap)
+  zero = lambda t: isinstance(t, SymbolicZero)
+  tangent = jnp.zeros_like(out) if zero(d_score) else d_score * dcap
+  if not zero(d_cap):
+    tangent = tangent + d_cap * (out / cap - score / cap * dcap)
+  return out, tangent
+
+
+_capped.defjvp(_capped_jvp, symbolic_zeros=True)
+
+
 def soft_cap_mod(cap: float):
   """`soft_cap=cap`: scores become cap * tanh(score / cap)."""
-  return lambda score, b, h, q_idx, kv_idx: soft_capped(score, cap)[0]
+  return lambda score, b, h, q_idx, kv_idx: _capped(score, cap)
 
 
 def _distance(q_idx, kv_idx):
@@ -336,7 +360,9 @@ def scores(qk, q_pos, k_pos, *, scale, rules=NO_RULES, bias=None,
     s = with_alibi(s, slopes.astype(jnp.float32), *masks.grid(q_pos, k_pos))
   dcap = None
   if rules.soft_cap is not None:
-    s, dcap = soft_capped(s, rules.soft_cap)
+    # One tanh once compiled (XLA merges the two); dcap feeds only the
+    # blockwise backward.
+    s, dcap = _capped(s, rules.soft_cap), soft_capped(s, rules.soft_cap)[1]
   if user is not None and user.score_mod is not None:
     s = user_scores(user, s, q_pos, k_pos)
   if ok is not None:
