@@ -67,7 +67,7 @@ from mha_jax.interp.explorer_page import gqa_note
 from mha_jax.interp.explorer_page import page_html
 from mha_jax.interp.explorer_page import page_json
 from mha_jax.interp.explorer_page import render
-from mha_jax.interp.explorer_page import sae_panel
+from mha_jax.interp.explorer_sae import sae_panel
 
 __all__ = [
     "DECODER_KINDS", "ENCODER_DECODER_KINDS", "ENCODER_KINDS", "Kind",

@@ -25,7 +25,7 @@ from mha_jax.interp import interventions
 from mha_jax.training import tasks
 from mha_jax.models import transformer
 from mha_jax.interp.explorer_batch import token_labels
-from mha_jax.interp.explorer_page import sae_panel
+from mha_jax.interp.explorer_sae import sae_panel
 
 # The scores that compare a query's position with a key's.
 POSITION_SCORES = ("previous_token", "mean_distance", "positional_offset",
@@ -145,7 +145,7 @@ def explore(model, batch, *, loss: str | None = None, init_model=None,
   -> float; "init", given `init_model`: name -> `[L, H]`); "example",
   "num_examples", "heads" `(H, K)`, given `loss`, "eval"
   (`held_out.eval_loss`) and, given `sae_features`, "sae"
-  (`explorer_page.sae_panel`: the features checked, ready for the page)}.
+  (`explorer_sae.sae_panel`: the features checked, ready for the page)}.
 
   Under grouped-query attention (K < H) every view and score is per query
   head (the patterns, the ablation of a head's `z`), and the page says

@@ -8,9 +8,8 @@ template in `explorer_static/`) without touching a number, and so that
 `interp/show.py` can wrap its own payloads in the same page. Weights
 travel as base64 float32, so the page shows exactly the values measured.
 
-The SAE features panel reads the feature dicts `mha_jax/sae/view.py`
-documents (its docstring is the reference; `sae_panel` checks them here,
-as the interp layer may not import the sae layer).
+The SAE features panel's data come checked from `explorer_sae.sae_panel`
+and travel in the payload as they are.
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
-import numbers
 import pathlib
 import re
 
@@ -27,6 +24,7 @@ import numpy as np
 import treescope
 
 from mha_jax import hooks
+from mha_jax.interp import explorer_sae
 
 _STATIC = pathlib.Path(__file__).parent / "explorer_static"
 
@@ -119,143 +117,6 @@ def _treescope_panel(kind: dict) -> str:
   return fig._repr_html_()  # pylint: disable=protected-access
 
 
-# ------------------------------------------------------- SAE features
-
-
-def _number(x, fn: str, where: str) -> float:
-  if (isinstance(x, bool) or not isinstance(x, numbers.Real)
-      or not math.isfinite(float(x))):
-    raise ValueError(f"{fn}: `{where}` must be a finite number, got {x!r}")
-  return float(x)
-
-
-def _index(x, fn: str, where: str, stop: int, what: str) -> int:
-  if (isinstance(x, bool) or not isinstance(x, numbers.Integral)
-      or not 0 <= int(x) < stop):
-    raise ValueError(f"{fn}: `{where}` must be {what}, an integer in "
-                     f"[0, {stop}), got {x!r}")
-  return int(x)
-
-
-def _items(x, fn: str, where: str, what: str) -> list:
-  """`x` as a list: a list, tuple or 1-D array, never a string or dict."""
-  if isinstance(x, np.ndarray) and x.ndim == 1:
-    return x.tolist()
-  if not isinstance(x, (list, tuple)):
-    raise ValueError(f"{fn}: `{where}` must be a list of {what}, got "
-                     f"{type(x).__name__}")
-  return list(x)
-
-
-def _head_rows(rows, fn: str, where: str, layer, layer_arg: str,
-               num_heads) -> list[dict]:
-  """`[(head name, value)]` as `{"name", "head", "value"}`; given `layer`,
-  every name must be one of its heads (`head_name(layer, h)`), and "head"
-  is h, which the page links to its grid."""
-  out = []
-  for k, row in enumerate(_items(rows, fn, where, "(head name, value) "
-                                 "pairs")):
-    w = f"{where}[{k}]"
-    if (not isinstance(row, (list, tuple)) or len(row) != 2
-        or not isinstance(row[0], str)):
-      raise ValueError(f"{fn}: `{w}` must be a (head name, value) pair, "
-                       f"e.g. ('L1H0', 0.5), got {row!r}")
-    head = None
-    if layer is not None:
-      found = re.fullmatch(rf"L{layer}H(\d+)", row[0])
-      head = int(found.group(1)) if found else None
-      if head is None or (num_heads is not None and head >= num_heads):
-        names = (f"{head_name(layer, 0)} to {head_name(layer, num_heads - 1)}"
-                 if num_heads else f"{head_name(layer, 0)}, "
-                 f"{head_name(layer, 1)}, ...")
-        raise ValueError(f"{fn}: `{w}` names head {row[0]!r}, which is not "
-                         f"a head of layer `{layer_arg}`={layer}: expected "
-                         f"{names}")
-    out.append({"name": row[0], "head": head,
-                "value": _number(row[1], fn, f"{w}[1]")})
-  return out
-
-
-_CONTEXT_KEYS = ("tokens", "acts", "at", "source", "by_head")
-
-
-def _sae_context(ctx, fn: str, where: str, heads: dict) -> dict:
-  if not isinstance(ctx, dict) or any(k not in ctx for k in _CONTEXT_KEYS):
-    got = sorted(ctx) if isinstance(ctx, dict) else type(ctx).__name__
-    raise ValueError(f"{fn}: `{where}`: each context needs "
-                     f"{', '.join(_CONTEXT_KEYS)} (mha_jax.sae.view); got "
-                     f"{got}")
-  tokens = _items(ctx["tokens"], fn, f"{where}['tokens']", "token strings")
-  if not tokens or not all(isinstance(t, str) for t in tokens):
-    raise ValueError(f"{fn}: `{where}['tokens']` must be a non-empty list "
-                     f"of token strings, got {tokens!r}")
-  out = {"tokens": tokens,
-         "at": _index(ctx["at"], fn, f"{where}['at']", len(tokens),
-                      "the position of the context's top token")}
-  for key in ("acts", "source"):
-    values = _items(ctx[key], fn, f"{where}[{key!r}]", "numbers")
-    if len(values) != len(tokens):
-      raise ValueError(f"{fn}: `{where}[{key!r}]` has {len(values)} values "
-                       f"for {len(tokens)} tokens; expected one per token")
-    out[key] = [_number(v, fn, f"{where}[{key!r}][{i}]")
-                for i, v in enumerate(values)]
-  out["by_head"] = _head_rows(ctx["by_head"], fn, f"{where}['by_head']",
-                              **heads)
-  return out
-
-
-def sae_panel(features, *, layer, fn: str, num_layers: int | None = None,
-              num_heads: int | None = None, arg: str = "sae_features",
-              layer_arg: str = "sae_layer") -> dict:
-  """The page's SAE features panel: `{"layer", "features"}`, each feature
-  `{"id", "title", "heads", "contexts"}` as `mha_jax/sae/view.py`
-  documents it, with every (head name, value) pair as `{"name", "head",
-  "value"}` ("head": its index in `layer`, None without a layer).
-
-  `features`: that module's feature dicts; `layer`: the layer whose z the
-  SAE reads; with `num_layers` (an explorer page: its model's) it is
-  required and every head name must be `head_name(layer, h)` with h below
-  `num_heads`, so the panel's heads are the grid's. Raises ValueError
-  naming `fn`, the argument (`arg`, `layer_arg`) and the entry at fault.
-  """
-  if features is None:
-    raise ValueError(f"{fn}: `{layer_arg}`={layer!r} was given without "
-                     f"`{arg}`; pass both or neither")
-  if layer is None and num_layers is not None:
-    raise ValueError(f"{fn}: `{arg}` needs `{layer_arg}`, the layer whose z "
-                     "the SAE reads, so that its heads (L1H0, ...) are "
-                     "this model's")
-  if layer is not None and num_layers is not None:
-    layer = _index(layer, fn, layer_arg, num_layers, "a layer of the model")
-  elif layer is not None:  # no model to bound it: a notebook's features
-    layer = _index(layer, fn, layer_arg, 2 ** 31, "a layer")
-  if isinstance(features, dict):
-    raise ValueError(f"{fn}: `{arg}` must be a list of feature dicts, got "
-                     "one dict (wrap it in a list)")
-  heads = dict(layer=layer, layer_arg=layer_arg, num_heads=num_heads)
-  out = []
-  for i, f in enumerate(_items(features, fn, arg, "feature dicts")):
-    where = f"{arg}[{i}]"
-    for key in ("id", "heads", "contexts"):
-      if not isinstance(f, dict) or key not in f:
-        got = sorted(f) if isinstance(f, dict) else type(f).__name__
-        raise ValueError(f"{fn}: `{where}`: each feature needs {key!r} "
-                         f"(mha_jax.sae.view); got {got}")
-    title = f.get("title", "")
-    if not isinstance(title, str):
-      raise ValueError(f"{fn}: `{where}['title']` must be a string, got "
-                       f"{title!r}")
-    fid = _index(f["id"], fn, f"{where}['id']", 2 ** 63, "the feature's id")
-    contexts = _items(f["contexts"], fn, f"{where}['contexts']",
-                      "context dicts")
-    out.append({
-        "id": fid, "title": title,
-        "heads": _head_rows(f["heads"], fn, f"{where}['heads']", **heads),
-        "contexts": [_sae_context(c, fn, f"{where}['contexts'][{j}]", heads)
-                     for j, c in enumerate(contexts)]})
-  return {"layer": layer, "features": out}
-
-
 def page_json(data: dict, *, title: str = "", info=(),
               circuits=None) -> dict:
   """What the page's script reads: labels, weights (base64) and tables,
@@ -295,13 +156,13 @@ def render(data: dict, *, title: str = "Attention explorer", info=(),
   extra per-head columns (e.g. `experiments.saved_patching.beside`);
   `raw_arrays`: add the Treescope panel of every view; `sae_features`
   (with `sae_layer`, the layer whose z the SAE reads): the SAE features
-  panel (`sae_panel`), in place of any `explore` was given.
+  panel (`explorer_sae.sae_panel`), in place of any `explore` was given.
   """
   if sae_features is not None or sae_layer is not None:
     self_kind = next((k for k in data["kinds"] if k["key"] == "self"),
                      data["kinds"][0])
     num_layers, num_heads = self_kind["weights"].shape[:2]
-    data = dict(data, sae=sae_panel(
+    data = dict(data, sae=explorer_sae.sae_panel(
         sae_features, layer=sae_layer, num_layers=num_layers,
         num_heads=num_heads, fn="render"))
   raw = ""

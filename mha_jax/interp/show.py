@@ -41,6 +41,7 @@ import numpy as np
 
 from mha_jax.interp import explorer
 from mha_jax.interp import explorer_page
+from mha_jax.interp import explorer_sae
 
 # 2**20 float32 weights: 4 MiB, 5.6 MB as base64 in the notebook.
 MAX_CELLS = 2 ** 20
@@ -361,7 +362,7 @@ def sae_features(features, *, layer: int | None = None,
   Raises ValueError naming the entry at fault (`features[2]['contexts']
   [0]['acts'] has 5 values for 6 tokens`).
   """
-  panel = explorer_page.sae_panel(features, layer=layer,
+  panel = explorer_sae.sae_panel(features, layer=layer,
                                   fn="show.sae_features", arg="features",
                                   layer_arg="layer")
   # The panel's own heading names the features: no title above it.

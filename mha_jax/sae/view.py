@@ -8,7 +8,7 @@ CSS, no script, nothing fetched), so it opens from disk, in a notebook
 dicts in its features panel, linked to its heads
 (`explorer.write_explorer(..., sae_features=, sae_layer=)`), and a
 notebook inline with `mha_jax.show.sae_features(features, layer=)`; that
-panel checks every field below (interp/explorer_page.py `sae_panel`),
+panel checks every field below (interp/explorer_sae.py `sae_panel`),
 so this docstring is the format's one description.
 
 Each feature is a dict:

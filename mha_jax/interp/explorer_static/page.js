@@ -10,7 +10,7 @@
 // only some of it: kinds (show.heads, maybe without a table and with a
 // window of positions: q0, k0 and a note), "token_values" (show.tokens)
 // or "head_values" (show.heads_bar); sections with no data stay hidden.
-// Either page may carry "sae" (explorer_page.sae_panel): an SAE's
+// Either page may carry "sae" (explorer_sae.sae_panel): an SAE's
 // features, shown in their own panel, whose head names select the head.
 "use strict";
 (function () {
