@@ -11,6 +11,9 @@ block at a time. For a user rule `mask_mod(b, h, q_idx, kv_idx) -> bool`
     partial  some may: the kernel evaluates mask_mod on the block
     full     all may: the kernel visits it without the mask_mod work
 
+and each block's P x P sub-blocks (`PARTS`) are recorded as empty or not,
+so that the kernel computes, per row part, only the key parts it needs.
+
 `create` finds the state of every block exactly, by evaluating mask_mod on
 every (q, kv) pair; block corners or samples would misjudge a rule such as
 "keys in the same document" whose boundary crosses a block between them.
@@ -42,6 +45,11 @@ import numpy as np
 from mha_jax.core import score_rules
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
+# Each block is also cut into PARTS x PARTS sub-blocks whose emptiness is
+# recorded (`BlockMask.parts`): the kernel computes, per row part of a
+# block, only the key parts that row part may see (a causal diagonal block
+# or a window's edge block leaves one of the four 2 x 2 quarters empty).
+PARTS = 2
 # Pairs evaluated per compiled call of `create`: 2^24, so that each int32
 # (or bool) array the rule makes over a chunk is 64 (16) MiB.
 CHUNK = 2 ** 24
@@ -57,6 +65,10 @@ class BlockMask:
       H' in {1, H} (1: the same for every row / head).
     q_len, kv_len: Tq, Tk. q_block, kv_block: Bq, Bk (the kernel's blocks).
     q_offset: the position of query 0 (Tk - Tq).
+    parts: bool `[B', H', Nq, Nk, P, P]` or None: whether sub-block (row
+      part r, key part c) of each block, of Bq/P x Bk/P, has any allowed
+      pair (`PARTS`; None: not recorded, every part of a non-empty block
+      counts as non-empty).
   """
   state: np.ndarray
   q_len: int
@@ -64,6 +76,7 @@ class BlockMask:
   q_block: int
   kv_block: int
   q_offset: int
+  parts: np.ndarray | None = None
 
   def counts(self) -> dict:
     """How many blocks are empty, partial and full (over B' H' Nq Nk)."""
@@ -93,24 +106,62 @@ class BlockMask:
       raise ValueError(f"{fn}: `block_mask` does not fit: "
                        + "; ".join(problems))
 
-  def kernel_lists(self, num_kv_heads: int, *, per_head: bool):
+  def kernel_lists(self, num_kv_heads: int, *, per_head: bool,
+                   visible=None, spans: bool = False):
     """The kernel's visiting lists: `(num [B',K',Nq], idx [B',K',Nq,Nk],
-    full [B',K',Nq,Nk])`: query block i visits key blocks idx[.., i, :num]
-    (in order), idx[.., i, t] full where full[.., i, t]. The G query heads
-    of a kv head run together, so a block is skipped only where all of
-    them are empty and full only where all are full; without `per_head`
-    (the batched kernel) the same holds over B and K too."""
-    st = self.state
+    full [B',K',Nq,Nk])`, with `spans` also `span [B',K',Nq,Nk,P,2]` (None
+    without `parts`): query block i visits key blocks idx[.., i, :num] (in
+    order), idx[.., i, t] full where full[.., i, t]; row part r of it needs
+    span[.., i, t, r, 1] key parts from part span[.., i, t, r, 0] (0: none). The G query heads of a kv head run together, so
+    a block is skipped only where all of them are empty and full only
+    where all are full; without `per_head` (the batched kernel) the same
+    holds over B and K too. `visible(p)`: bool `[Nq p, Nk p]`, False on the
+    sub-blocks of Bq/p x Bk/p the call's built-in rules hide, left out of
+    the lists (None: none hidden)."""
+    st, parts = self.state, self.parts
+    if parts is None:
+      p = 1
+      parts = (st != EMPTY)[..., None, None]
+    else:
+      p = parts.shape[-1]
     if st.shape[1] > 1:  # [B', H', ..] -> [B', K, G, ..] -> over G
-      st = st.reshape(st.shape[0], num_kv_heads, -1, *st.shape[2:])
-      st = _merge(st, axis=2)
+      group = lambda x: x.reshape(x.shape[0], num_kv_heads, -1, *x.shape[2:])
+      st, parts = _merge(group(st), axis=2), np.any(group(parts), axis=2)
     if not per_head:
       st = _merge(_merge(st, axis=0)[None], axis=1)[:, None]
-    nonempty = st != EMPTY
+      parts = np.any(parts, axis=(0, 1), keepdims=True)
+    if visible is not None:
+      nq, nk = st.shape[2:]
+      seen = np.asarray(visible(p))
+      if seen.shape != (nq * p, nk * p):
+        raise ValueError(f"kernel_lists: `visible({p})` must have shape "
+                         f"{(nq * p, nk * p)}, got {seen.shape}")
+      parts = parts & seen.reshape(nq, p, nk, p).transpose(0, 2, 1, 3)
+    nonempty = np.any(parts, axis=(-2, -1))
     order = np.argsort(~nonempty, axis=-1, kind="stable")
-    full = np.take_along_axis(st == FULL, order, axis=-1)
-    return (jnp.asarray(nonempty.sum(-1), jnp.int32),
-            jnp.asarray(order, jnp.int32), jnp.asarray(full))
+    take = lambda x: np.take_along_axis(
+        x, order.reshape(order.shape + (1,) * (x.ndim - order.ndim)),
+        axis=order.ndim - 1)
+    full = take(st == FULL)
+    lists = (jnp.asarray(nonempty.sum(-1), jnp.int32),
+             jnp.asarray(order, jnp.int32), jnp.asarray(full))
+    if not spans:
+      return lists
+    if self.parts is None:
+      return lists + (None,)
+    return lists + (jnp.asarray(_spans(take(parts)), jnp.int32),)
+
+
+def _spans(parts):
+  """bool `[..., P, P]` (row part, key part) -> int `[..., P, 2]`: per
+  row part the first key part it needs and how many from there (0: none;
+  a gap inside the span is visited, its pairs masked)."""
+  p = parts.shape[-1]
+  seen = np.any(parts, axis=-1)
+  first = np.argmax(parts, axis=-1)
+  last = p - 1 - np.argmax(parts[..., ::-1], axis=-1)
+  return np.stack([np.where(seen, first, 0),
+                   np.where(seen, last - first + 1, 0)], axis=-1)
 
 
 def _merge(st, axis):
@@ -156,19 +207,25 @@ def create(mask_mod: Callable, batch: int | None, heads: int | None,
   q_offset = kv_len - q_len
   nq, nk = -(-q_len // bq), -(-kv_len // bk)
   rows = max(1, min(nq, CHUNK // (bq * nk * bk)))  # query blocks per call
+  p = PARTS if bq % PARTS == 0 and bk % PARTS == 0 else 1
   state = np.empty((batch or 1, heads or 1, nq, nk), np.int8)
-  run = _chunk_states(mask_mod, rows, bq, bk, nk, q_len, kv_len, q_offset)
+  parts = np.empty(state.shape + (p, p), bool)
+  run = _chunk_states(mask_mod, rows, bq, bk, nk, q_len, kv_len, q_offset,
+                      p)
   for b in range(state.shape[0]):
     for h in range(state.shape[1]):
       for i in range(0, nq, rows):
-        got = np.asarray(run(jnp.int32(b), jnp.int32(h), jnp.int32(i)))
-        state[b, h, i:i + rows] = got[:nq - i]
+        got, some = run(jnp.int32(b), jnp.int32(h), jnp.int32(i))
+        state[b, h, i:i + rows] = np.asarray(got)[:nq - i]
+        parts[b, h, i:i + rows] = np.asarray(some)[:nq - i]
   return BlockMask(state=state, q_len=q_len, kv_len=kv_len, q_block=bq,
-                   kv_block=bk, q_offset=q_offset)
+                   kv_block=bk, q_offset=q_offset,
+                   parts=parts if p > 1 else None)
 
 
-def _chunk_states(mask_mod, rows, bq, bk, nk, q_len, kv_len, q_offset):
-  """A compiled `(b, h, first query block) -> int8 [rows, Nk]` states."""
+def _chunk_states(mask_mod, rows, bq, bk, nk, q_len, kv_len, q_offset, p):
+  """A compiled `(b, h, first query block) -> (int8 [rows, Nk] states,
+  bool [rows, Nk, p, p] non-empty parts)`."""
   @jax.jit
   def run(b, h, i0):
     q = i0 * bq + jnp.arange(rows * bq, dtype=jnp.int32)  # [R Bq]
@@ -179,10 +236,11 @@ def _chunk_states(mask_mod, rows, bq, bk, nk, q_len, kv_len, q_offset):
     # Rows and keys past the lengths (the last blocks' padding) count for
     # neither: the kernel masks them itself.
     real = (q < q_len)[:, None] & (kv < kv_len)[None, :]
-    ok = ok.reshape(rows, bq, nk, bk)
-    real = real.reshape(rows, bq, nk, bk)
-    some = jnp.any(ok & real, axis=(1, 3))
-    every = jnp.all(ok | ~real, axis=(1, 3))
-    return jnp.where(some, jnp.where(every, FULL, PARTIAL), EMPTY).astype(
-        jnp.int8)
+    cut = (rows, p, bq // p, nk, p, bk // p)
+    ok, real = ok.reshape(cut), real.reshape(cut)
+    parts = jnp.any(ok & real, axis=(2, 5))  # [rows, p, Nk, p]
+    some = jnp.any(parts, axis=(1, 3))
+    every = jnp.all(ok | ~real, axis=(1, 2, 4, 5))
+    state = jnp.where(some, jnp.where(every, FULL, PARTIAL), EMPTY)
+    return state.astype(jnp.int8), parts.transpose(0, 2, 1, 3)
   return run

@@ -114,6 +114,45 @@ def test_kernel_visits_exactly_the_listed_blocks():
       state, 24, 24, 8, 8, 0)), dense(opened), atol=1e-5)
 
 
+def test_parts_record_which_sub_blocks_have_an_allowed_pair():
+  # Documents under the causal rule, lengths not multiples of the blocks
+  # of 4 x 6 (parts of 2 x 3): the parts by definition from the whole mask.
+  ids = np.array([0] * 5 + [1] * 6 + [2] * 4)
+  jids = jnp.asarray(ids)
+  rule = lambda b, h, qi, ki: (jids[qi] == jids[ki]) & (ki <= qi)
+  bm = block_mask.create(rule, None, None, 15, 15, 4, 6)
+  ok = np.zeros((16, 18), bool)  # padded to whole blocks: never allowed
+  ok[:15, :15] = (ids[:, None] == ids[None]) & np.tri(15, dtype=bool)
+  want = ok.reshape(4, 2, 2, 3, 2, 3).any(axis=(2, 5)).transpose(0, 2, 1, 3)
+  np.testing.assert_array_equal(bm.parts[0, 0], want)
+
+
+def test_kernel_computes_only_the_parts_each_row_part_needs():
+  causal = block_mask.create(masks.causal_mod(), None, None, 16, 16, 8, 8)
+  _, idx, _, span = causal.kernel_lists(1, per_head=True, spans=True)
+  np.testing.assert_array_equal(idx[0, 0, 1], [0, 1])
+  # Query block 1: key block 0 whole; the diagonal block's first row part
+  # needs key part 0 only, its second both.
+  np.testing.assert_array_equal(span[0, 0, 1], [[[0, 2], [0, 2]],
+                                                [[0, 1], [0, 2]]])
+  # Documents split mid-block under a window: row parts that need no key
+  # part, the first, the second or both of a block; with the causal rule
+  # in the mask rule, or built in (is_causal, which hides parts itself).
+  q, k, v = _qkv(2)
+  ids = np.array([0] * 7 + [1] * 10 + [2] * 7)
+  docs = masks.documents_mod(ids[None])
+  window = masks.and_mods(docs, masks.window_mod(5))
+  ok = ((ids[:, None] == ids[None]) & np.tri(24, dtype=bool)
+        & ~np.tri(24, k=-6, dtype=bool))
+  for rule, is_causal in ((masks.and_mods(masks.causal_mod(), window),
+                           False), (window, True)):
+    bm = block_mask.create(rule, None, None, 24, 24, 8, 8)
+    got = flash.flash_attention(q, k, v, is_causal=is_causal,
+                                rules=score_rules.ScoreRules(
+                                    mask_mod=rule, block_mask=bm))
+    np.testing.assert_allclose(got, _dense(q, k, v, ok), atol=1e-5)
+
+
 def test_heads_of_one_group_share_the_merged_lists():
   # H = 2 query heads on one kv head: head 0 causal, head 1 sees all. The
   # group's block (0, 1) is empty for head 0 only, so it is visited
