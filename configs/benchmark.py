@@ -60,7 +60,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # model and task fields.
   c.train_step = ml_collections.ConfigDict()
   ts = c.train_step
-  ts.shapes = "induction,text_size"  # keys of `specs`, in this order
+  # keys of `specs`, in this order; "random" is drawn from `random` below
+  ts.shapes = "induction,text_size,random"
   ts.paths = "einsum,vmap,flash,auto,torch,transformer_lens"
   ts.rounds = 10  # timed steps per path (medians and per-round ratios)
   ts.warmup = 3  # untimed steps per path after compiling
@@ -79,6 +80,15 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       # Experiment 1's smoke model: the smoke run's one step (seconds).
       tiny=dict(config="induction:smoke", model={}, task={}),
   ))
+  # The "random" shape: the text task's model at sizes drawn afresh each
+  # run (each field uniform over its choices), so that a speed-up tuned to
+  # the named shapes shows whether it holds between them. seed -1 draws
+  # the seed itself from the operating system; the row records it and the
+  # sizes drawn, so any run can be repeated with --config.train_step.
+  # random.seed=<its seed>.
+  ts.random = ml_collections.ConfigDict(dict(
+      seed=-1, config="text", num_layers=(2, 3, 4), num_heads=(2, 4, 8),
+      head_dim=(16, 32, 64), seq_len=(64, 128, 256), batch_size=(4, 8, 16)))
   if smoke:
     c.sets = "standard,train_step"
     c.shape.update(B=1, n=32, D=16, h=2)

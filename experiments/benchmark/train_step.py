@@ -4,8 +4,10 @@ What a user deciding between libraries times: a whole training step
 (forward, loss, backward, gradient clipping, AdamW) of the attention-only
 decoder the experiments train. Each shape is an experiment's own config
 (`configs/<name>.py`) with optional overrides of its model and task
-fields (configs/benchmark.py, `train_step.shapes`); the batch is that
-task's own first batch, and the same arrays feed every library.
+fields (configs/benchmark.py, `train_step.shapes`), or "random": the
+text task's model at sizes drawn each run from `train_step.random`
+(`random_spec`; the row keeps the seed); the batch is that task's own
+first batch, and the same arrays feed every library.
 
 Paths:
 - mha_jax's implementations (`einsum`, `vmap`, `flash`, `auto`, ...): the
@@ -42,10 +44,12 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import random
 import statistics
 import time
 
 import jax
+import ml_collections
 
 from mha_jax.core import attention
 from mha_jax.training import config as config_lib
@@ -196,6 +200,29 @@ def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0):
   return out
 
 
+def random_spec(r) -> tuple[dict, int]:
+  """`(spec, seed)`: a `train_step.specs` entry with sizes drawn from the
+  choices of `r` (`config.train_step.random`), uniformly and
+  independently per field, d_model = num_heads * head_dim; the seed is
+  `r.seed`, or one drawn from the operating system when it is -1."""
+  seed = int(r.seed)
+  if seed == -1:
+    seed = int.from_bytes(os.urandom(4), "little")
+  if seed < 0:
+    raise ValueError(f"config.train_step.random.seed: expected -1 (draw "
+                     f"one) or a seed >= 0, got {seed}")
+  rng = random.Random(seed)
+  pick = lambda field: rng.choice(tuple(r[field]))
+  layers, heads, head_dim = (pick("num_layers"), pick("num_heads"),
+                             pick("head_dim"))
+  return ml_collections.ConfigDict(dict(
+      config=r.config,
+      model=dict(num_layers=layers, num_heads=heads,
+                 d_model=heads * head_dim),
+      task=dict(seq_len=pick("seq_len"),
+                batch_size=pick("batch_size")))), seed
+
+
 def sweep(config) -> list[dict]:
   """Every shape of `config.train_step.shapes` (comma-separated keys of
   `config.train_step.specs`) on every path of `config.train_step.paths`."""
@@ -208,13 +235,19 @@ def sweep(config) -> list[dict]:
     raise ValueError(f"config.train_step.paths: unknown {bad}; expected "
                      f"{sorted(attention.IMPLEMENTATIONS) + ['auto']} or "
                      f"{list(PEERS)}")
-  unknown = [s for s in names if s not in ts.specs]
+  unknown = [s for s in names if s not in ts.specs and s != "random"]
   if unknown:
     raise ValueError(f"config.train_step.shapes: unknown {unknown}; "
                      f"expected keys of config.train_step.specs "
-                     f"{sorted(ts.specs)}")
+                     f"{sorted(ts.specs)} or 'random'")
   rows = []
   for name in names:
-    rows += measure_shape(name, ts.specs[name], paths, ts.rounds, ts.warmup,
-                          ts.min_block_s)
+    spec, seed = (random_spec(ts.random) if name == "random"
+                  else (ts.specs[name], None))
+    shape_rows = measure_shape(name, spec, paths, ts.rounds, ts.warmup,
+                               ts.min_block_s)
+    if seed is not None:
+      for row in shape_rows:
+        row["random_seed"] = seed
+    rows += shape_rows
   return rows

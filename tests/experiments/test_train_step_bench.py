@@ -153,3 +153,28 @@ def test_a_timed_block_leaves_out_the_step_after_another_library():
   seconds = train_step._timed_block(step, 3)  # pylint: disable=protected-access
   assert len(calls) == 4
   assert 0.001 <= seconds < 0.02
+
+
+def test_the_random_shape_is_drawn_from_its_choices_and_repeats_by_seed():
+  r = benchmark_config.get_config().train_step.random
+  r.seed = 7
+  specs = [train_step.random_spec(r) for _ in range(2)]
+  assert specs[0] == specs[1] and specs[0][1] == 7  # a seed repeats a run
+  seen = set()
+  for seed in range(40):
+    r.seed = seed
+    spec, _ = train_step.random_spec(r)
+    m, t = spec["model"], spec["task"]
+    assert m["num_layers"] in r.num_layers and m["num_heads"] in r.num_heads
+    assert m["d_model"] // m["num_heads"] in r.head_dim
+    assert m["d_model"] % m["num_heads"] == 0
+    assert t["seq_len"] in r.seq_len and t["batch_size"] in r.batch_size
+    seen.add((m["num_layers"], m["num_heads"], m["d_model"], t["seq_len"],
+              t["batch_size"]))
+  assert len(seen) > 30  # 243 combinations: the draws differ
+  r.seed = -1  # drawn from the operating system, and recorded
+  drawn = {train_step.random_spec(r)[1] for _ in range(3)}
+  assert len(drawn) == 3 and all(s >= 0 for s in drawn)
+  r.seed = -2
+  with pytest.raises(ValueError, match="random.seed: expected -1"):
+    train_step.random_spec(r)
