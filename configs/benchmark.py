@@ -49,10 +49,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.max_score_gib = 1.0
   c.matmul_n = 2048  # the n x n x n matmul whose GFLOP/s is the yardstick
   c.timeout_s = 3600  # per case (each runs in its own process)
-  # True: every timing process keeps freed host memory for reuse
-  # (mha_jax.training.host_memory), so XLA's scratch stops page-faulting
-  # on every call; False: glibc's default, what a plain script gets.
-  c.keep_freed_memory = False
+  # True (as the training loop does): every timing process keeps freed
+  # host memory for reuse (mha_jax.training.host_memory), so XLA's scratch
+  # stops page-faulting on every call; False: glibc's default, what a
+  # script of its own gets unless it calls host_memory.keep_freed_memory.
+  c.keep_freed_memory = True
   # The "train_step" set (experiments/benchmark/train_step.py): one whole
   # optimizer step of an experiment's model, mha_jax's paths against the
   # same model in PyTorch and TransformerLens, timed in interleaved rounds

@@ -1,6 +1,6 @@
 r"""The dense path against the blockwise one on CPU, by the size of the scores.
 
-  python -m experiments.benchmark.dense_vs_blockwise --keep_freed_memory
+  python -m experiments.benchmark.dense_vs_blockwise [--nokeep_freed_memory]
 
 `attend` alone (no projections): `einsum`, which forms the float32 scores
 [B, H, Tq, Tk], against `flash`, which never does, forward and
@@ -88,6 +88,6 @@ def main(argv):
 if __name__ == "__main__":
   flags.DEFINE_integer("rounds", 7, "Timed calls of each program (the "
                        "first two are dropped).")
-  flags.DEFINE_bool("keep_freed_memory", False, "Keep freed host memory "
+  flags.DEFINE_bool("keep_freed_memory", True, "Keep freed host memory "
                     "for reuse first (training/host_memory.py).")
   app.run(main)

@@ -1,7 +1,7 @@
 r"""Where a training step's time goes: mha_jax's ops and PyTorch's, side by side.
 
   python -m experiments.benchmark.profile --shape=text_size --path=einsum \
-      [--keep_freed_memory]
+      [--nokeep_freed_memory]
 
 Traces `steps` steps of one train-step shape of configs/benchmark.py with
 `jax.profiler` (a Perfetto trace), and sums each XLA operation's time
@@ -165,6 +165,6 @@ if __name__ == "__main__":
   flags.DEFINE_string("path", "einsum", "mha_jax's implementation.")
   flags.DEFINE_integer("steps", 5, "Profiled steps of each library.")
   flags.DEFINE_integer("top", 12, "Rows of each table.")
-  flags.DEFINE_bool("keep_freed_memory", False, "Keep freed host memory "
+  flags.DEFINE_bool("keep_freed_memory", True, "Keep freed host memory "
                     "for reuse first (mha_jax.training.host_memory).")
   app.run(main)

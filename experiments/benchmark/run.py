@@ -28,10 +28,7 @@ def measure(config, workdir) -> dict:
   one dict per (shape, path) of the train-step set, `train_step.sweep`'s
   (empty when that set is not chosen); "window_scaling": `window_scaling`
   of the rows}."""
-  if config.keep_freed_memory:
-    # Before JAX runs anything: made after the matmul yardstick, the
-    # text-size step still faulted as often as without it (90,000 a step
-    # against 34,000 when made first; docs/performance.md).
+  if config.keep_freed_memory:  # the default, as in the training loop
     host_memory.keep_freed_memory()
   pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
   start = time.time()

@@ -11,22 +11,25 @@ the kernel zeroes each page before XLA writes it (docs/performance.md,
 for glibc's free lists and do not pay this.
 
 `keep_freed_memory()` tells glibc (`mallopt`) to serve every block from
-its heap and never hand freed memory back to the system, with one arena
-for all threads (a worker thread's arena cannot hold such a block; without
-the one arena the faults stayed, 90,000 a step). The next call then
-reuses the pages of the last one: 0 faults a step when it is called
-before any JAX computation, and that step about a quarter faster. Its
-effect depends on what ran before it: with a 2048^3 matmul run between it
-and the step the step faulted 34,000 times, and called after that matmul
-90,000 times, as without it (docs/performance.md); preloading tcmalloc
-does not depend on order. What it costs: the process keeps its peak footprint until it
-exits, and with one arena the threads share one lock, which made
-experiment 1's small run (`make run`) slower, 93-116 s against 85-91 s.
-So it is opt-in and process-wide: the library never calls it on import
-and the experiments do not; a script or notebook whose compiled step
-needs more than 32 MB of scratch (`compiled.memory_analysis()`) calls it
-once before JAX runs anything, and the benchmark does with
-`--config.keep_freed_memory=True`.
+its heap (no `mmap`) and never hand freed memory back to the system; the
+next call then reuses the pages of the last one. Measured on the text
+task's step above, in fresh processes on 2 loaded cores (2026-12-03):
+82,500 faults and 680 ms a step with glibc's default, 128 faults and 450
+ms with this, and 52 faults when it is made after a 2048^3 matmul has run
+(so, unlike an earlier version of this function, its effect no longer
+depends on being first). That earlier version also set one malloc arena
+for all threads; on this jax that is not needed for XLA's scratch, and
+the one arena's lock had made experiment 1's small run (`make run`)
+slower (93-116 s against 85-91 s), so it is gone. The small steps of
+experiment 1 fault 0-16 times a step either way.
+
+What it costs: the process keeps its peak heap until it exits. It is
+process-wide, so the library does not call it on import; the training
+loop (`train.train_and_evaluate`) and the benchmark (unless
+`--config.keep_freed_memory=False`) call it, so a user's training run
+and the documented benchmark commands get it by default. A script with
+its own loop calls it once. `MHA_JAX_KEEP_FREED_MEMORY=0` in the
+environment turns it off everywhere (glibc's default, for an A/B).
 
 Elsewhere it does nothing and says why: another allocator (tcmalloc or
 jemalloc, preloaded with `LD_PRELOAD`, which reuse memory on their own),
@@ -37,14 +40,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import pathlib
 import sys
 
 # glibc's malloc.h parameter numbers.
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX, M_ARENA_MAX = -1, -2, -4, -8
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
 _KEEP = 2 ** 31 - 1  # trim threshold: never give the heap's top back
 _PAD = 64 * 2 ** 20  # grow the heap 64 MiB at a time
 _OTHER_ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
+OFF_VARIABLE = "MHA_JAX_KEEP_FREED_MEMORY"  # "0": leave glibc as it is
 _done: dict | None = None
 
 
@@ -67,7 +72,9 @@ def keep_freed_memory() -> dict:
   global _done
   if _done is not None:
     return _done
-  if not sys.platform.startswith("linux"):
+  if os.environ.get(OFF_VARIABLE) == "0":
+    _done = {"applied": False, "reason": f"{OFF_VARIABLE}=0 turns it off"}
+  elif not sys.platform.startswith("linux"):
     _done = {"applied": False, "reason": f"not Linux ({sys.platform})"}
   elif other := _loaded_allocator():
     _done = {"applied": False,
@@ -80,7 +87,7 @@ def keep_freed_memory() -> dict:
       _done = {"applied": False, "reason": "no glibc mallopt"}
     else:
       settings = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, _KEEP),
-                  (M_TOP_PAD, _PAD), (M_ARENA_MAX, 1))
+                  (M_TOP_PAD, _PAD))
       ok = all(mallopt(param, value) == 1 for param, value in settings)
       _done = {"applied": ok, "reason": "glibc mallopt" if ok else
                "glibc refused a mallopt setting"}

@@ -50,3 +50,25 @@ def test_a_freed_block_is_reused_without_page_faults():
   # afresh each time, so the second one faults every page in again.
   assert plain >= 25_000, plain
   assert kept < 1_000, kept
+
+
+def test_the_environment_turns_it_off_and_the_training_loop_turns_it_on(
+    monkeypatch, tmp_path):
+  out = subprocess.run(
+      [sys.executable, "-c", "from mha_jax.training import host_memory; "
+       "print(host_memory.keep_freed_memory())"], check=True,
+      capture_output=True, text=True,
+      env={**__import__("os").environ, host_memory.OFF_VARIABLE: "0"}).stdout
+  assert "'applied': False" in out and "MHA_JAX_KEEP_FREED_MEMORY=0" in out
+  # The loop asks for it before anything else (a stub here: the setting
+  # itself is process-wide, checked above in processes of their own).
+  from configs import induction  # pylint: disable=g-import-not-at-top
+  from mha_jax.training import train  # pylint: disable=g-import-not-at-top
+  calls = []
+  monkeypatch.setattr(host_memory, "keep_freed_memory",
+                      lambda: calls.append(1) or {"applied": True})
+  config = induction.get_config("smoke")
+  monkeypatch.setattr(train, "_train_and_evaluate",
+                      lambda *a: calls.append(2))
+  train.train_and_evaluate(config, tmp_path)
+  assert calls == [1, 2]
