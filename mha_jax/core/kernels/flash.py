@@ -26,6 +26,12 @@ Semantics match `attention._attend_vmap` (the reference): boolean masks are
 query row with no allowed key gives output 0 with finite gradients, GQA reads
 each kv head once for its G query heads, and scores, softmax and all
 accumulators are float32 whatever the input dtype. It cannot return weights.
+
+This file holds the configuration, the forward pass, the custom VJP's
+wiring and the entry points. Which key blocks a query block visits is
+`flash_visit.py`, what a block's scores are under the score rules
+`flash_rules.py`, and the backward's walk `flash_backward.py`; the names
+other modules use from those are importable from here.
 """
 
 from __future__ import annotations
@@ -36,9 +42,23 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
-import numpy as np
 
 from mha_jax.core import score_rules
+from mha_jax.core.kernels.flash_backward import backward_walk
+from mha_jax.core.kernels.flash_rules import block_scores
+from mha_jax.core.kernels.flash_rules import user_rules
+from mha_jax.core.kernels.flash_visit import full_or_not
+from mha_jax.core.kernels.flash_visit import key_blocks
+from mha_jax.core.kernels.flash_visit import kv_block_range
+from mha_jax.core.kernels.flash_visit import visit_block
+from mha_jax.core.kernels.flash_visit import visited_blocks
+# Re-exported: context parallelism (`parallel/ring.py`) builds its passes
+# from the backward's pieces, with the forward's, reached here.
+from mha_jax.core.kernels.flash_backward import backward_blocks  # noqa: F401
+from mha_jax.core.kernels.flash_backward import backward_cfg
+from mha_jax.core.kernels.flash_backward import row_terms
+from mha_jax.core.kernels.flash_backward import sink_grad
+from mha_jax.core.kernels.flash_backward import zero_grads
 
 # 128 x 128 blocks ([B, H, 128, 128] float32 = 512 KiB for B=1, H=8) stay in
 # cache on CPU; a sweep over 128..1024 (CPU time, B=8 n=512 and B=1 n=4096
@@ -75,8 +95,9 @@ class _Config(NamedTuple):
   is_causal: bool
   rules: score_rules.ScoreRules  # only its static fields are read here
   scale: float
-  # The user rules with the arrays they close over hoisted (`_user_rules`):
-  # they take them (`_Extras.score_consts`, `fixed_consts`) last.
+  # The user rules with the arrays they close over hoisted
+  # (`flash_rules.user_rules`): they take them (`_Extras.score_consts`,
+  # `fixed_consts`) last.
   score_mod: object = None
   mask_mod: object = None
   block_masked: bool = False  # visit the blocks `_Extras.kv_*` list
@@ -94,7 +115,8 @@ class _Extras(NamedTuple):
   k_start: jax.Array | None = None
   # The user rules' inputs: batch rows [B, 1, 1, 1, 1] and query heads
   # [1, K, G, 1, 1] (int32), and the arrays their functions close over,
-  # passed as arguments so that gradients reach them (`_user_rules`).
+  # passed as arguments so that gradients reach them
+  # (`flash_rules.user_rules`).
   b_ids: jax.Array | None = None
   h_ids: jax.Array | None = None
   score_consts: tuple = ()  # float: differentiated
@@ -112,6 +134,8 @@ class _Extras(NamedTuple):
 
 # The names context parallelism (a layer above) builds on.
 BlockConfig, Extras = _Config, _Extras
+# The block range under the name the tests check it by.
+_kv_block_range = kv_block_range
 
 
 def _to_5d(x, h, kh):
@@ -132,177 +156,6 @@ def pad_axis(x, axis, size, value):
   widths = [(0, 0)] * x.ndim
   widths[axis] = (0, extra)
   return jnp.pad(x, widths, constant_values=value)
-
-
-def _slice_block(x, qs, ks, cfg):
-  """Cut the `[.., Bq, Bk]` block of a 5-d mask or bias (broadcast axes stay)."""
-  if x is None:
-    return None
-  if x.shape[3] != 1:
-    x = lax.dynamic_slice_in_dim(x, qs, cfg.bq, axis=3)
-  if x.shape[4] != 1:
-    x = lax.dynamic_slice_in_dim(x, ks, cfg.bk, axis=4)
-  return x
-
-
-def _block_q_pos(ex, qs, cfg):
-  """Key positions `[B?, 1, 1, Bq]` of the queries of the block at `qs`."""
-  if ex.q_pos is None:
-    return (qs + jnp.arange(cfg.bq) + (cfg.tk - cfg.tq))[None, None, None]
-  return lax.dynamic_slice_in_dim(ex.q_pos, qs, cfg.bq, axis=1)[
-      :, None, None]
-
-
-def _key_start(ex):
-  """Position of key 0 (a traced int; 0 unless `ex.k_start` says)."""
-  return 0 if ex.k_start is None else ex.k_start[0]
-
-
-def _block_k_pos(ex, ks, cfg):
-  """Positions `[Bk]` of the keys of the block at `ks`."""
-  return _key_start(ex) + ks + jnp.arange(cfg.bk)
-
-
-def _user(ex, cfg, full=False, with_score=True):
-  """The block's `score_rules.User` (None without user rules): the
-  converted rules bound to their arrays. `full`: a block the block mask
-  found full, whose mask_mod work is skipped."""
-  bind = lambda f, consts: None if f is None else (
-      lambda *a: f(*a, *consts))
-  score = (bind(cfg.score_mod, ex.score_consts + ex.fixed_consts[0])
-           if with_score else None)
-  keep = None if full is True else bind(cfg.mask_mod, ex.fixed_consts[1])
-  if score is None and keep is None:
-    return None
-  return score_rules.User(ex.b_ids, ex.h_ids, score, keep)
-
-
-def _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full=False,
-                  with_score=True):
-  """float32 scores of one block `[B, K, G, Bq, Bk]`, -inf where forbidden,
-  and the soft cap's derivative (None without one): `score_rules.scores`
-  on the block. `full`: skip mask_mod (the block mask says it allows
-  every key of the block); `with_score=False`: the scores before
-  score_mod, not masked (the backward differentiates score_mod itself),
-  returned with the mask."""
-  qk = jnp.einsum("bkgqd,bksd->bkgqs", qb, kb,
-                  preferred_element_type=jnp.float32)
-  q_pos = _block_q_pos(ex, qs, cfg)
-  k_pos = _block_k_pos(ex, ks, cfg)
-  cut_q = lambda x: lax.dynamic_slice_in_dim(x, qs, cfg.bq, axis=1)[
-      :, None, None]
-  cut_k = lambda x: lax.dynamic_slice_in_dim(x, ks, cfg.bk, axis=1)[
-      :, None, None]
-  segs = ex.q_seg is not None
-  user = _user(ex, cfg, full, with_score)
-  ok = score_rules.allowed(
-      q_pos, k_pos, mask=_slice_block(mask, qs, ks, cfg),
-      is_causal=cfg.is_causal, rules=cfg.rules,
-      q_seg=cut_q(ex.q_seg) if segs else None,
-      k_seg=cut_k(ex.k_seg) if segs else None,
-      # Keys added by padding are never real.
-      kv_len=_key_start(ex) + cfg.tk if cfg.padded_keys else None,
-      user=user)
-  s, dcap = score_rules.scores(
-      qk, q_pos, k_pos, scale=cfg.scale, rules=cfg.rules,
-      bias=_slice_block(bias, qs, ks, cfg), slopes=ex.slopes,
-      ok=ok if with_score else None, user=user)
-  return (s, dcap) if with_score else (s, dcap, ok)
-
-
-def _score_mod_vjp(s, ex, qs, ks, cfg):
-  """`score_mod` on a block of unmasked scores `s`, and its vjp to `s`
-  and to the arrays it closes over."""
-  q_pos, k_pos = _block_q_pos(ex, qs, cfg), _block_k_pos(ex, ks, cfg)
-  def apply(s, consts):
-    user = score_rules.User(ex.b_ids, ex.h_ids,
-                            lambda *a: cfg.score_mod(*a, *consts,
-                                                     *ex.fixed_consts[0]),
-                            None)
-    return score_rules.user_scores(user, s, q_pos, k_pos)
-  return jax.vjp(apply, s, ex.score_consts)
-
-
-def _key_blocks(i, nk, ex, cfg, body, carry, spans=False):
-  """Run `body(j, full, carry)` over the key blocks query block i visits:
-  those of the block mask (`full` from it; its lists already leave out
-  the blocks the built-in rules hide, `visited_blocks`) or the built-in
-  range (`_kv_block_range`, full False). `spans`: with the block mask's
-  `ex.kv_span`, call `body(j, full, carry, span=[P, 2])`."""
-  if not cfg.block_masked:
-    return lax.fori_loop(*_kv_block_range(i, nk, ex, cfg),
-                         lambda j, c: body(j, False, c), carry)
-  def step(t, c):
-    if not spans or ex.kv_span is None:
-      return body(ex.kv_idx[0, 0, i, t], ex.kv_full[0, 0, i, t], c)
-    return body(ex.kv_idx[0, 0, i, t], ex.kv_full[0, 0, i, t], c,
-                span=ex.kv_span[0, 0, i, t])
-  return lax.fori_loop(0, ex.kv_num[0, 0, i], step, carry)
-
-
-def _key_range(first_q, last_q, key0, nk, cfg, xp):
-  """`(first, end)` key blocks that queries at positions first_q..last_q
-  may see under the built-in rules, for keys starting at position `key0`;
-  `xp`: jnp (traced positions) or np (static ones)."""
-  window = cfg.rules.local_window
-  last_key, first_key = last_q, 0
-  if window is not None:
-    last_key = last_q + window[1]
-    first_key = first_q - window[0]
-  if cfg.is_causal:
-    last_key = xp.minimum(last_key, last_q)
-  # From positions to this call's key indices (its keys start at key0).
-  first_key, last_key = first_key - key0, last_key - key0
-  end = xp.clip(last_key // cfg.bk + 1, 0, nk)
-  return xp.clip(first_key // cfg.bk, 0, nk), end
-
-
-def _kv_block_range(i, nk, ex, cfg):
-  """`(first, end)` key blocks query block i must visit: the causal rule
-  hides the later ones and a local window the earlier ones too, so a
-  windowed call costs O(T * window), not O(T^2)."""
-  if not cfg.is_causal and cfg.rules.local_window is None:
-    return 0, nk
-  q_pos = _block_q_pos(ex, i * cfg.bq, cfg)
-  return _key_range(jnp.min(q_pos), jnp.max(q_pos), _key_start(ex), nk, cfg,
-                    jnp)
-
-
-def visited_blocks(cfg, nq, nk):
-  """bool `[Nq, Nk]`: the key blocks each query block's built-in rules
-  (is_causal, local_window) leave visible, for queries at their default
-  positions `Tk - Tq + i` and keys from 0: `_kv_block_range` computed once,
-  statically. A block mask's lists are cut to these, so the kernel's walk
-  over them needs no per-block range test (a `lax.cond` per block)."""
-  if not cfg.is_causal and cfg.rules.local_window is None:
-    return np.ones((nq, nk), bool)
-  first_q = np.arange(nq) * cfg.bq + (cfg.tk - cfg.tq)
-  first, end = _key_range(first_q, first_q + cfg.bq - 1, 0, nk, cfg, np)
-  first, end = (np.broadcast_to(x, (nq,))[:, None] for x in (first, end))
-  j = np.arange(nk)
-  return (j >= first) & (j < end)
-
-
-def _full_or_not(visit, full):
-  """`visit(carry, full)` as a function of the carry. `full` is False
-  without a block mask; with one it is traced, and a block the mask found
-  full takes the branch without the mask_mod work."""
-  if full is False:
-    return lambda c: visit(c, False)
-  return lambda c: lax.cond(full, lambda c: visit(c, True),
-                            lambda c: visit(c, False), c)
-
-
-def _visit(ex, qs, ks, cfg, body, carry):
-  """`body(carry)` for the block at (qs, ks), skipped when packed segments
-  rule it out: no segment id of the query block lies in the key block's
-  range (a sufficient test whatever the ids' order)."""
-  if ex.q_seg is None:
-    return body(carry)
-  q = lax.dynamic_slice_in_dim(ex.q_seg, qs, cfg.bq, axis=1)
-  k = lax.dynamic_slice_in_dim(ex.k_seg, ks, cfg.bk, axis=1)
-  shared = (jnp.min(q) <= jnp.max(k)) & (jnp.min(k) <= jnp.max(q))
-  return lax.cond(shared, body, lambda c: c, carry)
 
 
 def initial_state(ex, cfg, q_shape, dv):
@@ -329,7 +182,7 @@ def _online_step(qb, k, v, mask, bias, ex, qs, ks, cfg, full, carry):
   m, l, acc = carry
   kb = lax.dynamic_slice_in_dim(k, ks, cfg.bk, axis=2)  # [B,K,Bk,Dh]
   vb = lax.dynamic_slice_in_dim(v, ks, cfg.bk, axis=2)  # [B,K,Bk,Dv]
-  s, _ = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full)
+  s, _ = block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full)
   m_new = jnp.maximum(m, jnp.max(s, axis=-1))
   # Rows that have seen no allowed key yet have m = -inf; shifting
   # them by 0 keeps exp() at exactly 0 instead of exp(-inf + inf).
@@ -391,18 +244,18 @@ def forward_blocks(q, k, v, mask, bias, ex, cfg, state):
 
     def key_block(j, full, carry, span=None):
       ks = j * cfg.bk
-      whole = _full_or_not(lambda c, full: _online_step(
+      whole = full_or_not(lambda c, full: _online_step(
           qb, k, v, mask, bias, ex, qs, ks, cfg, full, c), full)
       if span is None:
-        return _visit(ex, qs, ks, cfg, whole, carry)
+        return visit_block(ex, qs, ks, cfg, whole, carry)
       parts = span.shape[0]
       is_whole = jnp.all((span[:, 0] == 0) & (span[:, 1] == parts))
       split = lambda c: _split_step(qb, k, v, mask, bias, ex, qs, ks, cfg,
                                     span, c)
-      return _visit(ex, qs, ks, cfg,
+      return visit_block(ex, qs, ks, cfg,
                     lambda c: lax.cond(is_whole, whole, split, c), carry)
 
-    return _key_blocks(i, nk, ex, cfg, key_block, (m, l, acc), spans=True)
+    return key_blocks(i, nk, ex, cfg, key_block, (m, l, acc), spans=True)
 
   nq = state[0].shape[0]
   return lax.map(query_block, (jnp.arange(nq), *state))
@@ -427,13 +280,6 @@ def _forward(q, k, v, mask, bias, ex, cfg):
                 v.dtype)
 
 
-def _reduce_to(x, shape):
-  """Sum `x` over the axes where `shape` broadcasts (size 1), keeping them."""
-  axes = tuple(a for a, (n, s) in enumerate(zip(shape, x.shape))
-               if n == 1 and s != 1)
-  return jnp.sum(x, axis=axes, keepdims=True) if axes else x
-
-
 def _backward_block(block):
   """The backward's block length for a forward block: `BACKWARD_BLOCK`
   where it divides the forward block (the arrays are padded to whole
@@ -441,122 +287,12 @@ def _backward_block(block):
   return BACKWARD_BLOCK if block % BACKWARD_BLOCK == 0 else block
 
 
-def backward_cfg(cfg):
-  """`cfg` with the backward's block lengths."""
-  return cfg._replace(bq=cfg.bwd_bq, bk=cfg.bwd_bk)
-
-
-def row_terms(out, lse, d_out):
-  """The backward's per-row inputs: `delta [B,K,G,Tq']` = dO . O (the
-  softmax Jacobian's row term, sum_j P_ij dP_ij) and lse made finite
-  (empty rows have lse = -inf; any finite shift gives exp(-inf) = 0)."""
-  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1)
-  return delta, jnp.where(jnp.isfinite(lse), lse, 0.0)
-
-
-def sink_grad(sinks, lse, delta):
-  """d loss / d sink `[1, K, G, 1]` from the rows' finite lse and delta.
-
-  The sink column's probability is exp(sink - lse) and its dP is 0 (it has
-  no value), so d sink = -sum over rows of P_sink * delta."""
-  p_sink = jnp.exp(sinks - lse)  # [B, K, G, Tq']
-  return -jnp.sum(p_sink * delta, axis=(0, 3), keepdims=True)
-
-
-def zero_grads(q, k, v, bias, ex):
-  """float32 zeros for `backward_blocks`' `(dq, dk, dv, dbias, dslopes)`."""
-  f32 = functools.partial(jnp.zeros, dtype=jnp.float32)
-  return (f32(q.shape), f32(k.shape), f32(v.shape),
-          None if bias is None else f32(bias.shape),
-          None if ex.slopes is None else f32(ex.slopes.shape))
-
-
-def backward_blocks(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads):
-  """`_backward_walk` without user rules (the context-parallel paths,
-  which refuse them): `grads` `(dq, dk, dv, dbias, dslopes)` float32."""
-  return _backward_walk(cfg, q, k, v, mask, bias, ex, lse, delta, d_out,
-                        grads, ())[:5]
-
-
-def _backward_walk(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads,
-                   dconsts):
-  """Add the gradients through the key blocks of k, v to `grads`.
-
-  Recomputes each block's probabilities as exp(S - lse) from the rows'
-  final (finite) `lse` and `delta` (`row_terms`), so the keys may be any
-  slice of the sequence (`ex.k_start`), visited in any order: context
-  parallelism calls this once per slice that reaches a device. `cfg`:
-  `backward_cfg(...)`; `grads`: `(dq, dk, dv, dbias, dslopes)` float32
-  (`zero_grads`), dk and dv those of this k and v; `dconsts`: those of
-  `ex.score_consts` (zeros like them). Returns the six.
-  """
-  nq, nk = q.shape[3] // cfg.bq, k.shape[2] // cfg.bk
-
-  def query_block(i, grads):
-    dq, dk, dv, dbias, dslopes, dconsts = grads
-    qs = i * cfg.bq
-    cut = functools.partial(lax.dynamic_slice_in_dim, start_index=qs,
-                            slice_size=cfg.bq, axis=3)
-    qb, dob, lseb, deltab = cut(q), cut(d_out), cut(lse), cut(delta)
-
-    def key_block(j, full, carry):
-      ks = j * cfg.bk
-
-      def visit(carry, full):
-        dqb, dk, dv, dbias, dslopes, dconsts = carry
-        kb = lax.dynamic_slice_in_dim(k, ks, cfg.bk, axis=2)
-        vb = lax.dynamic_slice_in_dim(v, ks, cfg.bk, axis=2)
-        if cfg.score_mod is None:
-          s, dcap = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full)
-        else:  # differentiate score_mod on the unmasked scores
-          s, dcap, ok = _block_scores(qb, kb, mask, bias, ex, qs, ks, cfg,
-                                      full, with_score=False)
-          s, user_vjp = _score_mod_vjp(s, ex, qs, ks, cfg)
-          s = s if ok is None else score_rules.forbid(s, ok)
-        p = jnp.exp(s - lseb[..., None])  # [B, K, G, Bq, Bk], exact softmax
-        dp = jnp.einsum("bkgqd,bksd->bkgqs", dob, vb,
-                        preferred_element_type=jnp.float32)
-        ds = p * (dp - deltab[..., None])  # d loss / d (softmax input)
-        if cfg.score_mod is not None:  # through score_mod (p and so ds
-          ds, dc = user_vjp(ds)  # are 0 on masked keys: they add nothing)
-          dconsts = jax.tree.map(jnp.add, dconsts, dc)
-        if dcap is not None:  # through c * tanh(x / c)
-          ds = ds * dcap
-        # The G query heads of a group share k and v: sum their gradients.
-        dv_j = jnp.einsum("bkgqs,bkgqd->bksd", p.astype(dob.dtype), dob,
-                          preferred_element_type=jnp.float32)
-        dk_j = jnp.einsum("bkgqs,bkgqd->bksd", ds, qb.astype(jnp.float32))
-        dqb = dqb + jnp.einsum("bkgqs,bksd->bkgqd", ds,
-                               kb.astype(jnp.float32)) * cfg.scale
-        add = lambda acc, x: lax.dynamic_update_slice_in_dim(
-            acc, lax.dynamic_slice_in_dim(acc, ks, cfg.bk, axis=2) + x, ks, 2)
-        dk, dv = add(dk, dk_j * cfg.scale), add(dv, dv_j)
-        if dbias is not None:
-          dbias = _add_bias_block(dbias, _reduce_to(ds, bias.shape), qs, ks,
-                                  cfg)
-        if dslopes is not None:  # s -= slope * |pos_q - pos_k|
-          dist = score_rules.distance(_block_q_pos(ex, qs, cfg),
-                                      _block_k_pos(ex, ks, cfg))
-          dslopes = dslopes - _reduce_to(ds * dist, dslopes.shape)
-        return dqb, dk, dv, dbias, dslopes, dconsts
-
-      return _visit(ex, qs, ks, cfg, _full_or_not(visit, full), carry)
-
-    init = (cut(dq), dk, dv, dbias, dslopes, dconsts)
-    dqb, dk, dv, dbias, dslopes, dconsts = _key_blocks(
-        i, nk, ex, cfg, key_block, init)
-    dq = lax.dynamic_update_slice_in_dim(dq, dqb, qs, axis=3)
-    return dq, dk, dv, dbias, dslopes, dconsts
-
-  return lax.fori_loop(0, nq, query_block, grads + (dconsts,))
-
-
 def _backward(cfg, residuals, d_out):
   """Recompute each block's probabilities from lse; accumulate in float32."""
   cfg = backward_cfg(cfg)
   q, k, v, mask, bias, ex, out, lse = residuals
   delta, lse = row_terms(out, lse, d_out)
-  dq, dk, dv, dbias, dslopes, dconsts = _backward_walk(
+  dq, dk, dv, dbias, dslopes, dconsts = backward_walk(
       cfg, q, k, v, mask, bias, ex, lse, delta, d_out,
       zero_grads(q, k, v, bias, ex),
       tuple(jnp.zeros_like(c) for c in ex.score_consts))
@@ -569,14 +305,6 @@ def _backward(cfg, residuals, d_out):
                  fixed_consts=jax.tree.map(lambda _: None, ex.fixed_consts))
   return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None,
           dbias, d_ex)
-
-
-def _add_bias_block(dbias, block, qs, ks, cfg):
-  """dbias[.., qs:qs+Bq, ks:ks+Bk] += block, on the axes bias does not share."""
-  starts = [0, 0, 0, qs if dbias.shape[3] != 1 else 0,
-            ks if dbias.shape[4] != 1 else 0]
-  current = lax.dynamic_slice(dbias, starts, block.shape)
-  return lax.dynamic_update_slice(dbias, current + block, starts)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
@@ -671,44 +399,6 @@ def block_config(dtype, head_dim, rules, is_causal, tq, tk, block_q, block_k,
                         else score_rules.scale_of(rules, head_dim)))
 
 
-def _hoist(rule, example):
-  """`rule` traced once on `example` scalars, with every array it closes
-  over hoisted out: `(fn, floats, others)`, `fn(*args, *floats, *others)`
-  the rule. A custom VJP may not close over traced values (a parameter
-  under grad, document ids under jit), so the kernel takes them as
-  arguments; the floats get gradients."""
-  closed = jax.make_jaxpr(rule)(*example)
-  is_float = [jnp.issubdtype(jnp.result_type(c), jnp.inexact)
-              for c in closed.consts]
-  floats = tuple(c for c, f in zip(closed.consts, is_float) if f)
-  others = tuple(c for c, f in zip(closed.consts, is_float) if not f)
-  n, nf = len(example), len(floats)
-
-  def fn(*args):
-    fl, ot = iter(args[n:n + nf]), iter(args[n + nf:])
-    consts = [next(fl) if f else next(ot) for f in is_float]
-    return jax.core.eval_jaxpr(closed.jaxpr, consts, *args[:n])[0]
-  return fn, floats, others
-
-
-def _user_rules(rules):
-  """`(score_mod, mask_mod, score_consts, fixed_consts)`: the user rules
-  with the arrays they close over hoisted (`_hoist`). score_mod takes
-  `(*args, *score_consts, *its fixed consts)`, mask_mod `(*args, *its
-  consts)`; `fixed_consts` = (score_mod's, mask_mod's), not
-  differentiated."""
-  i32 = jnp.zeros((), jnp.int32)
-  score, mask, floats, fixed = None, None, (), ((), ())
-  if rules.score_mod is not None:
-    score, floats, others = _hoist(
-        rules.score_mod, (jnp.zeros((), jnp.float32), i32, i32, i32, i32))
-    fixed = (others, ())
-  if rules.mask_mod is not None:
-    mask, fl, others = _hoist(rules.mask_mod, (i32, i32, i32, i32))
-    fixed = (fixed[0], fl + others)
-  return score, mask, floats, fixed
-
-
 def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
                     rules=score_rules.NO_RULES, block_q=None, block_k=None,
                     head_loop=None):
@@ -726,9 +416,9 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
       blocks outside a window are never visited and blocks with no shared
       segment are skipped. User rules (`score_mod`, `mask_mod`) are
       evaluated per block, with the arrays they close over hoisted into
-      the custom VJP's arguments (`_hoist`); with `rules.block_mask` only
-      its non-empty blocks are visited, on its block lengths, and its full
-      blocks skip the mask_mod work.
+      the custom VJP's arguments (`flash_rules.user_rules`); with
+      `rules.block_mask` only its non-empty blocks are visited, on its
+      block lengths, and its full blocks skip the mask_mod work.
     block_q, block_k: block lengths (clipped to the sequence lengths). Lengths
       that are not multiples are padded internally and the padding masked.
       None: `HEAD_LOOP_BLOCK` with `head_loop`, else `DEFAULT_BLOCK_Q/K`
@@ -763,7 +453,7 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
   g = h // kh
   cfg = block_config(q.dtype, dh, rules, is_causal, tq, tk, block_q,
                      block_k, halve_backward=not head_loop and bm is None)
-  score_fn, mask_fn, score_consts, fixed_consts = _user_rules(rules)
+  score_fn, mask_fn, score_consts, fixed_consts = user_rules(rules)
   cfg = cfg._replace(score_mod=score_fn, mask_mod=mask_fn,
                      block_masked=bm is not None)
   tq_pad, tk_pad = -(-tq // cfg.bq) * cfg.bq, -(-tk // cfg.bk) * cfg.bk
