@@ -13,7 +13,7 @@ only make noise on this code (bit shifts, powers, `is`, variable swaps)
 are filtered out (KEEP_OPERATORS). A timeout counts as its own outcome.
 
     python scripts/mutate.py                   # every target
-    python scripts/mutate.py --only masks,flash
+    python scripts/mutate.py --only masks,flash_rules
 
 Writes `<workdir>/summary.md` (counts per target and every survivor's diff)
 and prints it. Not part of `make test`: each mutant costs a pytest start
@@ -40,6 +40,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
 PYTEST = f"{sys.executable} -m pytest -x -q -p no:cacheprovider"
 
+_FLASH_TESTS = ("tests/core/test_flash.py -k 'grid or fully_masked or bf16 "
+                "or visits or through_multi_head'")
+
 # name -> (module, functions mutated, regex of other lines mutated, tests,
 #          whether NumberReplacer runs)
 TARGETS = {
@@ -54,11 +57,18 @@ TARGETS = {
     # The kernel's masking, causal block skipping and backward pass (where
     # the planted bugs of issue 18 sat); the forward's online softmax is
     # also checked by every grid case, but left out to keep a run short.
-    "flash": ("mha_jax/core/kernels/flash.py",
-              ["_block_scores", "_num_kv_blocks", "_reduce_to", "_backward",
-               "_add_bias_block"], None,
-              "tests/core/test_flash.py -k 'grid or fully_masked or bf16 or "
-              "visits or through_multi_head'", False),
+    # The kernel is four files, so four targets with the same tests.
+    "flash": ("mha_jax/core/kernels/flash.py", ["_backward"], None,
+              _FLASH_TESTS, False),
+    "flash_rules": ("mha_jax/core/kernels/flash_rules.py",
+                    ["_slice_block", "block_scores"], None, _FLASH_TESTS,
+                    False),
+    "flash_visit": ("mha_jax/core/kernels/flash_visit.py",
+                    ["_key_range", "kv_block_range", "visited_blocks"], None,
+                    _FLASH_TESTS, False),
+    "flash_backward": ("mha_jax/core/kernels/flash_backward.py",
+                       ["_reduce_to", "_add_bias_block"], None, _FLASH_TESTS,
+                       False),
     "multi_head": ("mha_jax/core/multi_head.py", ["attention_layer"], None,
                    "tests/core/test_kv_cache.py tests/core/test_multi_head.py", False),
     "kv_cache": ("mha_jax/core/kv_cache.py",
