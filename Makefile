@@ -63,7 +63,8 @@ real_lms: install
 	$(BIN)/python -m experiments.ioi --workdir=runs/ioi
 
 # Sparse autoencoders on attention outputs (docs/sae.md): the induction
-# model (16 min on 2 shared cores), SmolLM2's layer 17 (27 min), the speed
+# model (9 min on 2 quiet cores), SmolLM2's layer 17 (45 min: 12 to collect,
+# 32 for six SAEs and their measures, on shared cores), the speed
 # against the same SAE in PyTorch (3 min); then copied into docs/results/sae
 # (not through `publish`, which would drop the smollm2 folder and bench).
 sae: install
@@ -71,7 +72,7 @@ sae: install
 	$(BIN)/python -m experiments.sae --config=configs/sae.py:smollm2 --workdir=runs/sae_smollm2
 	$(BIN)/python -m experiments.sae.bench --workdir=runs/sae_bench --repeats=15
 	mkdir -p docs/results/sae/smollm2
-	cp runs/sae/report.md runs/sae/results.json runs/sae/*.png runs/sae/view.html docs/results/sae/
+	cp runs/sae/report.md runs/sae/results.json runs/sae/*.png runs/sae/*.html docs/results/sae/
 	cp runs/sae_smollm2/report.md runs/sae_smollm2/results.json runs/sae_smollm2/*.png runs/sae_smollm2/view.html docs/results/sae/smollm2/
 	cp runs/sae_bench/bench.json docs/results/sae/
 

@@ -66,21 +66,6 @@ def values(saved: dict) -> dict:
   """The template's cells from results.json's contents."""
   m, d, c = saved["model"], saved["data"], saved["config"]
   s = c["sae"]
-  rows = []
-  for kind, x in saved["summary"].items():
-    rows.append([KIND_NAMES[kind], _s(x["l0"], 1), _s(x["dead"]),
-                 _s(x["dense"]), _s(x["explained_variance"]),
-                 _s(x["recovered_zero"]), _s(x["recovered_mean"]),
-                 _s(x["steps_per_s"], 2)])
-  ce_rows = []
-  for r in saved["runs"]:
-    lo = r["loss"]
-    ce_rows.append([KIND_NAMES[r["kind"]], str(r["seed"]),
-                    f"{lo['clean']:.3f}", f"{lo['splice']:.3f}",
-                    f"{lo['zero']:.3f}", f"{lo['mean']:.3f}",
-                    f"{lo['recovered_zero']:.3f}",
-                    f"{lo['recovered_mean']:.3f}", f"{r['l0']:.1f}",
-                    f"{r['explained_variance']:.3f}"])
   ind_rows = []
   for r in saved["runs"]:
     ind = r["induction"]
@@ -108,12 +93,10 @@ def values(saved: dict) -> dict:
       "collect": f"{d['collect_s']:.0f} s ({d['collect_tokens_per_s']:,.0f} "
                  "tokens/s)",
       "wall": f"{saved['wall_s'] / 60:.1f} min",
-      "summary_table": report_lib.md_table(
-          ["SAE", "L0", "dead", "dense", "explained var.",
-           "loss rec. (zero)", "loss rec. (mean)", "steps/s"], rows),
-      "loss_table": report_lib.md_table(
-          ["SAE", "seed", "CE clean", "CE splice", "CE zero", "CE mean",
-           "rec. (zero)", "rec. (mean)", "L0", "expl. var."], ce_rows),
+      "summary_table": _summary_table(saved["summary"]),
+      "loss_table": _loss_table(saved["runs"], "loss"),
+      "repeat_table": _loss_table(saved["runs"], "loss_repeated"),
+      "resid_pre": _resid_pre(saved),
       "induction_heads": ind_heads, "induction_scores": scores,
       "repeat_len": str(c["experiment"]["repeat_len"]),
       "repeat_inputs": str(c["experiment"]["repeat_inputs"]),
@@ -127,6 +110,57 @@ def values(saved: dict) -> dict:
       "findings": _findings(saved),
       "steps_note": _steps_note(c),
   }
+
+
+def _summary_table(summary) -> str:
+  rows = [[KIND_NAMES[kind], _s(x["l0"], 1), _s(x["dead"]), _s(x["dense"]),
+           _s(x["explained_variance"]), _s(x["recovered_zero"]),
+           _s(x["recovered_mean"]), _s(x["repeated_recovered_zero"]),
+           _s(x["repeated_recovered_mean"]), _s(x["steps_per_s"], 2)]
+          for kind, x in summary.items()]
+  return report_lib.md_table(
+      ["SAE", "L0", "dead", "dense", "explained var.", "loss rec. (zero)",
+       "loss rec. (mean)", "on repeats (zero)", "on repeats (mean)",
+       "steps/s"], rows)
+
+
+def _loss_table(runs, which: str) -> str:
+  """Per run, the CE of each mode and loss recovered, from `run[which]`."""
+  rows = []
+  for r in runs:
+    lo = r[which]
+    rows.append([KIND_NAMES[r["kind"]], str(r["seed"]),
+                 f"{lo['clean']:.3f}", f"{lo['splice']:.3f}",
+                 f"{lo['zero']:.3f}", f"{lo['mean']:.3f}",
+                 f"{lo['recovered_zero']:.3f}",
+                 f"{lo['recovered_mean']:.3f}", f"{r['l0']:.1f}",
+                 f"{r['explained_variance']:.3f}"])
+  return report_lib.md_table(
+      ["SAE", "seed", "CE clean", "CE splice", "CE zero", "CE mean",
+       "rec. (zero)", "rec. (mean)", "L0", "expl. var."], rows)
+
+
+def _resid_pre(saved) -> str:
+  """The resid_pre section's body: what ran, the summary and per-run
+  tables, or why there is none."""
+  r = saved.get("resid_pre")
+  m = saved["model"]
+  if not r:
+    return ("None trained in this run (`experiment.resid_pre_kinds` is "
+            "empty); the induction model's run has them.")
+  d = r["data"]
+  return (f"The same SAE settings on `blocks.{m['layer']}.resid_pre`, the "
+          f"residual stream entering layer {m['layer']} "
+          f"({d['train_tokens']:,} training tokens, collected in "
+          f"{d['collect_s']:.0f} s), each with its own scale; the splice "
+          "and ablations replace the stream at that site, so they reach "
+          "the layer's attention and everything after it. Head "
+          "attribution and induction features are z's alone and are not "
+          "measured here.\n\n" + _summary_table(r["summary"]) +
+          "\n\nPer run, on held-out inputs:\n\n" +
+          _loss_table(r["runs"], "loss") +
+          "\n\nPer run, on repeats:\n\n" +
+          _loss_table(r["runs"], "loss_repeated"))
 
 
 def _steps_note(c) -> str:
@@ -148,6 +182,8 @@ def _findings(saved) -> str:
   for kind, x in summ.items():
     gap = [r["loss"]["zero"] - r["loss"]["clean"] for r in saved["runs"]
            if r["kind"] == kind]
+    rgap = [r["loss_repeated"]["zero"] - r["loss_repeated"]["clean"]
+            for r in saved["runs"] if r["kind"] == kind]
     out.append(
         f"- {KIND_NAMES[kind]}: L0 {_s(x['l0'], 1)} active features per "
         f"token explain {_s(x['explained_variance'])} of the variance of "
@@ -158,16 +194,23 @@ def _findings(saved) -> str:
         "denominator of that ratio" + (
             ": too small a cost for the ratio to say much (a value above 1 "
             "means the splice cost less than nothing, within noise)."
-            if min(gap) < 0.1 else "."))
+            if min(gap) < 0.1 else ".") +
+        f" On the repeats' second copy zeroing costs {_list(rgap, 3)} nats "
+        f"and the splice recovers {_s(x['repeated_recovered_zero'])} of it "
+        f"({_s(x['repeated_recovered_mean'])} against mean ablation).")
   if {"relu", "topk"} <= summ.keys():
     ev = lambda r: r["explained_variance"]
     d = stats.difference(_per_run(saved, "topk", ev),
                          _per_run(saved, "relu", ev))
+    rec = lambda r: r["loss_repeated"]["recovered_zero"]
+    dr = stats.difference(_per_run(saved, "topk", rec),
+                          _per_run(saved, "relu", rec))
     out.append(f"- TopK minus ReLU, explained variance: "
-               f"{report_lib.difference(d)} (Welch interval over seeds; "
-               "the two differ in L0 too, so this compares two points of "
-               "the sparsity-fidelity trade-off, not two methods at one "
-               "sparsity).")
+               f"{report_lib.difference(d)}; loss recovered on the repeats "
+               f"(zero ablation): {report_lib.difference(dr)} (Welch "
+               "intervals over seeds; the two differ in L0 too, so this "
+               "compares two points of the sparsity-fidelity trade-off, not "
+               "two methods at one sparsity).")
   for kind in summ:
     counts = _per_run(saved, kind, lambda r: r["induction"]["count"])
     cop = _per_run(saved, kind, lambda r: r["induction"]["copying_count"])

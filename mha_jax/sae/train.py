@@ -164,7 +164,9 @@ def train(cfg, acts: np.ndarray, workdir, *, stop_at: int | None = None
 
   `stop_at` ends the run early at that step (saving it), as an
   interruption would. Metrics go to `workdir/metrics.jsonl` every
-  `log_every` steps.
+  `log_every` steps; the training seconds up to the last checkpoint, summed
+  over the calls that made it, to `workdir/train_seconds.json` with each
+  checkpoint (`train_seconds`), so a resumed run still reports its pace.
   """
   workdir = pathlib.Path(workdir)
   if acts.ndim != 2:
@@ -182,6 +184,7 @@ def train(cfg, acts: np.ndarray, workdir, *, stop_at: int | None = None
     checkpoint.truncate_metrics(metrics_path, int(state["step"]))
     start = time.perf_counter()
     first = int(state["step"])
+    before = (train_seconds(workdir) or 0.0) if first else 0.0
     for step in range(first, end):
       x = buffer_lib.batch_at(acts, step, batch_size=cfg.batch_size,
                               seed=cfg.seed)
@@ -203,5 +206,18 @@ def train(cfg, acts: np.ndarray, workdir, *, stop_at: int | None = None
                      row["dead"], rate)
       if done % cfg.checkpoint_every == 0 or done == end:
         checkpoint.save(manager, state, force=True)
+        (workdir / _SECONDS).write_text(json.dumps(
+            {"step": done,
+             "seconds": before + time.perf_counter() - start}))
     checkpoint.close(manager)
   return state
+
+
+_SECONDS = "train_seconds.json"
+
+
+def train_seconds(workdir) -> float | None:
+  """Seconds `train` spent to reach the run's last checkpoint in
+  `workdir` (None if it has not saved one)."""
+  path = pathlib.Path(workdir) / _SECONDS
+  return json.loads(path.read_text())["seconds"] if path.exists() else None

@@ -28,20 +28,27 @@ def test_smoke_run_end_to_end(tmp_path):
   assert saved == first
   assert report_lib.regenerate(tmp_path, report.render) == (
       tmp_path / "report.md").read_text()
-  for r in saved["runs"]:
-    lo = r["loss"]
-    assert lo["recovered_zero"] == pytest.approx(
-        (lo["zero"] - lo["splice"]) / (lo["zero"] - lo["clean"]))
-    assert lo["recovered_mean"] == pytest.approx(
-        (lo["mean"] - lo["splice"]) / (lo["mean"] - lo["clean"]))
+  e = config.experiment
+  for r in saved["runs"] + saved["resid_pre"]["runs"]:
+    for lo in (r["loss"], r["loss_repeated"]):
+      assert lo["recovered_zero"] == pytest.approx(
+          (lo["zero"] - lo["splice"]) / (lo["zero"] - lo["clean"]))
+      assert lo["recovered_mean"] == pytest.approx(
+          (lo["mean"] - lo["splice"]) / (lo["mean"] - lo["clean"]))
     assert 0 <= r["dead"] <= 1 and 0 <= r["dense"] <= 1
   assert {(r["kind"], r["seed"]) for r in saved["runs"]} == {
-      (k, s) for k in config.experiment.kinds for s in config.experiment.seeds}
+      (k, s) for k in e.kinds for s in e.seeds}
+  # The second site: its own SAEs, not the z ones measured again.
+  assert {(r["kind"], r["seed"]) for r in saved["resid_pre"]["runs"]} == {
+      (k, s) for k in e.resid_pre_kinds for s in e.seeds}
+  assert (tmp_path / "resid_pre_topk_seed0").is_dir()
+  assert saved["resid_pre"]["data"]["scale"] != saved["data"]["scale"]
   assert "feature " in (tmp_path / "view.html").read_text()
+  assert '"sae"' in (tmp_path / "explorer.html").read_text()
   # Again in the same folder: every SAE restores, nothing retrains, and
   # the measured numbers come out the same.
   second = entry.run(config, tmp_path)
   strip = lambda res: [{k: v for k, v in r.items()
                         if k not in ("train_s", "steps_per_s")}
-                       for r in res["runs"]]
+                       for r in res["runs"] + res["resid_pre"]["runs"]]
   assert strip(second) == strip(first)
