@@ -71,7 +71,8 @@ def _minilm() -> tuple[dict, dict]:
   speed = run.measure_speed(minilm, ids, mask)
   return {"all-MiniLM-L6-v2": minilm}, {
       "batch": _BATCH.value, "length": _LENGTH.value, "speed": speed,
-      "speed_x_torch": run.speed_ratios(speed)}
+      "speed_x_torch": run.speed_ratios(speed),
+      "speed_x_torch_1": run.speed_ratios(speed, run.torch_name(1))}
 
 
 def _gguf(name: str) -> dict:

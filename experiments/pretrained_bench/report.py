@@ -54,12 +54,17 @@ def load_table(loads) -> str:
 
 def minilm_section(saved) -> str:
   """The MiniLM speed table: median / minimum seconds per path, and its
-  minimum over torch's (`run.speed_ratios`)."""
-  rows = [[path] + [f"{r[k][0]:.4f} / {r[k][1]:.4f} "
-                    f"({saved['speed_x_torch'][path][k]:.2f}x)"
+  minimum over torch's at 2 threads and, where measured, at 1
+  (`run.speed_ratios`)."""
+  one = saved.get("speed_x_torch_1")
+  def ratios(path, k):
+    two = f"{saved['speed_x_torch'][path][k]:.2f}x"
+    return f"{two} / {one[path][k]:.2f}x" if one else two
+  rows = [[path] + [f"{r[k][0]:.4f} / {r[k][1]:.4f} ({ratios(path, k)})"
                     for k in ("forward", "loss_grad")]
           for path, r in saved["speed"].items()]
   return report_lib.fill(MINILM_TEMPLATE, {
+      "threads": "2 threads / 1 thread" if one else "2 threads",
       "batch": str(saved["batch"]), "length": str(saved["length"]),
       "speed_table": report_lib.md_table(
           ["path", "forward", "loss + grad"], rows)})

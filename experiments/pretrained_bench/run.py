@@ -6,7 +6,7 @@ above the RSS after its imports, divided by the checkpoint's size: a
 loader that held the checkpoint twice would be near 2, one that streams
 it near 1. Speed: forward and loss + gradient of the loaded MiniLM on
 one batch, mha_jax (each attention path, jitted) against transformers
-(torch, 2 threads), median and minimum of repeated calls, as ratios of
+(torch, 2 threads and 1), median and minimum of repeated calls, as ratios of
 the minima to torch's (`speed_ratios`).
 """
 
@@ -95,12 +95,15 @@ def _loss(hidden, m):
 
 def measure_speed(directory, ids, mask, *, implementations=("flash",
                                                             "einsum"),
-                  warmup=2, repeats=10) -> dict:
+                  warmup=2, repeats=10, torch_threads=(2, 1)) -> dict:
   """`[median, min]` seconds of forward and loss+grad: mha_jax per path,
-  and torch (the minimum, since noise on a shared machine only adds)."""
+  and torch at each of `torch_threads` ("torch" at the first, "torch N
+  thread(s)" at the others; the minimum is what the ratios use, since
+  noise on a shared machine only adds). torch at 1 thread is there
+  because its threads fight the machine's load: on a busy machine one
+  thread can be torch's best."""
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
-  torch.set_num_threads(2)
   out = {}
   for impl in implementations:
     model = mha_jax.load_pretrained(directory, implementation=impl)
@@ -133,17 +136,25 @@ def measure_speed(directory, ids, mask, *, implementations=("flash",
     loss.backward()
     return loss
 
-  # median_time's block_until_ready passes torch tensors through.
-  out["torch"] = {name: timing.median_time(fn, (), warmup=warmup,
-                                           repeats=repeats)[0]
-                  for name, fn in (("forward", torch_fwd),
-                                   ("loss_grad", torch_grad))}
+  for i, n in enumerate(torch_threads):
+    torch.set_num_threads(n)
+    # median_time's block_until_ready passes torch tensors through.
+    out[torch_name(n) if i else "torch"] = {
+        name: timing.median_time(fn, (), warmup=warmup, repeats=repeats)[0]
+        for name, fn in (("forward", torch_fwd), ("loss_grad", torch_grad))}
+  torch.set_num_threads(torch_threads[0])
   return out
 
 
-def speed_ratios(speed) -> dict:
+def torch_name(threads: int) -> str:
+  """`measure_speed`'s key of torch at `threads` other than the first."""
+  return f"torch {threads} thread" + ("s" if threads > 1 else "")
+
+
+def speed_ratios(speed, against: str = "torch") -> dict:
   """path -> {"forward", "loss_grad"}: the path's minimum seconds over
-  torch's (`measure_speed`'s results)."""
-  return {path: {k: r[k][1] / speed["torch"][k][1]
+  `against`'s (`measure_speed`'s results; "torch": at its first thread
+  count)."""
+  return {path: {k: r[k][1] / speed[against][k][1]
                  for k in ("forward", "loss_grad")}
           for path, r in speed.items()}

@@ -31,17 +31,25 @@ def test_benchmark_measures_and_reports(built):
                                 ["a short text", "and another one here"])
   speed = run.measure_speed(path, ids, mask, implementations=("einsum",),
                             warmup=0, repeats=1)
-  assert set(speed) == {"einsum", "torch"}
+  assert set(speed) == {"einsum", "torch", "torch 1 thread"}
   for times in speed.values():
     for median, least in times.values():
       assert 0 < least <= median
   ratios = run.speed_ratios(speed)
   assert ratios["torch"] == {"forward": 1.0, "loss_grad": 1.0}
+  one = run.speed_ratios(speed, run.torch_name(1))
+  assert one["torch 1 thread"] == {"forward": 1.0, "loss_grad": 1.0}
+  # Each path's two ratios are its time over each torch's.
+  assert one["einsum"]["forward"] == pytest.approx(
+      speed["einsum"]["forward"][1] / speed["torch 1 thread"]["forward"][1])
   assert "| tiny gpt2 | mha_jax |" in report.load_table(
       {"tiny gpt2": {"mha_jax": load}})
   text = report.minilm_section({"speed": speed, "speed_x_torch": ratios,
+                                "speed_x_torch_1": one,
                                 "batch": 2, "length": ids.shape[1]})
   assert "| einsum |" in text and "MiniLM, batch 2 x" in text
+  assert "2 threads / 1 thread" in text
+  assert f"({ratios['einsum']['forward']:.2f}x / " in text
 
 
 @pytest.fixture(scope="module")
