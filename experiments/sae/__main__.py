@@ -19,6 +19,7 @@ from __future__ import annotations
 from experiments import cli
 from experiments.sae import report
 from experiments.sae import run as run_lib
+from experiments.sae import sources
 from experiments.sae import view
 
 _FLAGS = cli.experiment_flags(config="configs/sae.py", workdir="runs/sae")
@@ -29,9 +30,10 @@ def run(config, workdir, *, reuse_runs: bool = False) -> dict:
   and the trained model are always reused when their config matches, so
   `reuse_runs` changes nothing here."""
   del reuse_runs
-  results = run_lib.measure(config, workdir)
+  src = sources.load(config, workdir)  # once, for measuring and the pages
+  results = run_lib.measure(config, workdir, src)
   written = report.write(config, results, workdir)
-  view.write(config, workdir)
+  view.write(config, workdir, src)
   return written
 
 

@@ -154,17 +154,26 @@ def _standard(config, src, data, params, cfg, train_s) -> dict:
   kind = cfg.kind
   k = cfg.k if kind == "topk" else None
   st = metrics.feature_stats(params, data["evals"], kind=kind, k=k)
-  loss_fn = metrics.site_loss_fn(src.model, data["site"], kind=kind, k=k,
-                                 keep_first=config.experiment.drop_first)
-  ce = lambda batches: metrics.losses(loss_fn, batches, params,
-                                      data["scale"],
-                                      jnp.asarray(data["mean_site"]))
+  # One compiled loss per kind, and the ablations (which no SAE changes)
+  # once per site and evaluation set, kept in `data` for the next SAE.
+  if kind not in data["loss_fns"]:
+    data["loss_fns"][kind] = metrics.site_loss_fn(
+        src.model, data["site"], kind=kind, k=k,
+        keep_first=config.experiment.drop_first)
+  loss_fn = data["loss_fns"][kind]
+  args = (params, data["scale"], jnp.asarray(data["mean_site"]))
+
+  def ce(name, batches):
+    if name not in data["ablations"]:
+      data["ablations"][name] = metrics.baselines(loss_fn, batches, *args)
+    return metrics.losses(loss_fn, batches, *args,
+                          ablations=data["ablations"][name])
   return {"kind": kind, "seed": cfg.seed, "train_s": train_s,
           "steps_per_s": cfg.num_steps / train_s,
           "l0": st["l0"], "dead": st["dead"], "dense": st["dense"],
           "explained_variance": st["explained_variance"],
-          "loss": ce(src.eval_batches),
-          "loss_repeated": ce(data["repeat_batches"])}
+          "loss": ce("loss", src.eval_batches),
+          "loss_repeated": ce("loss_repeated", data["repeat_batches"])}
 
 
 def measure_sae(config, src, data, kind, seed, workdir) -> dict:
@@ -234,7 +243,7 @@ def _site_data(config, src, workdir, site, repeat_batches) -> dict:
   return {"acts": acts * scale, "evals": evals * scale, "scale": scale,
           "mean_site": acts.mean(0), "collect_s": collect_s,
           "site": site_name(config.experiment.layer, site),
-          "repeat_batches": repeat_batches}
+          "repeat_batches": repeat_batches, "loss_fns": {}, "ablations": {}}
 
 
 def _data_summary(data) -> dict:
@@ -245,10 +254,12 @@ def _data_summary(data) -> dict:
           "scale": data["scale"]}
 
 
-def measure(config, workdir) -> dict:
+def measure(config, workdir, src: sources.Source | None = None) -> dict:
+  """results.json's contents (the module docstring); `src`: the run's
+  source if already loaded (`sources.load`)."""
   e = config.experiment
   start = time.perf_counter()
-  src = sources.load(config, workdir)
+  src = src or sources.load(config, workdir)
   tokens, captured = _repeated(src, e)
   repeats = repeated_batches(tokens, e)
   data = _site_data(config, src, workdir, "z", repeats)

@@ -154,13 +154,14 @@ def write_explorer(path, model, tokens, decode, feats, *, layer: int,
       info=info, raw_arrays=full, sae_features=feats, sae_layer=layer)
 
 
-def write(config, workdir) -> pathlib.Path:
+def write(config, workdir, src: sources.Source | None = None
+          ) -> pathlib.Path:
   """view.html and explorer.html of the run in `workdir`; returns the
-  path of view.html."""
+  path of view.html. `src`: the run's source if already loaded."""
   e = config.experiment
   workdir = pathlib.Path(workdir)
   saved = json.loads((workdir / "results.json").read_text())
-  src = sources.load(config, workdir)
+  src = src or sources.load(config, workdir)
   feats = features(config, workdir, src=src)
   title = f"SAE features of layer {e.layer}'s z: {saved['model']['label']}"
   page = view.write_page(workdir / "view.html", feats, title=title)

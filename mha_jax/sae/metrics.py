@@ -109,14 +109,31 @@ def loss_recovered(ce_clean: float, ce_splice: float, ce_ablated: float
   return (ce_ablated - ce_splice) / (ce_ablated - ce_clean)
 
 
-def losses(loss_fn, batches, params, scale, mean_site) -> dict:
+def _mean_ce(loss_fn, mode, batches, params, scale, mean_site) -> float:
+  return float(np.mean([loss_fn(mode, params, scale, mean_site,
+                                b["inputs"], b["targets"], b["loss_mask"])
+                        for b in batches]))
+
+
+def baselines(loss_fn, batches, params, scale, mean_site) -> dict:
+  """Mean CE of the modes that do not involve the SAE ("clean", "zero",
+  "mean") over `batches`: the same for every SAE on one site, so a run
+  of several SAEs computes them once (`params` only fills the
+  signature)."""
+  return {mode: _mean_ce(loss_fn, mode, batches, params, scale, mean_site)
+          for mode in MODES if mode != "splice"}
+
+
+def losses(loss_fn, batches, params, scale, mean_site, *,
+           ablations: dict | None = None) -> dict:
   """Mean CE per mode over `batches` (dicts of inputs, targets,
-  loss_mask), and loss recovered against both ablations."""
-  out = {}
-  for mode in MODES:
-    out[mode] = float(np.mean([loss_fn(mode, params, scale, mean_site,
-                                       b["inputs"], b["targets"],
-                                       b["loss_mask"]) for b in batches]))
+  loss_mask), and loss recovered against both ablations. `ablations`:
+  `baselines` of this site and batches, if already computed."""
+  out = dict(ablations or baselines(loss_fn, batches, params, scale,
+                                    mean_site))
+  out["splice"] = _mean_ce(loss_fn, "splice", batches, params, scale,
+                           mean_site)
+  out = {mode: out[mode] for mode in MODES}
   out["recovered_zero"] = loss_recovered(out["clean"], out["splice"],
                                          out["zero"])
   out["recovered_mean"] = loss_recovered(out["clean"], out["splice"],
