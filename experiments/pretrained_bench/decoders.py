@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import time
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +35,7 @@ import numpy as np
 from flax import nnx
 
 import mha_jax
+from mha_jax.measure import timing
 from mha_jax.models import generate
 from mha_jax.pretrained import real_models
 
@@ -87,13 +87,6 @@ def _torch_calls(hf, threads: int, ids, prompt, new_tokens: int):
   return setup, prefill, decode
 
 
-def _timed(setup, fn):
-  setup()
-  start = time.perf_counter()
-  out = jax.block_until_ready(fn())  # passes torch tensors through
-  return time.perf_counter() - start, out
-
-
 def summary(times: dict, reference: str) -> dict:
   """Per contestant: median and minimum seconds, and the median over
   rounds of its time over `reference`'s time in the same round."""
@@ -136,8 +129,8 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
   first, tokens = {"prefill": {}, "decode": {}}, {}
   for c in names:
     setup, pre, dec = calls[c]
-    first["prefill"][c] = _timed(setup, pre)[0]
-    first["decode"][c], tokens[c] = _timed(setup, dec)
+    first["prefill"][c] = timing.timed_call(setup, pre)[0]
+    first["decode"][c], tokens[c] = timing.timed_call(setup, dec)
   times = {"prefill": {c: [] for c in names}, "decode": {c: [] for c in names}}
   load = []  # the 1-minute load average as each round starts
   for r in range(repeats):
@@ -145,7 +138,7 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
     order = names[r % len(names):] + names[:r % len(names)]
     for task, index in (("prefill", 1), ("decode", 2)):
       for c in order:
-        times[task][c].append(_timed(calls[c][0], calls[c][index])[0])
+        times[task][c].append(timing.timed_call(calls[c][0], calls[c][index])[0])
   torch_names = [c for c in names if c.startswith("torch")]
   reference = torch_names[-1]
   # What transformers ran: the config field it dispatches attention on.

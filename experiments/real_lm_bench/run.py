@@ -130,16 +130,10 @@ def _kept(task: str, out):
   return float(out[0] if isinstance(out, tuple) else out)
 
 
-def _timed(setup, fn):
-  setup()
-  (seconds,), out = timing.wall_times(fn, (), warmup=0, repeats=1)
-  return seconds, out
-
-
 def _count_compiles(fn):
   """`(seconds, XLA compiles, output)` of one call of `fn()`."""
   with timing.count_compiles() as seen:
-    seconds, out = _timed(lambda: None, fn)
+    seconds, out = timing.timed_call(lambda: None, fn)
   return seconds, len(seen), out
 
 
@@ -188,7 +182,8 @@ def measure(config, workdir) -> dict:
   first = {t: {} for t in TASKS}
   for c in names:
     for t in TASKS:
-      first[t][c], out = _timed(setups[c], _call(contestants[c][t]))
+      first[t][c], out = timing.timed_call(setups[c],
+                                           _call(contestants[c][t]))
       outs[(c, t)] = _kept(t, out)
   second = {}
   for c in names[:len(e.implementations)]:
@@ -203,7 +198,8 @@ def measure(config, workdir) -> dict:
     order = names[r % len(names):] + names[:r % len(names)]
     for t in TASKS:
       for c in order:
-        times[t][c].append(_timed(setups[c], _call(contestants[c][t]))[0])
+        times[t][c].append(timing.timed_call(
+            setups[c], _call(contestants[c][t]))[0])
   agree = {c: {
       "forward_rel": _rel(outs[(c, "forward")],
                           outs[(reference, "forward")]),

@@ -53,6 +53,15 @@ def wall_times(fn, args, *, warmup: int, repeats: int, feed_back=None):
   return times, out
 
 
+def timed_call(setup, fn):
+  """`(wall seconds, output)` of one `fn()` after an untimed `setup()`
+  (e.g. setting torch's thread count), ended by `block_until_ready`
+  (which passes non-JAX outputs, e.g. torch tensors, through)."""
+  setup()
+  (seconds,), out = wall_times(fn, (), warmup=0, repeats=1)
+  return seconds, out
+
+
 def median_time(fn, args, *, warmup: int, repeats: int, feed_back=None):
   """`((median, min) wall seconds, last output)` of `wall_times`.
 
