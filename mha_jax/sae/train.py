@@ -55,8 +55,11 @@ def hyper(cfg) -> Hyper:
                int(cfg.aux_k), float(cfg.aux_coef), int(cfg.dead_steps))
 
 
-def make_optimizer(cfg) -> optax.GradientTransformation:
-  return optax.adam(cfg.learning_rate, b1=0.0, b2=cfg.beta2)
+def make_optimizer(learning_rate: float, beta2: float
+                   ) -> optax.GradientTransformation:
+  """Adam with beta1 = 0 (the recipe above); the state and the step both
+  build it here."""
+  return optax.adam(learning_rate, b1=0.0, b2=beta2)
 
 
 def init_state(cfg, d_in: int, b_dec) -> dict:
@@ -65,7 +68,8 @@ def init_state(cfg, d_in: int, b_dec) -> dict:
   params = sae_lib.init(jax.random.PRNGKey(cfg.seed), d_in, cfg.d_sae)
   params["b_dec"] = jnp.asarray(b_dec, jnp.float32)
   return {"step": jnp.zeros((), jnp.int32), "params": params,
-          "opt_state": make_optimizer(cfg).init(params),
+          "opt_state": make_optimizer(cfg.learning_rate,
+                                      cfg.beta2).init(params),
           "since_fired": jnp.zeros((cfg.d_sae,), jnp.int32)}
 
 
@@ -137,7 +141,7 @@ def resample_steps(cfg) -> frozenset:
 def compiled(hp: Hyper, learning_rate: float, beta2: float):
   """The jitted step and resampling of these settings, built once per
   process (a resumed run in the same process compiles nothing new)."""
-  optimizer = optax.adam(learning_rate, b1=0.0, b2=beta2)
+  optimizer = make_optimizer(learning_rate, beta2)
   step = jax.jit(lambda s, x: train_step(s, x, hp=hp, optimizer=optimizer),
                  donate_argnums=0)
   return step, jax.jit(lambda s, p, k: resample(s, p, k, hp=hp))

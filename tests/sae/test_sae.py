@@ -36,7 +36,8 @@ def _cfg(**kw):
 def _fit(cfg, x):
   """The SAE after `num_steps` train steps on the buffer's batches (one
   scan: a single compiled program)."""
-  hp, opt = train.hyper(cfg), train.make_optimizer(cfg)
+  hp = train.hyper(cfg)
+  opt = train.make_optimizer(cfg.learning_rate, cfg.beta2)
   state = train.init_state(cfg, x.shape[1], x.mean(0))
   batches = np.stack([buffer.batch_at(x, i, batch_size=cfg.batch_size,
                                       seed=cfg.seed)
