@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from experiments.pretrained_heads import intervals
 from experiments.pretrained_heads import survey
 from mha_jax import pretrained
 
@@ -71,11 +72,9 @@ def clustering_against_init(per_pair: dict, groups, num_layers: int, *,
     raise ValueError("clustering_against_init: the two models' pairs "
                      f"differ in real rows: {rows.tolist()} vs "
                      f"{rows_i.tolist()}")
-  _, g = np.unique(groups, return_inverse=True)
-  k = g.max() + 1
-  rng = np.random.default_rng(seed)
-  counts = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples)  # [R, G]
-  weights = counts[:, g] * rows[None, :]  # [R, P]
+  drawn, k = intervals.group_weights(groups, resamples=resamples,
+                                     seed=seed)
+  weights = drawn * rows[None, :]  # [R, P]
   point = rows[None, :].astype(np.float64)
   share_t, share_i = (_shares(d, point, num_layers)[0] for d in (dt, di))
   diff = (_shares(dt, weights, num_layers)

@@ -14,6 +14,18 @@ from __future__ import annotations
 import numpy as np
 
 
+def group_weights(groups, *, resamples: int, seed: int
+                  ) -> tuple[np.ndarray, int]:
+  """`(weights [R, N], G)`: per resample, how many times each unit is
+  drawn when whole groups are drawn with replacement (`groups [N]`, the
+  group of each unit; G groups, G draws per resample)."""
+  _, g = np.unique(np.asarray(groups), return_inverse=True)
+  k = int(g.max()) + 1
+  rng = np.random.default_rng(seed)
+  counts = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples)  # [R, G]
+  return counts[:, g], k
+
+
 def bootstrap_means(values, *, resamples: int, seed: int, groups=None
                     ) -> np.ndarray:
   """`[..., 2]` percentile-bootstrap 95% intervals of the mean over axis 0
@@ -24,14 +36,10 @@ def bootstrap_means(values, *, resamples: int, seed: int, groups=None
   is its own group."""
   v = np.asarray(values, np.float64)
   n = v.shape[0]
-  _, g = np.unique(np.arange(n) if groups is None else np.asarray(groups),
-                   return_inverse=True)
-  k = int(g.max()) + 1
-  rng = np.random.default_rng(seed)
+  weights, _ = group_weights(np.arange(n) if groups is None else groups,
+                             resamples=resamples, seed=seed)
   # A resample's mean is (its counts of each group, per unit) @ values
   # over the units it holds.
-  counts = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples)  # [R, G]
-  weights = counts[:, g]  # [R, N]
   means = ((weights @ v.reshape(n, -1)) / weights.sum(1, keepdims=True)
            ).reshape((resamples,) + v.shape[1:])
   return np.moveaxis(np.quantile(means, [0.025, 0.975], axis=0), 0, -1)
