@@ -21,7 +21,12 @@ the code before it):
     (configs/default.py) on one training batch;
   * lm_weights: the default model's forward returning every layer's
     attention weights (`return_weights=True`); with `--capture_case`, this
-    checkout instead captures every `blocks.l.attn.pattern` hook site.
+    checkout instead captures every `blocks.l.attn.pattern` hook site;
+  * window_fwd / window_fwdbwd, documents_fwd / documents_fwdbwd: the
+    blockwise kernel with a user `mask_mod` and its block mask (a 512-key
+    window, or 8 equal documents), causal, q, k, v [1, 8192, 2, 64],
+    blocks of 512 (docs/score_rules.md); fwdbwd: the gradient of
+    sum(out * w) by q, k and v.
 """
 
 from __future__ import annotations
@@ -70,6 +75,9 @@ def _case(name, capture):
     return jax.jit(jax.grad(lambda p, x: jnp.sum(fwd(p, x)),
                             argnums=(0, 1))), (params, x)
 
+  if name.startswith(("window", "documents")):
+    return _masked_case(name)
+
   # pylint: disable=g-import-not-at-top
   from configs import default
   try:
@@ -96,6 +104,34 @@ def _case(name, capture):
       fn = lambda s, x: nnx.merge(graphdef, s)(x, return_weights=True)
     return jax.jit(fn), (state, batch["inputs"])
   raise ValueError(f"unknown case {name!r}")
+
+
+def _masked_case(name, n=8192, block=512):
+  """`(fn, args)` of a block-masked kernel case (module docstring)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from mha_jax.core import block_mask
+  from mha_jax.core import masks
+  from mha_jax.core import score_rules
+  from mha_jax.core.kernels import flash
+  # pylint: enable=g-import-not-at-top
+  if name.startswith("window"):
+    mod = masks.window_mod(512)
+  else:
+    mod = masks.documents_mod(np.repeat(np.arange(8), n // 8)[None])
+  rules = score_rules.ScoreRules(
+      mask_mod=mod,
+      block_mask=block_mask.create(mod, None, None, n, n, block, block))
+  q, k, v, w = (jax.random.normal(key, (1, n, 2, 64))
+                for key in jax.random.split(jax.random.key(n), 4))
+  fwd = lambda q, k, v: flash.flash_attention(
+      q, k, v, is_causal=True, rules=rules, block_q=block, block_k=block)
+  if name.endswith("_fwd"):
+    return jax.jit(fwd), (q, k, v)
+  return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fwd(q, k, v) * w),
+                          argnums=(0, 1, 2))), (q, k, v)
 
 
 def _worker(spec):
