@@ -12,7 +12,8 @@ block at a time. For a user rule `mask_mod(b, h, q_idx, kv_idx) -> bool`
     full     all may: the kernel visits it without the mask_mod work
 
 and each block's P x P sub-blocks (`PARTS`) are recorded as empty or not,
-so that the kernel computes, per row part, only the key parts it needs.
+so that a block whose allowed sub-blocks the call's built-in rules
+(is_causal, a window) all hide is left off the kernel's lists.
 
 `create` finds the state of every block exactly, by evaluating mask_mod on
 every (q, kv) pair; block corners or samples would misjudge a rule such as
@@ -46,9 +47,11 @@ from mha_jax.core import score_rules
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 # Each block is also cut into PARTS x PARTS sub-blocks whose emptiness is
-# recorded (`BlockMask.parts`): the kernel computes, per row part of a
-# block, only the key parts that row part may see (a causal diagonal block
-# or a window's edge block leaves one of the four 2 x 2 quarters empty).
+# recorded (`BlockMask.parts`), for `kernel_lists`' cut by the built-in
+# rules. (Computing only a block's non-empty quarters in the forward was
+# tried and dropped: bit-identical, but 1.08-1.11x the forward time of a
+# 512-key window at n = 8192 measured in fresh processes,
+# `experiments.speed_ab --cases=window_fwd`, docs/score_rules.md.)
 PARTS = 2
 # Pairs evaluated per compiled call of `create`: 2^24, so that each int32
 # (or bool) array the rule makes over a chunk is 64 (16) MiB.
@@ -107,12 +110,11 @@ class BlockMask:
                        + "; ".join(problems))
 
   def kernel_lists(self, num_kv_heads: int, *, per_head: bool,
-                   visible=None, spans: bool = False):
+                   visible=None):
     """The kernel's visiting lists: `(num [B',K',Nq], idx [B',K',Nq,Nk],
-    full [B',K',Nq,Nk])`, with `spans` also `span [B',K',Nq,Nk,P,2]` (None
-    without `parts`): query block i visits key blocks idx[.., i, :num] (in
-    order), idx[.., i, t] full where full[.., i, t]; row part r of it needs
-    span[.., i, t, r, 1] key parts from part span[.., i, t, r, 0] (0: none). The G query heads of a kv head run together, so
+    full [B',K',Nq,Nk])`: query block i visits key blocks idx[.., i, :num]
+    (in order), idx[.., i, t] full where full[.., i, t]. The G query heads
+    of a kv head run together, so
     a block is skipped only where all of them are empty and full only
     where all are full; without `per_head` (the batched kernel) the same
     holds over B and K too. `visible(p)`: bool `[Nq p, Nk p]`, False on the
@@ -143,25 +145,8 @@ class BlockMask:
         x, order.reshape(order.shape + (1,) * (x.ndim - order.ndim)),
         axis=order.ndim - 1)
     full = take(st == FULL)
-    lists = (jnp.asarray(nonempty.sum(-1), jnp.int32),
-             jnp.asarray(order, jnp.int32), jnp.asarray(full))
-    if not spans:
-      return lists
-    if self.parts is None:
-      return lists + (None,)
-    return lists + (jnp.asarray(_spans(take(parts)), jnp.int32),)
-
-
-def _spans(parts):
-  """bool `[..., P, P]` (row part, key part) -> int `[..., P, 2]`: per
-  row part the first key part it needs and how many from there (0: none;
-  a gap inside the span is visited, its pairs masked)."""
-  p = parts.shape[-1]
-  seen = np.any(parts, axis=-1)
-  first = np.argmax(parts, axis=-1)
-  last = p - 1 - np.argmax(parts[..., ::-1], axis=-1)
-  return np.stack([np.where(seen, first, 0),
-                   np.where(seen, last - first + 1, 0)], axis=-1)
+    return (jnp.asarray(nonempty.sum(-1), jnp.int32),
+            jnp.asarray(order, jnp.int32), jnp.asarray(full))
 
 
 def _merge(st, axis):

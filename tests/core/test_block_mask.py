@@ -127,17 +127,11 @@ def test_parts_record_which_sub_blocks_have_an_allowed_pair():
   np.testing.assert_array_equal(bm.parts[0, 0], want)
 
 
-def test_kernel_computes_only_the_parts_each_row_part_needs():
-  causal = block_mask.create(masks.causal_mod(), None, None, 16, 16, 8, 8)
-  _, idx, _, span = causal.kernel_lists(1, per_head=True, spans=True)
-  np.testing.assert_array_equal(idx[0, 0, 1], [0, 1])
-  # Query block 1: key block 0 whole; the diagonal block's first row part
-  # needs key part 0 only, its second both.
-  np.testing.assert_array_equal(span[0, 0, 1], [[[0, 2], [0, 2]],
-                                                [[0, 1], [0, 2]]])
-  # Documents split mid-block under a window: row parts that need no key
-  # part, the first, the second or both of a block; with the causal rule
-  # in the mask rule, or built in (is_causal, which hides parts itself).
+def test_kernel_with_sub_blocks_hidden_by_the_builtin_rules():
+  # Documents split mid-block under a window: blocks whose allowed
+  # sub-blocks are some, none or all of those the built-in rules leave;
+  # with the causal rule in the mask rule, or built in (is_causal, which
+  # hides sub-blocks itself and cuts the lists with them).
   q, k, v = _qkv(2)
   ids = np.array([0] * 7 + [1] * 10 + [2] * 7)
   docs = masks.documents_mod(ids[None])

@@ -127,9 +127,6 @@ class _Extras(NamedTuple):
   kv_num: jax.Array | None = None
   kv_idx: jax.Array | None = None
   kv_full: jax.Array | None = None
-  # [B', K', Nq, Nk, P, 2] int: per listed block and row part, the first
-  # key part it needs and how many (None: every block whole).
-  kv_span: jax.Array | None = None
 
 
 # The names context parallelism (a layer above) builds on.
@@ -196,36 +193,6 @@ def _online_step(qb, k, v, mask, bias, ex, qs, ks, cfg, full, carry):
   return m_new, l, acc
 
 
-def _split_step(qb, k, v, mask, bias, ex, qs, ks, cfg, span, carry):
-  """`_online_step` on the block at (qs, ks) cut into P row parts, each
-  against only the key parts it needs: `span [P, 2]` int, per row part
-  the first key part and how many (`block_mask.BlockMask.kernel_lists`).
-  The keys left out are masked for those rows (their exp is 0), so every
-  row's maximum, sum and product equal the whole block's in exact
-  arithmetic, for fewer FLOPs (a causal diagonal block computes 3 of its 4
-  quarters: 0.91x the forward time of a 512-key window on blocks of 512).
-  In float32 they also matched bit for bit at P = 2 in every case tried
-  (windows, documents, GQA, bfloat16, padded lengths, blocks 128-512);
-  at P = 4 they did not, and were not faster. mask_mod is evaluated on
-  every part, also of blocks listed full: it allows all their keys."""
-  parts = span.shape[0]
-  rows, cols = cfg.bq // parts, cfg.bk // parts
-  out = []
-  for r in range(parts):
-    cut = slice(r * rows, (r + 1) * rows)
-    sub = (carry[0][..., cut], carry[1][..., cut], carry[2][..., cut, :])
-    def width(n, r=r, cut=cut):
-      return lambda c: _online_step(
-          qb[..., cut, :], k, v, mask, bias, ex, qs + r * rows,
-          ks + span[r, 0] * cols, cfg._replace(bq=rows, bk=n * cols),
-          False, c)
-    out.append(lax.switch(span[r, 1], [lambda c: c] + [
-        width(n) for n in range(1, parts + 1)], sub))
-  m, l, acc = zip(*out)
-  return (jnp.concatenate(m, -1), jnp.concatenate(l, -1),
-          jnp.concatenate(acc, -2))
-
-
 def forward_blocks(q, k, v, mask, bias, ex, cfg, state):
   """Visit the key blocks of k, v from the online-softmax `state`.
 
@@ -242,20 +209,13 @@ def forward_blocks(q, k, v, mask, bias, ex, cfg, state):
     qs = i * cfg.bq
     qb = lax.dynamic_slice_in_dim(q, qs, cfg.bq, axis=3)  # [B,K,G,Bq,Dh]
 
-    def key_block(j, full, carry, span=None):
+    def key_block(j, full, carry):
       ks = j * cfg.bk
-      whole = full_or_not(lambda c, full: _online_step(
-          qb, k, v, mask, bias, ex, qs, ks, cfg, full, c), full)
-      if span is None:
-        return visit_block(ex, qs, ks, cfg, whole, carry)
-      parts = span.shape[0]
-      is_whole = jnp.all((span[:, 0] == 0) & (span[:, 1] == parts))
-      split = lambda c: _split_step(qb, k, v, mask, bias, ex, qs, ks, cfg,
-                                    span, c)
-      return visit_block(ex, qs, ks, cfg,
-                    lambda c: lax.cond(is_whole, whole, split, c), carry)
+      return visit_block(ex, qs, ks, cfg, full_or_not(
+          lambda c, full: _online_step(qb, k, v, mask, bias, ex, qs, ks, cfg,
+                                       full, c), full), carry)
 
-    return key_blocks(i, nk, ex, cfg, key_block, (m, l, acc), spans=True)
+    return key_blocks(i, nk, ex, cfg, key_block, (m, l, acc))
 
   nq = state[0].shape[0]
   return lax.map(query_block, (jnp.arange(nq), *state))
@@ -350,7 +310,7 @@ def _flash_by_head(q, k, v, mask, bias, ex, cfg):
         slopes=cut(ex.slopes, i, j), sinks=cut(ex.sinks, i, j),
         b_ids=cut(ex.b_ids, i, j), h_ids=cut(ex.h_ids, i, j),
         kv_num=cut(ex.kv_num, i, j), kv_idx=cut(ex.kv_idx, i, j),
-        kv_full=cut(ex.kv_full, i, j), kv_span=cut(ex.kv_span, i, j))
+        kv_full=cut(ex.kv_full, i, j))
     out = _flash(cut(q, i, j), cut(k, i, j), cut(v, i, j), cut(mask, i, j),
                  cut(bias, i, j), ex_ij, cfg)
     return out[0, 0]  # [G, Tq', Dv]
@@ -491,11 +451,11 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
                h_ids=jnp.arange(h, dtype=jnp.int32).reshape(1, kh, g, 1, 1),
                score_consts=score_consts, fixed_consts=fixed_consts)
   if bm is not None:
-    num, idx, full, span = bm.kernel_lists(
+    num, idx, full = bm.kernel_lists(
         kh, per_head=head_loop, visible=lambda p: visited_blocks(
             cfg._replace(bq=cfg.bq // p, bk=cfg.bk // p), tq_pad // cfg.bq * p,
-            tk_pad // cfg.bk * p), spans=True)
-    ex = ex._replace(kv_num=num, kv_idx=idx, kv_full=full, kv_span=span)
+            tk_pad // cfg.bk * p))
+    ex = ex._replace(kv_num=num, kv_idx=idx, kv_full=full)
   kernel = _flash_by_head if head_loop else _flash
   out = kernel(qt, kt, vt, mask, bias, ex, cfg)  # [B, K, G, Tq', Dv]
   out = out[:, :, :, :tq].transpose(0, 3, 1, 2, 4)  # [B, Tq, K, G, Dv]

@@ -1,7 +1,7 @@
 """Which key blocks a query block of the blockwise kernel visits.
 
 Shape letters: B batch, Tq query length, Tk key length, Bq / Bk query /
-key block lengths, Nq / Nk block counts, P row parts of a block.
+key block lengths, Nq / Nk block counts, P parts per block side.
 
 `flash.py`'s forward and backward walk the same key blocks for a query
 block, so the walk is written once, here: the blocks a block mask lists
@@ -40,20 +40,16 @@ def block_k_pos(ex, ks, cfg):
   return key_start(ex) + ks + jnp.arange(cfg.bk)
 
 
-def key_blocks(i, nk, ex, cfg, body, carry, spans=False):
+def key_blocks(i, nk, ex, cfg, body, carry):
   """Run `body(j, full, carry)` over the key blocks query block i visits:
   those of the block mask (`full` from it; its lists already leave out
   the blocks the built-in rules hide, `visited_blocks`) or the built-in
-  range (`kv_block_range`, full False). `spans`: with the block mask's
-  `ex.kv_span`, call `body(j, full, carry, span=[P, 2])`."""
+  range (`kv_block_range`, full False)."""
   if not cfg.block_masked:
     return lax.fori_loop(*kv_block_range(i, nk, ex, cfg),
                          lambda j, c: body(j, False, c), carry)
   def step(t, c):
-    if not spans or ex.kv_span is None:
-      return body(ex.kv_idx[0, 0, i, t], ex.kv_full[0, 0, i, t], c)
-    return body(ex.kv_idx[0, 0, i, t], ex.kv_full[0, 0, i, t], c,
-                span=ex.kv_span[0, 0, i, t])
+    return body(ex.kv_idx[0, 0, i, t], ex.kv_full[0, 0, i, t], c)
   return lax.fori_loop(0, ex.kv_num[0, 0, i], step, carry)
 
 
