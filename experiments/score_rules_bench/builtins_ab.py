@@ -3,7 +3,10 @@
     .venv/bin/python -m experiments.score_rules_bench.builtins_ab
 
 On q, k, v `[1, n, 2, 64]` float32 (n = 8192 by default), the blockwise
-kernel (`flash.flash_attention`, blocks of 512) with causal attention:
+kernel (`flash.flash_attention`, blocks of 512, one head at a time for
+every variant: by default a rule whose block mask is shared by every head
+runs the heads batched, `flash.runs_head_loop`, which would make this a
+comparison of two kernels) with causal attention:
 
   window_builtin  is_causal, local_window=(512, 0): blocks from closed-form
                   ranges, no block mask
@@ -77,7 +80,7 @@ def run(n=8192, heads=2, head_dim=64, window=512, block=512, rounds=7,
     fn = jax.jit(lambda q, k, v, causal=causal, rules=rules:
                  flash.flash_attention(q, k, v, is_causal=causal,
                                        rules=rules, block_q=block,
-                                       block_k=block))
+                                       block_k=block, head_loop=True))
     compiled[name] = fn.lower(q, k, v).compile()
     outs[name] = np.asarray(compiled[name](q, k, v))  # also the warm-up
   times = {name: [] for name in cases}

@@ -7,7 +7,10 @@ causal inside each; a causal window of `config.window` keys), on q, k, v
   flash_skip     attend(implementation="flash") with the rule's block mask:
                  only non-empty blocks visited, mask_mod only on partial ones
   flash_all      the same kernel and rule without a block mask: every block
-                 visited and mask_mod evaluated on each
+                 visited and mask_mod evaluated on each (the kernel
+                 flash_skip runs, on its blocks: on CPU the batched one,
+                 which a block mask shared by every row and head selects,
+                 `flash.runs_head_loop`)
   einsum_dense   the dense path (the whole [B, H, n, n] scores), while the
                  float32 scores fit in `config.dense_max_bytes`
   torch_flex     torch.compile(flex_attention) with create_block_mask on the
@@ -34,6 +37,7 @@ from mha_jax.core import attention
 from mha_jax.core import block_mask
 from mha_jax.core import masks
 from mha_jax.core import score_rules
+from mha_jax.core.kernels import flash
 from mha_jax.measure import stats
 
 RULES = ("documents", "window")
@@ -64,10 +68,16 @@ def _timed(call, config) -> dict:
 
 def _jax_path(path, q, k, v, rules, config) -> dict:
   impl = "einsum" if path == "einsum_dense" else "flash"
-  if path == "flash_all":
-    rules = rules.replace(block_mask=None)
   fn = jax.jit(lambda q, k, v: attention.attend(
       q, k, v, implementation=impl, rules=rules)[0])
+  if path == "flash_all":
+    # The kernel flash_skip runs by default (batched on CPU under a block
+    # mask shared by every row and head) on its blocks, without the mask.
+    bm = rules.block_mask
+    loop = flash.runs_head_loop(jax.default_backend(), bm)
+    fn = jax.jit(lambda q, k, v: flash.flash_attention(
+        q, k, v, rules=rules.replace(block_mask=None), head_loop=loop,
+        block_q=bm.q_block, block_k=bm.kv_block))
   start = time.perf_counter()
   compiled = fn.lower(q, k, v).compile()
   compile_s = time.perf_counter() - start

@@ -88,13 +88,17 @@ def _qkv(seed, b=1, t=24, h=2, kh=1):
           jax.random.normal(ks[2], (b, t, kh, 8)))
 
 
-def test_kernel_visits_exactly_the_listed_blocks():
-  q, k, v = _qkv(0)
+# None: the CPU default under a shared block mask, the batched kernel.
+@pytest.mark.parametrize("head_loop", [None, True])
+def test_kernel_visits_exactly_the_listed_blocks(head_loop):
+  q, k, v = _qkv(0, b=2)  # two rows: the loop and the batch differ
   rule = masks.causal_mod()
   bm = block_mask.create(rule, None, None, 24, 24, 8, 8)
   run = lambda bm_, rule_=rule: flash.flash_attention(
-      q, k, v, rules=score_rules.ScoreRules(mask_mod=rule_, block_mask=bm_))
-  dense = lambda ok: _dense(q, k, v, ok)
+      q, k, v, rules=score_rules.ScoreRules(mask_mod=rule_, block_mask=bm_),
+      head_loop=head_loop)
+  dense = lambda ok: np.concatenate([
+      _dense(q[i:i + 1], k[i:i + 1], v[i:i + 1], ok) for i in range(2)])
   causal = np.tril(np.ones((24, 24), bool))
   np.testing.assert_allclose(run(bm), dense(causal), atol=1e-5)
   # Listed empty, block (2, 0) is skipped: its keys drop out of rows 16-23.
@@ -145,6 +149,39 @@ def test_kernel_with_sub_blocks_hidden_by_the_builtin_rules():
                                 rules=score_rules.ScoreRules(
                                     mask_mod=rule, block_mask=bm))
     np.testing.assert_allclose(got, _dense(q, k, v, ok), atol=1e-5)
+
+
+def test_cpu_kernel_runs_batched_only_under_a_mask_shared_by_rows_and_heads(
+    monkeypatch):
+  causal = masks.causal_mod()
+  by_head = lambda b, h, qi, ki: (ki <= qi) | (h == 1)
+  by_row = lambda b, h, qi, ki: (ki <= qi) | (b == 1)
+  shared = block_mask.create(causal, None, None, 16, 16, 8, 8)
+  masks_of = {"shared": (causal, shared),
+              "by_head": (by_head, block_mask.create(by_head, None, 2, 16,
+                                                     16, 8, 8)),
+              "by_row": (by_row, block_mask.create(by_row, 2, None, 16, 16,
+                                                   8, 8))}
+  assert flash.runs_head_loop("cpu", None)
+  assert not flash.runs_head_loop("cpu", shared)
+  assert flash.runs_head_loop("cpu", masks_of["by_head"][1])
+  assert flash.runs_head_loop("cpu", masks_of["by_row"][1])
+  assert not flash.runs_head_loop("gpu", masks_of["by_head"][1])
+  assert not flash.runs_head_loop("tpu", None)
+  # And the default follows it: the per-(batch, kv head) map is entered
+  # only where the rule says so.
+  entered = []
+  loop = flash._flash_by_head
+  monkeypatch.setattr(flash, "_flash_by_head",
+                      lambda *a: entered.append(1) or loop(*a))
+  rng = np.random.default_rng(5)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 16, 2, 8)), jnp.float32)
+             for _ in range(3))
+  for name, (rule, bm) in masks_of.items():
+    entered.clear()
+    flash.flash_attention(q, k, v, rules=score_rules.ScoreRules(
+        mask_mod=rule, block_mask=bm))
+    assert bool(entered) == (name != "shared"), name
 
 
 def test_heads_of_one_group_share_the_merged_lists():

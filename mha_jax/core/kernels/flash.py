@@ -18,7 +18,8 @@ so live memory is O(Bq Bk) per head and O(T) overall. The backward pass
 probabilities as `exp(S - lse)`: O(T) memory for training too.
 On CPU the (batch, kv head) pairs run one after another (`head_loop`),
 so that each block product is a plain 2-d matmul, which XLA's CPU backend
-runs several times faster than a batch of small ones.
+runs several times faster than a batch of small ones; under a block mask
+shared by every row and head they run batched (`runs_head_loop`).
 
 Semantics match `attention._attend_vmap` (the reference): boolean masks are
 -inf before the softmax, `is_causal` is bottom-right aligned like
@@ -327,6 +328,27 @@ def prescaled(dtype) -> bool:
   return dtype == jnp.float32
 
 
+def runs_head_loop(backend: str, bm) -> bool:
+  """Whether the kernel runs one (batch, kv head) at a time by default.
+
+  On CPU it does (`HEAD_LOOP_BLOCK` says why), except under a block mask
+  that is the same for every batch row and head (`bm.state` of shape
+  `[1, 1, Nq, Nk]`): there the batched kernel skips the same blocks, on
+  the block mask's blocks (512 by default on CPU), and its block ops, twice
+  as large or more, keep both cores busier. Measured in fresh processes,
+  five alternations, the forward at B = 1, Dh = 64 with blocks of 512
+  (causal 512-key window or 8 documents): batched over one-at-a-time
+  0.75-0.82x at n = 32768 and H = 2, 0.90-1.04x at n = 8192 and H = 8; forward
+  and backward 0.79-0.97x (H = 2, window) and 0.95-1.11x (H = 8,
+  documents) at n = 8192 (docs/score_rules.md). A block mask that differs
+  by row or head keeps the loop, whose lists skip each one's own blocks.
+  Elsewhere (GPU, TPU) the batched kernel keeps the device busy.
+  """
+  if backend != "cpu":
+    return False
+  return bm is None or bm.state.shape[:2] != (1, 1)
+
+
 def default_blocks(head_loop: bool) -> tuple[int, int]:
   """`(block_q, block_k)` the kernel takes when none is given: one head at
   a time (CPU) `HEAD_LOOP_BLOCK`, batched `DEFAULT_BLOCK_Q/K`."""
@@ -383,9 +405,8 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
       that are not multiples are padded internally and the padding masked.
       None: `HEAD_LOOP_BLOCK` with `head_loop`, else `DEFAULT_BLOCK_Q/K`
       forward and `BACKWARD_BLOCK` backward (where it divides them).
-    head_loop: run one (batch, kv head) at a time; None: on CPU only, where
-      it is faster (see `HEAD_LOOP_BLOCK`). On GPU and TPU the batched
-      kernel keeps the device busy.
+    head_loop: run one (batch, kv head) at a time; None: `runs_head_loop`
+      (on CPU, unless a block mask is the same for every row and head).
 
   Returns:
     out `[B, Tq, H, Dv]` in v's dtype.
@@ -394,10 +415,10 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
     if val is not None and (not isinstance(val, int) or val < 1):
       raise ValueError(f"flash_attention: `{name}` must be a positive int "
                        f"or None, got {val!r}")
-  if head_loop is None:
-    head_loop = jax.default_backend() == "cpu"
-  default = default_blocks(head_loop)
   bm = rules.block_mask
+  if head_loop is None:
+    head_loop = runs_head_loop(jax.default_backend(), bm)
+  default = default_blocks(head_loop)
   if bm is not None:  # the kernel's blocks are the block mask's
     for name, val, want, length in (
         ("block_q", block_q, bm.q_block, q.shape[1]),
