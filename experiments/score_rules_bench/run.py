@@ -74,7 +74,8 @@ def _jax_path(path, q, k, v, rules, config) -> dict:
     # The kernel flash_skip runs by default (batched on CPU under a block
     # mask shared by every row and head) on its blocks, without the mask.
     bm = rules.block_mask
-    loop = flash.runs_head_loop(jax.default_backend(), bm)
+    loop = flash.runs_head_loop(jax.default_backend(), bm,
+                                q.shape[0] * q.shape[2])
     fn = jax.jit(lambda q, k, v: flash.flash_attention(
         q, k, v, rules=rules.replace(block_mask=None), head_loop=loop,
         block_q=bm.q_block, block_k=bm.kv_block))

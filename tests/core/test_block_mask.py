@@ -162,12 +162,18 @@ def test_cpu_kernel_runs_batched_only_under_a_mask_shared_by_rows_and_heads(
                                                      16, 8, 8)),
               "by_row": (by_row, block_mask.create(by_row, 2, None, 16, 16,
                                                    8, 8))}
-  assert flash.runs_head_loop("cpu", None)
-  assert not flash.runs_head_loop("cpu", shared)
-  assert flash.runs_head_loop("cpu", masks_of["by_head"][1])
-  assert flash.runs_head_loop("cpu", masks_of["by_row"][1])
-  assert not flash.runs_head_loop("gpu", masks_of["by_head"][1])
-  assert not flash.runs_head_loop("tpu", None)
+  assert flash.runs_head_loop("cpu", None, 4)
+  assert not flash.runs_head_loop("cpu", shared, 4)
+  assert flash.runs_head_loop("cpu", masks_of["by_head"][1], 4)
+  assert flash.runs_head_loop("cpu", masks_of["by_row"][1], 4)
+  assert not flash.runs_head_loop("gpu", masks_of["by_head"][1], 4)
+  assert not flash.runs_head_loop("tpu", None, 4)
+  # The batched score block, 4 B H Bq Bk bytes, against its bound: B H = 8
+  # on blocks of 512 is 8 MiB, within; 9 is over.
+  big = block_mask.create(causal, None, None, 1024, 1024, 512, 512)
+  assert flash.BATCHED_BLOCK_BYTES == 8 * 2 ** 20
+  assert not flash.runs_head_loop("cpu", big, 8)
+  assert flash.runs_head_loop("cpu", big, 9)
   # And the default follows it: the per-(batch, kv head) map is entered
   # only where the rule says so.
   entered = []

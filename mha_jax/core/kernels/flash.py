@@ -19,7 +19,8 @@ probabilities as `exp(S - lse)`: O(T) memory for training too.
 On CPU the (batch, kv head) pairs run one after another (`head_loop`),
 so that each block product is a plain 2-d matmul, which XLA's CPU backend
 runs several times faster than a batch of small ones; under a block mask
-shared by every row and head they run batched (`runs_head_loop`).
+shared by every row and head they run batched where few enough
+(`runs_head_loop`).
 
 Semantics match `attention._attend_vmap` (the reference): boolean masks are
 -inf before the softmax, `is_causal` is bottom-right aligned like
@@ -328,25 +329,35 @@ def prescaled(dtype) -> bool:
   return dtype == jnp.float32
 
 
-def runs_head_loop(backend: str, bm) -> bool:
-  """Whether the kernel runs one (batch, kv head) at a time by default.
+# Under a block mask shared by every row and head, the CPU kernel runs the
+# heads batched while one block of all their float32 scores (B H Bq Bk x 4
+# bytes) takes at most this; `runs_head_loop` gives the measurements.
+BATCHED_BLOCK_BYTES = 8 * 2 ** 20
+
+
+def runs_head_loop(backend: str, bm, batch_heads: int) -> bool:
+  """Whether the kernel runs one (batch, kv head) at a time by default, for
+  a call of `batch_heads` = B x H query rows of heads.
 
   On CPU it does (`HEAD_LOOP_BLOCK` says why), except under a block mask
   that is the same for every batch row and head (`bm.state` of shape
-  `[1, 1, Nq, Nk]`): there the batched kernel skips the same blocks, on
-  the block mask's blocks (512 by default on CPU), and its block ops, twice
-  as large or more, keep both cores busier. Measured in fresh processes,
-  five alternations, the forward at B = 1, Dh = 64 with blocks of 512
-  (causal 512-key window or 8 documents): batched over one-at-a-time
-  0.75-0.82x at n = 32768 and H = 2, 0.90-1.04x at n = 8192 and H = 8; forward
-  and backward 0.79-0.97x (H = 2, window) and 0.95-1.11x (H = 8,
-  documents) at n = 8192 (docs/score_rules.md). A block mask that differs
-  by row or head keeps the loop, whose lists skip each one's own blocks.
-  Elsewhere (GPU, TPU) the batched kernel keeps the device busy.
+  `[1, 1, Nq, Nk]`) whose batched score block fits `BATCHED_BLOCK_BYTES`:
+  there the batched kernel skips the same blocks, and its block ops, B H
+  times as large, keep both cores busier than one head's. Forward time,
+  batched over one-at-a-time, blocks of 512, Dh 64 (docs/score_rules.md):
+  causal window or documents at B H = 2, n = 32768, 0.75-0.82x (fresh
+  processes, five alternations); causal, interleaved in one process,
+  0.80-0.93x at B H = 2 to 8 (n 512-8192), 1.09-1.13x at 16, 1.41x at 32
+  and 2.16x at B 8, H 8, n 512 (Dh 32), where the 64 MiB score block no
+  longer stays in cache. A block mask that differs by row or head keeps
+  the loop, whose lists skip each one's own blocks. Elsewhere (GPU, TPU)
+  the batched kernel keeps the device busy.
   """
   if backend != "cpu":
     return False
-  return bm is None or bm.state.shape[:2] != (1, 1)
+  if bm is None or bm.state.shape[:2] != (1, 1):
+    return True
+  return 4 * batch_heads * bm.q_block * bm.kv_block > BATCHED_BLOCK_BYTES
 
 
 def default_blocks(head_loop: bool) -> tuple[int, int]:
@@ -406,7 +417,7 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
       None: `HEAD_LOOP_BLOCK` with `head_loop`, else `DEFAULT_BLOCK_Q/K`
       forward and `BACKWARD_BLOCK` backward (where it divides them).
     head_loop: run one (batch, kv head) at a time; None: `runs_head_loop`
-      (on CPU, unless a block mask is the same for every row and head).
+      (on CPU, unless a small batch of heads shares one block mask).
 
   Returns:
     out `[B, Tq, H, Dv]` in v's dtype.
@@ -417,7 +428,8 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
                        f"or None, got {val!r}")
   bm = rules.block_mask
   if head_loop is None:
-    head_loop = runs_head_loop(jax.default_backend(), bm)
+    head_loop = runs_head_loop(jax.default_backend(), bm,
+                               q.shape[0] * q.shape[2])
   default = default_blocks(head_loop)
   if bm is not None:  # the kernel's blocks are the block mask's
     for name, val, want, length in (
