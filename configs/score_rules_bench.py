@@ -7,7 +7,7 @@ einsum and PyTorch's FlexAttention, on the CPU.
       --config=configs/score_rules_bench.py:smoke --workdir=runs/srb_smoke
 
 Two causal rules, each at every length of `sizes`: 8 packed documents and
-a 512-token sliding window. The committed run took 50 s (the report's
+a 512-token sliding window. The committed run took 57 s (the report's
 own time, torch's compiles included) on 2 quiet cores (196 s at load 9);
 the smoke run takes seconds (no torch).
 """

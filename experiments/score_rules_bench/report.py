@@ -74,6 +74,11 @@ def values(saved: dict) -> dict:
       "batch": str(c["batch"]), "heads": str(c["heads"]),
       "head_dim": str(c["head_dim"]), "documents": str(c["documents"]),
       "window": str(c["window"]), "block": str(c["block"]),
+      "kernel": ("the heads batched" if all(
+          case["heads_batched"] for case in cases) else
+                 "one (batch, kv head) at a time" if not any(
+          case["heads_batched"] for case in cases) else
+                 "the heads batched in some cases"),
       "repeats": str(c["repeats"]), "slow_s": f"{c['slow_s']:g}",
       "table": table, "blocks_table": blocks_table,
       "claims": claims(cases)}

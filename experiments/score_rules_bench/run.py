@@ -18,6 +18,11 @@ causal inside each; a causal window of `config.window` keys), on q, k, v
 
 Each JAX path is compiled first (its compile time kept apart), then called
 `config.repeats` times, or once when that call took over `config.slow_s`.
+A path's calls run back to back. Interleaving the paths in rounds was
+tried: a call of one library right after the other's ran slow (up to 5x
+for FlexAttention at n = 8192, after the dense path), with or without an
+untimed call first, so the spread between runs is reported instead
+(docs/score_rules.md).
 Every path's output is compared with flash_skip's (largest absolute
 difference), so a ratio is never between two different answers. The block
 mask's build time is measured too (the cost docs/score_rules.md names).
@@ -141,7 +146,10 @@ def one_case(name: str, n: int, config) -> dict:
   rules = score_rules.ScoreRules(mask_mod=mask_mod, block_mask=bm)
   case = {"rule": name, "n": n, "block_mask_s": build_s,
           "blocks": {**bm.counts(), "total": int(bm.state.size),
-                     "computed": bm.computed()}, "paths": {}}
+                     "computed": bm.computed()}, "paths": {},
+          # Which kernel flash_skip's default picked (and flash_all runs).
+          "heads_batched": not flash.runs_head_loop(
+              jax.default_backend(), bm, config.batch * config.heads)}
   paths = ["flash_skip", "flash_all"]
   score_bytes = 4 * config.batch * config.heads * n * n
   if score_bytes <= config.dense_max_bytes:
