@@ -228,3 +228,29 @@ def test_block_mask_that_does_not_fit_the_call_is_refused():
                      "return a bool"):
     block_mask.create(lambda b, h, qi, ki: qi - ki, None, None, 8, 8)
 
+
+
+def test_visited_blocks_known_answers():
+  # The blocks the built-in rules leave, which cut a block mask's lists
+  # (values alone cannot show a wrong cut: the rules mask those blocks
+  # anyway). Blocks of 4; query block i holds rows 4i..4i+3.
+  def visited(tq, tk, causal, window):
+    cfg = flash.block_config(jnp.float32, 8, score_rules.ScoreRules(
+        local_window=window), causal, tq, tk, 4, 4)
+    return flash.visited_blocks(cfg, -(-tq // 4), -(-tk // 4)).astype(int)
+  # Causal: key blocks up to the diagonal.
+  np.testing.assert_array_equal(visited(16, 16, True, None),
+                                np.tri(4, dtype=int))
+  # Causal, 5 keys back: rows 4i..4i+3 see keys 4i-5..4i+3.
+  np.testing.assert_array_equal(visited(16, 16, True, (5, 0)),
+                                [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0],
+                                 [0, 1, 1, 1]])
+  # No causal rule, 2 keys ahead too: keys 4i-5..4i+5.
+  np.testing.assert_array_equal(visited(16, 16, False, (5, 2)),
+                                [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1],
+                                 [0, 1, 1, 1]])
+  # 8 queries at the end of 16 keys (positions 8..15), causal.
+  np.testing.assert_array_equal(visited(8, 16, True, None),
+                                [[1, 1, 1, 0], [1, 1, 1, 1]])
+  # Neither rule: everything.
+  assert visited(8, 12, False, None).all()
