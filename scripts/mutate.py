@@ -40,8 +40,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
 PYTEST = f"{sys.executable} -m pytest -x -q -p no:cacheprovider"
 
-_FLASH_TESTS = ("tests/core/test_flash.py -k 'grid or fully_masked or bf16 "
-                "or visits or through_multi_head'")
+_FLASH_K = "grid or fully_masked or bf16 or visits or through_multi_head"
+_FLASH_TESTS = f"tests/core/test_flash.py -k '{_FLASH_K}'"
 
 # name -> (module, functions mutated, regex of other lines mutated, tests,
 #          whether NumberReplacer runs)
@@ -69,9 +69,9 @@ TARGETS = {
     "flash_visit": ("mha_jax/core/kernels/flash_visit.py",
                     ["_key_range", "kv_block_range", "visited_blocks"], None,
                     "tests/core/test_flash.py tests/core/test_block_mask.py "
-                    "tests/parallel/test_context.py -k 'grid or fully_masked "
-                    "or bf16 or visits or through_multi_head or sub_blocks "
-                    "or ring_block_range or visited_blocks'", False),
+                    f"tests/parallel/test_context.py -k '{_FLASH_K} or "
+                    "sub_blocks or ring_block_range or visited_blocks'",
+                    False),
     "flash_backward": ("mha_jax/core/kernels/flash_backward.py",
                        ["_reduce_to", "_add_bias_block"], None, _FLASH_TESTS,
                        False),

@@ -16,7 +16,7 @@ def _targets() -> dict:
   for node in tree.body:  # the module's constant assignments, in order
     if (isinstance(node, ast.Assign) and len(node.targets) == 1
         and isinstance(node.targets[0], ast.Name)
-        and node.targets[0].id in ("_FLASH_TESTS", "TARGETS")):
+        and node.targets[0].id in ("_FLASH_K", "_FLASH_TESTS", "TARGETS")):
       env[node.targets[0].id] = eval(compile(ast.Expression(node.value),  # pylint: disable=eval-used
                                              "mutate.py", "eval"), {}, env)
   return env["TARGETS"]

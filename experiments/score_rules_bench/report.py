@@ -74,14 +74,19 @@ def values(saved: dict) -> dict:
       "batch": str(c["batch"]), "heads": str(c["heads"]),
       "head_dim": str(c["head_dim"]), "documents": str(c["documents"]),
       "window": str(c["window"]), "block": str(c["block"]),
-      "kernel": ("the heads batched" if all(
-          case["heads_batched"] for case in cases) else
-                 "one (batch, kv head) at a time" if not any(
-          case["heads_batched"] for case in cases) else
-                 "the heads batched in some cases"),
+      "kernel": _kernel({case["heads_batched"] for case in cases}),
       "repeats": str(c["repeats"]), "slow_s": f"{c['slow_s']:g}",
       "table": table, "blocks_table": blocks_table,
       "claims": claims(cases)}
+
+
+def _kernel(batched: set) -> str:
+  """Which kernel flash_skip ran, from the cases' `heads_batched`."""
+  if batched == {True}:
+    return "the heads batched"
+  if batched == {False}:
+    return "one (batch, kv head) at a time"
+  return "the heads batched in some cases"
 
 
 def _side(x) -> str:

@@ -71,19 +71,18 @@ def _timed(call, config) -> dict:
   return {"times_s": times, "out": out}
 
 
-def _jax_path(path, q, k, v, rules, config) -> dict:
-  impl = "einsum" if path == "einsum_dense" else "flash"
-  fn = jax.jit(lambda q, k, v: attention.attend(
-      q, k, v, implementation=impl, rules=rules)[0])
+def _jax_path(path, q, k, v, rules, head_loop, config) -> dict:
   if path == "flash_all":
-    # The kernel flash_skip runs by default (batched on CPU under a block
-    # mask shared by every row and head) on its blocks, without the mask.
+    # The kernel flash_skip runs by default (`head_loop`, which
+    # `flash.runs_head_loop` picked for it) on its blocks, without the mask.
     bm = rules.block_mask
-    loop = flash.runs_head_loop(jax.default_backend(), bm,
-                                q.shape[0] * q.shape[2])
     fn = jax.jit(lambda q, k, v: flash.flash_attention(
-        q, k, v, rules=rules.replace(block_mask=None), head_loop=loop,
+        q, k, v, rules=rules.replace(block_mask=None), head_loop=head_loop,
         block_q=bm.q_block, block_k=bm.kv_block))
+  else:
+    impl = "einsum" if path == "einsum_dense" else "flash"
+    fn = jax.jit(lambda q, k, v: attention.attend(
+        q, k, v, implementation=impl, rules=rules)[0])
   start = time.perf_counter()
   compiled = fn.lower(q, k, v).compile()
   compile_s = time.perf_counter() - start
@@ -144,12 +143,13 @@ def one_case(name: str, n: int, config) -> dict:
                          config.block)
   build_s = time.perf_counter() - start
   rules = score_rules.ScoreRules(mask_mod=mask_mod, block_mask=bm)
+  # The kernel flash_skip's default picks (and flash_all runs).
+  head_loop = flash.runs_head_loop(jax.default_backend(), bm,
+                                   config.batch * config.heads)
   case = {"rule": name, "n": n, "block_mask_s": build_s,
           "blocks": {**bm.counts(), "total": int(bm.state.size),
                      "computed": bm.computed()}, "paths": {},
-          # Which kernel flash_skip's default picked (and flash_all runs).
-          "heads_batched": not flash.runs_head_loop(
-              jax.default_backend(), bm, config.batch * config.heads)}
+          "heads_batched": not head_loop}
   paths = ["flash_skip", "flash_all"]
   score_bytes = 4 * config.batch * config.heads * n * n
   if score_bytes <= config.dense_max_bytes:
@@ -158,7 +158,8 @@ def one_case(name: str, n: int, config) -> dict:
     case["dense_skipped"] = (f"float32 scores of {score_bytes / 2**30:.0f} "
                              f"GiB > {config.dense_max_bytes / 2**30:.0f} GiB")
   for path in paths:
-    case["paths"][path] = _jax_path(path, q, k, v, rules, config)
+    case["paths"][path] = _jax_path(path, q, k, v, rules, head_loop,
+                                    config)
     print(f"{name} n={n} {path}: {case['paths'][path]['times_s']}",
           flush=True)
   if config.torch:

@@ -229,7 +229,6 @@ def test_block_mask_that_does_not_fit_the_call_is_refused():
     block_mask.create(lambda b, h, qi, ki: qi - ki, None, None, 8, 8)
 
 
-
 def test_visited_blocks_known_answers():
   # The blocks the built-in rules leave, which cut a block mask's lists
   # (values alone cannot show a wrong cut: the rules mask those blocks
