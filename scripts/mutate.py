@@ -72,6 +72,13 @@ TARGETS = {
                     f"tests/parallel/test_context.py -k '{_FLASH_K} or "
                     "sub_blocks or ring_block_range or visited_blocks'",
                     False),
+    # The span walk of a banded block mask: its plan (which blocks a query
+    # block's one step covers) and the step itself.
+    "span_plan": ("mha_jax/core/kernels/flash_visit.py", ["span_plan"],
+                  None, "tests/core/test_span_walk.py", True),
+    "span_walk": ("mha_jax/core/kernels/flash.py",
+                  ["span_walk", "span_blocks"], None,
+                  "tests/core/test_span_walk.py", False),
     "flash_backward": ("mha_jax/core/kernels/flash_backward.py",
                        ["_reduce_to", "_add_bias_block"], None, _FLASH_TESTS,
                        False),

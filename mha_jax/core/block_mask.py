@@ -111,8 +111,8 @@ class BlockMask:
 
   def kernel_lists(self, num_kv_heads: int, *, per_head: bool,
                    visible=None):
-    """The kernel's visiting lists: `(num [B',K',Nq], idx [B',K',Nq,Nk],
-    full [B',K',Nq,Nk])`: query block i visits key blocks idx[.., i, :num]
+    """The kernel's visiting lists, NumPy (static): `(num [B',K',Nq],
+    idx [B',K',Nq,Nk], full [B',K',Nq,Nk])`: query block i visits key blocks idx[.., i, :num]
     (in order), idx[.., i, t] full where full[.., i, t]. The G query heads
     of a kv head run together, so
     a block is skipped only where all of them are empty and full only
@@ -145,8 +145,8 @@ class BlockMask:
         x, order.reshape(order.shape + (1,) * (x.ndim - order.ndim)),
         axis=order.ndim - 1)
     full = take(st == FULL)
-    return (jnp.asarray(nonempty.sum(-1), jnp.int32),
-            jnp.asarray(order, jnp.int32), jnp.asarray(full))
+    return (nonempty.sum(-1).astype(np.int32), order.astype(np.int32),
+            full)
 
 
 def _merge(st, axis):

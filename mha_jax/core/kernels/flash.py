@@ -20,7 +20,9 @@ On CPU the (batch, kv head) pairs run one after another (`head_loop`),
 so that each block product is a plain 2-d matmul, which XLA's CPU backend
 runs several times faster than a batch of small ones; under a block mask
 shared by every row and head they run batched where few enough
-(`runs_head_loop`).
+(`runs_head_loop`), and a banded one is walked as spans: each query
+block against its run of key blocks in one step (`span_walk`,
+`span_blocks`).
 
 Semantics match `attention._attend_vmap` (the reference): boolean masks are
 -inf before the softmax, `is_causal` is bottom-right aligned like
@@ -44,6 +46,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+import numpy as np
 
 from mha_jax.core import score_rules
 from mha_jax.core.kernels.flash_backward import backward_walk
@@ -52,6 +55,7 @@ from mha_jax.core.kernels.flash_rules import user_rules
 from mha_jax.core.kernels.flash_visit import full_or_not
 from mha_jax.core.kernels.flash_visit import key_blocks
 from mha_jax.core.kernels.flash_visit import kv_block_range
+from mha_jax.core.kernels.flash_visit import span_plan
 from mha_jax.core.kernels.flash_visit import visit_block
 from mha_jax.core.kernels.flash_visit import visited_blocks
 # Re-exported: context parallelism (`parallel/ring.py`) builds its passes
@@ -103,6 +107,11 @@ class _Config(NamedTuple):
   score_mod: object = None
   mask_mod: object = None
   block_masked: bool = False  # visit the blocks `_Extras.kv_*` list
+  # Walk the block mask as spans (`flash_visit.span_plan`): each query
+  # block against `span_len` key blocks in one step, `span_group` query
+  # blocks per step (0: the block walk).
+  span_len: int = 0
+  span_group: int = 1
 
 
 class _Extras(NamedTuple):
@@ -129,6 +138,10 @@ class _Extras(NamedTuple):
   kv_num: jax.Array | None = None
   kv_idx: jax.Array | None = None
   kv_full: jax.Array | None = None
+  # The span walk's (`flash_visit.Span`): each query block's first key
+  # [Nq] and which keys of its span are in listed blocks [Nq, L Bk].
+  span_first: jax.Array | None = None
+  span_keep: jax.Array | None = None
 
 
 # The names context parallelism (a layer above) builds on.
@@ -178,10 +191,16 @@ def _online_step(qb, k, v, mask, bias, ex, qs, ks, cfg, full, carry):
   """The online softmax's `carry` (m, l, acc of the cfg.bq query rows at
   qs: `[B,K,G,Bq]`, `[B,K,G,Bq]`, `[B,K,G,Bq,Dv]`) after the cfg.bk keys
   at ks; qb `[B,K,G,Bq,Dh]`, k `[B,K,Tk',Dh]`, v `[B,K,Tk',Dv]`."""
-  m, l, acc = carry
   kb = lax.dynamic_slice_in_dim(k, ks, cfg.bk, axis=2)  # [B,K,Bk,Dh]
   vb = lax.dynamic_slice_in_dim(v, ks, cfg.bk, axis=2)  # [B,K,Bk,Dv]
   s, _ = block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full)
+  return _accumulate(s, vb, carry)
+
+
+def _accumulate(s, vb, carry):
+  """The online softmax's `carry` after one block of float32 scores
+  `s [B,K,G,Bq,Bk]` (-inf where forbidden) with values `vb [B,K,Bk,Dv]`."""
+  m, l, acc = carry
   m_new = jnp.maximum(m, jnp.max(s, axis=-1))
   # Rows that have seen no allowed key yet have m = -inf; shifting
   # them by 0 keeps exp() at exactly 0 instead of exp(-inf + inf).
@@ -190,7 +209,7 @@ def _online_step(qb, k, v, mask, bias, ex, qs, ks, cfg, full, carry):
   rescale = jnp.exp(m - shift)  # old rows' correction factor
   l = rescale * l + jnp.sum(p, axis=-1)
   acc = rescale[..., None] * acc + jnp.einsum(
-      "bkgqs,bksd->bkgqd", p.astype(v.dtype), vb,
+      "bkgqs,bksd->bkgqd", p.astype(vb.dtype), vb,
       preferred_element_type=jnp.float32)
   return m_new, l, acc
 
@@ -223,6 +242,42 @@ def forward_blocks(q, k, v, mask, bias, ex, cfg, state):
   return lax.map(query_block, (jnp.arange(nq), *state))
 
 
+def span_blocks(q, k, v, mask, bias, ex, cfg, state):
+  """`forward_blocks` on the spans of a banded block mask
+  (`flash_visit.span_plan`): query block i against the cfg.span_len key
+  blocks from `ex.span_first[i]` in one online-softmax step, masked to
+  its listed blocks (`ex.span_keep`), cfg.span_group query blocks run
+  together (a vmap). Every score rule applies as in the block walk; the
+  one difference is that a block the mask calls full still gets the
+  mask_mod (exact for the rule the mask was built from)."""
+  nq, group = state[0].shape[0], cfg.span_group
+  span_cfg = cfg._replace(bk=cfg.span_len * cfg.bk)
+  # One step from the start: each query block's own initial state, made
+  # inside the step rather than read from `state` (a [Tq, Dv] zero fill).
+  start = initial_state(ex, cfg, q.shape[:3] + (cfg.bq, q.shape[4]),
+                        v.shape[-1])
+
+  # Keys as [B, K, Dh, Tk']: a span's slice is then the layout its score
+  # matmul reads (sliced [L Bk, Dh], XLA copied each span to this layout:
+  # 6.5 of 75 ms at n = 32768).
+  k_t = jnp.swapaxes(k, 2, 3)
+
+  def one(i, ks, keep):
+    qs = i * cfg.bq
+    qb = lax.dynamic_slice_in_dim(q, qs, cfg.bq, axis=3)  # [B,K,G,Bq,Dh]
+    kb = jnp.swapaxes(lax.dynamic_slice_in_dim(
+        k_t, ks, span_cfg.bk, axis=3), 2, 3)  # [B,K,L Bk,Dh]
+    vb = lax.dynamic_slice_in_dim(v, ks, span_cfg.bk, axis=2)
+    s, _ = block_scores(qb, kb, mask, bias, ex, qs, ks, span_cfg)
+    return _accumulate(jnp.where(keep, s, -jnp.inf), vb,
+                       tuple(x[0] for x in start))
+
+  by_step = lambda x: x.reshape(nq // group, group, *x.shape[1:])
+  out = lax.map(lambda xs: jax.vmap(one)(*xs), tuple(map(by_step, (
+      jnp.arange(nq), ex.span_first, ex.span_keep))))
+  return tuple(x.reshape(nq, *x.shape[2:]) for x in out)
+
+
 def finish(state, dtype):
   """`(m, l, acc)` -> out `[B, K, G, Tq', Dv]` in `dtype`, lse
   `[B, K, G, Tq']` float32 (-inf on rows that saw no allowed key)."""
@@ -238,8 +293,8 @@ def finish(state, dtype):
 def _forward(q, k, v, mask, bias, ex, cfg):
   """q `[B,K,G,Tq',Dh]`, k `[B,K,Tk',Dh]`, v `[B,K,Tk',Dv]` -> out, lse."""
   state = initial_state(ex, cfg, q.shape, v.shape[-1])
-  return finish(forward_blocks(q, k, v, mask, bias, ex, cfg, state),
-                v.dtype)
+  walk = span_blocks if cfg.span_len else forward_blocks
+  return finish(walk(q, k, v, mask, bias, ex, cfg, state), v.dtype)
 
 
 def _backward_block(block):
@@ -360,6 +415,25 @@ def runs_head_loop(backend: str, bm, batch_heads: int) -> bool:
   return 4 * batch_heads * bm.q_block * bm.kv_block > BATCHED_BLOCK_BYTES
 
 
+def span_walk(backend: str, bm, batch_heads: int, head_loop=None,
+              lists=None):
+  """The span walk (`flash_visit.Span`) the kernel takes for block mask
+  `bm` on a call of `batch_heads` = B x H, or None (the block walk): on
+  CPU, with the heads batched (`head_loop` False; None: by
+  `runs_head_loop`) and a banded mask (`flash_visit.span_plan`; its
+  docstring has the measurements). Elsewhere the batched block walk
+  already keeps the device busy on small blocks. `lists`: the call's
+  `(num, idx)`, cut by its built-in rules (None: the mask's own)."""
+  if head_loop is None:
+    head_loop = runs_head_loop(backend, bm, batch_heads)
+  if backend != "cpu" or head_loop:
+    return None
+  if lists is None:
+    lists = bm.kernel_lists(1, per_head=False)[:2]
+  return span_plan(*lists, -(-bm.kv_len // bm.kv_block), bm.q_block,
+                   bm.kv_block, batch_heads)
+
+
 def default_blocks(head_loop: bool) -> tuple[int, int]:
   """`(block_q, block_k)` the kernel takes when none is given: one head at
   a time (CPU) `HEAD_LOOP_BLOCK`, batched `DEFAULT_BLOCK_Q/K`."""
@@ -394,7 +468,7 @@ def block_config(dtype, head_dim, rules, is_causal, tq, tk, block_q, block_k,
 
 def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
                     rules=score_rules.NO_RULES, block_q=None, block_k=None,
-                    head_loop=None):
+                    head_loop=None, spans=None):
   """Blockwise attention; same contract as `attend` but returns only `out`.
 
   Args:
@@ -418,6 +492,10 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
       forward and `BACKWARD_BLOCK` backward (where it divides them).
     head_loop: run one (batch, kv head) at a time; None: `runs_head_loop`
       (on CPU, unless a small batch of heads shares one block mask).
+    spans: walk the block mask as spans (`flash_visit.span_plan`); None:
+      where `span_walk` takes them (CPU, heads batched, a banded mask);
+      False: never (the block walk); True: always, or a ValueError where
+      the mask or the call allows none.
 
   Returns:
     out `[B, Tq, H, Dv]` in v's dtype.
@@ -427,6 +505,10 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
       raise ValueError(f"flash_attention: `{name}` must be a positive int "
                        f"or None, got {val!r}")
   bm = rules.block_mask
+  if spans is not None and (not isinstance(spans, bool) or bm is None):
+    raise ValueError("flash_attention: `spans` must be None, or a bool "
+                     f"with a block mask, got {spans!r}"
+                     + ("" if bm is not None else " without one"))
   if head_loop is None:
     head_loop = runs_head_loop(jax.default_backend(), bm,
                                q.shape[0] * q.shape[2])
@@ -488,7 +570,20 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
         kh, per_head=head_loop, visible=lambda p: visited_blocks(
             cfg._replace(bq=cfg.bq // p, bk=cfg.bk // p), tq_pad // cfg.bq * p,
             tk_pad // cfg.bk * p))
-    ex = ex._replace(kv_num=num, kv_idx=idx, kv_full=full)
+    ex = ex._replace(kv_num=jnp.asarray(num), kv_idx=jnp.asarray(idx),
+                     kv_full=jnp.asarray(full))
+    span = None if spans is False else span_walk(
+        "cpu" if spans else jax.default_backend(), bm, b * h, head_loop,
+        (num, idx))
+    if spans and span is None:
+      raise ValueError("flash_attention: `spans`=True, but this block mask "
+                       "is not banded within flash_visit.SPAN_SLACK or "
+                       "the heads run one at a time (`head_loop`)")
+    if span is not None:
+      cfg = cfg._replace(span_len=span.length, span_group=span.group)
+      ex = ex._replace(
+          span_first=jnp.asarray(span.first * cfg.bk),
+          span_keep=jnp.asarray(np.repeat(span.listed, cfg.bk, axis=1)))
   kernel = _flash_by_head if head_loop else _flash
   out = kernel(qt, kt, vt, mask, bias, ex, cfg)  # [B, K, G, Tq', Dv]
   out = out[:, :, :, :tq].transpose(0, 3, 1, 2, 4)  # [B, Tq, K, G, Dv]

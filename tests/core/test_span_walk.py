@@ -1,0 +1,181 @@
+"""The span walk of a banded block mask (`flash_visit.span_plan`): its plan
+worked by hand, and the kernel on it against a float64 reference (values
+and gradients, with a score table, sinks, GQA, padding and empty rows) and
+against a tampered list."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha_jax.core import block_mask
+from mha_jax.core import masks
+from mha_jax.core import score_rules
+from mha_jax.core.kernels import flash
+from mha_jax.core.kernels import flash_visit
+from tests.core import test_score_mod as score_mod_tests
+
+# A causal window of 6 keys on blocks of 4: query block i (rows 4i..4i+3)
+# sees keys 4i-5..4i+3, key blocks i-2..i.
+WINDOW_NUM = np.array([[[1, 2, 3, 3, 3, 3]]], np.int32)
+WINDOW_IDX = np.array([[[[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5],
+                         [0, 1, 2, 3, 4, 5], [1, 2, 3, 0, 4, 5],
+                         [2, 3, 4, 0, 1, 5], [3, 4, 5, 0, 1, 2]]]], np.int32)
+
+
+def test_span_plan_known_answers(monkeypatch):
+  plan = flash_visit.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 4, 4, 2)
+  # 6 x 3 = 18 blocks computed for the 15 listed: within SPAN_SLACK.
+  assert plan.length == 3
+  np.testing.assert_array_equal(plan.first, [0, 0, 0, 1, 2, 3])
+  np.testing.assert_array_equal(plan.listed, [[1, 0, 0], [1, 1, 0]] +
+                                [[1, 1, 1]] * 4)
+  # SPAN_ROWS // 4 = 128 query blocks per step, cut to a divisor of 6.
+  assert plan.group == 6
+  monkeypatch.setattr(flash_visit, "SPAN_ROWS", 16)  # 4, cut to 3
+  assert flash_visit.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 4, 4, 2).group == 3
+  # The block mask of the rule gives these lists.
+  rule = masks.and_mods(masks.causal_mod(), masks.window_mod(5))
+  bm = block_mask.create(rule, None, None, 24, 24, 4, 4)
+  num, idx, _ = bm.kernel_lists(1, per_head=False)
+  got = flash_visit.span_plan(num, idx, 6, 4, 4, 2)
+  np.testing.assert_array_equal(got.first, plan.first)
+  np.testing.assert_array_equal(got.listed, plan.listed)
+  # Causal: 6 x 6 = 36 blocks for 21 listed, too many.
+  causal_idx = np.broadcast_to(np.arange(6), (1, 1, 6, 6))
+  assert flash_visit.span_plan(np.arange(1, 7)[None, None], causal_idx, 6,
+                               4, 4, 2) is None
+  # Lists that differ by head, a span over one walk block (512 x 512) or a
+  # query block whose scores pass SPAN_BYTES: no span.
+  assert flash_visit.span_plan(np.repeat(WINDOW_NUM, 2, 1),
+                               np.repeat(WINDOW_IDX, 2, 1), 6, 4, 4,
+                               2) is None
+  assert flash_visit.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 512, 256,
+                               1) is None
+  assert flash_visit.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 4, 4,
+                               2 ** 20) is None
+  # A row with no listed block (18 blocks for 12 listed: allowed here) has
+  # a span from block 0 and nothing listed.
+  monkeypatch.setattr(flash_visit, "SPAN_SLACK", 2.0)
+  num = WINDOW_NUM.copy()
+  num[0, 0, 4] = 0
+  empty = flash_visit.span_plan(num, WINDOW_IDX, 6, 4, 4, 2)
+  assert empty.first[4] == 0 and not empty.listed[4].any()
+
+
+def _spans_taken(monkeypatch):
+  """The plans `flash_attention` takes, recorded."""
+  taken = []
+  def record(*args):
+    plan = flash_visit.span_plan(*args)
+    taken.append(plan)
+    return plan
+  monkeypatch.setattr(flash, "span_plan", record)  # read by span_walk
+  return taken
+
+
+@pytest.mark.parametrize("case", ["table_sinks_gqa_padding", "empty_rows"])
+def test_span_walk_matches_float64_reference(case, monkeypatch):
+  # Two query blocks per step (three steps), so that a step's blocks and
+  # their spans are told apart.
+  monkeypatch.setattr(flash_visit, "SPAN_ROWS", 8)
+  taken = _spans_taken(monkeypatch)
+  rng = np.random.default_rng(7)
+  window = lambda qi, ki: (ki <= qi) & (qi - ki < 6)
+  if case == "table_sinks_gqa_padding":
+    b, t, h, kh = 2, 22, 4, 2  # 22 queries: the last block is padded
+    keep = window
+  else:
+    b, t, h, kh = 1, 24, 2, 1  # one query in four sees nothing
+    keep = lambda qi, ki: window(qi, ki) & (qi % 4 != 1)
+  table = rng.normal(size=(h, 2 * t - 1)).astype(np.float32)
+  sinks = (rng.normal(size=(h,)).astype(np.float32)
+           if case == "table_sinks_gqa_padding" else None)
+  rule = types.SimpleNamespace(
+      score_np=lambda s, b, h, qi, ki: s + table[h, qi - ki + t - 1],
+      dscore_np=lambda s, *_: np.ones_like(s),
+      mask_np=lambda b, h, qi, ki: keep(qi, ki), sinks=sinks)
+  mask_mod = lambda b, h, qi, ki: keep(qi, ki)
+  bm = block_mask.create(mask_mod, None, None, t, t, 4, 4)
+  q, k, v = (rng.normal(size=s).astype(np.float32) for s in
+             ((b, t, h, 8), (b, t, kh, 8), (b, t, kh, 8)))
+  w = rng.normal(size=(b, t, h, 8)).astype(np.float32)
+
+  def loss(q, k, v, table):
+    rules = score_rules.ScoreRules(
+        score_mod=lambda s, b, h, qi, ki: s + table[h, qi - ki + t - 1],
+        mask_mod=mask_mod, block_mask=bm,
+        sinks=None if sinks is None else jnp.asarray(sinks))
+    out = flash.flash_attention(q, k, v, rules=rules, head_loop=False)
+    return jnp.sum(out * w), out
+  (_, out), grads = jax.jit(jax.value_and_grad(
+      loss, argnums=(0, 1, 2, 3), has_aux=True))(q, k, v, jnp.asarray(table))
+  assert taken and taken[0].length == 3 and taken[0].group == 2
+  want_out, *want_grads, dmod = score_mod_tests.reference(q, k, v, w, rule)
+  np.testing.assert_allclose(out, want_out, atol=2e-5)
+  for got, want, what in zip(grads, want_grads, "qkv"):
+    np.testing.assert_allclose(got, want, atol=5e-5, err_msg=f"d{what}")
+  want_table = np.zeros(table.shape)
+  rel = np.arange(t)[:, None] - np.arange(t)[None] + t - 1
+  for hi in range(h):
+    np.add.at(want_table[hi], rel, dmod[:, hi].sum(0))
+  np.testing.assert_allclose(grads[3], want_table, atol=5e-5)
+
+
+def _dense(q, k, v, ok):
+  """float64 attention of q `[1, T, 1, D]` under bool `ok [T, T]`."""
+  q, k, v = (np.asarray(x, np.float64)[0, :, 0] for x in (q, k, v))
+  s = np.where(ok, q @ k.T / np.sqrt(q.shape[-1]), -np.inf)
+  p = np.exp(s - s.max(-1, keepdims=True))
+  return (p / p.sum(-1, keepdims=True) @ v)[None, :, None]
+
+
+def test_span_walk_computes_only_the_listed_blocks(monkeypatch):
+  taken = _spans_taken(monkeypatch)
+  rule = masks.and_mods(masks.causal_mod(), masks.window_mod(5))
+  bm = block_mask.create(rule, None, None, 40, 40, 4, 4)
+  q, k, v = jax.random.normal(jax.random.key(3), (3, 1, 40, 1, 8))
+  ok = np.tri(40, dtype=bool) & ~np.tri(40, k=-6, dtype=bool)
+  run = lambda state: flash.flash_attention(
+      q, k, v, head_loop=False, rules=score_rules.ScoreRules(
+          mask_mod=rule, block_mask=block_mask.BlockMask(
+              state, 40, 40, 4, 4, 0)))
+  # Listed empty, block (3, 2) inside query block 3's span [1, 3] drops
+  # out: keys 8-11 leave rows 12-15 (30 blocks computed for 26 listed).
+  state = bm.state.copy()
+  state[0, 0, 3, 2] = block_mask.EMPTY
+  skipped = ok.copy()
+  skipped[12:16, 8:12] = False
+  np.testing.assert_allclose(run(state), _dense(q, k, v, skipped), atol=1e-5)
+  assert taken[-1] is not None and taken[-1].length == 3
+  # Listed full, the diagonal block (3, 3) still gets the mask_mod on the
+  # span walk (the block walk would skip it there: docs/score_rules.md).
+  state = bm.state.copy()
+  state[0, 0, 3, 3] = block_mask.FULL
+  np.testing.assert_allclose(run(state), _dense(q, k, v, ok), atol=1e-5)
+  assert taken[-1] is not None
+
+
+def test_spans_argument_forces_or_forbids_the_span_walk(monkeypatch):
+  taken = _spans_taken(monkeypatch)
+  window = masks.and_mods(masks.causal_mod(), masks.window_mod(5))
+  causal = masks.causal_mod()
+  q = jnp.ones((1, 24, 2, 8))
+  run = lambda rule, **kw: flash.flash_attention(
+      q, q, q, rules=score_rules.ScoreRules(
+          mask_mod=rule, block_mask=block_mask.create(
+              rule, None, None, 24, 24, 4, 4)), **kw)
+  run(window, spans=False)
+  assert not taken  # the block walk, no plan made
+  run(window, spans=True)
+  assert taken[-1] is not None
+  with pytest.raises(ValueError, match=r"`spans`=True, but this block mask "
+                     "is not banded"):
+    run(causal, spans=True)
+  with pytest.raises(ValueError, match=r"`spans`=True.*`head_loop`"):
+    run(window, spans=True, head_loop=True)
+  with pytest.raises(ValueError, match=r"`spans` must be None, or a bool "
+                     "with a block mask, got True without one"):
+    flash.flash_attention(q, q, q, spans=True)
