@@ -12,7 +12,8 @@ import pathlib
 from mha_jax.measure import report as report_lib
 
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
-PATHS = ("flash_skip", "flash_all", "einsum_dense", "torch_flex")
+PATHS = ("flash_skip", "flash_blocks", "flash_all", "einsum_dense",
+         "torch_flex")
 
 
 def write(config, results, workdir) -> dict:
@@ -28,7 +29,7 @@ def render(saved: dict) -> str:
 def _cell(case, path) -> str:
   res = case["paths"].get(path)
   if res is None:
-    return "not run: " + case.get("dense_skipped", "off in this config")
+    return "not run: " + case["skipped"].get(path, "off in this config")
   if "error" in res:  # one table cell: the error's first line
     return "failed: " + res["error"].splitlines()[0][:150] + " (results.json)"
   text = f"{res['median_s']:.3g} s"
@@ -46,8 +47,9 @@ def values(saved: dict) -> dict:
   rows = [[str(case["n"]), case["rule"]] + [_cell(case, p) for p in PATHS]
           for case in cases]
   table = report_lib.md_table(
-      ["n", "rule", "flash_skip", "flash_all (x skip)",
-       "einsum_dense (x skip)", "torch_flex (x skip)"], rows)
+      ["n", "rule", "flash_skip", "flash_blocks (x skip)",
+       "flash_all (x skip)", "einsum_dense (x skip)",
+       "torch_flex (x skip)"], rows)
   block_rows = []
   for case in cases:
     b = case["blocks"]
@@ -62,6 +64,14 @@ def values(saved: dict) -> dict:
       ["n", "rule", "blocks computed / all", "of which",
        "all / computed", "block mask build (JAX)",
        "create_block_mask (torch)"], block_rows)
+  span_rows = [[str(case["n"]), case["rule"],
+                f"{sp['block']}", str(sp["length"]),
+                f"{sp['computed']} / {sp['blocks']}",
+                f"{sp['computed'] / sp['listed']:.2f}"]
+               for case in cases if (sp := case["spans"]) is not None]
+  spans_table = report_lib.md_table(
+      ["n", "rule", "blocks", "span (blocks)", "blocks computed / all",
+       "computed / listed"], span_rows) if span_rows else "No case took spans."
   torch_v = next((case["paths"]["torch_flex"].get("torch") for case in cases
                   if "torch_flex" in case["paths"]), None)
   return {
@@ -70,10 +80,15 @@ def values(saved: dict) -> dict:
       "load": f"{saved['load_before'][0]:.1f}",
       "load_after": f"{saved['load_after'][0]:.1f}",
       "jax": saved["jax"], "backend": saved["backend"],
+      "memory": ("glibc kept freed memory for reuse" if
+                 saved["keep_freed_memory"]["applied"] else
+                 "glibc's default malloc ("
+                 + saved["keep_freed_memory"]["reason"] + ")"),
       "torch": f"torch {torch_v}" if torch_v else "torch not run",
       "batch": str(c["batch"]), "heads": str(c["heads"]),
       "head_dim": str(c["head_dim"]), "documents": str(c["documents"]),
       "window": str(c["window"]), "block": str(c["block"]),
+      "span_block": str(c["span_block"]), "spans_table": spans_table,
       "kernel": _kernel({case["heads_batched"] for case in cases}),
       "repeats": str(c["repeats"]), "slow_s": f"{c['slow_s']:g}",
       "table": table, "blocks_table": blocks_table,
@@ -107,10 +122,22 @@ def claims(cases) -> str:
     p = case["paths"]
     x = p["flash_all"]["x_skip"]
     want = case["blocks"]["all_over_computed"]
+    walk = p.get("flash_blocks")
+    if walk is not None:  # flash_all against the block walk with the mask
+      x = {k: x[k] / walk["x_skip"][k] for k in ("median", "low", "high")}
+      x["low"], x["high"] = (p["flash_all"]["x_skip"]["low"]
+                             / walk["x_skip"]["high"],
+                             p["flash_all"]["x_skip"]["high"]
+                             / walk["x_skip"]["low"])
     line = (f"- {case['rule']}, n = {case['n']}: without the block mask the "
-            f"kernel took {x['median']:.1f}x the time with it (single calls "
-            f"{x['low']:.1f}-{x['high']:.1f}x), where the block count alone "
-            f"predicts {want:.1f}x")
+            f"block walk took {x['median']:.1f}x the time with it (single "
+            f"calls {x['low']:.1f}-{x['high']:.1f}x), where the block count "
+            f"alone predicts {want:.1f}x")
+    if walk is not None:
+      wx = walk["x_skip"]
+      line += (f"; the span walk (flash_skip) took "
+               f"{1 / wx['median']:.2f}x the block walk's time "
+               f"[{1 / wx['high']:.2f}, {1 / wx['low']:.2f}]")
     flex = p.get("torch_flex", {})
     if "x_skip" in flex:
       fx = flex["x_skip"]

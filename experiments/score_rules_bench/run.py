@@ -5,24 +5,34 @@ causal inside each; a causal window of `config.window` keys), on q, k, v
 `[B, n, H, Dh]` float32 drawn once per length:
 
   flash_skip     attend(implementation="flash") with the rule's block mask:
-                 only non-empty blocks visited, mask_mod only on partial ones
-  flash_all      the same kernel and rule without a block mask: every block
-                 visited and mask_mod evaluated on each (the kernel
-                 flash_skip runs, on its blocks: on CPU the batched one,
-                 which a block mask shared by every row and head selects,
+                 only non-empty blocks visited, mask_mod only on partial
+                 ones. The block mask is built on blocks of
+                 `config.span_block` where the kernel walks it as spans
+                 there (`flash_visit.span_plan`: the window), else on
+                 blocks of `config.block` (the block walk)
+  flash_blocks   where flash_skip took spans: the block walk with the
+                 block mask on blocks of `config.block`
+  flash_all      the block walk on blocks of `config.block` without a block
+                 mask: every block visited and mask_mod evaluated on each
+                 (the kernel the block mask selects: on CPU the batched
+                 one, for a mask shared by every row and head,
                  `flash.runs_head_loop`)
   einsum_dense   the dense path (the whole [B, H, n, n] scores), while the
                  float32 scores fit in `config.dense_max_bytes`
   torch_flex     torch.compile(flex_attention) with create_block_mask on the
                  same arrays, `config.torch_threads` threads
 
-Each JAX path is compiled first (its compile time kept apart), then called
+Each JAX path is compiled first (its compile time kept apart) and called
+once untimed, as torch's compiling call is, then called
 `config.repeats` times, or once when that call took over `config.slow_s`.
 A path's calls run back to back. Interleaving the paths in rounds was
 tried: a call of one library right after the other's ran slow (up to 5x
 for FlexAttention at n = 8192, after the dense path), with or without an
 untimed call first, so the spread between runs is reported instead
-(docs/score_rules.md).
+(docs/score_rules.md). FlexAttention runs after every JAX path of every
+case, before which torch is not imported: with torch loaded and run
+earlier in the process, the JAX paths ran up to 1.8x slower (the window
+at n = 8192: 28 ms against 15.5 ms in a run without torch).
 Every path's output is compared with flash_skip's (largest absolute
 difference), so a ratio is never between two different answers. The block
 mask's build time is measured too (the cost docs/score_rules.md names).
@@ -44,6 +54,7 @@ from mha_jax.core import masks
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
 from mha_jax.measure import stats
+from mha_jax.training import host_memory
 
 RULES = ("documents", "window")
 
@@ -71,21 +82,31 @@ def _timed(call, config) -> dict:
   return {"times_s": times, "out": out}
 
 
-def _jax_path(path, q, k, v, rules, head_loop, config) -> dict:
+def _jax_path(path, q, k, v, rules, head_loop, skip_mask, config) -> dict:
+  """`rules` carry the block mask of the block walk (blocks of
+  `config.block`); flash_skip runs `skip_mask`."""
   if path == "flash_all":
-    # The kernel flash_skip runs by default (`head_loop`, which
+    # The kernel the block walk runs by default (`head_loop`, which
     # `flash.runs_head_loop` picked for it) on its blocks, without the mask.
     bm = rules.block_mask
     fn = jax.jit(lambda q, k, v: flash.flash_attention(
         q, k, v, rules=rules.replace(block_mask=None), head_loop=head_loop,
         block_q=bm.q_block, block_k=bm.kv_block))
+  elif path == "flash_blocks":
+    fn = jax.jit(lambda q, k, v: flash.flash_attention(
+        q, k, v, rules=rules, head_loop=head_loop, spans=False))
   else:
+    if path == "flash_skip":
+      rules = rules.replace(block_mask=skip_mask)
     impl = "einsum" if path == "einsum_dense" else "flash"
     fn = jax.jit(lambda q, k, v: attention.attend(
         q, k, v, implementation=impl, rules=rules)[0])
   start = time.perf_counter()
   compiled = fn.lower(q, k, v).compile()
   compile_s = time.perf_counter() - start
+  # One untimed call, as FlexAttention's compiling call is: the first
+  # call of a compiled program ran up to 2x slower than the next.
+  jax.block_until_ready(compiled(q, k, v))
   got = _timed(lambda: jax.block_until_ready(compiled(q, k, v)), config)
   return {**got, "compile_s": compile_s}
 
@@ -132,47 +153,76 @@ def _torch_path(name, q, k, v, ids, config) -> dict:
           "torch": torch.__version__}
 
 
-def one_case(name: str, n: int, config) -> dict:
-  """Every path for rule `name` at length n."""
+def _arrays(n: int, config):
+  """q, k, v `[B, n, H, Dh]` float32 of length n (the same for each rule)."""
   ks = jax.random.split(jax.random.key(config.seed + n), 3)
   shape = (config.batch, n, config.heads, config.head_dim)
-  q, k, v = (jax.random.normal(kk, shape) for kk in ks)
-  mask_mod, ids = rule_of(name, n, config)
+  return tuple(jax.random.normal(kk, shape) for kk in ks)
+
+
+def one_case(name: str, n: int, config) -> dict:
+  """Every JAX path for rule `name` at length n (outputs kept in the
+  paths' "out" until `finish`)."""
+  q, k, v = _arrays(n, config)
+  mask_mod, _ = rule_of(name, n, config)
   start = time.perf_counter()
   bm = block_mask.create(mask_mod, None, None, n, n, config.block,
                          config.block)
   build_s = time.perf_counter() - start
   rules = score_rules.ScoreRules(mask_mod=mask_mod, block_mask=bm)
-  # The kernel flash_skip's default picks (and flash_all runs).
-  head_loop = flash.runs_head_loop(jax.default_backend(), bm,
-                                   config.batch * config.heads)
+  batch_heads = config.batch * config.heads
+  # The kernel the block walk's default picks (and flash_all runs).
+  head_loop = flash.runs_head_loop(jax.default_backend(), bm, batch_heads)
+  fine = block_mask.create(mask_mod, None, None, n, n, config.span_block,
+                           config.span_block)
+  spans = flash.span_walk(jax.default_backend(), fine, batch_heads)
   case = {"rule": name, "n": n, "block_mask_s": build_s,
           "blocks": {**bm.counts(), "total": int(bm.state.size),
                      "computed": bm.computed()}, "paths": {},
-          "heads_batched": not head_loop}
+          "heads_batched": not head_loop, "skipped": {},
+          "spans": None if spans is None else {
+              "block": config.span_block, "length": spans.length,
+              "computed": int(spans.first.size * spans.length),
+              "listed": int(spans.listed.sum()),
+              "blocks": int(fine.state.size)}}
   paths = ["flash_skip", "flash_all"]
+  if spans is not None:
+    paths.insert(1, "flash_blocks")
+  else:
+    case["skipped"]["flash_blocks"] = "flash_skip is the block walk"
   score_bytes = 4 * config.batch * config.heads * n * n
   if score_bytes <= config.dense_max_bytes:
     paths.append("einsum_dense")
   else:
-    case["dense_skipped"] = (f"float32 scores of {score_bytes / 2**30:.0f} "
-                             f"GiB > {config.dense_max_bytes / 2**30:.0f} GiB")
+    case["skipped"]["einsum_dense"] = (
+        f"float32 scores of {score_bytes / 2**30:.0f} "
+        f"GiB > {config.dense_max_bytes / 2**30:.0f} GiB")
   for path in paths:
     case["paths"][path] = _jax_path(path, q, k, v, rules, head_loop,
-                                    config)
+                                    bm if spans is None else fine, config)
     print(f"{name} n={n} {path}: {case['paths'][path]['times_s']}",
           flush=True)
-  if config.torch:
-    case["paths"]["torch_flex"] = _torch_path(name, q, k, v, ids, config)
-    print(f"{name} n={n} torch_flex: "
-          f"{case['paths']['torch_flex'].get('times_s')}", flush=True)
+  return case
+
+
+def torch_case(case: dict, config) -> None:
+  """FlexAttention on the case's arrays, into its paths."""
+  name, n = case["rule"], case["n"]
+  q, k, v = _arrays(n, config)
+  case["paths"]["torch_flex"] = _torch_path(
+      name, q, k, v, rule_of(name, n, config)[1], config)
+  print(f"{name} n={n} torch_flex: "
+        f"{case['paths']['torch_flex'].get('times_s')}", flush=True)
+
+
+def finish(case: dict) -> None:
+  """Each path's output against flash_skip's, then `summarise`."""
   ref = np.asarray(case["paths"]["flash_skip"]["out"])
   for res in case["paths"].values():
     if "out" in res:
       res["max_abs_diff"] = float(np.max(np.abs(np.asarray(res.pop("out"))
                                                 - ref)))
   summarise(case)
-  return case
 
 
 def summarise(case: dict) -> None:
@@ -197,10 +247,18 @@ def summarise(case: dict) -> None:
 
 def measure(config) -> dict:
   """Every (length, rule) case; what results.json holds (less config)."""
+  kept = (host_memory.keep_freed_memory() if config.keep_freed_memory
+          else {"applied": False, "reason": "off in the config"})
   start = time.perf_counter()
   load = os.getloadavg()
   cases = [one_case(name, n, config) for n in config.sizes for name in RULES]
+  if config.torch:  # after every JAX path: see the module docstring
+    for case in cases:
+      torch_case(case, config)
+  for case in cases:
+    finish(case)
   return {"cases": cases, "took_s": time.perf_counter() - start,
           "load_before": list(load), "load_after": list(os.getloadavg()),
           "jax": jax.__version__, "backend": jax.default_backend(),
+          "keep_freed_memory": kept,
           "cpus": os.cpu_count(), "machine": platform.machine()}
