@@ -179,3 +179,39 @@ def test_spans_argument_forces_or_forbids_the_span_walk(monkeypatch):
   with pytest.raises(ValueError, match=r"`spans` must be None, or a bool "
                      "with a block mask, got True without one"):
     flash.flash_attention(q, q, q, spans=True)
+
+
+def test_span_walk_equals_block_walk_under_every_builtin_rule(monkeypatch):
+  # A bias array, ALiBi, a soft cap, segments, sinks, is_causal and a
+  # built-in window beside the mask rule: the span walk's values and
+  # gradients equal the block walk's (checked against float64 in
+  # test_score_mod.py), the built-ins cut to each span.
+  taken = _spans_taken(monkeypatch)
+  b, t, h = 2, 21, 4
+  ks = jax.random.split(jax.random.key(5), 5)
+  q = jax.random.normal(ks[0], (b, t, h, 8))
+  k, v = (jax.random.normal(kk, (b, t, 2, 8)) for kk in ks[1:3])
+  bias = jax.random.normal(ks[3], (1, h, t, t))
+  sinks = jax.random.normal(ks[4], (h,))
+  seg = jnp.asarray(np.repeat([[0, 1, 2]], 7, axis=1).reshape(1, t)
+                    .repeat(b, 0))
+  rule = masks.and_mods(masks.window_mod(6), lambda b, h, qi, ki: ki != 3)
+  bm = block_mask.create(rule, None, None, t, t, 4, 4)
+
+  def grads(spans):
+    def loss(q, k, v, bias, sinks):
+      rules = score_rules.ScoreRules(
+          soft_cap=1.5, alibi_slopes=jnp.array([0.1, 0.2, 0.3, 0.4]),
+          sinks=sinks, local_window=(5, 0), q_segment_ids=seg,
+          kv_segment_ids=seg, mask_mod=rule, block_mask=bm)
+      out = flash.flash_attention(q, k, v, bias=bias, is_causal=True,
+                                  rules=rules, spans=spans)
+      return jnp.sum(jnp.sin(out))
+    return jax.jit(jax.grad(loss, argnums=tuple(range(5))))(
+        q, k, v, bias, sinks)
+  want = grads(False)
+  assert not taken
+  got = grads(True)
+  assert taken[-1] is not None
+  for g, w, name in zip(got, want, ["q", "k", "v", "bias", "sinks"]):
+    np.testing.assert_allclose(g, w, atol=2e-5, err_msg=name)

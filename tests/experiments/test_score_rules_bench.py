@@ -29,3 +29,10 @@ def test_smoke_run_reports_its_numbers(tmp_path):
   # sub-diagonal blocks, all crossed by the window's edge).
   assert blocks["documents"]["computed"] == 8
   assert blocks["window"]["computed"] == 15
+  # The window's mask on blocks of 64 is banded: each query block sees
+  # key blocks i-2..i, spans of 3 (16 x 3 = 48 computed, 1 + 2 + 14 x 3 =
+  # 45 listed); the documents' is not (their runs reach back to the start).
+  spans = {c["rule"]: c["spans"] for c in results["cases"]}
+  assert spans["window"] == {"block": 64, "length": 3, "computed": 48,
+                             "listed": 45, "blocks": 256}
+  assert spans["documents"] is None
