@@ -65,6 +65,72 @@ def test_span_plan_known_answers(monkeypatch):
   assert empty.first[4] == 0 and not empty.listed[4].any()
 
 
+def _lists(rows, nk):
+  """`(num [1, 1, Nq], idx [1, 1, Nq, Nk])` listing `rows` (key blocks
+  per query block), the unlisted blocks after them."""
+  num = np.array([[[len(r) for r in rows]]], np.int32)
+  idx = np.array([[[list(r) + [j for j in range(nk) if j not in r]
+                    for r in rows]]], np.int32)
+  return num, idx
+
+
+def test_span_plan_edges_known_answers(monkeypatch):
+  # A short run at the end starts its span early, inside the keys: query
+  # block 3 sees block 3 only, and its span of 3 is blocks 1-3.
+  plan = flash_visit.span_plan(*_lists([[0, 1, 2], [1, 2, 3], [1, 2, 3],
+                                        [3]], 4), 4, 4, 4, 1)
+  np.testing.assert_array_equal(plan.first, [0, 1, 1, 1])
+  np.testing.assert_array_equal(plan.listed[3], [0, 0, 1])
+  # One block each (a diagonal), with an empty row: spans of 1.
+  plan = flash_visit.span_plan(*_lists([[0], [], [2], [3], [4]], 5), 5, 4,
+                               4, 1)
+  assert plan.length == 1
+  np.testing.assert_array_equal(plan.first, [0, 0, 2, 3, 4])
+  # At the bounds, taken; past them, not. 5 query blocks against 7 key
+  # blocks, spans of 2: 10 blocks for 8 listed is SPAN_SLACK = 1.25
+  # exactly; for 7 listed, past it.
+  rows = [[0], [1], [1, 2], [2, 3], [3, 4]]
+  assert flash_visit.span_plan(*_lists(rows, 7), 7, 4, 4, 1).length == 2
+  assert flash_visit.span_plan(*_lists(rows[:-1] + [[4]], 7), 7, 4, 4,
+                               1) is None
+  # A span of 256 x 2 x 512 = 512 x 512 scores (SPAN_AREA): taken;
+  # queries of 512, not.
+  assert flash_visit.span_plan(*_lists(rows, 7), 7, 256, 512, 1) is not None
+  assert flash_visit.span_plan(*_lists(rows, 7), 7, 512, 512, 1) is None
+  # Blocks of 1024 queries: one query block per step.
+  assert flash_visit.span_plan(*_lists([[0], [1]], 2), 2, 1024, 128,
+                               1).group == 1
+  # SPAN_BYTES: one query block's scores are 4 B H x 4 x 3 x 4 = 192 B H
+  # bytes; a step holds as many query blocks as fit, a divisor of 6.
+  monkeypatch.setattr(flash_visit, "SPAN_BYTES", 1920)
+  group = lambda bh: getattr(flash_visit.span_plan(
+      WINDOW_NUM, WINDOW_IDX, 6, 4, 4, bh), "group", None)
+  assert [group(bh) for bh in (3, 5, 7, 10, 11)] == [3, 2, 1, 1, None]
+
+
+def test_span_walk_reads_the_masks_lists_or_the_calls():
+  window = masks.and_mods(masks.causal_mod(), masks.window_mod(5))
+  bm = block_mask.create(window, None, None, 24, 24, 4, 4)
+  plan = flash.span_walk("cpu", bm, 2)  # the mask's own lists
+  assert plan.length == 3
+  np.testing.assert_array_equal(plan.first, [0, 0, 0, 1, 2, 3])
+  assert flash.span_walk("gpu", bm, 2) is None
+  assert flash.span_walk("cpu", bm, 2, head_loop=True) is None
+
+
+def test_call_cuts_the_spans_by_its_builtin_rules(monkeypatch):
+  # A window 5 keys back and ahead: its own lists are blocks i-2..i+2,
+  # spans of 5 (30 computed for 24 listed, within SPAN_SLACK). The call's
+  # is_causal cuts them to i-2..i: spans of 3.
+  taken = _spans_taken(monkeypatch)
+  rule = masks.window_mod(5, 5)
+  bm = block_mask.create(rule, None, None, 24, 24, 4, 4)
+  q = jnp.ones((1, 24, 2, 8))
+  flash.flash_attention(q, q, q, is_causal=True, rules=score_rules.ScoreRules(
+      mask_mod=rule, block_mask=bm))
+  assert taken[-1].length == 3
+
+
 def _spans_taken(monkeypatch):
   """The plans `flash_attention` takes, recorded."""
   taken = []
