@@ -159,8 +159,8 @@ def span_plan(num, idx, nk, bq, bk, batch_heads):
   512 then computes 640 keys per query instead of the 1024 of blocks of
   512). Taken while Nq L <= `SPAN_SLACK` x the listed blocks and a step's
   scores fit `SPAN_BYTES`. Forward time of a causal 512-key window, B 1,
-  H 2, Dh 64, over four benchmark runs (docs/score_rules.md): spans of
-  blocks of 128 took 0.53-0.89x the block walk's on blocks of 512 at
+  H 2, Dh 64, over seven benchmark runs (docs/score_rules.md): spans of
+  blocks of 128 took 0.51-0.97x the block walk's on blocks of 512 at
   n = 32768 and 0.73-0.94x at n = 8192.
   """
   num, idx = np.asarray(num), np.asarray(idx)
