@@ -142,23 +142,15 @@ def _spans_taken(monkeypatch):
   return taken
 
 
-@pytest.mark.parametrize("case", ["table_sinks_gqa_padding", "empty_rows"])
-def test_span_walk_matches_float64_reference(case, monkeypatch):
-  # Two query blocks per step (three steps), so that a step's blocks and
-  # their spans are told apart.
-  monkeypatch.setattr(flash_visit, "SPAN_ROWS", 8)
-  taken = _spans_taken(monkeypatch)
-  rng = np.random.default_rng(7)
-  window = lambda qi, ki: (ki <= qi) & (qi - ki < 6)
-  if case == "table_sinks_gqa_padding":
-    b, t, h, kh = 2, 22, 4, 2  # 22 queries: the last block is padded
-    keep = window
-  else:
-    b, t, h, kh = 1, 24, 2, 1  # one query in four sees nothing
-    keep = lambda qi, ki: window(qi, ki) & (qi % 4 != 1)
+def check_against_reference(b, t, h, kh, keep, with_sinks, seed):
+  """The span walk (spans=True) on blocks of 4 under the rule `keep(qi,
+  ki)` with a learned relative-position table (and sink logits), values
+  and gradients against the float64 reference; returns the plan taken.
+  Also run over random shapes in the heavy tier
+  (tests/real_models/test_score_mod_shapes.py)."""
+  rng = np.random.default_rng(seed)
   table = rng.normal(size=(h, 2 * t - 1)).astype(np.float32)
-  sinks = (rng.normal(size=(h,)).astype(np.float32)
-           if case == "table_sinks_gqa_padding" else None)
+  sinks = rng.normal(size=(h,)).astype(np.float32) if with_sinks else None
   rule = types.SimpleNamespace(
       score_np=lambda s, b, h, qi, ki: s + table[h, qi - ki + t - 1],
       dscore_np=lambda s, *_: np.ones_like(s),
@@ -174,11 +166,10 @@ def test_span_walk_matches_float64_reference(case, monkeypatch):
         score_mod=lambda s, b, h, qi, ki: s + table[h, qi - ki + t - 1],
         mask_mod=mask_mod, block_mask=bm,
         sinks=None if sinks is None else jnp.asarray(sinks))
-    out = flash.flash_attention(q, k, v, rules=rules, head_loop=False)
+    out = flash.flash_attention(q, k, v, rules=rules, spans=True)
     return jnp.sum(out * w), out
   (_, out), grads = jax.jit(jax.value_and_grad(
       loss, argnums=(0, 1, 2, 3), has_aux=True))(q, k, v, jnp.asarray(table))
-  assert taken and taken[0].length == 3 and taken[0].group == 2
   want_out, *want_grads, dmod = score_mod_tests.reference(q, k, v, w, rule)
   np.testing.assert_allclose(out, want_out, atol=2e-5)
   for got, want, what in zip(grads, want_grads, "qkv"):
@@ -188,6 +179,22 @@ def test_span_walk_matches_float64_reference(case, monkeypatch):
   for hi in range(h):
     np.add.at(want_table[hi], rel, dmod[:, hi].sum(0))
   np.testing.assert_allclose(grads[3], want_table, atol=5e-5)
+
+
+@pytest.mark.parametrize("case", ["table_sinks_gqa_padding", "empty_rows"])
+def test_span_walk_matches_float64_reference(case, monkeypatch):
+  # Two query blocks per step (three steps), so that a step's blocks and
+  # their spans are told apart.
+  monkeypatch.setattr(flash_visit, "SPAN_ROWS", 8)
+  taken = _spans_taken(monkeypatch)
+  window = lambda qi, ki: (ki <= qi) & (qi - ki < 6)
+  if case == "table_sinks_gqa_padding":
+    # 22 queries: the last block is padded.
+    check_against_reference(2, 22, 4, 2, window, True, seed=7)
+  else:  # one query in four sees nothing
+    check_against_reference(1, 24, 2, 1, lambda qi, ki: window(qi, ki) & (
+        qi % 4 != 1), False, seed=7)
+  assert taken[0].length == 3 and taken[0].group == 2
 
 
 def _dense(q, k, v, ok):
