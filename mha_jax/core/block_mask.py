@@ -112,9 +112,9 @@ class BlockMask:
   def kernel_lists(self, num_kv_heads: int, *, per_head: bool,
                    visible=None):
     """The kernel's visiting lists, NumPy (static): `(num [B',K',Nq],
-    idx [B',K',Nq,Nk], full [B',K',Nq,Nk])`: query block i visits key blocks idx[.., i, :num]
-    (in order), idx[.., i, t] full where full[.., i, t]. The G query heads
-    of a kv head run together, so
+    idx [B',K',Nq,Nk], full [B',K',Nq,Nk])`: query block i visits key
+    blocks idx[.., i, :num] (in order), idx[.., i, t] full where
+    full[.., i, t]. The G query heads of a kv head run together, so
     a block is skipped only where all of them are empty and full only
     where all are full; without `per_head` (the batched kernel) the same
     holds over B and K too. `visible(p)`: bool `[Nq p, Nk p]`, False on the

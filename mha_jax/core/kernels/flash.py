@@ -242,18 +242,18 @@ def forward_blocks(q, k, v, mask, bias, ex, cfg, state):
   return lax.map(query_block, (jnp.arange(nq), *state))
 
 
-def span_blocks(q, k, v, mask, bias, ex, cfg, state):
-  """`forward_blocks` on the spans of a banded block mask
+def span_blocks(q, k, v, mask, bias, ex, cfg):
+  """`forward_blocks` from the start on the spans of a banded block mask
   (`flash_visit.span_plan`): query block i against the cfg.span_len key
   blocks from `ex.span_first[i]` in one online-softmax step, masked to
   its listed blocks (`ex.span_keep`), cfg.span_group query blocks run
   together (a vmap). Every score rule applies as in the block walk; the
   one difference is that a block the mask calls full still gets the
   mask_mod (exact for the rule the mask was built from)."""
-  nq, group = state[0].shape[0], cfg.span_group
+  nq, group = q.shape[3] // cfg.bq, cfg.span_group
   span_cfg = cfg._replace(bk=cfg.span_len * cfg.bk)
-  # One step from the start: each query block's own initial state, made
-  # inside the step rather than read from `state` (a [Tq, Dv] zero fill).
+  # Each step starts from one query block's initial state (no [Tq, Dv]
+  # state to read: there is one step per query block).
   start = initial_state(ex, cfg, q.shape[:3] + (cfg.bq, q.shape[4]),
                         v.shape[-1])
 
@@ -292,9 +292,11 @@ def finish(state, dtype):
 
 def _forward(q, k, v, mask, bias, ex, cfg):
   """q `[B,K,G,Tq',Dh]`, k `[B,K,Tk',Dh]`, v `[B,K,Tk',Dv]` -> out, lse."""
+  if cfg.span_len:
+    return finish(span_blocks(q, k, v, mask, bias, ex, cfg), v.dtype)
   state = initial_state(ex, cfg, q.shape, v.shape[-1])
-  walk = span_blocks if cfg.span_len else forward_blocks
-  return finish(walk(q, k, v, mask, bias, ex, cfg, state), v.dtype)
+  return finish(forward_blocks(q, k, v, mask, bias, ex, cfg, state),
+                v.dtype)
 
 
 def _backward_block(block):
@@ -572,6 +574,7 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
             tk_pad // cfg.bk * p))
     ex = ex._replace(kv_num=jnp.asarray(num), kv_idx=jnp.asarray(idx),
                      kv_full=jnp.asarray(full))
+    # spans=True takes them on any backend: ask as the CPU would.
     span = None if spans is False else span_walk(
         "cpu" if spans else jax.default_backend(), bm, b * h, head_loop,
         (num, idx))

@@ -137,11 +137,11 @@ SPAN_SLACK = 1.25
 # Query rows per step of the span walk, and the most float32 score bytes
 # one step may hold (all its query blocks, B K G rows each).
 SPAN_ROWS = 512
+SPAN_BYTES = 8 * 2 ** 20
 # The most scores one query block's span may have: one block of the CPU
 # block walk (512 x 512). On larger spans the walk was faster (blocks of
 # 512, window 512: the span took 1.4x its time).
 SPAN_AREA = 512 * 512
-SPAN_BYTES = 8 * 2 ** 20
 
 
 def span_plan(num, idx, nk, bq, bk, batch_heads):
@@ -157,8 +157,8 @@ def span_plan(num, idx, nk, bq, bk, batch_heads):
   few microseconds per operation, so many small blocks cost more than
   their arithmetic, and a span lets the blocks be small (128: a window of
   512 then computes 640 keys per query instead of the 1024 of blocks of
-  512). Taken while Nq L <= `SPAN_SLACK` x the listed blocks and a step's
-  scores fit `SPAN_BYTES`. Forward time of a causal 512-key window, B 1,
+  512). Taken while Nq L <= `SPAN_SLACK` x the listed blocks, a span has
+  at most `SPAN_AREA` scores and one query block's fit `SPAN_BYTES`. Forward time of a causal 512-key window, B 1,
   H 2, Dh 64, over seven benchmark runs (docs/score_rules.md): spans of
   blocks of 128 took 0.51-0.97x the block walk's on blocks of 512 at
   n = 32768 and 0.73-0.94x at n = 8192.
