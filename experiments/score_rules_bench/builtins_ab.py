@@ -40,6 +40,7 @@ from mha_jax.core import masks
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
 from mha_jax.measure import stats
+from mha_jax.measure import timing
 
 R = score_rules.ScoreRules
 
@@ -83,13 +84,9 @@ def run(n=8192, heads=2, head_dim=64, window=512, block=512, rounds=7,
                                        block_k=block, head_loop=True))
     compiled[name] = fn.lower(q, k, v).compile()
     outs[name] = np.asarray(compiled[name](q, k, v))  # also the warm-up
-  times = {name: [] for name in cases}
-  names = list(cases)
-  for r in range(rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:
-      start = time.perf_counter()
-      jax.block_until_ready(compiled[name](q, k, v))
-      times[name].append(time.perf_counter() - start)
+  times = timing.interleaved_times(
+      {name: lambda f=f: f(q, k, v) for name, f in compiled.items()},
+      rounds)
   result = {"n": n, "heads": heads, "head_dim": head_dim, "window": window,
             "block": block, "rounds": rounds,
             "load_average": list(os.getloadavg()),

@@ -53,6 +53,20 @@ def wall_times(fn, args, *, warmup: int, repeats: int, feed_back=None):
   return times, out
 
 
+def interleaved_times(calls: dict, rounds: int) -> dict:
+  """`{name: [wall seconds per round]}` of `calls` (`{name: fn()}`, each
+  compiled and warm): one call of each per round, ended by
+  `block_until_ready`, the order rotating by one each round, so a change
+  of a shared machine's load falls on every call alike."""
+  names, times = list(calls), {name: [] for name in calls}
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      start = time.perf_counter()
+      jax.block_until_ready(calls[name]())
+      times[name].append(time.perf_counter() - start)
+  return times
+
+
 def timed_call(setup, fn):
   """`(wall seconds, output)` of one `fn()` after an untimed `setup()`
   (e.g. setting torch's thread count), ended by `block_until_ready`
