@@ -151,6 +151,9 @@ def test_kernel_with_sub_blocks_hidden_by_the_builtin_rules():
     np.testing.assert_allclose(got, _dense(q, k, v, ok), atol=1e-5)
 
 
+@pytest.mark.cpu_only("head_loop=None runs one (batch, kv head) at a time "
+                      "on the CPU backend only (runs_head_loop); "
+                      "elsewhere always batched")
 def test_cpu_kernel_runs_batched_only_under_a_mask_shared_by_rows_and_heads(
     monkeypatch):
   causal = masks.causal_mod()

@@ -118,6 +118,9 @@ def test_span_walk_reads_the_masks_lists_or_the_calls():
   assert flash.span_walk("cpu", bm, 2, head_loop=True) is None
 
 
+@pytest.mark.cpu_only("the span walk is taken by default on the CPU "
+                      "backend only (span_walk); elsewhere no plan is "
+                      "made")
 def test_call_cuts_the_spans_by_its_builtin_rules(monkeypatch):
   # A window 5 keys back and ahead: its own lists are blocks i-2..i+2,
   # spans of 5 (30 computed for 24 listed, within SPAN_SLACK). The call's
@@ -205,6 +208,9 @@ def _dense(q, k, v, ok):
   return (p / p.sum(-1, keepdims=True) @ v)[None, :, None]
 
 
+@pytest.mark.cpu_only("spans=None takes the span walk on the CPU backend "
+                      "only; the block walk elsewhere skips the mask_mod "
+                      "on a listed-full block")
 def test_span_walk_computes_only_the_listed_blocks(monkeypatch):
   taken = _spans_taken(monkeypatch)
   rule = masks.and_mods(masks.causal_mod(), masks.window_mod(5))

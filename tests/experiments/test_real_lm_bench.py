@@ -16,6 +16,10 @@ from mha_jax.measure import report as report_lib
 import entry_points
 
 
+@pytest.mark.cpu_only("the CPU backend's compiled HLO (a `dot` per "
+                      "matmul) and its trace events named by HLO "
+                      "instruction; a GPU's trace names kernels and its "
+                      "HLO may hold cuBLAS custom-calls")
 def test_xla_ops_classes_a_matmul_and_a_reduction():
   f = jax.jit(lambda a, b: (jnp.tanh(a @ b).sum(1), jnp.exp(a).max(0)))
   a = jnp.ones((64, 64))

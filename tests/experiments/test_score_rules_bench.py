@@ -4,12 +4,16 @@ numbers, and the blockwise kernel's answers agree."""
 
 import json
 
+import pytest
+
 from experiments.score_rules_bench import report
 from mha_jax.measure import report as report_lib
 
 import entry_points
 
 
+@pytest.mark.cpu_only("the window is walked as spans on the CPU backend "
+                      "only (results' `spans` is None elsewhere)")
 def test_smoke_run_reports_its_numbers(tmp_path):
   config = entry_points.config("score_rules_bench")
   results = entry_points.load("score_rules_bench").run(config, tmp_path)

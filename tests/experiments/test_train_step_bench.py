@@ -121,6 +121,9 @@ def test_the_peers_refuse_a_model_they_do_not_mirror():
     train_step.peer_sizes(c)
 
 
+@pytest.mark.cpu_only("parses the CPU backend's compiled HLO text, where "
+                      "a matmul is a `dot`; a GPU's may hold a cuBLAS "
+                      "custom-call instead")
 def test_the_profile_sorts_xla_ops_by_what_was_fused_into_them():
   """Each instruction of a compiled program gets the kind of work inside
   it (the dot of a fusion makes it a matmul, whatever else it holds)."""
