@@ -107,6 +107,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   tr.eval_batches = 4  # batches per evaluation
   tr.checkpoint_every = 500  # steps between orbax checkpoints
   tr.max_checkpoints = 2  # checkpoints kept on disk
+  # What float32 matmuls compute (mha_jax/core/precision.py, docs/
+  # precision.md): "" is exact float32 on every backend; "tensorfloat32"
+  # or "bfloat16" opt into the GPU's or TPU's faster passes (any name
+  # jax.default_matmul_precision takes). A CPU is exact whatever it says.
+  tr.matmul_precision = ""
 
   # Device mesh for sharded runs; sizes of the (data, sequence, model) axes.
   c.mesh = ms = ml_collections.ConfigDict()

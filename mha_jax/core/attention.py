@@ -27,6 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from mha_jax.core import precision
 from mha_jax.core.kernels import auto
 from mha_jax.core.kernels import flash
 from mha_jax import hooks as hooks_lib
@@ -132,7 +133,7 @@ def _head_scores(q, k, mask, bias, slope, q_pos, q_seg, k_seg, b_id=0,
     q_pos = score_rules.default_q_positions(tq, tk)
   k_pos = jnp.arange(tk)
   q, scale = _fold_scale(q, score_rules.scale_of(rules, q.shape[-1]))
-  qk = jnp.einsum("qd,kd->qk", q, k,
+  qk = precision.einsum("qd,kd->qk", q, k,
                   preferred_element_type=jnp.float32)  # [Tq, Tk]
   user = score_rules.user_of(rules, jnp.reshape(b_id, (1, 1)),
                              jnp.reshape(h_id, (1, 1)))
@@ -157,7 +158,7 @@ def _fold_scale(q, scale):
 
 def _head_mix(weights, v):
   """One head: weights [Tq,Tk] @ v [Tk,Dv] -> [Tq,Dv], float32 accumulation."""
-  return jnp.einsum("qk,kd->qd", weights.astype(v.dtype), v,
+  return precision.einsum("qk,kd->qd", weights.astype(v.dtype), v,
                     preferred_element_type=jnp.float32).astype(v.dtype)
 
 
@@ -280,7 +281,7 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   q, scale = _fold_scale(q, score_rules.scale_of(rules, dh))
   qg = q.reshape(b, tq, kh, g, dh).transpose(0, 2, 3, 1, 4)  # [B,K,G,Tq,Dh]
   kt = k.transpose(0, 2, 1, 3)  # [B, K, Tk, Dh]
-  qk = jnp.einsum("bkgqd,bksd->bkgqs", qg, kt,
+  qk = precision.einsum("bkgqd,bksd->bkgqs", qg, kt,
                   preferred_element_type=jnp.float32)
 
   def to_5d(x):  # [b?, h?, tq?, tk?] -> [b?, K?, G?, tq?, tk?]
@@ -312,7 +313,7 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   # Weights on the left, output [B, K, G, Tq, Dv]: asking einsum for
   # "bqkgd" directly made XLA compute (W V)^T as V^T W^T, which took twice
   # the CPU time of the vmap path at B=1, n=2048, H=8.
-  out = jnp.einsum("bkgqs,bksd->bkgqd", weights, v.transpose(0, 2, 1, 3),
+  out = precision.einsum("bkgqs,bksd->bkgqd", weights, v.transpose(0, 2, 1, 3),
                    preferred_element_type=jnp.float32).astype(v.dtype)
   out = out.transpose(0, 3, 1, 2, 4)  # [B, Tq, K, G, Dv]
   return out.reshape(b, tq, h, v.shape[-1]), pattern

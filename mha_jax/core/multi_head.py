@@ -21,6 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from mha_jax.core import precision
 from mha_jax.core import attention
 from mha_jax.core import attention_spec
 from mha_jax import hooks as hooks_lib
@@ -71,7 +72,7 @@ def normalize(x: jax.Array, scale: jax.Array, kind: str, *,
 def project(x: jax.Array, w: jax.Array, b: jax.Array | None = None):
   """Stage 1: one fused projection `x [B,T,D] @ w [D, heads*dim]`."""
   d, heads, dim = w.shape
-  y = x @ w.reshape(d, heads * dim)  # [B, T, heads*dim]
+  y = precision.matmul(x, w.reshape(d, heads * dim))  # [B, T, heads*dim]
   if b is not None:
     y = y + b.reshape((1,) * (y.ndim - 1) + (heads * dim,))
   return y
@@ -91,7 +92,7 @@ def project_out(concat: jax.Array, w_o: jax.Array,
                 b_o: jax.Array | None = None) -> jax.Array:
   """Stage 5: `[B, T, H*Dv] @ w_o [H*Dv, D]`, mixing information across heads."""
   h, dv, d = w_o.shape
-  y = concat @ w_o.reshape(h * dv, d)  # [B, T, D]
+  y = precision.matmul(concat, w_o.reshape(h * dv, d))  # [B, T, D]
   if b_o is not None:
     y = y + b_o.reshape((1,) * (y.ndim - 1) + (d,))
   return y
@@ -127,7 +128,7 @@ def project_heads(params, z, hooks=hooks_lib.NO_HOOKS):
   # program to another: captured in one program and subtracted in another,
   # they must have the same bits for a patch with them to be exact.
   zb, wb = jax.lax.optimization_barrier((z, w_o))
-  clean = jax.lax.optimization_barrier(jnp.einsum("bqhe,hed->bqhd", zb, wb))
+  clean = jax.lax.optimization_barrier(precision.einsum("bqhe,hed->bqhd", zb, wb))
   result = hooks("result", clean)
   if not hooks.patches("result"):
     return y

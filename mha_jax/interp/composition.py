@@ -61,13 +61,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import hooks
+from mha_jax.core import precision
 from mha_jax.core import rotary
+
+mm = precision.matmul  # every product here at the library's precision
 
 
 def frobenius_ratio(x: jax.Array, y: jax.Array) -> jax.Array:
   """`||x @ y||_F / (||x||_F ||y||_F)` over the last two axes (0 where a
   factor is 0); leading axes broadcast: `[..., D, D] -> [...]`."""
-  num = jnp.linalg.norm(x @ y, axis=(-2, -1))
+  num = jnp.linalg.norm(mm(x, y), axis=(-2, -1))
   den = jnp.linalg.norm(x, axis=(-2, -1)) * jnp.linalg.norm(y, axis=(-2, -1))
   return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
 
@@ -138,7 +141,7 @@ def ov_circuits(w_v, w_o, g) -> jax.Array:
   (with K kv heads, query head h takes kv head h // (H // K)'s W_V)."""
   w_v = _per_query_head(w_v, w_o.shape[0], "w_v", "ov_circuits")
   p = centring(w_o.shape[-1])
-  return (g[None, :, None] * w_v) @ w_o @ p[None]
+  return mm(mm(g[None, :, None] * w_v, w_o), p[None])
 
 
 def qk_circuits(w_q, w_k, g, r=None) -> jax.Array:
@@ -149,8 +152,8 @@ def qk_circuits(w_q, w_k, g, r=None) -> jax.Array:
   q = g[None, :, None] * w_q  # [H, D, Dh]
   k = g[None, :, None] * w_k
   if r is not None:
-    q = q @ r[None]
-  return q @ jnp.swapaxes(k, -1, -2)
+    q = mm(q, r[None])
+  return mm(q, jnp.swapaxes(k, -1, -2))
 
 
 def _scores(m1, a2, m2):
@@ -247,15 +250,15 @@ def _full_ov_factors(model, layer: int, tokens=None):
     tokens = jnp.asarray(tokens)
     e, w_u = e[tokens], w_u[:, tokens]
   p = centring(e.shape[-1])
-  a = (e @ p)[None] @ (w["g"][None, :, None] * w["w_v"])
-  return a, w["w_o"] @ p[None] @ (g_f[:, None] * w_u)[None]
+  a = mm(mm(e, p)[None], w["g"][None, :, None] * w["w_v"])
+  return a, mm(mm(w["w_o"], p[None]), (g_f[:, None] * w_u)[None])
 
 
 def full_ov_circuits(model, layer: int, tokens=None) -> jax.Array:
   """`E P M P diag(g_f) W_U` `[H, N, N]` of each head of `layer` for the
   token ids `tokens` (None: the whole vocabulary)."""
   a, b = _full_ov_factors(model, layer, tokens)
-  return a @ b
+  return mm(a, b)
 
 
 def copying_scores(model, layer: int, tokens=None) -> dict:
@@ -268,7 +271,7 @@ def copying_scores(model, layer: int, tokens=None) -> dict:
   vocabulary costs a 16 x 16 eigenproblem per head, not a 4k x 4k one.
   """
   a, b = _full_ov_factors(model, layer, tokens)
-  small = b @ a if b.shape[-2] < a.shape[-2] else a @ b
+  small = mm(b, a) if b.shape[-2] < a.shape[-2] else mm(a, b)
   score, share = copying_score(small)
   return {"copying": score, "positive_share": share}
 
@@ -281,7 +284,7 @@ def copying_baseline(seed: int, num_tokens: int, d_model: int,
   e, v, o, u = _gaussian(seed, *[(draws,) + s for s in (
       (n, d), (d, dv), (dv, d), (d, n))])
   p = centring(d)
-  full = e @ p[None] @ ov_circuits(v, o, jnp.ones((d,))) @ u
+  full = mm(mm(mm(e, p[None]), ov_circuits(v, o, jnp.ones((d,)))), u)
   score, share = copying_score(full)
   return {"copying": score, "positive_share": share}
 
@@ -323,7 +326,7 @@ def direct_logit_attribution(model, inputs, targets, mask, *,
     inv_sigma = jax.lax.rsqrt(var + ln.epsilon)
     centre = lambda y: y - jnp.mean(y, axis=-1, keepdims=True)
     if ln.use_bias:
-      bias = bias + ln.bias[...] @ w_u
+      bias = bias + mm(ln.bias[...], w_u)
   else:
     inv_sigma, centre = jnp.ones(x.shape[:-1] + (1,)), lambda y: y
   gw = g_f[:, None] * w_u  # [D, V]
@@ -331,7 +334,7 @@ def direct_logit_attribution(model, inputs, targets, mask, *,
   def logit_diff(y):
     """Target logit minus mean logit of a term `y [..., B, T, D]` -> [...]."""
     lift = lambda a: jnp.reshape(a, (1,) * (y.ndim - 3) + a.shape)
-    logits = (centre(y) * lift(inv_sigma)) @ gw  # [..., B, T, V]
+    logits = mm(centre(y) * lift(inv_sigma), gw)  # [..., B, T, V]
     tgt = jnp.take_along_axis(
         logits, jnp.broadcast_to(lift(targets[..., None]),
                                  logits.shape[:-1] + (1,)), axis=-1)[..., 0]

@@ -27,6 +27,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from mha_jax.core import precision
+
+mm = precision.matmul  # every product here at the library's precision
+
 
 def _check_pair(a, b):
   """Both factors as arrays of rank >= 2 with matching inner widths."""
@@ -112,7 +116,7 @@ class Factored:
 
   def full(self) -> jax.Array:
     """`a @ b` `[..., m, n]`: forms the matrix (small cases only)."""
-    return self.A @ self.B
+    return mm(self.A, self.B)
 
   @property
   def AB(self) -> jax.Array:  # noqa: N802 (TransformerLens's name)
@@ -124,7 +128,7 @@ class Factored:
     """`b @ a` `[..., r, r]` (square products only): same nonzero
     eigenvalues as `a @ b`."""
     self._check_square("BA")
-    return self.B @ self.A
+    return mm(self.B, self.A)
 
   @property
   def T(self) -> Factored:  # noqa: N802
@@ -141,13 +145,13 @@ class Factored:
                          f"{other.ldim}")
       # Keep the smaller inner width in the middle.
       if self.mdim <= other.mdim:
-        return Factored(self.A, (self.B @ other.A) @ other.B)
-      return Factored(self.A @ (self.B @ other.A), other.B)
+        return Factored(self.A, mm(mm(self.B, other.A), other.B))
+      return Factored(mm(self.A, mm(self.B, other.A)), other.B)
     other = jnp.asarray(other)
     if other.ndim < 2 or other.shape[-2] != self.rdim:
       raise ValueError(f"Factored @ array: `other` must be [..., {self.rdim}, "
                        f"k], got shape {list(other.shape)}")
-    return Factored(self.A, self.B @ other)
+    return Factored(self.A, mm(self.B, other))
 
   def __rmatmul__(self, other):
     """`other @ self` for an array `other [..., k, m]`."""
@@ -155,7 +159,7 @@ class Factored:
     if other.ndim < 2 or other.shape[-1] != self.ldim:
       raise ValueError(f"array @ Factored: `other` must be [..., k, "
                        f"{self.ldim}], got shape {list(other.shape)}")
-    return Factored(other @ self.A, self.B)
+    return Factored(mm(other, self.A), self.B)
 
   def __mul__(self, scalar):
     """Times a scalar (or an array broadcasting against the leading axes,
@@ -185,9 +189,9 @@ class Factored:
     the k x k core (module docstring)."""
     qa, ra = jnp.linalg.qr(self.A)  # [.., m, p], [.., p, r], p = min(m, r)
     qb, rb = jnp.linalg.qr(jnp.swapaxes(self.B, -1, -2))  # [.., n, s]
-    core = ra @ jnp.swapaxes(rb, -1, -2)  # [.., p, s]
+    core = mm(ra, jnp.swapaxes(rb, -1, -2))  # [.., p, s]
     u, s, vh = jnp.linalg.svd(core, full_matrices=False)
-    return qa @ u, s, vh @ jnp.swapaxes(qb, -1, -2)
+    return mm(qa, u), s, mm(vh, jnp.swapaxes(qb, -1, -2))
 
   @property
   def S(self) -> jax.Array:  # noqa: N802
@@ -213,15 +217,15 @@ class Factored:
 
   def norm(self) -> jax.Array:
     """Frobenius norm `[...]`: sqrt(tr((a^T a)(b b^T))), r x r products."""
-    ata = jnp.swapaxes(self.A, -1, -2) @ self.A  # [..., r, r]
-    bbt = self.B @ jnp.swapaxes(self.B, -1, -2)  # [..., r, r]
+    ata = mm(jnp.swapaxes(self.A, -1, -2), self.A)  # [..., r, r]
+    bbt = mm(self.B, jnp.swapaxes(self.B, -1, -2))  # [..., r, r]
     sq = jnp.sum(ata * bbt, axis=(-2, -1))  # tr(X Y) for symmetric X, Y
     return jnp.sqrt(jnp.maximum(sq, 0.0))
 
   def get_corner(self, k: int = 3) -> jax.Array:
     """The top-left `[..., k, k]` block of the product (a peek that forms
     only k x k entries)."""
-    return self.A[..., :k, :] @ self.B[..., :, :k]
+    return mm(self.A[..., :k, :], self.B[..., :, :k])
 
   def _check_square(self, what):
     if self.ldim != self.rdim:

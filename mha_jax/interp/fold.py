@@ -42,6 +42,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from mha_jax.core import precision
 from mha_jax.models.transformer import DecoderLM
 
 
@@ -114,7 +115,7 @@ def _fold_into(flat, prefix, names, g, beta, bias_names, centre):
     g_ = jnp.reshape(g, (-1,) + (1,) * (w.ndim - 1))
     if beta is not None:
       b = flat.get(prefix + bias_name, jnp.zeros(w.shape[1:], jnp.float32))
-      flat[prefix + bias_name] = b + jnp.tensordot(beta, w, axes=1)
+      flat[prefix + bias_name] = b + precision.tensordot(beta, w, axes=1)
     w = g_ * w
     if centre:
       w = w - jnp.mean(w, axis=0, keepdims=True)

@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.core import precision
 from mha_jax import hooks as hooks_lib
 
 Metric = Callable[[jax.Array], jax.Array]
@@ -282,7 +283,7 @@ def _routed_metric(model, target, metric, delta, bases, receiver_layer,
     base_site = f"blocks.{receiver_layer}.resid_pre"
     for i, name in enumerate(_INPUTS):
       site = f"blocks.{receiver_layer}.attn.{name}"
-      moved = bases[base_site] + jnp.einsum("btsd,s->btd", delta, routes[i])
+      moved = bases[base_site] + precision.einsum("btsd,s->btd", delta, routes[i])
 
       def recomputed(moved=moved, site=site):
         # The input as it would be from the moved residual stream (its
@@ -300,7 +301,7 @@ def _routed_metric(model, target, metric, delta, bases, receiver_layer,
       head_axis = hooks_lib.site_axes(site)[0]
       sel = (_one_hot(r, head_axis, new.shape) | (r < 0)) & routed
       patch[site] = _replace_at(new, sel)
-  direct = jnp.einsum("btsd,s->btd", delta, routes[3])
+  direct = precision.einsum("btsd,s->btd", delta, routes[3])
   last = f"blocks.{model.config.num_layers - 1}.resid_post"
   patch[last] = lambda x: x + direct
   return metric(model(target, patch=patch))

@@ -29,6 +29,7 @@ from mha_jax import hooks as hooks_lib
 from mha_jax.models import inputs as inputs_lib
 from mha_jax.models import modules
 from mha_jax.core import multi_head
+from mha_jax.core import precision
 from mha_jax.models.model_config import ModelConfig
 
 
@@ -44,6 +45,13 @@ def sinusoidal_positions(length: int, d_model: int) -> jax.Array:
 
 def common_args(config, rngs):
   return dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
+
+
+def linear_args(config, rngs):
+  """`common_args` for an `nnx.Linear`, whose dots then follow the
+  library's matmul precision (`core/precision.py`) instead of JAX's
+  default, which is TF32 on NVIDIA GPUs."""
+  return dict(common_args(config, rngs), dot_general=precision.dot_general)
 
 
 class RMSNorm(nnx.Module):
@@ -90,7 +98,8 @@ class Embedder(nnx.Module):
     common = common_args(config, rngs)
     self.config = config
     if config.input_dim > 0:  # continuous inputs [B, T, F]
-      self.embed = nnx.Linear(config.input_dim, config.d_model, **common)
+      self.embed = nnx.Linear(config.input_dim, config.d_model,
+                              **linear_args(config, rngs))
     else:
       self.embed = nnx.Embed(config.vocab_size, config.d_model, **common)
     if config.positions == "learned":
@@ -177,7 +186,7 @@ class TransformerBlock(nnx.Module):
       self.ln_mlp = make_norm(config, rngs)
       # The MLP's layers sit on the block itself (`blocks.l.mlp_in`): the
       # paths of the project's saved models.
-      mlp = dict(common, use_bias=config.mlp_bias)
+      mlp = dict(linear_args(config, rngs), use_bias=config.mlp_bias)
       self.mlp_in = nnx.Linear(config.d_model, config.mlp_width, **mlp)
       if config.mlp_gated:
         self.mlp_gate = nnx.Linear(config.d_model, config.mlp_width, **mlp)

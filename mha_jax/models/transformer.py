@@ -43,6 +43,7 @@ from mha_jax.models import blocks as blocks_lib
 from mha_jax.models import inputs as inputs_lib
 from mha_jax import hooks as hooks_lib
 from mha_jax.core import kv_cache
+from mha_jax.core import precision
 from mha_jax.models.blocks import sinusoidal_positions
 from mha_jax.models.blocks import TransformerBlock
 from mha_jax.models.model_config import ModelConfig
@@ -151,16 +152,15 @@ class DecoderLM(_HookNames, nnx.Module):
   """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    common = blocks_lib.common_args(config, rngs)
     self.config = config
     self.embed = blocks_lib.Embedder(config, rngs=rngs)
     self.blocks = _make_blocks(config, rngs, causal=True)
     self.final_ln = (blocks_lib.make_norm(config, rngs)
                      if config.final_ln else None)
-    # A tied readout reuses the token embedding (`embed.embed.attend`).
+    # A tied readout reuses the token embedding (`_tied_readout`).
     self.readout = None if config.tie_embeddings else nnx.Linear(
         config.d_model, config.out_features, use_bias=config.readout_bias,
-        **common)
+        **blocks_lib.linear_args(config, rngs))
 
   def hook_sites(self):
     """`(names, unavailable)`: every hook site of this model in the order
@@ -242,12 +242,21 @@ class DecoderLM(_HookNames, nnx.Module):
     """
     return activation_cache.run_with_cache(self, inputs, names, **kwargs)
 
+  def _tied_readout(self, x):
+    """`x [B, T, D] @ E^T` with the token embedding `E [V, D]`, as
+    `nnx.Embed.attend` computes it (both cast to the embedding's dtype)
+    but at the library's matmul precision, which `attend` does not take."""
+    emb = self.embed.embed
+    table = emb.embedding[...]
+    dtype = emb.dtype or jnp.result_type(x, table)
+    return precision.einsum("...d,vd->...v", x.astype(dtype),
+                            table.astype(dtype))
+
   def logits(self, x):
     """The readout of the final stream `x [B, T, D]` -> `[B, T, V or O]`:
     the readout layer or the tied embedding, then the final soft cap."""
     c = self.config
-    y = (self.embed.embed.attend(x) if self.readout is None
-         else self.readout(x))
+    y = self._tied_readout(x) if self.readout is None else self.readout(x)
     if c.final_soft_cap is not None:
       y = c.final_soft_cap * jnp.tanh(y / c.final_soft_cap)
     return y
@@ -325,7 +334,8 @@ class Decoder(nnx.Module):
     self.blocks = _make_blocks(config, rngs, cross_attention=True,
                                causal=True)
     self.final_ln = nnx.LayerNorm(config.d_model, **common)
-    self.readout = nnx.Linear(config.d_model, config.out_features, **common)
+    self.readout = nnx.Linear(config.d_model, config.out_features,
+                              **blocks_lib.linear_args(config, rngs))
 
   def __call__(self, tgt, context, context_mask, hooks, *,
                deterministic=True, dropout_rng=None):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax.core import precision
 from mha_jax import hooks
 
 
@@ -50,7 +51,7 @@ def dfa_bias(params, features=None):
   """`[F']`: the part of the pre-activation that no token contributes."""
   w = params["w_enc"] if features is None else params["w_enc"][:, features]
   b = params["b_enc"] if features is None else params["b_enc"][features]
-  return b - params["b_dec"] @ w
+  return b - precision.matmul(params["b_dec"], w)
 
 
 def dfa_by_head(params, z, *, scale: float = 1.0):
@@ -58,7 +59,7 @@ def dfa_by_head(params, z, *, scale: float = 1.0):
   feature's pre-activation (summed over source positions, it is
   `scale * z_h . w_enc[h]`)."""
   w = _enc_blocks(params, z.shape[2])
-  return scale * jnp.einsum("bthd,hdf->bthf", z, w)
+  return scale * precision.einsum("bthd,hdf->bthf", z, w)
 
 
 def dfa_by_source(params, pattern, v, *, features, scale: float = 1.0):
@@ -68,8 +69,8 @@ def dfa_by_source(params, pattern, v, *, features, scale: float = 1.0):
   num_heads = pattern.shape[1]
   v = hooks.expand_kv(v, num_heads)  # [B, S, H, Dv]
   w = _enc_blocks(params, num_heads, jnp.asarray(features))  # [H, Dv, F']
-  vw = jnp.einsum("bshd,hdf->bshf", v, w)  # [B, S, H, F']
-  return scale * jnp.einsum("bhts,bshf->btfhs", pattern, vw)
+  vw = precision.einsum("bshd,hdf->bshf", v, w)  # [B, S, H, F']
+  return scale * precision.einsum("bhts,bshf->btfhs", pattern, vw)
 
 
 def dfa_at_source(params, pattern, v, source, *, scale: float = 1.0):
@@ -82,7 +83,7 @@ def dfa_at_source(params, pattern, v, source, *, scale: float = 1.0):
   v = hooks.expand_kv(v, num_heads)[:, src]  # [B, T, H, Dv]
   p = jnp.take_along_axis(pattern, src[None, None, :, None], -1)[..., 0]
   w = _enc_blocks(params, num_heads)
-  out = scale * jnp.einsum("bht,bthd,hdf->bthf", p, v, w)
+  out = scale * precision.einsum("bht,bthd,hdf->bthf", p, v, w)
   return jnp.where((source >= 0)[None, :, None, None], out, 0.0)
 
 

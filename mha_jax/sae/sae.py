@@ -24,6 +24,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from mha_jax.core import precision
+
 KINDS = ("relu", "topk")
 
 
@@ -50,7 +52,8 @@ def init(key, d_in: int, d_sae: int) -> dict:
 
 def pre_acts(params, x):
   """`[N, D] -> [N, F]`: the features' pre-activations."""
-  return (x - params["b_dec"][None]) @ params["w_enc"] + params["b_enc"][None]
+  pre = precision.matmul(x - params["b_dec"][None], params["w_enc"])
+  return pre + params["b_enc"][None]
 
 
 def activate(pre, *, kind: str, k: int | None = None):
@@ -71,7 +74,7 @@ def encode(params, x, *, kind: str, k: int | None = None):
 
 def decode(params, f):
   """`[N, F] -> [N, D]`."""
-  return f @ params["w_dec"] + params["b_dec"][None]
+  return precision.matmul(f, params["w_dec"]) + params["b_dec"][None]
 
 
 def reconstruct(params, x, *, kind: str, k: int | None = None):
@@ -100,7 +103,8 @@ def loss(params, x, *, kind: str, l1: float = 0.0, k: int | None = None,
       # (no decoder bias: it is the live features' residual).
       masked = jnp.where(dead[None], jax.nn.relu(pre), 0.0)
       f_aux = activate(masked, kind="topk", k=min(aux_k, pre.shape[-1]))
-      err_aux = jax.lax.stop_gradient(err) - f_aux @ params["w_dec"]
+      err_aux = (jax.lax.stop_gradient(err)
+                 - precision.matmul(f_aux, params["w_dec"]))
       return jnp.mean(jnp.sum(err_aux ** 2, -1))
     # Zero when nothing is dead, as in Gao et al.; `cond` skips the second
     # top-k, the slowest part of a TopK step on a CPU, in that case.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from mha_jax.core import precision
 from mha_jax.models import model_config as model_config_lib
 from mha_jax.training import tasks
 from mha_jax.models import transformer
@@ -57,6 +58,9 @@ def _validate(config) -> None:
         f"expected one of {DTYPES}, got {m.dtype!r}")
   _need(m.param_dtype in DTYPES, "model.param_dtype",
         f"expected one of {DTYPES}, got {m.param_dtype!r}")
+  _need(tr.get("matmul_precision", "") in precision.SETTINGS,
+        "train.matmul_precision", f"expected one of {precision.SETTINGS}, "
+        f"got {tr.get('matmul_precision')!r}")
   task = tasks.get_task(t.name)
   _positive("task", t, "batch_size", "seq_len")
   task.check(t)

@@ -37,6 +37,7 @@ from absl import logging
 from flax import nnx
 from flax import struct
 
+from mha_jax.core import precision
 from mha_jax.training import checkpoint
 from mha_jax.training import config as config_lib
 from mha_jax.training import host_memory
@@ -312,8 +313,10 @@ def train_and_evaluate(config, workdir, *, stop_at: int | None = None):
   workdir.mkdir(parents=True, exist_ok=True)
   # One run per workdir (on the host that writes it): a second command
   # on the same folder is refused instead of racing this one.
+  # Every step and evaluation is traced under the run's matmul precision.
   with (workdir_lib.lock(workdir) if jax.process_index() == 0
-        else contextlib.nullcontext()):
+        else contextlib.nullcontext()), precision.setting_context(
+            config.train.get("matmul_precision", "")):
     return _train_and_evaluate(config, workdir, stop_at)
 
 

@@ -118,6 +118,7 @@ def test_unknown_key_and_wrong_type_fail():
     ("task.max_segment", 30, "config.task.max_segment"),
     ("train.warmup_steps", 10**6, "config.train.warmup_steps"),
     ("train.learning_rate", 0.0, "config.train.learning_rate"),
+    ("train.matmul_precision", "tf32", "config.train.matmul_precision"),
     ("mesh.model", 0, "config.mesh.model"),
 ])
 def test_inconsistent_values_name_the_field(field, value, message):

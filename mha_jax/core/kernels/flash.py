@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from mha_jax.core import precision
 from mha_jax.core import score_rules
 from mha_jax.core.kernels.flash_backward import backward_walk
 from mha_jax.core.kernels.flash_rules import block_scores
@@ -208,7 +209,7 @@ def _accumulate(s, vb, carry):
   p = jnp.exp(s - shift[..., None])
   rescale = jnp.exp(m - shift)  # old rows' correction factor
   l = rescale * l + jnp.sum(p, axis=-1)
-  acc = rescale[..., None] * acc + jnp.einsum(
+  acc = rescale[..., None] * acc + precision.einsum(
       "bkgqs,bksd->bkgqd", p.astype(vb.dtype), vb,
       preferred_element_type=jnp.float32)
   return m_new, l, acc

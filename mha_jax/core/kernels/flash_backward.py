@@ -26,6 +26,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from mha_jax.core import precision
 from mha_jax.core import score_rules
 from mha_jax.core.kernels.flash_rules import block_scores
 from mha_jax.core.kernels.flash_rules import score_mod_vjp
@@ -116,7 +117,7 @@ def backward_walk(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads,
           s, user_vjp = score_mod_vjp(s, ex, qs, ks, cfg)
           s = s if ok is None else score_rules.forbid(s, ok)
         p = jnp.exp(s - lseb[..., None])  # [B, K, G, Bq, Bk], exact softmax
-        dp = jnp.einsum("bkgqd,bksd->bkgqs", dob, vb,
+        dp = precision.einsum("bkgqd,bksd->bkgqs", dob, vb,
                         preferred_element_type=jnp.float32)
         ds = p * (dp - deltab[..., None])  # d loss / d (softmax input)
         if cfg.score_mod is not None:  # through score_mod (p and so ds
@@ -125,10 +126,10 @@ def backward_walk(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads,
         if dcap is not None:  # through c * tanh(x / c)
           ds = ds * dcap
         # The G query heads of a group share k and v: sum their gradients.
-        dv_j = jnp.einsum("bkgqs,bkgqd->bksd", p.astype(dob.dtype), dob,
+        dv_j = precision.einsum("bkgqs,bkgqd->bksd", p.astype(dob.dtype), dob,
                           preferred_element_type=jnp.float32)
-        dk_j = jnp.einsum("bkgqs,bkgqd->bksd", ds, qb.astype(jnp.float32))
-        dqb = dqb + jnp.einsum("bkgqs,bksd->bkgqd", ds,
+        dk_j = precision.einsum("bkgqs,bkgqd->bksd", ds, qb.astype(jnp.float32))
+        dqb = dqb + precision.einsum("bkgqs,bksd->bkgqd", ds,
                                kb.astype(jnp.float32)) * cfg.scale
         add = lambda acc, x: lax.dynamic_update_slice_in_dim(
             acc, lax.dynamic_slice_in_dim(acc, ks, cfg.bk, axis=2) + x, ks, 2)

@@ -22,6 +22,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from mha_jax.core import precision
 from mha_jax.core import score_rules
 from mha_jax.core.kernels.flash_visit import block_k_pos
 from mha_jax.core.kernels.flash_visit import block_q_pos
@@ -61,7 +62,7 @@ def block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full=False,
   every key of the block); `with_score=False`: the scores before
   score_mod, not masked (the backward differentiates score_mod itself),
   returned with the mask."""
-  qk = jnp.einsum("bkgqd,bksd->bkgqs", qb, kb,
+  qk = precision.einsum("bkgqd,bksd->bkgqs", qb, kb,
                   preferred_element_type=jnp.float32)
   q_pos = block_q_pos(ex, qs, cfg)
   k_pos = block_k_pos(ex, ks, cfg)

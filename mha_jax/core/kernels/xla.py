@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax.core import masks as masks_lib
+from mha_jax.core import precision
 from mha_jax.core import score_rules
 
 # ScoreRules fields jax.nn.dot_product_attention cannot express.
@@ -99,9 +100,12 @@ def _attend_jax_nn(q, k, v, mask, bias, keep, *, is_causal, backend,
     native_causal = False
   if bias is not None:
     bias = jnp.reshape(bias, (1,) * (4 - bias.ndim) + bias.shape)
-  out = jax.nn.dot_product_attention(
-      q, k, v, bias=bias, mask=mask, is_causal=native_causal,
-      scale=rules.scale, local_window_size=window, implementation=backend)
+  # jax.nn's own einsums take JAX's default precision (TF32 on NVIDIA
+  # GPUs); the scope holds them to the library's (core/precision.py).
+  with precision.scope(q, k, v):
+    out = jax.nn.dot_product_attention(
+        q, k, v, bias=bias, mask=mask, is_causal=native_causal,
+        scale=rules.scale, local_window_size=window, implementation=backend)
   if mask is not None:
     # Zero the rows with no allowed key (jax averages V there).
     has_key = jnp.any(mask, axis=-1, keepdims=True)  # [b?, h?, tq?, 1]
