@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax.core import precision
+from mha_jax.core import device_memory
 from mha_jax.core.kernels import auto
 from mha_jax.core.kernels import flash
 from mha_jax import hooks as hooks_lib
@@ -381,6 +382,15 @@ WEIGHTLESS = {"flash", "xla", "cudnn", "pallas_tpu", "auto"}
 # Paths that apply `score_mod` / `mask_mod` (score_rules.ScoreRules); the
 # others (jax.nn's, Pallas', the context-parallel ones) refuse them.
 USER_RULE_PATHS = frozenset({"vmap", "einsum", "flash", "auto"})
+# Paths asked for by name that form the [B, H, Tq, Tk] scores, with the
+# bytes of one score at q's dtype, for the refusal of scores that cannot
+# fit (core/device_memory.py). Ours hold them in float32; jax.nn's XLA
+# path at least in q's dtype.
+DENSE_SCORE_BYTES = {
+    "vmap": lambda dtype: 4,
+    "einsum": lambda dtype: 4,
+    "xla": lambda dtype: jnp.dtype(dtype).itemsize,
+}
 
 
 def register(name: str, path, *, forms_weights: bool = False) -> None:
@@ -429,7 +439,7 @@ def weightless_reason(implementation: str) -> str:
 
 
 def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend",
-                        rules=score_rules.NO_RULES):
+                        rules=score_rules.NO_RULES, is_causal=False):
   """Validate head-split inputs; raise naming the argument. Returns nothing."""
   for name, arr in (("q", q), ("k", k), ("v", v)):
     if jnp.ndim(arr) != 4:
@@ -459,6 +469,16 @@ def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend",
                     num_heads=h, fn=fn)
   if implementation in ("xla", "cudnn"):
     xla.check_rules(rules, implementation, fn)
+  if implementation == "cudnn" and jax.default_backend() == "gpu":
+    why = auto.cudnn_problem(q, k, v, mask=mask, bias=bias,
+                             is_causal=is_causal)
+    if why is not None:
+      raise ValueError(f"{fn}: implementation='cudnn' cannot take this call: "
+                       f"{why}; use 'auto', 'flash' or 'xla'")
+  if implementation in DENSE_SCORE_BYTES:
+    device_memory.check_dense_scores(
+        implementation, target, DENSE_SCORE_BYTES[implementation](q.dtype),
+        fn)
   user = [n for n in score_rules.USER_FIELDS if getattr(rules, n) is not None]
   if user and implementation not in USER_RULE_PATHS:
     raise ValueError(f"{fn}: implementation={implementation!r} does not "
@@ -489,7 +509,8 @@ def attend(q, k, v, *, mask=None, bias=None, is_causal=False,
   Returns `(out [B, Tq, H, Dv], pattern [B, H, Tq, Tk] float32)`; the
   pattern is None on the paths in `WEIGHTLESS`.
   """
-  check_attend_inputs(q, k, v, mask, bias, implementation, rules=rules)
+  check_attend_inputs(q, k, v, mask, bias, implementation, rules=rules,
+                      is_causal=is_causal)
   if implementation in WEIGHTLESS and any(
       hooks.wants(s) for s in hooks_lib.WEIGHT_SITES):
     raise ValueError(f"attend: {weightless_reason(implementation)}")

@@ -4,6 +4,8 @@ Shape letters: B batch, Tq/Tk query/key lengths, H query heads, K kv heads,
 Dh head width.
 """
 
+import functools
+
 import chex
 import hypothesis
 from hypothesis import strategies as st
@@ -437,8 +439,46 @@ def test_xla_and_cudnn_refusals_name_the_problem():
   if jax.default_backend() != "gpu":
     with pytest.raises(ValueError, match="CUDA GPU"):
       attention.attend(q, q, q, implementation="cudnn")
+  else:  # asked by name, refused with auto's reason before jax.nn fails
+    with pytest.raises(ValueError, match="float16/bfloat16 only"):
+      attention.attend(q, q, q, implementation="cudnn")
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu",
+                    reason="'cudnn' needs a CUDA GPU")
+def test_cudnn_equals_the_reference_in_bf16():
+  """cuDNN's fused attention against the float32 vmap reference on the
+  same bf16 inputs, causal and padded, values and gradients: within a few
+  bf16 roundings of outputs and gradients of order 1."""
+  ks = jax.random.split(jax.random.key(3), 4)
+  q = jax.random.normal(ks[0], (2, 64, 4, 64), jnp.bfloat16)
+  k = jax.random.normal(ks[1], (2, 64, 2, 64), jnp.bfloat16)
+  v = jax.random.normal(ks[2], (2, 64, 2, 64), jnp.bfloat16)
+  w = jax.random.normal(ks[3], (2, 64, 4, 64), jnp.float32)
+
+  def loss(impl, q, k, v):
+    out = attention.attend(q, k, v, is_causal=True, implementation=impl)[0]
+    return jnp.sum(out.astype(jnp.float32) * w), out
+
+  def run(impl, dtype):
+    args = [x.astype(dtype) for x in (q, k, v)]
+    (_, out), grads = jax.jit(jax.value_and_grad(
+        functools.partial(loss, impl), argnums=(0, 1, 2), has_aux=True))(
+            *args)
+    return out.astype(jnp.float32), [g.astype(jnp.float32) for g in grads]
+
+  got, got_grads = run("cudnn", jnp.bfloat16)
+  want, want_grads = run("vmap", jnp.float32)
+  # bf16 keeps 8 bits: outputs of order 1 round by up to 2**-8; the
+  # gradients sum 64 such terms.
+  np.testing.assert_allclose(got, want, atol=2 ** -6, rtol=2 ** -7)
+  for g, r in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, r, atol=2 ** -3, rtol=2 ** -6)
+
+
+@pytest.mark.cpu_only("choose_implementation without a backend picks "
+                      "einsum on CPU for float32 scores under 32 MiB (a "
+                      "GPU picks xla)")
 def test_auto_picks_a_correct_path():
   q, k, v, mask, bias = _inputs(7, 2, 9, 12, 4, 2, 8, "full", "keys")
   # CPU, measured: float32 scores of at most 32 MiB go to einsum.

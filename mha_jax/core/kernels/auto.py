@@ -445,6 +445,16 @@ def select_for(q, k, v, *, mask=None, bias=None, is_causal=False,
   return select(backend, call, gpu_capability=capability, cudnn=cudnn)
 
 
+def cudnn_problem(q, k, v, *, mask=None, bias=None,
+                  is_causal=False) -> str | None:
+  """Why cuDNN cannot take this `attend` call on this process's GPU (None
+  when it can): the rules `auto` applies, for `implementation="cudnn"`
+  asked by name, which would otherwise fail deep inside jax.nn."""
+  call = Call.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal)
+  cudnn, capability = gpu_facts()
+  return _cudnn_rules(call, capability, cudnn)
+
+
 def explain_auto(q, k, v=None, *, mask=None, bias=None, is_causal=False,
                  dropout_rate=0.0, weights=False, backend=None) -> AutoChoice:
   """What `attend(q, k, v, implementation="auto", ...)` would run, and why
