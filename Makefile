@@ -119,10 +119,17 @@ benchmark: install
 	$(BIN)/python -m experiments.score_rules_bench --workdir=runs/score_rules_bench
 	$(BIN)/python -m experiments.real_lm_bench --workdir=runs/real_lm_bench
 
-# On a machine with a CUDA GPU: the test suite and the attend benchmark
-# there, written with the date to docs/gpu.md (scripts/gpu_check.sh).
-# Installs nothing (the venv needs a JAX with CUDA); refuses where
-# jax.default_backend() is cpu (GPU_CHECK_FORCE=1: a smoke run into runs/).
+# On a machine with a CUDA GPU, in about 8 minutes: the whole test suite
+# there (8 xdist workers sharing the GPU, at most 4.5 min), the attend
+# benchmark cut to fit, then experiments.gpu_bench with the time left
+# (training step against PyTorch eager and torch.compile in exact float32,
+# TF32 and bf16; SmolLM2-135M and Gemma 3 270M with random weights against
+# transformers; the longest causal bf16 sequence that trains per path; the
+# exact float32 policy's cost), written with the date to docs/gpu.md and
+# docs/results/gpu_bench/ (scripts/gpu_check.sh). Installs nothing (the
+# venv needs a JAX with CUDA); refuses where jax.default_backend() is cpu
+# (GPU_CHECK_FORCE=1: a smoke run, one test file and tiny shapes, into
+# runs/gpu_check/).
 gpu-check:
 	PY=$(BIN)/python scripts/gpu_check.sh
 

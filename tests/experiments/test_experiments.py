@@ -513,6 +513,8 @@ def test_every_entry_point_has_an_end_to_end_test():
             "score_rules_bench",
             # real_lm_bench: tests/experiments/test_real_lm_bench.py
             "real_lm_bench",
+            # gpu_bench: tests/experiments/test_gpu_bench.py
+            "gpu_bench",
             # sae: tests/real_models/test_sae_smoke_run.py (the real tier)
             "sae"}
   helpers = {"__init__", "cli",  # cli: the flags every experiment shares
