@@ -12,7 +12,6 @@ import chex
 import hypothesis
 from hypothesis import strategies as st
 import jax
-from jax.extend import core as jex_core
 from jax.test_util import check_grads
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +20,7 @@ import pytest
 from mha_jax.core import attention
 from mha_jax import hooks as hooks_lib
 from mha_jax.core import worked_example as wx
+from tests import jaxprs
 
 IMPLS = ("vmap", "einsum")
 SETTINGS = hypothesis.settings(max_examples=20, deadline=None)
@@ -315,7 +315,7 @@ def test_einsum_path_never_materialises_repeated_keys_or_values():
   def sizes(jaxpr):  # every intermediate, inside nested jaxprs too
     for eqn in jaxpr.eqns:
       yield from (int(np.prod(var.aval.shape)) for var in eqn.outvars)
-      for sub in jex_core.jaxprs_in_params(eqn.params):
+      for sub in jaxprs.jaxprs_in_params(eqn.params):
         yield from sizes(sub)
 
   found = set(sizes(jaxpr))

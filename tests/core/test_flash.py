@@ -10,7 +10,6 @@ import chex
 import hypothesis
 from hypothesis import strategies as st
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from mha_jax.core import masks
 from mha_jax.core import multi_head
 from mha_jax.core import params as params_lib
 from mha_jax.core import score_rules
+from tests import jaxprs
 
 _SETTINGS = dict(max_examples=4, deadline=None, derandomize=True,
                  suppress_health_check=[hypothesis.HealthCheck.too_slow])
@@ -324,7 +324,7 @@ def _largest_intermediate(fn, *args):
   def walk(jaxpr):
     for eqn in jaxpr.eqns:
       sizes.extend(int(np.prod(v.aval.shape)) for v in eqn.outvars)
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      for sub in jaxprs.jaxprs_in_params(eqn.params):
         walk(sub)
 
   walk(jax.make_jaxpr(fn)(*args).jaxpr)
