@@ -91,7 +91,7 @@ def test_smollm_cuts_every_digit(tmp_path):
   assert tok.encode(" 123 the").tokens == ["Ġ", "1", "2", "3", "Ġthe"]
 
 
-def sentencepiece_file(path, arch, *, prefix):
+def sentencepiece_file(path, arch, *, prefix, add_bos=True):
   pieces = ["▁", "t", "h", "e", "c", "a", "s", "he", "▁t", "▁the", "at",
             "▁c", "▁cat", "▁a", "▁s", "▁sat"]
   tokens = (["<unk>", "<s>", "</s>", "<ctl>", "<ud>"]
@@ -99,10 +99,11 @@ def sentencepiece_file(path, arch, *, prefix):
   types = [2, 3, 3, 3, 4] + [6] * 256 + [1] * len(pieces)
   # Pieces best-first, as SentencePiece writes them.
   scores = [0.0] * 261 + [-float(i) for i in range(len(pieces))]
+  flags = {} if add_bos is None else {"add_bos_token": add_bos}
   return write(path, arch, model="llama", pre="default", tokens=tokens,
                token_type=types, scores=scores, bos_token_id=1,
-               eos_token_id=2, unknown_token_id=0, add_bos_token=True,
-               add_space_prefix=prefix)
+               eos_token_id=2, unknown_token_id=0, add_space_prefix=prefix,
+               **flags)
 
 
 SP_TEXTS = ["the cat", "a cat sat", "thecat", " the", "é ok", "",
@@ -124,6 +125,19 @@ def test_sentencepiece_without_prefix_space(tmp_path):
   assert tok.encode("the cat").tokens == ["<s>", "t", "he", "▁cat"]
   assert tok.encode("x<ud>").tokens == ["<s>", "<0x78>", "<ud>"]
   assert tok.decode(tok.encode(" the cat").ids) == " the cat"
+
+
+def test_bos_without_the_flag_follows_llama_cpp(tmp_path):
+  """A file without `add_bos_token`: llama.cpp adds BOS to a SentencePiece
+  vocabulary and not to a byte-level one; the flag, when present, wins."""
+  def first(path, text="the cat"):
+    return gguf_tokenizer.tokenizer_from_gguf(path).encode(text).tokens[0]
+  assert first(sentencepiece_file(tmp_path / "a.gguf", "llama", prefix=True,
+                                  add_bos=None)) == "<s>"
+  assert first(sentencepiece_file(tmp_path / "b.gguf", "llama", prefix=True,
+                                  add_bos=False)) == "▁the"
+  assert first(byte_level_file(tmp_path / "c.gguf", "gpt-2"),
+               "the") == "t"  # bos_token_id=1 is <|im_start|>, not added
 
 
 def test_load_tokenizer_dispatches_on_suffix(tmp_path):

@@ -134,3 +134,13 @@ def test_bad_input_is_named():
     buffer.flatten_site(jnp.zeros((2, 3)))
   with pytest.raises(ValueError, match="`acts` must be"):
     train.train(_cfg(), np.zeros(5, np.float32), "unused")
+
+
+def test_topk_keeps_at_most_the_positive_features():
+  """A row with fewer than k positive pre-activations: TopK is its ReLU
+  (zeros are never replaced by negative pre-activations)."""
+  pre = jnp.array([[3.0, -1.0, -2.0, 0.5], [-1.0, -2.0, -3.0, -4.0]])
+  np.testing.assert_array_equal(sae.activate(pre, kind="topk", k=3),
+                                [[3.0, 0.0, 0.0, 0.5], [0.0] * 4])
+  np.testing.assert_array_equal(sae.activate(pre, kind="topk", k=1),
+                                [[3.0, 0.0, 0.0, 0.0], [0.0] * 4])
