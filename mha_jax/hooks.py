@@ -225,7 +225,7 @@ def _unknown_site(name: str, valid: Iterable[str], listing: str) -> str:
 def check_names(names: Iterable[str], valid: Iterable[str],
                 unavailable: Mapping[str, str] | None = None) -> None:
   """Raise naming the first bad site name (and the valid names closest to
-  it) and listing the valid ones.
+  it) and listing the valid ones (or, past `LISTED_SITES`, counting them).
 
   `unavailable` maps names that exist in general but not on this model or
   call (e.g. `pattern` on a path that never forms weights) to the reason.
@@ -238,8 +238,20 @@ def check_names(names: Iterable[str], valid: Iterable[str],
     if unavailable and name in unavailable:
       raise ValueError(f"hook site {name!r}: {unavailable[name]}")
     if name not in valid_set:
-      raise ValueError(_unknown_site(name, valid, "this model has: "
-                                     + ", ".join(valid)))
+      raise ValueError(_unknown_site(name, valid, _listing(valid)))
+
+
+# Up to this many valid sites are listed in an unknown site's error; a
+# real model has hundreds (SmolLM2's list ran to 7,348 characters on one
+# line), so past it the error says where to find them.
+LISTED_SITES = 12
+
+
+def _listing(valid: tuple[str, ...]) -> str:
+  if len(valid) <= LISTED_SITES:
+    return "this model has: " + ", ".join(valid)
+  return (f"this model has {len(valid)} sites, listed by "
+          "`model.hook_names()`")
 
 
 def _check_value(name, new, clean, what):

@@ -287,8 +287,11 @@ def test_bad_names_and_values_fail_naming_the_site():
     MODEL(TOKENS, patch={"blocks.7.attn.z": jnp.zeros(3)})
   attn_only = transformer.DecoderLM(
       MODEL.config.replace(attention_only=True), rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"blocks\.0\.mlp_out.*resid_post"):
+  with pytest.raises(ValueError) as err:
     attn_only(TOKENS, capture=("blocks.0.mlp_out",))
+  assert str(err.value) == (
+      "unknown hook site 'blocks.0.mlp_out'; this model has "
+      f"{len(attn_only.hook_names())} sites, listed by `model.hook_names()`")
   z = jnp.zeros((3, T, H, D // H))
   with pytest.raises(ValueError, match=r"blocks\.0\.attn\.z.*float32\[3, 6, "
                      r"4, 4\]"):
@@ -484,11 +487,28 @@ def test_a_mistyped_site_is_named_before_anything_about_its_axes():
   with pytest.raises(ValueError, match=r"'blocks\.0\.resid_pre' has no head "
                      "axis"):
     hooks.ablate("blocks.0.resid_pre", heads=1)
-  # The model's own check suggests the same name among its sites.
-  with pytest.raises(ValueError, match=r"unknown hook site 'blocks\.1\.attn\."
-                     r"patern' \(did you mean 'blocks\.1\.attn\.pattern'\?\); "
-                     r"this model has: blocks\.0\.resid_pre"):
+  # The model's own check suggests the same name among its sites, and
+  # says where the rest are rather than printing every one.
+  with pytest.raises(ValueError) as err:
     MODEL(TOKENS, capture=("blocks.1.attn.patern",))
+  n = len(MODEL.hook_names())
+  assert n > hooks.LISTED_SITES
+  assert str(err.value) == (
+      "unknown hook site 'blocks.1.attn.patern' (did you mean "
+      f"'blocks.1.attn.pattern'?); this model has {n} sites, listed by "
+      "`model.hook_names()`")
+
+
+def test_a_few_valid_sites_are_listed_whole():
+  params = mha_jax.init_mha_params(jax.random.key(0), 8, 2)
+  with pytest.raises(ValueError) as err:
+    mha_jax.multi_head_attention(params, jnp.ones((1, 3, 8)),
+                                 capture=("zz",))
+  assert str(err.value).startswith("unknown hook site 'zz' (did you mean "
+                                   "'z'?); this model has: ")
+  listed = str(err.value).rpartition("this model has: ")[2].split(", ")
+  assert "z" in listed and "pattern" in listed
+  assert len(listed) <= hooks.LISTED_SITES
 
 
 def test_every_site_name_ends_in_a_known_kind():
