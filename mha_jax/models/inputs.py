@@ -101,7 +101,8 @@ def check(inputs, config, *, fn: str, name: str = "inputs",
   if _is_text(inputs):
     raise TypeError(
         f"{fn}: `{name}` must be token ids [B, T], got text "
-        f"{inputs!r:.60}; tokenize it first (for a loaded model: "
+        f"{inputs!r:.60}; tokenize it first (a language model from "
+        "`load_language_model`: `lm.to_tokens(text)`; an encoder: "
         "`ids, mask = mha_jax.pretrained.encode(tokenizer, text)`)")
   arr = jnp.asarray(inputs)
   if config.input_dim > 0:

@@ -36,11 +36,20 @@ MODELS = {"decoder": transformer.DecoderLM, "encoder": transformer.Encoder}
 
 
 def read_config_json(directory) -> dict:
-  """config.json of a checkpoint directory, or a PretrainedError."""
+  """config.json of a checkpoint directory, or a PretrainedError (which,
+  for a path that is no directory, says what the loaders take: a
+  directory or a GGUF file)."""
   directory = pathlib.Path(directory)
   if not directory.is_dir():
-    raise PretrainedError(directory, "expected a checkpoint directory, got "
-                          "no such directory")
+    if directory.suffix == ".gguf" and not directory.exists():
+      problem = "expected a GGUF file, got no such file"
+    elif not directory.exists():
+      problem = ("expected a checkpoint directory or a GGUF file, got no "
+                 "such file or directory")
+    else:
+      problem = ("expected a checkpoint directory or a GGUF file, got a "
+                 "file that is not GGUF")
+    raise PretrainedError(directory, problem)
   path = directory / CONFIG
   if not path.is_file():
     found = sorted(p.name for p in directory.iterdir())

@@ -82,6 +82,16 @@ def test_text_rank_and_dtype_are_refused_by_name(bad, kind, message):
     DECODER(bad)
 
 
+def test_text_points_to_the_tokenizer_a_user_has():
+  with pytest.raises(TypeError) as err:
+    DECODER("hello")
+  assert str(err.value) == (
+      "DecoderLM: `inputs` must be token ids [B, T], got text 'hello'; "
+      "tokenize it first (a language model from `load_language_model`: "
+      "`lm.to_tokens(text)`; an encoder: "
+      "`ids, mask = mha_jax.pretrained.encode(tokenizer, text)`)")
+
+
 def test_features_model_wants_float_features():
   config = CONFIG.replace(vocab_size=0, input_dim=3, output_dim=2)
   with pytest.raises(ValueError, match=re.escape(

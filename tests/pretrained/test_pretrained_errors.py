@@ -113,8 +113,19 @@ def test_truncated_file_is_refused_naming_it(built, tmp_path):
 
 
 def test_directory_without_config_or_weights(built, tmp_path):
-  with pytest.raises(PretrainedError, match=r"no such directory"):
-    mha_jax.load_pretrained(tmp_path / "absent")
+  for path, problem in [
+      (tmp_path / "absent", "expected a checkpoint directory or a GGUF "
+       "file, got no such file or directory"),
+      (tmp_path / "model.gguf", "expected a GGUF file, got no such file")]:
+    with pytest.raises(PretrainedError) as err:
+      mha_jax.load_pretrained(path)
+    assert str(err.value) == f"{path}: {problem}"
+  text = tmp_path / "notes.txt"
+  text.write_text("not a model")
+  with pytest.raises(PretrainedError) as err:
+    mha_jax.load_pretrained(text)
+  assert str(err.value) == (f"{text}: expected a checkpoint directory or a "
+                            "GGUF file, got a file that is not GGUF")
   empty = tmp_path / "empty"
   empty.mkdir()
   (empty / "model.safetensors").write_bytes(b"")
