@@ -135,7 +135,7 @@ def _head_scores(q, k, mask, bias, slope, q_pos, q_seg, k_seg, b_id=0,
   k_pos = jnp.arange(tk)
   q, scale = _fold_scale(q, score_rules.scale_of(rules, q.shape[-1]))
   qk = precision.einsum("qd,kd->qk", q, k,
-                  preferred_element_type=jnp.float32)  # [Tq, Tk]
+                        preferred_element_type=jnp.float32)  # [Tq, Tk]
   user = score_rules.user_of(rules, jnp.reshape(b_id, (1, 1)),
                              jnp.reshape(h_id, (1, 1)))
   ok = score_rules.allowed(q_pos, k_pos, mask=mask, is_causal=is_causal,
@@ -160,7 +160,7 @@ def _fold_scale(q, scale):
 def _head_mix(weights, v):
   """One head: weights [Tq,Tk] @ v [Tk,Dv] -> [Tq,Dv], float32 accumulation."""
   return precision.einsum("qk,kd->qd", weights.astype(v.dtype), v,
-                    preferred_element_type=jnp.float32).astype(v.dtype)
+                          preferred_element_type=jnp.float32).astype(v.dtype)
 
 
 def scaled_dot_product_attention(q, k, v, *, mask=None, bias=None):
@@ -283,7 +283,7 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   qg = q.reshape(b, tq, kh, g, dh).transpose(0, 2, 3, 1, 4)  # [B,K,G,Tq,Dh]
   kt = k.transpose(0, 2, 1, 3)  # [B, K, Tk, Dh]
   qk = precision.einsum("bkgqd,bksd->bkgqs", qg, kt,
-                  preferred_element_type=jnp.float32)
+                        preferred_element_type=jnp.float32)
 
   def to_5d(x):  # [b?, h?, tq?, tk?] -> [b?, K?, G?, tq?, tk?]
     if x is None:
@@ -314,8 +314,9 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   # Weights on the left, output [B, K, G, Tq, Dv]: asking einsum for
   # "bqkgd" directly made XLA compute (W V)^T as V^T W^T, which took twice
   # the CPU time of the vmap path at B=1, n=2048, H=8.
-  out = precision.einsum("bkgqs,bksd->bkgqd", weights, v.transpose(0, 2, 1, 3),
-                   preferred_element_type=jnp.float32).astype(v.dtype)
+  out = precision.einsum("bkgqs,bksd->bkgqd", weights,
+                         v.transpose(0, 2, 1, 3),
+                         preferred_element_type=jnp.float32).astype(v.dtype)
   out = out.transpose(0, 3, 1, 2, 4)  # [B, Tq, K, G, Dv]
   return out.reshape(b, tq, h, v.shape[-1]), pattern
 
@@ -382,15 +383,10 @@ WEIGHTLESS = {"flash", "xla", "cudnn", "pallas_tpu", "auto"}
 # Paths that apply `score_mod` / `mask_mod` (score_rules.ScoreRules); the
 # others (jax.nn's, Pallas', the context-parallel ones) refuse them.
 USER_RULE_PATHS = frozenset({"vmap", "einsum", "flash", "auto"})
-# Paths asked for by name that form the [B, H, Tq, Tk] scores, with the
-# bytes of one score at q's dtype, for the refusal of scores that cannot
-# fit (core/device_memory.py). Ours hold them in float32; jax.nn's XLA
-# path at least in q's dtype.
-DENSE_SCORE_BYTES = {
-    "vmap": lambda dtype: 4,
-    "einsum": lambda dtype: 4,
-    "xla": lambda dtype: jnp.dtype(dtype).itemsize,
-}
+# Paths asked for by name that form the [B, H, Tq, Tk] scores, refused
+# when those cannot fit (core/device_memory.py). Ours hold them in
+# float32; jax.nn's XLA path at least in q's dtype.
+DENSE_PATHS = frozenset({"vmap", "einsum", "xla"})
 
 
 def register(name: str, path, *, forms_weights: bool = False) -> None:
@@ -475,10 +471,9 @@ def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend",
     if why is not None:
       raise ValueError(f"{fn}: implementation='cudnn' cannot take this call: "
                        f"{why}; use 'auto', 'flash' or 'xla'")
-  if implementation in DENSE_SCORE_BYTES:
-    device_memory.check_dense_scores(
-        implementation, target, DENSE_SCORE_BYTES[implementation](q.dtype),
-        fn)
+  if implementation in DENSE_PATHS:
+    itemsize = jnp.dtype(q.dtype).itemsize if implementation == "xla" else 4
+    device_memory.check_dense_scores(implementation, target, itemsize, fn)
   user = [n for n in score_rules.USER_FIELDS if getattr(rules, n) is not None]
   if user and implementation not in USER_RULE_PATHS:
     raise ValueError(f"{fn}: implementation={implementation!r} does not "

@@ -48,11 +48,11 @@ def gib(n: float) -> str:
   return f"{n / 2 ** 30:.1f} GiB"
 
 
-def check_dense_scores(implementation: str, shape, itemsize: int, fn: str,
-                       *, backend: str | None = None) -> None:
+def check_dense_scores(implementation: str, shape, itemsize: int,
+                       fn: str) -> None:
   """Raise a ValueError naming the size when `shape`'s scores at
   `itemsize` bytes alone exceed the devices' memory (module docstring)."""
-  have = capacity(backend)
+  have = capacity()
   need = itemsize
   for s in shape:
     need *= int(s)

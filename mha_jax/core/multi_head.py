@@ -128,7 +128,8 @@ def project_heads(params, z, hooks=hooks_lib.NO_HOOKS):
   # program to another: captured in one program and subtracted in another,
   # they must have the same bits for a patch with them to be exact.
   zb, wb = jax.lax.optimization_barrier((z, w_o))
-  clean = jax.lax.optimization_barrier(precision.einsum("bqhe,hed->bqhd", zb, wb))
+  clean = jax.lax.optimization_barrier(
+      precision.einsum("bqhe,hed->bqhd", zb, wb))
   result = hooks("result", clean)
   if not hooks.patches("result"):
     return y

@@ -9,8 +9,8 @@ them all:
   `lax.Precision.HIGHEST`: exact float32, as in PyTorch, whose
   `torch.backends.cuda.matmul.allow_tf32` is False unless asked. JAX's own
   default is the fastest the hardware has: TF32 on NVIDIA GPUs since
-  Ampere (10 mantissa bits; about 5e-4 relative error in attention
-  outputs), bf16 passes on TPUs. A patched and a clean run, or our logits
+  Ampere (10 mantissa bits; 5e-4 to 8e-4 relative error in attention
+  outputs on an H200, docs/precision.md), bf16 passes on TPUs. A patched and a clean run, or our logits
   and transformers', would then differ by that noise.
 - The one place to change it is JAX's own setting, which the library
   follows whenever it is set: the context

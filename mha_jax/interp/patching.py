@@ -283,7 +283,8 @@ def _routed_metric(model, target, metric, delta, bases, receiver_layer,
     base_site = f"blocks.{receiver_layer}.resid_pre"
     for i, name in enumerate(_INPUTS):
       site = f"blocks.{receiver_layer}.attn.{name}"
-      moved = bases[base_site] + precision.einsum("btsd,s->btd", delta, routes[i])
+      moved = bases[base_site] + precision.einsum("btsd,s->btd", delta,
+                                                  routes[i])
 
       def recomputed(moved=moved, site=site):
         # The input as it would be from the moved residual stream (its

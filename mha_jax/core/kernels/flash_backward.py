@@ -118,7 +118,7 @@ def backward_walk(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads,
           s = s if ok is None else score_rules.forbid(s, ok)
         p = jnp.exp(s - lseb[..., None])  # [B, K, G, Bq, Bk], exact softmax
         dp = precision.einsum("bkgqd,bksd->bkgqs", dob, vb,
-                        preferred_element_type=jnp.float32)
+                              preferred_element_type=jnp.float32)
         ds = p * (dp - deltab[..., None])  # d loss / d (softmax input)
         if cfg.score_mod is not None:  # through score_mod (p and so ds
           ds, dc = user_vjp(ds)  # are 0 on masked keys: they add nothing)
@@ -126,11 +126,12 @@ def backward_walk(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads,
         if dcap is not None:  # through c * tanh(x / c)
           ds = ds * dcap
         # The G query heads of a group share k and v: sum their gradients.
-        dv_j = precision.einsum("bkgqs,bkgqd->bksd", p.astype(dob.dtype), dob,
-                          preferred_element_type=jnp.float32)
-        dk_j = precision.einsum("bkgqs,bkgqd->bksd", ds, qb.astype(jnp.float32))
+        dv_j = precision.einsum("bkgqs,bkgqd->bksd", p.astype(dob.dtype),
+                                dob, preferred_element_type=jnp.float32)
+        dk_j = precision.einsum("bkgqs,bkgqd->bksd", ds,
+                                qb.astype(jnp.float32))
         dqb = dqb + precision.einsum("bkgqs,bksd->bkgqd", ds,
-                               kb.astype(jnp.float32)) * cfg.scale
+                                     kb.astype(jnp.float32)) * cfg.scale
         add = lambda acc, x: lax.dynamic_update_slice_in_dim(
             acc, lax.dynamic_slice_in_dim(acc, ks, cfg.bk, axis=2) + x, ks, 2)
         dk, dv = add(dk, dk_j * cfg.scale), add(dv, dv_j)

@@ -63,7 +63,7 @@ def block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full=False,
   score_mod, not masked (the backward differentiates score_mod itself),
   returned with the mask."""
   qk = precision.einsum("bkgqd,bksd->bkgqs", qb, kb,
-                  preferred_element_type=jnp.float32)
+                        preferred_element_type=jnp.float32)
   q_pos = block_q_pos(ex, qs, cfg)
   k_pos = block_k_pos(ex, ks, cfg)
   cut_q = lambda x: lax.dynamic_slice_in_dim(x, qs, cfg.bq, axis=1)[
