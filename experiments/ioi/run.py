@@ -9,7 +9,7 @@ Shape letters: N prompts, L layers, H query heads, R roles, S senders.
 `measure` returns the results dict (every per-prompt number included);
 nothing here writes the report. Every interval is a percentile bootstrap
 over prompts, all statistics of one prompt set sharing its resamples
-(`stats.draws`), so differences between heads are paired.
+(`bootstrap.draws`), so differences between heads are paired.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from experiments.ioi import head_patching
 from experiments.ioi import models
 from experiments.ioi import prompts
 from experiments.ioi import stats
+from mha_jax.measure import bootstrap
 
 META = ("end", "io", "s", "io_pos", "s1_pos", "s2_pos")
 
@@ -162,8 +163,8 @@ def _compare(values_a, values_b, idx) -> dict:
   """Paired per-prompt difference a - b `[N, M]` -> mean and interval per
   column."""
   d = np.asarray(values_a, np.float64) - np.asarray(values_b, np.float64)
-  return {"mean": d.mean(0), "ci95": stats.interval(
-      stats.resampled_means(d, idx))}
+  return {"mean": d.mean(0), "ci95": bootstrap.interval(
+      bootstrap.resampled_means(d, idx))}
 
 
 def circuit(model, p, e, name_ids) -> dict:
@@ -173,7 +174,7 @@ def circuit(model, p, e, name_ids) -> dict:
   c = model.config
   n_h = c.num_heads
   graphdef, state = nnx.split(model)
-  idx = stats.draws(len(p["end"]), e.resamples, e.seed)
+  idx = bootstrap.draws(len(p["end"]), e.resamples, e.seed)
   meta = _meta(p)
   clean, abc = (jnp.asarray(p[k]) for k in ("tokens", "corrupted"))
   ld_clean, _ = logit_diffs(model, p["tokens"], p, chunk=e.chunk)
@@ -204,15 +205,15 @@ def circuit(model, p, e, name_ids) -> dict:
         ..., ::-1], "per_prompt": f["per_prompt"]}
   det = jax.tree.map(np.asarray, _detect(graphdef, state, clean, meta,
                                          jnp.asarray(name_ids)))
-  out["detectors"] = {k: {"mean": v.mean(0), "ci95": stats.interval(
-      stats.resampled_means(v, idx)), "per_prompt": v}
+  out["detectors"] = {k: {"mean": v.mean(0), "ci95": bootstrap.interval(
+      bootstrap.resampled_means(v, idx)), "per_prompt": v}
       for k, v in det.items()}
   floors = detectors.uniform_floors(p)
   out["floors"] = {k: float(np.mean(v)) for k, v in floors.items()}
   flat = lambda v: v.reshape(v.shape[0], -1)  # [N, L * H]
   end_io_vs_s = _compare(flat(det["end_io"]), flat(det["end_s"]), idx)
-  copy = {"mean": flat(det["copy"]).mean(0), "ci95": stats.interval(
-      stats.resampled_means(flat(det["copy"]), idx))}
+  copy = {"mean": flat(det["copy"]).mean(0), "ci95": bootstrap.interval(
+      bootstrap.resampled_means(flat(det["copy"]), idx))}
   # Output heads: the direct path to the logits separates them; where
   # they attend from END and what their OV does to a name says which
   # kind each is (Wang et al.'s name movers attend to IO and copy it).
@@ -268,7 +269,7 @@ def _attention_class(values, idx, e, n_h, floor) -> dict:
   """The heads an attention measure `[N, L, H]` separates from the rest
   (paired intervals), above the uniform floor's mean."""
   v = values.reshape(values.shape[0], -1)
-  samples = stats.resampled_means(v, idx)
+  samples = bootstrap.resampled_means(v, idx)
   sep = stats.separated(v.mean(0), samples, k_max=e.k_max,
                         floor=float(np.mean(floor)))
   return {"heads": _heads(sep["members"], n_h), "gap_ci95": sep["gap_ci95"]}
@@ -314,7 +315,7 @@ def _path_rounds(graphdef, state, clean, abc, meta, ld_clean, ld_abc, idx,
       out[name]["previous"] = [
           {"head": [l, h], "after_s1_s1": [
               float(det["after_s1_s1"][:, l, h].mean()),
-              *stats.interval(stats.resampled_means(
+              *bootstrap.interval(bootstrap.resampled_means(
                   det["after_s1_s1"][:, l, h], idx)).tolist()]}
           for l, h in heads]
     if not heads:
@@ -350,7 +351,7 @@ def _kind(det, l, h, idx) -> dict:
   """Whether head (l, h) attends from S2 more to S1 (duplicate token) or
   to the token after S1 (induction): the paired interval of the two."""
   d = det["s2_s1"][:, l, h] - det["s2_after_s1"][:, l, h]
-  ci = stats.interval(stats.resampled_means(d, idx)).tolist()
+  ci = bootstrap.interval(bootstrap.resampled_means(d, idx)).tolist()
   kind = ("duplicate-token" if ci[0] > 0 else "induction" if ci[1] < 0
           else "not resolved")
   return {"head": [l, h], "s2_s1_minus_after": [float(d.mean()), *ci],
@@ -370,7 +371,7 @@ def measure(config) -> dict:
     names = prompts.single_token_names(tok)
     p = prompts.build(tok, names, per_template_order=e.per_template_order,
                       seed=e.seed, prefix=prefix)
-    idx = stats.draws(len(p["end"]), e.resamples, e.seed)
+    idx = bootstrap.draws(len(p["end"]), e.resamples, e.seed)
     logging.info("ioi: %s loaded, %d names, %d prompts", name, len(names),
                  len(p["end"]))
     task = task_summary(model, p, idx, chunk=e.chunk,

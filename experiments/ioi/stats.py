@@ -4,44 +4,24 @@ from the rest.
 Shape letters: N prompts, R bootstrap resamples, M any trailing shape
 (heads, roles).
 
-One set of resampled prompt indices (`draws`) serves every statistic of a
-run, so a difference of two statistics is paired: both are computed on
-the same resampled prompts.
+One set of resampled prompt indices (`bootstrap.draws`) serves every
+statistic of a run, so a difference of two statistics is paired: both are
+computed on the same resampled prompts.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-
-def draws(n: int, resamples: int, seed: int) -> np.ndarray:
-  """`[R, N]` prompt indices drawn with replacement."""
-  if n < 2:
-    raise ValueError(f"stats.draws: a bootstrap needs at least 2 prompts, "
-                     f"got n={n}")
-  return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-
-
-def resampled_means(values, idx) -> np.ndarray:
-  """`[R, ...]`: the mean over prompts of `values [N, ...]` in each
-  resample `idx [R, N]`."""
-  v = np.asarray(values, np.float64)
-  return np.stack([v[i].mean(0) for i in idx])
-
-
-def interval(samples, confidence: float = 0.95) -> list:
-  """`[..., 2]` percentile interval of `samples [R, ...]`."""
-  tail = (1 - confidence) / 2
-  s = np.asarray(samples, np.float64)
-  return np.stack([np.quantile(s, tail, axis=0),
-                   np.quantile(s, 1 - tail, axis=0)], -1)
+from mha_jax.measure import bootstrap
 
 
 def summary(values, idx) -> dict:
   """`{"mean", "ci95", "per_prompt"}` of `values [N]` (a scalar mean)."""
   v = np.asarray(values, np.float64)
+  means = bootstrap.resampled_means(v, idx)
   return {"mean": float(v.mean()),
-          "ci95": interval(resampled_means(v, idx)).tolist(),
+          "ci95": bootstrap.interval(means).tolist(),
           "per_prompt": v.tolist()}
 
 
@@ -55,14 +35,14 @@ def patched_fraction(patched, clean, corrupt, idx) -> dict:
   means (a per-prompt ratio would divide by small differences). Returns
   `{"fraction" [M], "ci95" [M, 2], "samples" [R, M]}`.
   """
-  p = resampled_means(patched, idx)  # [R, M]
-  c = resampled_means(clean, idx)[:, None]
-  x = resampled_means(corrupt, idx)[:, None]
+  p = bootstrap.resampled_means(patched, idx)  # [R, M]
+  c = bootstrap.resampled_means(clean, idx)[:, None]
+  x = bootstrap.resampled_means(corrupt, idx)[:, None]
   samples = (c - p) / (c - x)
   mp, mc, mx = (np.asarray(a, np.float64).mean(0)
                 for a in (patched, clean, corrupt))
-  return {"fraction": (mc - mp) / (mc - mx), "ci95": interval(samples),
-          "samples": samples}
+  return {"fraction": (mc - mp) / (mc - mx),
+          "ci95": bootstrap.interval(samples), "samples": samples}
 
 
 def separated(means, samples, *, k_max: int, floor: float = 0.0) -> dict:
@@ -83,8 +63,8 @@ def separated(means, samples, *, k_max: int, floor: float = 0.0) -> dict:
   best = {"members": [], "k": 0, "gap_ci95": None}
   for k in range(1, min(k_max, len(means) - 1) + 1):
     weakest, outsider = order[k - 1], order[k]
-    gap = interval(samples[:, weakest] - samples[:, outsider])
-    own = interval(samples[:, order[:k]])  # [k, 2]
+    gap = bootstrap.interval(samples[:, weakest] - samples[:, outsider])
+    own = bootstrap.interval(samples[:, order[:k]])  # [k, 2]
     if gap[0] > 0 and np.all(own[:, 0] > floor):
       best = {"members": order[:k].tolist(), "k": k,
               "gap_ci95": gap.tolist()}

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.pretrained_heads import intervals
 from experiments.pretrained_heads import survey
 from mha_jax import pretrained
+from mha_jax.measure import bootstrap
 
 
 def single_sentences(model, init_model, tok, sentences, classes, e,
@@ -72,7 +72,7 @@ def clustering_against_init(per_pair: dict, groups, num_layers: int, *,
     raise ValueError("clustering_against_init: the two models' pairs "
                      f"differ in real rows: {rows.tolist()} vs "
                      f"{rows_i.tolist()}")
-  drawn, k = intervals.group_weights(groups, resamples=resamples,
+  drawn, k = bootstrap.group_weights(groups, resamples=resamples,
                                      seed=seed)
   weights = drawn * rows[None, :]  # [R, P]
   point = rows[None, :].astype(np.float64)

@@ -26,6 +26,7 @@ from experiments.real_heads import kv_twin
 from experiments.real_heads import models
 from experiments.real_heads import scores
 from experiments.real_heads import survey
+from mha_jax.measure import bootstrap
 from mha_jax.measure import stats
 
 KINDS = ("induction", "previous", "sink")  # head types ablated
@@ -71,7 +72,7 @@ def _scores_of(model, data, e, n=None) -> dict:
 def survey_model(model, data, e) -> dict:
   """Every score per head with its interval, floors and standouts, and
   Sink_0^eps."""
-  idx = {k: survey.resample_index(len(v), e.resamples, e.seed)
+  idx = {k: bootstrap.draws(len(v), e.resamples, e.seed)
          for k, v in data.items()}
   trained = _scores_of(model, data, e)
   n_floor = max(e.chunk, min(e.repeat_inputs, e.text_inputs) // 3

@@ -6,16 +6,19 @@ Shape letters: N inputs, L layers, H heads, R bootstrap resamples.
 Every function takes per-input scores `[N, L, H]` (one input's mean over
 its counted query rows) and works in NumPy. `head_intervals` gives each
 head's mean and percentile bootstrap interval over the inputs (one draw
-of inputs per resample, shared by all heads, so that the intervals of two
-heads come from the same resampled input sets). `sink_share` is Gu et al.
-(2025)'s Sink_k^eps for k = 0: the share of the L H heads whose mean
-weight on the first token exceeds eps. `standout` compares the top heads
-with their floors and with the other heads.
+of inputs per resample, `bootstrap.draws`, shared by all heads, so that
+the intervals of two heads come from the same resampled input sets).
+`sink_share` is Gu et al. (2025)'s Sink_k^eps for k = 0: the share of
+the L H heads whose mean weight on the first token exceeds eps.
+`standout` compares the top heads with their floors and with the other
+heads.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from mha_jax.measure import bootstrap
 
 # Which inputs each reported score is read on, and whether a high or a
 # low value marks the head (low entropy: a sharp head).
@@ -25,19 +28,12 @@ SCORES = {"previous": ("prose", "high"), "induction": ("repeated", "high"),
           "entropy": ("prose", "low")}
 
 
-def resample_index(n: int, resamples: int, seed: int) -> np.ndarray:
-  """`[R, N]` input indices drawn with replacement."""
-  return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-
-
 def head_intervals(values, idx, confidence: float = 0.95) -> dict:
   """{"mean", "lo", "hi"}, each `[L, H]`, of `values [N, L, H]` over the
-  resampled input sets `idx [R, N]`."""
+  resampled input sets `idx [R, N]` (`bootstrap.draws`)."""
   v = np.asarray(values, np.float64)
-  means = v[idx].mean(1)  # [R, L, H]
-  tail = (1 - confidence) / 2
-  return {"mean": v.mean(0), "lo": np.quantile(means, tail, 0),
-          "hi": np.quantile(means, 1 - tail, 0)}
+  ci = bootstrap.interval(bootstrap.resampled_means(v, idx), confidence)
+  return {"mean": v.mean(0), "lo": ci[..., 0], "hi": ci[..., 1]}
 
 
 def sink_share(first, idx, eps: float, confidence: float = 0.95) -> dict:
@@ -46,11 +42,9 @@ def sink_share(first, idx, eps: float, confidence: float = 0.95) -> dict:
   "hi", "heads": `[L, H]` bool}."""
   v = np.asarray(first, np.float64)
   heads = v.mean(0) > eps
-  shares = (v[idx].mean(1) > eps).mean((1, 2))  # [R]
-  tail = (1 - confidence) / 2
-  return {"share": float(heads.mean()),
-          "lo": float(np.quantile(shares, tail)),
-          "hi": float(np.quantile(shares, 1 - tail)),
+  shares = (bootstrap.resampled_means(v, idx) > eps).mean((1, 2))  # [R]
+  lo, hi = bootstrap.interval(shares, confidence)
+  return {"share": float(heads.mean()), "lo": float(lo), "hi": float(hi),
           "heads": heads}
 
 

@@ -23,6 +23,8 @@ import math
 import numpy as np
 from scipy import stats as sp_stats
 
+from mha_jax.measure import bootstrap
+
 
 def _values(values, fn: str) -> np.ndarray:
   v = np.asarray(values, np.float64).reshape(-1)
@@ -102,14 +104,12 @@ def bootstrap_interval(values, statistic: Callable[[np.ndarray], float]
 
   For quantities averaged over examples (a head's score on each held-out
   sequence): the interval is over the examples drawn, not over seeds.
+  The draws are `bootstrap.draws`.
   """
   v = np.asarray(values, np.float64)
   if v.shape[0] < 2:
     raise ValueError("bootstrap_interval: `values` needs at least 2 "
                      f"examples along axis 0, got shape {v.shape}")
-  rng = np.random.default_rng(seed)
-  idx = rng.integers(0, v.shape[0], size=(resamples, v.shape[0]))
-  stats_ = np.array([statistic(v[i]) for i in idx])
-  tail = (1 - confidence) / 2
-  return (float(np.quantile(stats_, tail)),
-          float(np.quantile(stats_, 1 - tail)))
+  idx = bootstrap.draws(v.shape[0], resamples, seed)
+  lo, hi = bootstrap.interval([statistic(v[i]) for i in idx], confidence)
+  return float(lo), float(hi)

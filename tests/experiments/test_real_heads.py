@@ -26,6 +26,7 @@ from experiments.real_heads import report
 from experiments.real_heads import scores
 from experiments.real_heads import survey
 from experiments.real_heads import tables
+from mha_jax.measure import bootstrap
 from mha_jax.measure import report as report_lib
 
 import entry_points
@@ -218,7 +219,7 @@ def test_intervals_sink_share_ranks_and_standout():
   v = np.zeros((4, 2, 3))
   v[:, 0, 1] = [0.5, 0.6, 0.7, 0.8]  # the one marked head
   v[:, 1, 2] = 0.4
-  idx = survey.resample_index(4, 200, 0)
+  idx = bootstrap.draws(4, 200, 0)
   iv = survey.head_intervals(v, idx)
   assert iv["lo"][1, 2] == iv["hi"][1, 2] == 0.4
   assert 0.5 <= iv["lo"][0, 1] < 0.65 < iv["hi"][0, 1] <= 0.8
