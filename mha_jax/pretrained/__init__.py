@@ -7,7 +7,8 @@ or `Encoder`; `save_pretrained(model, path)` writes one back;
 `load_tokenizer(path)` reads tokenizer.json or a GGUF file's tokenizer;
 `load_language_model(path)` gives both as a `LanguageModel` (text in and
 out, `text.py`).
-Families: gpt2, llama, mistral, qwen2, gemma2, gemma3, gpt_neox, bert.
+Families: gpt2, llama, mistral, qwen2, gemma2, gemma3, qwen3, phi3,
+gpt_neox, bert.
 `real_models` finds the two GGUF models the install brings. This layer
 imports only models, core and hooks (docs/architecture.md, "The
 layers"); parallel, beside it, is not among them.

@@ -10,7 +10,9 @@ from mha_jax.pretrained.gpt_neox import GPT_NEOX
 from mha_jax.pretrained.llama import LLAMA
 from mha_jax.pretrained.llama import MISTRAL
 from mha_jax.pretrained.llama import QWEN2
+from mha_jax.pretrained.phi3 import PHI3
+from mha_jax.pretrained.qwen3 import QWEN3
 
 FAMILIES = {f.name: f for f in (GPT2, LLAMA, MISTRAL, QWEN2, GEMMA2, GEMMA3,
-                                GPT_NEOX, BERT)}
+                                QWEN3, PHI3, GPT_NEOX, BERT)}
 BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}

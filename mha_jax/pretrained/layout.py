@@ -6,6 +6,7 @@ model's config, and groups fused axes in parentheses:
   m D (d_model)    h H (query heads)   k K (key/value heads)
   d Dh (head width)   f F (MLP width)  v V (vocabulary)
   p max_len (position table)   t token types   three 3 (fused q, k, v)
+  two 2 (fused gate and up)
 
 For example Llama's `q_proj.weight` is stored `[H*Dh, D]` ("(h d) m") and
 mha_jax's `w_q` is `[D, H, Dh]` ("m h d"); GPT-2's fused `c_attn.weight`
@@ -15,6 +16,13 @@ the target lacks (`three`) is split: each of its slices goes to one of the
 rule's parameters in order. `to_params` reads the source layout into the
 targets (a reshape, a transpose, a split); `to_source` is its exact
 inverse, used to save a model back.
+
+An axis may also be a concatenation of unequal parts, separated by `|`
+inside its group, when fused tensors have parts of different sizes:
+Phi-3's `qkv_proj.weight` with GQA is "(h d | k d | k d) m", q's rows
+then k's then v's, and its `dst` names each part's layout in the same
+order ("m h d | m k d | m k d"); part i goes to the rule's i-th
+parameter.
 """
 
 from __future__ import annotations
@@ -42,7 +50,40 @@ def parse(layout: str) -> list[tuple[str, ...]]:
 
 def shape_of(layout: str, sizes: dict[str, int]) -> tuple[int, ...]:
   """The tensor shape a layout has for these axis sizes."""
+  if "|" in layout:
+    parts, axis = _parts(layout)
+    shapes = [shape_of(p, sizes) for p in parts]
+    return shapes[0][:axis] + (sum(s[axis] for s in shapes),) + (
+        shapes[0][axis + 1:])
   return tuple(math.prod(sizes[a] for a in g) for g in parse(layout))
+
+
+def _parts(layout: str) -> tuple[list[str], int]:
+  """"(h d | k d) m" -> (["(h d) m", "(k d) m"], 0): one layout per part
+  of the concatenated axis, and that axis's position."""
+  groups = parse(layout.replace("|", " | "))
+  (axis,) = [i for i, g in enumerate(groups) if "|" in g]
+  alternatives, current = [], []
+  for a in groups[axis] + ("|",):
+    if a == "|":
+      alternatives.append(current)
+      current = []
+    else:
+      current.append(a)
+  text = lambda g: "(" + " ".join(g) + ")" if len(g) > 1 else g[0]
+  return [" ".join(text(alt) if i == axis else text(g)
+                   for i, g in enumerate(groups))
+          for alt in alternatives], axis
+
+
+def _concat(src: str, dst: str) -> tuple[list[str], list[str], int]:
+  """The parts of a concatenated `src` with their `dst` layouts."""
+  parts, axis = _parts(src)
+  dsts = [d.strip() for d in dst.split("|")]
+  if len(dsts) != len(parts):
+    raise ValueError(f"layout: {src!r} -> {dst!r} must name one target "
+                     "layout per part")
+  return parts, dsts, axis
 
 
 def _axes(src: str, dst: str):
@@ -58,7 +99,14 @@ def _axes(src: str, dst: str):
 def to_params(array: np.ndarray, src: str, dst: str,
               sizes: dict[str, int]) -> list[np.ndarray]:
   """Source tensor in layout `src` -> target arrays in layout `dst` (one,
-  or one per slice of the split axis). The caller checks the shape."""
+  or one per slice of the split axis or part of the concatenated one).
+  The caller checks the shape."""
+  if "|" in src:
+    parts, dsts, axis = _concat(src, dst)
+    ends = np.cumsum([shape_of(p, sizes)[axis] for p in parts])
+    pieces = np.split(array, ends[:-1], axis=axis)
+    return [to_params(x, p, d, sizes)[0]
+            for x, p, d in zip(pieces, parts, dsts)]
   flat, out, split = _axes(src, dst)
   x = np.reshape(array, [sizes[a] for a in flat])
   order = ([flat.index(split)] if split else []) + [flat.index(a) for a in out]
@@ -69,6 +117,11 @@ def to_params(array: np.ndarray, src: str, dst: str,
 def to_source(arrays: list[np.ndarray], src: str, dst: str,
               sizes: dict[str, int]) -> np.ndarray:
   """The inverse of `to_params`: target arrays -> one tensor in `src`."""
+  if "|" in src:
+    parts, dsts, axis = _concat(src, dst)
+    return np.concatenate([to_source([x], p, d, sizes)
+                           for x, p, d in zip(arrays, parts, dsts)],
+                          axis=axis)
   flat, out, split = _axes(src, dst)
   x = np.stack(arrays) if split else arrays[0]
   order = ([split] if split else []) + out

@@ -60,7 +60,7 @@ IGNORED = ((r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq",
 
 
 def common_from_hf(hf: F.HFConfig) -> dict:
-  """The fields all four decoder families with RMSNorm and rotary read."""
+  """The fields the decoder families with RMSNorm and rotary read."""
   d, h = hf.need("hidden_size"), hf.need("num_attention_heads")
   theta, scaling, _ = F.rope(hf)
   return dict(
@@ -111,21 +111,26 @@ def _mistral_to_hf(c):
   return dict(common_to_hf(c), sliding_window=w["sliding_window"])
 
 
-def _qwen2_from_hf(hf):
+def qwen_windows(hf: F.HFConfig):
+  """Qwen2's and Qwen3's per-layer windows: with use_sliding_window, the
+  layers from max_window_layers on slide (unless layer_types says
+  otherwise); without it sliding_window is moot."""
   n = hf.need("num_hidden_layers")
-  # With use_sliding_window, the layers from max_window_layers on slide
-  # (unless layer_types says otherwise); without it sliding_window is moot.
   first = hf.get("max_window_layers", n)
   windows = (F.windows(hf, n, lambda l: l >= first)
              if hf.get("use_sliding_window", False) else None)
   if windows is None:
     hf.get("sliding_window"), hf.get("layer_types")
+  return windows
+
+
+def _qwen2_from_hf(hf):
   return dict(common_from_hf(hf), use_bias=True, out_bias=False,
-              layer_windows=windows,
+              layer_windows=qwen_windows(hf),
               mlp_activation=F.activation(hf, "hidden_act", "silu"))
 
 
-def _qwen2_to_hf(c):
+def qwen_to_hf(c):
   out = dict(common_to_hf(c), use_sliding_window=c.layer_windows is not None)
   if c.layer_windows is not None:
     out.update(F.windows_to_hf(c), max_window_layers=c.num_layers)
@@ -141,4 +146,4 @@ def _decoder(name, arch, from_hf, to_hf):
 LLAMA = _decoder("llama", "LlamaForCausalLM", _llama_from_hf, _llama_to_hf)
 MISTRAL = _decoder("mistral", "MistralForCausalLM", _mistral_from_hf,
                    _mistral_to_hf)
-QWEN2 = _decoder("qwen2", "Qwen2ForCausalLM", _qwen2_from_hf, _qwen2_to_hf)
+QWEN2 = _decoder("qwen2", "Qwen2ForCausalLM", _qwen2_from_hf, qwen_to_hf)

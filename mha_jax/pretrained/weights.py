@@ -18,7 +18,7 @@ def axis_sizes(config) -> dict[str, int]:
   return dict(m=config.d_model, h=config.num_heads,
               k=config.num_kv_heads or config.num_heads, d=config.head_width,
               f=config.mlp_width, v=config.vocab_size, p=config.max_len,
-              t=config.type_vocab_size, three=3)
+              t=config.type_vocab_size, three=3, two=2)
 
 
 def expand(family, num_layers: int, naming: str = "source"):

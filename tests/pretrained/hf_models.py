@@ -59,6 +59,18 @@ CONFIGS = {
             full_attention=dict(rope_type="linear", factor=2.0,
                                 rope_theta=1e6)),
         pad_token_id=0),
+    # Its own head width (16, not 32 / 4) and QK-norm; the second layer
+    # slides, as in Qwen2.
+    "qwen3": lambda: tf.Qwen3Config(**_LLAMA_LIKE, head_dim=16,
+                                    use_sliding_window=True,
+                                    sliding_window=4, max_window_layers=1),
+    # GQA, so the fused q/k/v parts differ in size; half of each head
+    # rotated (Phi-4-mini rotates 3/4); a window on every layer.
+    "phi3": lambda: tf.Phi3Config(**_LLAMA_LIKE, sliding_window=4,
+                                  pad_token_id=0,
+                                  rope_parameters=dict(
+                                      rope_type="default", rope_theta=1e4,
+                                      partial_rotary_factor=0.5)),
     "gpt_neox": lambda: tf.GPTNeoXConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
         num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
