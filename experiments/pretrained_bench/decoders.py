@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments import torch_peers
 import mha_jax
 from mha_jax.measure import timing
 from mha_jax.models import generate
@@ -42,14 +43,10 @@ from mha_jax.pretrained import real_models
 MODELS = {"smollm2": ("SmolLM2-135M-Instruct (Q4_1)",
                       real_models.smollm2_135m),
           "gemma3": ("Gemma 3 270M (Q4_K_M)", real_models.gemma3_270m)}
-FIRST_ID = 3  # past the special tokens of both files
-
-
-def token_ids(vocab: int, length: int, *, seed: int = 0) -> np.ndarray:
-  """`[1, length]` ids drawn uniformly from [FIRST_ID, vocab): timing
-  needs no meaning, and a fixed seed gives both libraries one input."""
-  rng = np.random.default_rng(seed)
-  return rng.integers(FIRST_ID, vocab, (1, length), dtype=np.int64)
+# Read here by the GPU benchmark and tests/pretrained's benchmark test;
+# they are torch_peers' (real_lm_bench shares them).
+token_ids = torch_peers.token_ids
+leading_agreement = torch_peers.leading_agreement
 
 
 def _mha_jax_calls(path, impl: str, ids, prompt, new_tokens: int):
@@ -66,25 +63,12 @@ def _mha_jax_calls(path, impl: str, ids, prompt, new_tokens: int):
 
 
 def _torch_calls(hf, threads: int, ids, prompt, new_tokens: int):
-  """(prefill, decode) calls of transformers' model at `threads` torch
-  threads; the thread count is set before the clock starts."""
+  """(setup, prefill, decode) calls of transformers' model at `threads`
+  torch threads; the thread count is set before the clock starts."""
   import torch  # pylint: disable=import-outside-toplevel
-  ids, prompt = torch.as_tensor(ids), torch.as_tensor(prompt)
-  ones = torch.ones_like(prompt)
-
-  def prefill():
-    with torch.no_grad():
-      return hf(ids, use_cache=False).logits
-
-  def decode():
-    with torch.no_grad():
-      out = hf.generate(prompt, attention_mask=ones,
-                        max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                        do_sample=False, pad_token_id=0)
-    return out[:, prompt.shape[1]:]
-
   setup = lambda: torch.set_num_threads(threads)
-  return setup, prefill, decode
+  return (setup, torch_peers.forward(hf, torch.as_tensor(ids)),
+          torch_peers.greedy_decode(hf, torch.as_tensor(prompt), new_tokens))
 
 
 def summary(times: dict, reference: str) -> dict:
@@ -94,13 +78,6 @@ def summary(times: dict, reference: str) -> dict:
   return {name: {"median": float(np.median(t)), "min": float(np.min(t)),
                  "ratio": float(np.median(np.asarray(t) / ref))}
           for name, t in times.items()}
-
-
-def leading_agreement(a, b) -> int:
-  """How many tokens `a` and `b` (`[1, N]`) share before they differ."""
-  a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
-  differ = np.flatnonzero(a != b)
-  return int(differ[0]) if differ.size else int(a.size)
 
 
 def measure(path, *, prefill: int = 512, prompt: int = 16,
@@ -116,15 +93,15 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
   path = pathlib.Path(path)
   hf = transformers.AutoModelForCausalLM.from_pretrained(
       str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-  ids = token_ids(hf.config.vocab_size, prefill)
+  ids = torch_peers.token_ids(hf.config.vocab_size, prefill)
   head = ids[:, :prompt]
   calls = {}
   for impl in implementations:
     calls[f"mha_jax {impl}"] = (lambda: None,) + _mha_jax_calls(
         path, impl, ids, head, new_tokens)
   for n in threads:
-    calls[f"torch {n} thread{'s' if n > 1 else ''}"] = _torch_calls(
-        hf, n, ids, head, new_tokens)
+    calls[torch_peers.thread_name(n)] = _torch_calls(hf, n, ids, head,
+                                                     new_tokens)
   names = list(calls)
   first, tokens = {"prefill": {}, "decode": {}}, {}
   for c in names:
@@ -138,7 +115,8 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
     order = names[r % len(names):] + names[:r % len(names)]
     for task, index in (("prefill", 1), ("decode", 2)):
       for c in order:
-        times[task][c].append(timing.timed_call(calls[c][0], calls[c][index])[0])
+        times[task][c].append(
+            timing.timed_call(calls[c][0], calls[c][index])[0])
   torch_names = [c for c in names if c.startswith("torch")]
   reference = torch_names[-1]
   # What transformers ran: the config field it dispatches attention on.
@@ -150,6 +128,7 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
       "first": first, "loadavg": load,
       "summary": {task: {t: summary(times[task], t) for t in torch_names}
                   for task in times},
-      "agree": {c: leading_agreement(tokens[c], tokens[reference])
+      "agree": {c: torch_peers.leading_agreement(tokens[c],
+                                                 tokens[reference])
                 for c in names},
       "reference": reference}

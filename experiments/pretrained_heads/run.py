@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from experiments import stdlib_prose
 from experiments.pretrained_heads import ablation as ablation_lib
 from experiments.pretrained_heads import controls
 from experiments.pretrained_heads import corpus
@@ -157,7 +158,7 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
   del reuse
   t0 = time.monotonic()
   e = config.experiment
-  docs = corpus.documents()
+  docs = stdlib_prose.documents()
   pairs_ = corpus.pairs(docs)
   sents = [s for paras in docs.values() for para in paras for s in para]
   model, tok, info = models.load(config, sents)

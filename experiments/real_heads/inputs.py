@@ -2,14 +2,15 @@
 
 Shape letters: N inputs, T tokens.
 
-* `repeated`: `[BOS, x_1..x_n, x_1..x_n]`, the x drawn without
-  replacement, so the only earlier copy of a second-half token is its
-  first-half twin (TransformerLens's induction test, Olsson et al.).
+* repeated (`mha_jax.sae.buffer.repeated_tokens`): `[BOS, x_1..x_n,
+  x_1..x_n]`, the x drawn without replacement, so the only earlier copy
+  of a second-half token is its first-half twin; `second_copy` and
+  `first_copy` mark its targets.
 * `prose`: the first `T` tokens of documents of the standard library's
   English prose (the pydoc topics and module docstrings of
-  experiments/pretrained_heads/corpus.py, paragraphs joined by blank
-  lines), as the model's tokenizer writes them; shipped with Python, so
-  nothing is downloaded.
+  experiments/stdlib_prose.py, paragraphs joined by blank lines), as the
+  model's tokenizer writes them; shipped with Python, so nothing is
+  downloaded.
 * `at_distance`: `[BOS, A, F, A]` with A `segment` random tokens and F
   random filler, so every token of the second A has its copy exactly
   `distance` tokens back.
@@ -21,24 +22,8 @@ import functools
 
 import numpy as np
 
-from experiments.pretrained_heads import corpus
-
-
-def _distinct(rng, n: int, length: int, token_range) -> np.ndarray:
-  """`[n, length]` ids, distinct within a row, from [lo, hi)."""
-  lo, hi = token_range
-  if hi - lo < length:
-    raise ValueError(f"token_range: [{lo}, {hi}) holds {hi - lo} ids, "
-                     f"fewer than the {length} distinct ones a row needs")
-  return np.stack([lo + rng.choice(hi - lo, length, replace=False)
-                   for _ in range(n)]).astype(np.int32)
-
-
-def repeated(n: int, length: int, token_range, bos: int, *, seed: int
-             ) -> np.ndarray:
-  """`[N, 2 length + 1]` random tokens repeated once after a BOS."""
-  x = _distinct(np.random.default_rng(seed), n, length, token_range)
-  return np.concatenate([np.full((n, 1), bos, np.int32), x, x], 1)
+from experiments import stdlib_prose
+from mha_jax.sae import buffer
 
 
 def second_copy(length: int) -> np.ndarray:
@@ -65,8 +50,8 @@ def at_distance(n: int, distance: int, segment: int, token_range, bos: int,
   if distance < segment:
     raise ValueError(f"at_distance: `distance`={distance} must be at least "
                      f"`segment`={segment} (the copies would overlap)")
-  rng = np.random.default_rng(seed)
-  x = _distinct(rng, n, distance, token_range)  # segment, then filler
+  x = buffer.distinct_tokens(n, distance, token_range, seed=seed)
+  # The segment, then filler.
   return np.concatenate([np.full((n, 1), bos, np.int32), x,
                          x[:, :segment]], 1)
 
@@ -75,7 +60,7 @@ def at_distance(n: int, distance: int, segment: int, token_range, bos: int,
 def prose_documents() -> tuple[str, ...]:
   """The prose documents, in a fixed order: each one's kept paragraphs
   joined by blank lines."""
-  docs = corpus.documents()
+  docs = stdlib_prose.documents()
   return tuple("\n\n".join(" ".join(p) for p in paras)
                for _, paras in sorted(docs.items()))
 

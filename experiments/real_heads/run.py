@@ -28,6 +28,7 @@ from experiments.real_heads import scores
 from experiments.real_heads import survey
 from mha_jax.measure import bootstrap
 from mha_jax.measure import stats
+from mha_jax.sae import buffer
 
 KINDS = ("induction", "previous", "sink")  # head types ablated
 # Which survey score picks each type's heads, and on which inputs.
@@ -43,9 +44,9 @@ def _round(x, digits: int = 4):
 
 def survey_inputs(e, info, encode) -> dict:
   """{"repeated": `[N, 2 n + 1]`, "prose": `[N, T]`} of the survey."""
-  return {"repeated": inputs.repeated(e.repeat_inputs, e.repeat_len,
-                                      e.token_range, info["bos"],
-                                      seed=e.seed),
+  return {"repeated": buffer.repeated_tokens(
+      e.repeat_inputs, e.repeat_len, e.token_range, seed=e.seed,
+      bos=info["bos"]),
           "prose": inputs.prose(encode, e.text_inputs, e.text_len,
                                 seed=e.seed)}
 
@@ -112,8 +113,8 @@ def causal_inputs(e, info, encode) -> dict:
   """The ablation inputs, disjoint from the survey's: fresh random tokens
   and the next prose documents."""
   n = e.causal_inputs
-  return {"repeated": inputs.repeated(n, e.repeat_len, e.token_range,
-                                      info["bos"], seed=e.seed + 1),
+  return {"repeated": buffer.repeated_tokens(
+      n, e.repeat_len, e.token_range, seed=e.seed + 1, bos=info["bos"]),
           "prose": inputs.prose(encode, n, e.causal_text_len, seed=e.seed,
                                 skip=e.text_inputs)}
 
@@ -237,8 +238,8 @@ def kv_model(model, e) -> dict:
   """Cache bytes per token and seconds per decoded token of the GQA model
   and its MHA twin, and whether the twin's logits equal the model's."""
   twin = kv_twin.mha_twin(model)
-  prompt = inputs.repeated(1, e.kv_prompt // 2, e.token_range, 0,
-                           seed=e.seed)[:, 1:]
+  prompt = buffer.repeated_tokens(1, e.kv_prompt // 2, e.token_range,
+                                  seed=e.seed)
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   gap = float(np.abs(np.asarray(model(jnp.asarray(prompt)))
                      - np.asarray(twin(jnp.asarray(prompt)))).max())

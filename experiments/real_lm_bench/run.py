@@ -36,9 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import mha_jax
-from experiments.pretrained_bench import decoders
+from experiments import torch_peers
 from experiments.real_lm_bench import profile as profile_lib
+import mha_jax
 from mha_jax.measure import timing
 from mha_jax.models import generate
 from mha_jax.pretrained import real_models
@@ -96,25 +96,14 @@ def torch_calls(hf, ids, prompt, new_tokens: int) -> dict:
   import torch  # pylint: disable=import-outside-toplevel
   ids, prompt = torch.as_tensor(ids), torch.as_tensor(prompt)
 
-  def forward():
-    with torch.no_grad():
-      return hf(ids, use_cache=False).logits
-
   def loss_grad():
     hf.zero_grad(set_to_none=True)
     loss = hf(ids, labels=ids, use_cache=False).loss
     loss.backward()
     return loss.detach()
 
-  def decode():
-    with torch.no_grad():
-      out = hf.generate(prompt, attention_mask=torch.ones_like(prompt),
-                        max_new_tokens=new_tokens,
-                        min_new_tokens=new_tokens, do_sample=False,
-                        pad_token_id=0)
-    return out[:, prompt.shape[1]:]
-
-  return {"forward": forward, "loss_grad": loss_grad, "decode": decode}
+  return {"forward": torch_peers.forward(hf, ids), "loss_grad": loss_grad,
+          "decode": torch_peers.greedy_decode(hf, prompt, new_tokens)}
 
 
 def _call(c):
@@ -161,7 +150,7 @@ def measure(config, workdir) -> dict:
   start = time.perf_counter()
   hf, path, label = load_hf(e, workdir)
   vocab = hf.config.vocab_size
-  ids = decoders.token_ids(vocab, e.tokens, seed=e.seed)  # [1, T]
+  ids = torch_peers.token_ids(vocab, e.tokens, seed=e.seed)  # [1, T]
   prompt = ids[:, :e.prompt]  # [1, P]
   contestants, setups, outs = {}, {}, {}
   models = {}
@@ -174,7 +163,7 @@ def measure(config, workdir) -> dict:
     setups[name] = lambda: None
   t_calls = torch_calls(hf, ids, prompt, e.new_tokens)
   for n in e.threads:
-    name = f"torch {n} thread{'s' if n > 1 else ''}"
+    name = torch_peers.thread_name(n)
     contestants[name] = t_calls
     setups[name] = lambda n=n: torch.set_num_threads(n)
   names = list(contestants)
@@ -204,8 +193,8 @@ def measure(config, workdir) -> dict:
       "forward_rel": _rel(outs[(c, "forward")],
                           outs[(reference, "forward")]),
       "loss": outs[(c, "loss_grad")],
-      "tokens": decoders.leading_agreement(outs[(c, "decode")],
-                                           outs[(reference, "decode")])}
+      "tokens": torch_peers.leading_agreement(outs[(c, "decode")],
+                                              outs[(reference, "decode")])}
            for c in names}
   # What transformers ran: the config field it dispatches attention on.
   attn = hf.config._attn_implementation  # pylint: disable=protected-access

@@ -100,18 +100,27 @@ def _order(n: int, seed: int, epoch: int) -> np.ndarray:
 # Token sources.
 
 
+def distinct_tokens(n: int, length: int, token_range, *, seed: int
+                    ) -> np.ndarray:
+  """`[n, length]` random ids from `token_range` [lo, hi), distinct
+  within a row: a row's only earlier copy of a token is one placed
+  there."""
+  lo, hi = token_range
+  if hi - lo < length:
+    raise ValueError(f"token_range: [{lo}, {hi}) holds {hi - lo} ids, "
+                     f"fewer than the {length} distinct ones a row needs")
+  rng = np.random.default_rng(seed)
+  return np.stack([lo + rng.choice(hi - lo, length, replace=False)
+                   for _ in range(n)]).astype(np.int32)
+
+
 def repeated_tokens(n: int, length: int, token_range, *, seed: int,
                     bos: int | None = None) -> np.ndarray:
   """`[n, 2 length (+1)]`: random tokens, distinct within a row, repeated
   once (after `bos` if given): the input on which induction is the only
-  way to predict the second copy."""
-  lo, hi = token_range
-  if hi - lo < length:
-    raise ValueError(f"repeated_tokens: `token_range` [{lo}, {hi}) holds "
-                     f"fewer than the {length} distinct ids a row needs")
-  rng = np.random.default_rng(seed)
-  x = np.stack([lo + rng.choice(hi - lo, length, replace=False)
-                for _ in range(n)]).astype(np.int32)
+  way to predict the second copy (TransformerLens's induction test,
+  Olsson et al.)."""
+  x = distinct_tokens(n, length, token_range, seed=seed)
   pre = [] if bos is None else [np.full((n, 1), bos, np.int32)]
   return np.concatenate(pre + [x, x], 1)
 

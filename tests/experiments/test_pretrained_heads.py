@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from experiments import stdlib_prose
 from experiments.pretrained_heads import controls
 from experiments.pretrained_heads import corpus
 from experiments.pretrained_heads import models
@@ -29,7 +30,7 @@ i.e. lower case starts are dropped, as are sentences without a full stop
 
 
 def test_sentences_split_and_filter():
-  assert corpus.sentences(TEXT) == [[
+  assert stdlib_prose.sentences(TEXT) == [[
       "The first sentence is long enough.",
       "Then the third sentence comes at the end."]]
   docs = {"d1": [["A a a a a.", "B b b b b.", "C c c c c."]],
@@ -41,7 +42,7 @@ def test_sentences_split_and_filter():
 
 
 def test_the_corpus_is_thousands_of_sentences():
-  docs = corpus.documents()
+  docs = stdlib_prose.documents()
   assert sum(len(s) for p in docs.values() for s in p) > 3000
 
 

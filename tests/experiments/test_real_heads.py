@@ -28,13 +28,14 @@ from experiments.real_heads import survey
 from experiments.real_heads import tables
 from mha_jax.measure import bootstrap
 from mha_jax.measure import report as report_lib
+from mha_jax.sae import buffer
 
 import entry_points
 import wired_circuit as wc
 
 WIRED = wc.build()
 # [BOS, x, x]: 3 distinct tokens of 2..11 repeated, 7 of the model's 8.
-REP = inputs.repeated(4, 3, (2, wc.V), wc.BOS, seed=0)
+REP = buffer.repeated_tokens(4, 3, (2, wc.V), seed=0, bos=wc.BOS)
 
 
 def _reference(w, tokens, local):
@@ -168,7 +169,7 @@ def test_measure_refuses_uneven_chunks():
 
 
 def test_repeated_and_masks():
-  x = inputs.repeated(3, 4, (10, 20), 1, seed=0)
+  x = buffer.repeated_tokens(3, 4, (10, 20), seed=0, bos=1)
   assert x.shape == (3, 9) and (x[:, 0] == 1).all()
   np.testing.assert_array_equal(x[:, 1:5], x[:, 5:])
   assert all(len(set(r[1:5])) == 4 for r in x)
@@ -191,7 +192,7 @@ def test_at_distance_puts_the_copy_exactly_that_far_back():
 def test_too_few_ids_for_distinct_tokens():
   with pytest.raises(ValueError, match=r"token_range: \[3, 5\) holds 2 ids, "
                      r"fewer than the 3 distinct ones a row needs"):
-    inputs.repeated(1, 3, (3, 5), 1, seed=0)
+    buffer.repeated_tokens(1, 3, (3, 5), seed=0, bos=1)
 
 
 def _bytes(texts):
