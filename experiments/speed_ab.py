@@ -37,7 +37,6 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import time
 
 from absl import app
 from absl import flags
@@ -135,15 +134,13 @@ def _masked_case(name, n=8192, block=512):
 
 
 def _worker(spec):
-  import jax  # pylint: disable=g-import-not-at-top
+  # Imported here, in the worker process, like jax: the parent process
+  # only starts workers.
+  from mha_jax.measure import timing  # pylint: disable=g-import-not-at-top
   fn, args = _case(spec["case"], spec["capture"])
   compiled = fn.lower(*args).compile()
-  times = []
-  for i in range(spec["warmup"] + spec["repeats"]):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    if i >= spec["warmup"]:
-      times.append(time.perf_counter() - start)
+  times, _ = timing.wall_times(compiled, args, warmup=spec["warmup"],
+                               repeats=spec["repeats"])
   print("RESULT " + json.dumps({"median_s": statistics.median(times),
                                 "min_s": min(times)}))
 

@@ -34,7 +34,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -180,13 +179,8 @@ def _torch_case(shape, warmup, repeats):
                      ("fwdbwd", lambda: fwd().float().sum().backward())):
     if mode not in shape["modes"]:
       continue
-    times = []
-    for i in range(warmup + repeats):
-      start = time.perf_counter()
-      call()
-      if i >= warmup:
-        times.append(time.perf_counter() - start)
-    out[f"{mode}_s"] = times
+    out[f"{mode}_s"] = timing.wall_times(call, (), warmup=warmup,
+                                         repeats=repeats)[0]
     out[f"{mode}_rss"] = _peak_rss()
   return out
 

@@ -5,8 +5,9 @@ r"""The dense path against the blockwise one on CPU, by the size of the scores.
 `attend` alone (no projections): `einsum`, which forms the float32 scores
 [B, H, Tq, Tk], against `flash`, which never does, forward and
 forward+backward (the gradient of sum(out^2) with respect to q, k and v),
-each compiled ahead of time and timed in interleaved rounds; a time is
-the median over the rounds after the first two. The shapes grow the
+each compiled ahead of time and timed in interleaved rounds, the order
+rotating each round (`measure.timing.interleaved_times`); a time is the
+median over the rounds after the first two. The shapes grow the
 scores from 8 to 512 MiB at H = 8, Dh = 32 (and one at Dh = 64), causal
 and not. `auto`'s CPU rule (`kernels/auto.py`, CPU_DENSE_SCORE_BYTES)
 is read off this table; docs/performance.md quotes a run. Writes nothing.
@@ -14,8 +15,8 @@ is read off this table; docs/performance.md quotes a run. Writes nothing.
 
 from __future__ import annotations
 
+import functools
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,7 @@ from absl import app
 from absl import flags
 
 from mha_jax.core import attention
+from mha_jax.measure import timing
 from mha_jax.training import host_memory
 
 # (B, T, H, Dh): float32 scores of 8, 32, 64, 128, 256, 512 MiB, then the
@@ -52,14 +54,12 @@ def _programs(shape, is_causal):
 
 
 def measure(shape, is_causal, rounds):
-  """Median ms of each (path, mode), interleaved over `rounds`."""
+  """Median ms of each (path, mode), interleaved over `rounds` (the first
+  two rounds left out)."""
   programs, args = _programs(shape, is_causal)
-  times = {key: [] for key in programs}
-  for _ in range(rounds):
-    for key, program in programs.items():
-      start = time.perf_counter()
-      jax.block_until_ready(program(*args))
-      times[key].append(time.perf_counter() - start)
+  times = timing.interleaved_times(
+      {key: functools.partial(program, *args)
+       for key, program in programs.items()}, rounds)
   return {key: 1e3 * statistics.median(t[2:]) for key, t in times.items()}
 
 

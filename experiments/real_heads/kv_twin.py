@@ -15,14 +15,13 @@ with `mha_jax.models.generate`, compiled first.
 
 from __future__ import annotations
 
-import time
-
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import hooks
+from mha_jax.measure import timing
 from mha_jax.models import generate
 from mha_jax.models import transformer
 
@@ -66,10 +65,8 @@ def decode_seconds(model, prompt, new: int, *, max_len: int,
                                             max_len=max_len))
 
   def timed(n):
-    start = time.perf_counter()
-    out = generate.generate(model, prompt, n, max_len=max_len)
-    jax.block_until_ready(out)
-    return time.perf_counter() - start, out
+    return timing.timed_call(lambda: None, lambda: generate.generate(
+        model, prompt, n, max_len=max_len))
 
   per = []
   tokens = None

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import sae as sae_config
+from mha_jax.measure import timing
 from mha_jax.pretrained import real_models
 from mha_jax.sae import buffer
 from mha_jax.sae import train
@@ -40,13 +41,8 @@ from mha_jax.sae import train
 
 
 def _median(fn, repeats):
-  fn()  # warm-up (compiles)
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+  """Median seconds of `fn()` after one untimed call (it compiles)."""
+  return timing.median_time(fn, (), warmup=1, repeats=repeats)[0][0]
 
 
 def collection(repeats) -> dict:

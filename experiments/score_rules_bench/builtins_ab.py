@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -47,11 +46,9 @@ R = score_rules.ScoreRules
 
 def _built(mask_mod, n, block):
   """`(BlockMask, [seconds of each build])`: built twice."""
-  times = []
-  for _ in range(2):
-    start = time.perf_counter()
-    bm = block_mask.create(mask_mod, None, None, n, n, block, block)
-    times.append(time.perf_counter() - start)
+  times, bm = timing.wall_times(block_mask.create,
+                                (mask_mod, None, None, n, n, block, block),
+                                warmup=0, repeats=2)
   return bm, times
 
 

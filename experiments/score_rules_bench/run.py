@@ -54,6 +54,7 @@ from mha_jax.core import masks
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
 from mha_jax.measure import stats
+from mha_jax.measure import timing
 from mha_jax.training import host_memory
 
 RULES = ("documents", "window")
@@ -72,13 +73,9 @@ def rule_of(name: str, n: int, config):
 def _timed(call, config) -> dict:
   """Wall seconds of `call()` (blocking): `repeats` calls, or one when the
   first took longer than `slow_s`."""
-  times = []
-  for _ in range(config.repeats):
-    start = time.perf_counter()
-    out = call()
-    times.append(time.perf_counter() - start)
-    if times[0] > config.slow_s:
-      break
+  times, out = timing.wall_times(call, (), warmup=0,
+                                 repeats=config.repeats,
+                                 slow_s=config.slow_s)
   return {"times_s": times, "out": out}
 
 

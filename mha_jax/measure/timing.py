@@ -34,12 +34,16 @@ def count_compiles():
     jax.monitoring.unregister_event_duration_listener(listener)
 
 
-def wall_times(fn, args, *, warmup: int, repeats: int, feed_back=None):
+def wall_times(fn, args, *, warmup: int, repeats: int, feed_back=None,
+               slow_s: float | None = None):
   """Wall seconds of `repeats` calls of `fn(*args)` after `warmup` calls.
 
-  Each call is ended by `jax.block_until_ready`, so the time covers the
+  Each call is ended by `jax.block_until_ready` (which passes non-JAX
+  outputs, e.g. torch tensors, through), so the time covers the
   computation, not just its dispatch. `feed_back(args, out)` gives the next
-  call's args (for example a donated cache). Returns `(times, last_output)`.
+  call's args (for example a donated cache). With `slow_s`, a first timed
+  call longer than that is the only one (a case too slow to repeat).
+  Returns `(times, last_output)`.
   """
   times = []
   out = None
@@ -48,6 +52,8 @@ def wall_times(fn, args, *, warmup: int, repeats: int, feed_back=None):
     out = jax.block_until_ready(fn(*args))
     if i >= warmup:
       times.append(time.perf_counter() - start)
+      if slow_s is not None and times[0] > slow_s:
+        break
     if feed_back is not None:
       args = feed_back(args, out)
   return times, out

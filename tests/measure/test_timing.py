@@ -1,5 +1,8 @@
 """`timing.interleaved_times`: one call of each per round, the order
-rotating by one each round, a time per call."""
+rotating by one each round, a time per call; `timing.wall_times`: the
+warm-up left out, feed-back, and a slow first call timed alone."""
+
+import time
 
 from mha_jax.measure import timing
 
@@ -12,3 +15,20 @@ def test_interleaved_times_rotates_the_order_each_round():
   assert {name: len(ts) for name, ts in times.items()} == {
       "a": 4, "b": 4, "c": 4}
   assert all(t >= 0 for ts in times.values() for t in ts)
+
+
+def test_wall_times_leaves_out_the_warmup_and_feeds_back():
+  seen = []
+  times, out = timing.wall_times(lambda x: seen.append(x) or x + 1, (0,),
+                                 warmup=2, repeats=3,
+                                 feed_back=lambda args, out: (out,))
+  assert seen == [0, 1, 2, 3, 4] and out == 5 and len(times) == 3
+
+
+def test_a_slow_first_call_is_timed_alone():
+  calls = []
+  slow = lambda: calls.append(time.sleep(0.02))
+  times, _ = timing.wall_times(slow, (), warmup=1, repeats=5, slow_s=0.01)
+  assert len(times) == 1 and len(calls) == 2 and times[0] >= 0.02
+  times, _ = timing.wall_times(slow, (), warmup=0, repeats=3, slow_s=10.0)
+  assert len(times) == 3
