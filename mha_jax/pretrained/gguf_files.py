@@ -20,9 +20,17 @@ This module turns a file into what the safetensors path has:
   - llama: the converter permutes the rows of q and k from Hugging
     Face's rotate-half order to the interleaved pairs (2i, 2i + 1) that
     llama.cpp rotates; `unpermute_qk` restores them.
-  - gemma3: the converter stores Gemma's RMSNorm weights as 1 + w;
-    `read_tensor` subtracts 1 in float32, as transformers' GGUF loader
-    does, so the weights equal its converted tensors bit for bit.
+    Mistral's files are llama files (llama.cpp's converter writes
+    MistralForCausalLM as `llama`; the `gguf` package has no `mistral`
+    architecture) and load as llama: the file keeps no sliding window
+    and llama.cpp attends to every position, as mha_jax then does.
+  - gemma2, gemma3: the converter stores Gemma's RMSNorm weights as
+    1 + w; `read_tensor` subtracts 1 in float32, as transformers' GGUF
+    loader does, so the weights equal its converted tensors bit for bit.
+  - qwen2, qwen3, phi3, gemma2, gemma3: rotated as stored (llama.cpp's
+    rotate-half "NEOX" mode), no permutation. phi3 keeps Hugging Face's
+    fused `attn_qkv` (q, k, v rows) and `ffn_up` (gate, up rows), which
+    the phi3 family's table splits.
 
 GGUF lists dimensions innermost first (`ne`); the package reverses them,
 so a matrix stored `[in, out]` in `ne` arrives as the `[out, in]` array
@@ -61,10 +69,13 @@ _COMMON_KEYS = {
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
     "rope.freq_base": "rope_theta",
     "vocab_size": "vocab_size",
-    "attention.sliding_window": "sliding_window",
     "attention.value_length": None,  # must equal key_length
-    "rope.dimension_count": None,  # must equal the head width
+    "rope.dimension_count": None,  # the head width, or phi3's rotated part
 }
+# 0 is how llama.cpp's phi3 converter writes "no window".
+_WINDOW = {"attention.sliding_window": "sliding_window"}
+_FINAL_CAP = {"final_logit_softcapping": "final_logit_softcapping"}
+_CAPS = dict(_FINAL_CAP, attn_logit_softcapping="attn_logit_softcapping")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,18 +86,50 @@ class Architecture:
   permute_qk: undo llama.cpp's q/k row permutation.
   norm_shift: subtracted from every `*norm.weight` (Gemma's 1 + w).
   keys: metadata keys (after `<arch>.`) -> config.json fields.
+  partial_rotary: `rope.dimension_count` may be less than the head width
+    (the rotated part, phi3); elsewhere it must equal it.
+  defaults: config.json fields no key holds, as transformers' config
+    class defaults them.
   """
   model_type: str
   permute_qk: bool
   norm_shift: float
   keys: dict
+  partial_rotary: bool = False
+  defaults: dict = dataclasses.field(default_factory=dict)
 
 
 ARCHITECTURES = {
     "llama": Architecture("llama", permute_qk=True, norm_shift=0.0,
                           keys=_COMMON_KEYS),
+    "qwen2": Architecture("qwen2", permute_qk=False, norm_shift=0.0,
+                          keys=_COMMON_KEYS),
+    "qwen3": Architecture("qwen3", permute_qk=False, norm_shift=0.0,
+                          keys=_COMMON_KEYS),
+    # The file has no query_pre_attn_scalar: Gemma 2 2B's and 9B's 256
+    # (Gemma2Config's default); 27B's is 144, which llama.cpp infers
+    # from the layer count and a file cannot say.
+    "gemma2": Architecture("gemma2", permute_qk=False, norm_shift=1.0,
+                           keys=dict(_COMMON_KEYS, **_WINDOW, **_CAPS),
+                           defaults={"query_pre_attn_scalar": 256}),
     "gemma3": Architecture("gemma3_text", permute_qk=False, norm_shift=1.0,
-                           keys=_COMMON_KEYS),
+                           keys=dict(_COMMON_KEYS, **_WINDOW, **_FINAL_CAP)),
+    # original_context_length is written for every phi3 file; it acts
+    # only with longrope's attn_factor and rope_factors_* tensors, which
+    # are refused by name.
+    "phi3": Architecture("phi3", permute_qk=False, norm_shift=0.0,
+                         keys=dict(_COMMON_KEYS, **_WINDOW, **{
+                             "rope.scaling.original_context_length":
+                                 "original_max_position_embeddings"}),
+                         partial_rotary=True),
+}
+# Architectures close to those above that mha_jax does not load, and why.
+REFUSED = {
+    "mistral3": "the newer Mistral converter's text model scales "
+                "attention by position (attention.temperature_scale) and "
+                "its rope by YaRN, which mha_jax does not implement",
+    "qwen2moe": "a mixture-of-experts MLP, which mha_jax does not implement",
+    "qwen3moe": "a mixture-of-experts MLP, which mha_jax does not implement",
 }
 # Keys outside `<arch>.*` that describe the file, not the model's math.
 _NEUTRAL_PREFIXES = ("general.", "tokenizer.", "GGUF.", "quantize.",
@@ -155,6 +198,10 @@ def metadata(reader: gguf.GGUFReader) -> dict:
 
 def architecture(meta: dict, where) -> tuple[str, Architecture]:
   arch = meta.get("general.architecture")
+  if arch in REFUSED:
+    raise PretrainedError(where, f"key 'general.architecture': {arch!r} "
+                          f"has {REFUSED[arch]}; mha_jax loads "
+                          f"{sorted(ARCHITECTURES)}")
   if arch not in ARCHITECTURES:
     raise PretrainedError(where, f"key 'general.architecture': mha_jax loads "
                           f"{sorted(ARCHITECTURES)}, got {arch!r}")
@@ -180,22 +227,37 @@ def config_fields(meta: dict, tensors: dict, where) -> dict:
                               f"understood by the GGUF loader")
       continue
     name = key[len(prefix):]
+    if name not in spec.keys and name.startswith("rope.scaling."):
+      raise PretrainedError(where, f"key {key!r}={value!r}: rope scaling "
+                            "in GGUF metadata is not implemented; expected "
+                            "no rope.scaling keys")
     if name not in spec.keys:
       raise PretrainedError(where, f"key {key!r}={value!r} is not "
                             f"understood by the {arch} GGUF loader (it reads "
                             f"{sorted(prefix + k for k in spec.keys)})")
+    if spec.keys[name] == "sliding_window" and value == 0:
+      continue  # llama.cpp's phi3 converter's "no window"
     if spec.keys[name] is not None:
       fields[spec.keys[name]] = value
   heads = fields.get("num_attention_heads")
   if "head_dim" not in fields and isinstance(heads, int) and heads > 0:
     fields["head_dim"] = fields.get("hidden_size", 0) // heads
-  for name in ("attention.value_length", "rope.dimension_count"):
-    got = meta.get(prefix + name)
-    if got is not None and got != fields.get("head_dim"):
-      raise PretrainedError(where, f"key {prefix + name!r}: mha_jax expects "
-                            f"the head width {fields.get('head_dim')} (no "
-                            f"partial rotary or separate value width), got "
-                            f"{got}")
+  head_dim = fields.get("head_dim")
+  got = meta.get(prefix + "attention.value_length")
+  if got is not None and got != head_dim:
+    raise PretrainedError(where, f"key {prefix + 'attention.value_length'!r}"
+                          f": mha_jax expects the head width {head_dim} (no "
+                          f"separate value width), got {got}")
+  got = meta.get(prefix + "rope.dimension_count")
+  if got is not None and spec.partial_rotary and isinstance(
+      head_dim, int) and 0 < got <= head_dim:
+    fields["partial_rotary_factor"] = got / head_dim
+  elif got is not None and got != head_dim:
+    raise PretrainedError(where, f"key {prefix + 'rope.dimension_count'!r}: "
+                          f"mha_jax expects the head width {head_dim} (no "
+                          f"partial rotary in {arch} files), got {got}")
+  for name, value in spec.defaults.items():
+    fields.setdefault(name, value)
   if "vocab_size" not in fields and "token_embd.weight" in tensors:
     fields["vocab_size"] = tensors["token_embd.weight"].shape[0]
   fields["tie_word_embeddings"] = "output.weight" not in tensors

@@ -131,15 +131,16 @@ def load_config(path, **overrides) -> ModelConfig:
 def load_pretrained(path, *,
                     implementation: str = attention.RUN_IMPLEMENTATION,
                     param_dtype=jnp.float32, dtype=None):
-  """A `DecoderLM` (GPT-2, Llama, Mistral, Qwen2, Gemma 2, Gemma 3,
-  GPT-NeoX) or `Encoder` (BERT) with the weights of a local checkpoint.
+  """A `DecoderLM` (GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2,
+  Gemma 3, GPT-NeoX) or `Encoder` (BERT) with the weights of a local
+  checkpoint.
 
   Args:
     path: a directory with config.json and model.safetensors (or shards
       with model.safetensors.index.json), or a GGUF file (architectures
-      `gguf_files.ARCHITECTURES`: llama, gemma3), whose tensors are
-      dequantized to float32 (`gguf.quants`) and then cast to
-      `param_dtype`.
+      `gguf_files.ARCHITECTURES`: llama, qwen2, qwen3, gemma2, gemma3,
+      phi3), whose tensors are dequantized to float32 (`gguf.quants`)
+      and then cast to `param_dtype`.
     implementation: the attention path (a key of
       `attention.IMPLEMENTATIONS`); "einsum" (`attention.RUN_IMPLEMENTATION`,
       the default of runs at real sizes) and "vmap" form every hook site,

@@ -1,10 +1,14 @@
 """GGUF files load into mha_jax equal to transformers' GGUF loader.
 
-A tiny random Llama (tests/pretrained/gguf_models.py) is written as GGUF
-the way llama.cpp writes it (q/k rows permuted, tensors quantized in
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, BF16, F16 and F32) and read by both
-loaders. The real files (SmolLM2-135M, Gemma 3 270M) are checked in
-tests/real_models, a tier of its own.
+A tiny random model of each architecture (tests/pretrained/
+gguf_models.py: llama, qwen2, qwen3, gemma2, gemma3, phi3, and Mistral
+as a llama file) is written as GGUF the way llama.cpp writes it (llama's
+q/k rows permuted, Gemma's norms as 1 + w, tensors quantized in Q8_0,
+Q4_0, Q4_1, Q5_0, Q5_1, BF16, F16 and F32) and read by both loaders.
+What transformers' GGUF loader does not read (phi3's partial rotary and
+window, Gemma 2's soft caps) is checked against the tiny transformers
+model the file was written from. The real files (SmolLM2-135M, Gemma 3
+270M) are checked in tests/real_models, a tier of its own.
 """
 
 import copy
@@ -46,7 +50,7 @@ class Tiny:
     self.out64 = hf_models.run(copy.deepcopy(self.hf).double(), self.batch)
 
 
-@pytest.fixture(scope="module", params=["llama", "gemma3"])
+@pytest.fixture(scope="module", params=list(gguf_models.CONFIGS))
 def tiny_any(request, tmp_path_factory):
   """Each architecture in turn."""
   transformers.utils.logging.disable_progress_bar()
@@ -81,7 +85,7 @@ def test_float32_file_gives_back_the_model_it_was_written_from(tiny_any):
     if name == "lm_head.weight" and tiny.hf.config.tie_word_embeddings:
       continue
     want = t.numpy()
-    if name.endswith("norm.weight") and tiny.arch == "gemma3":
+    if name.endswith("norm.weight") and gguf_models.NORM_SHIFT.get(tiny.arch):
       np.testing.assert_allclose(ours[name], want, rtol=0,
                                  atol=np.finfo(np.float32).eps,
                                  err_msg=name)
@@ -100,6 +104,40 @@ def test_forward_within_twice_transformers_own_float32_error(tiny_any):
     assert compare.rel(ours[q], tiny.out64[q]) <= 2 * floor, q
 
 
+# Files whose metadata transformers' GGUF loader does not read: phi3's
+# rotated width and window, Gemma 2's soft caps (it takes Gemma 2's own
+# 50 and 30). The reference is the model the file was written from.
+DROPPED = {
+    "phi3": lambda: gguf_models.phi3_config(partial=0.5, window=4),
+    "gemma2": lambda: gguf_models.gemma2_config(caps=(2.0, 5.0)),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(DROPPED))
+def test_what_transformers_gguf_loader_drops(arch, tmp_path):
+  """Half of each Phi-3 head rotated and a window of 4 on every layer;
+  Gemma 2 soft caps of 2 (scores) and 5 (logits), which bite: against
+  the tiny transformers model itself (float32 file, so the weights are
+  its own; Gemma's norms go through 1 + w and back in float32 as both
+  loaders read them)."""
+  original = gguf_models.build(arch, config=DROPPED[arch]())
+  gguf_models.write(original, tmp_path / "f32.gguf", arch, quantize=False)
+  if gguf_models.NORM_SHIFT.get(arch):
+    with torch.no_grad():
+      for name, p in original.named_parameters():
+        if name.endswith("norm.weight"):
+          p.copy_((p + 1.0) - 1.0)
+  batch = hf_models.inputs(arch)
+  out32 = hf_models.run(original, batch)
+  out64 = hf_models.run(copy.deepcopy(original).double(), batch)
+  ours = compare.run(mha_jax.load_pretrained(tmp_path / "f32.gguf"), arch,
+                     batch)
+  for q in ("main", "stream", "patterns"):
+    floor = compare.rel(out32[q], out64[q])
+    assert 0 < floor < 50 * compare.U32, (q, floor)
+    assert compare.rel(ours[q], out64[q]) <= 2 * floor, q
+
+
 def test_load_config_reads_the_metadata_only(tiny):
   c = pretrained.load_config(tiny.directory / "q.gguf")
   assert (c.num_layers, c.num_heads, c.num_kv_heads, c.d_model,
@@ -111,14 +149,16 @@ def test_load_config_reads_the_metadata_only(tiny):
 
 
 def _rewrite(src, dst, *, drop=(), arch=None, extra=None, retype=None,
-             add=None):
+             add=None, drop_keys=(), ints=None):
   """A copy of the GGUF file `src` with tensors dropped or added, the
-  architecture renamed, an extra key, or one tensor stored as I32."""
+  architecture renamed, keys dropped, extra keys (float32 `extra`,
+  uint32 `ints`), or one tensor stored as I32."""
   reader = gguf.GGUFReader(src)
   name = arch or reader.fields["general.architecture"].contents()
   writer = gguf.GGUFWriter(str(dst), name)
   for key, field in reader.fields.items():
-    if key.startswith(("GGUF.", "general.architecture")):
+    if key.startswith(("GGUF.", "general.architecture")) or (
+        key in drop_keys):
       continue
     kind = field.types[0]
     value = field.contents()
@@ -130,6 +170,8 @@ def _rewrite(src, dst, *, drop=(), arch=None, extra=None, retype=None,
       writer.add_key_value(key, value, kind)
   for key, value in (extra or {}).items():
     writer.add_key_value(key, value, gguf.GGUFValueType.FLOAT32)
+  for key, value in (ints or {}).items():
+    writer.add_key_value(key, value, gguf.GGUFValueType.UINT32)
   for t in reader.tensors:
     if t.name in drop:
       continue
@@ -173,10 +215,80 @@ def test_unknown_architecture(tiny, tmp_path):
   _fails(path, "general.architecture", "'mamba'", "llama")
 
 
+def _message(path):
+  with pytest.raises(PretrainedError) as e:
+    mha_jax.load_pretrained(path)
+  return str(e.value)
+
+
 def test_unknown_metadata_key(tiny, tmp_path):
   path = _rewrite(tiny.directory / "q.gguf", tmp_path / "k.gguf",
+                  extra={"llama.attention.clamp_kqv": 8.0})
+  assert _message(path) == (
+      f"{path}: key 'llama.attention.clamp_kqv'=8.0 is not understood by "
+      "the llama GGUF loader (it reads ['llama.attention.head_count', "
+      "'llama.attention.head_count_kv', 'llama.attention.key_length', "
+      "'llama.attention.layer_norm_rms_epsilon', "
+      "'llama.attention.value_length', 'llama.block_count', "
+      "'llama.context_length', 'llama.embedding_length', "
+      "'llama.feed_forward_length', 'llama.rope.dimension_count', "
+      "'llama.rope.freq_base', 'llama.vocab_size'])")
+
+
+def test_rope_scaling_key_is_refused_by_name(tiny, tmp_path):
+  path = _rewrite(tiny.directory / "q.gguf", tmp_path / "k.gguf",
                   extra={"llama.rope.scaling.factor": 8.0})
-  _fails(path, "llama.rope.scaling.factor", "not understood")
+  assert _message(path) == (
+      f"{path}: key 'llama.rope.scaling.factor'=8.0: rope scaling in GGUF "
+      "metadata is not implemented; expected no rope.scaling keys")
+
+
+def test_phi3_longrope_is_refused_by_name(tmp_path):
+  # Phi-3's 128k files add rope.scaling.attn_factor beside
+  # rope_factors_long / _short tensors.
+  model = gguf_models.build("phi3")
+  gguf_models.write(model, tmp_path / "phi3.gguf", "phi3")
+  path = _rewrite(tmp_path / "phi3.gguf", tmp_path / "long.gguf",
+                  extra={"phi3.rope.scaling.attn_factor": 1.19})
+  assert _message(path) == (
+      f"{path}: key 'phi3.rope.scaling.attn_factor'="
+      f"{np.float32(1.19).item()!r}: rope scaling in GGUF metadata is not "
+      "implemented; expected no rope.scaling keys")
+
+
+def test_refused_architecture_says_why(tiny, tmp_path):
+  path = _rewrite(tiny.directory / "q.gguf", tmp_path / "m3.gguf",
+                  arch="mistral3")
+  assert _message(path) == (
+      f"{path}: key 'general.architecture': 'mistral3' has the newer "
+      "Mistral converter's text model scales attention by position "
+      "(attention.temperature_scale) and its rope by YaRN, which mha_jax "
+      "does not implement; mha_jax loads ['gemma2', 'gemma3', 'llama', "
+      "'phi3', 'qwen2', 'qwen3']")
+
+
+def test_partial_rotary_outside_phi3_is_refused_by_name(tiny, tmp_path):
+  src = tiny.directory / "q.gguf"
+  reader = gguf.GGUFReader(src)
+  assert reader.fields["llama.rope.dimension_count"].contents() == 8
+  path = _rewrite(src, tmp_path / "r.gguf", drop_keys=(
+      "llama.rope.dimension_count",), ints={"llama.rope.dimension_count": 4})
+  assert _message(path) == (
+      f"{path}: key 'llama.rope.dimension_count': mha_jax expects the head "
+      "width 8 (no partial rotary in llama files), got 4")
+
+
+def test_phi3_window_of_zero_is_none_and_others_slide_every_layer(tmp_path):
+  # llama.cpp's phi3 converter writes 0 for "no window"; Hugging Face's
+  # window W lets query i see keys i - W < j <= i: (W - 1, 0).
+  for window, want in ((None, (None, None)), (4, ((3, 0), (3, 0)))):
+    model = gguf_models.build("phi3", config=gguf_models.phi3_config(
+        partial=0.5, window=window))
+    path = tmp_path / f"w{window}.gguf"
+    gguf_models.write(model, path, "phi3")
+    c = pretrained.load_config(path)
+    assert tuple(c.window_of(l) for l in range(2)) == want
+    assert (c.rotary_dim, c.head_width) == (4, 8)
 
 
 def test_missing_tensor(tiny, tmp_path):
