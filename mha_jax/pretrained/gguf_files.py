@@ -125,11 +125,11 @@ ARCHITECTURES = {
 }
 # Architectures close to those above that mha_jax does not load, and why.
 REFUSED = {
-    "mistral3": "the newer Mistral converter's text model scales "
+    "mistral3": "the newer Mistral converter's text model, which scales "
                 "attention by position (attention.temperature_scale) and "
-                "its rope by YaRN, which mha_jax does not implement",
-    "qwen2moe": "a mixture-of-experts MLP, which mha_jax does not implement",
-    "qwen3moe": "a mixture-of-experts MLP, which mha_jax does not implement",
+                "rope by YaRN; neither is implemented",
+    "qwen2moe": "a mixture-of-experts MLP, which is not implemented",
+    "qwen3moe": "a mixture-of-experts MLP, which is not implemented",
 }
 # Keys outside `<arch>.*` that describe the file, not the model's math.
 _NEUTRAL_PREFIXES = ("general.", "tokenizer.", "GGUF.", "quantize.",
@@ -200,7 +200,7 @@ def architecture(meta: dict, where) -> tuple[str, Architecture]:
   arch = meta.get("general.architecture")
   if arch in REFUSED:
     raise PretrainedError(where, f"key 'general.architecture': {arch!r} "
-                          f"has {REFUSED[arch]}; mha_jax loads "
+                          f"is refused: {REFUSED[arch]}; mha_jax loads "
                           f"{sorted(ARCHITECTURES)}")
   if arch not in ARCHITECTURES:
     raise PretrainedError(where, f"key 'general.architecture': mha_jax loads "

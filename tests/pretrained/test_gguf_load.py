@@ -260,11 +260,11 @@ def test_refused_architecture_says_why(tiny, tmp_path):
   path = _rewrite(tiny.directory / "q.gguf", tmp_path / "m3.gguf",
                   arch="mistral3")
   assert _message(path) == (
-      f"{path}: key 'general.architecture': 'mistral3' has the newer "
-      "Mistral converter's text model scales attention by position "
-      "(attention.temperature_scale) and its rope by YaRN, which mha_jax "
-      "does not implement; mha_jax loads ['gemma2', 'gemma3', 'llama', "
-      "'phi3', 'qwen2', 'qwen3']")
+      f"{path}: key 'general.architecture': 'mistral3' is refused: the "
+      "newer Mistral converter's text model, which scales attention by "
+      "position (attention.temperature_scale) and rope by YaRN; neither is "
+      "implemented; mha_jax loads ['gemma2', 'gemma3', 'llama', 'phi3', "
+      "'qwen2', 'qwen3']")
 
 
 def test_partial_rotary_outside_phi3_is_refused_by_name(tiny, tmp_path):
