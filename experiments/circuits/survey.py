@@ -255,7 +255,7 @@ def survey(model, pairs, position_pairs, *, tokens, corrupted=None,
   (`[Hs, Hr]` per kind, rotary ignored) and "composition_rotary"
   (averaged over the offsets 1..T-1), "copying" (per kind `[L, H]`),
   "dla" (`direct_logit_attribution`) and "scores" (`head_scores` on the
-  clean pairs).
+  clean pairs); "composition_means" (`composition_means`).
   """
   graphdef, state = nnx.split(model)
   out = {"heads": _directions(_per_head, graphdef, state, pairs,
@@ -265,6 +265,8 @@ def survey(model, pairs, position_pairs, *, tokens, corrupted=None,
   out.update(_weights_and_dla(graphdef, state, pairs, jnp.asarray(tokens),
                               sender_layer, receiver_layer))
   out = jax.tree.map(np.asarray, out)
+  out["composition_means"] = composition_means(out["composition"],
+                                               out["composition_rotary"])
   if corrupted:
     prev, _ = roles_of(out["scores"])
     out["corruptions"] = {
@@ -274,6 +276,16 @@ def survey(model, pairs, position_pairs, *, tokens, corrupted=None,
                                 resamples=resamples)
         for kind, p in corrupted.items()}
   return out
+
+
+def composition_means(comp, comp_rotary) -> dict:
+  """Each sender head's composition averaged over the receiver heads, in
+  float64: `[Hs]` per kind of `comp` (`[Hs, Hr]` each), and "k_rotary"
+  of `comp_rotary["k"]`."""
+  mean = lambda rows: [float(np.mean(np.asarray(r, np.float64)))
+                       for r in rows]
+  return {**{k: mean(comp[k]) for k in "qkv"},
+          "k_rotary": mean(comp_rotary["k"])}
 
 
 def checkpoint_scores(run_dir, batch) -> dict:

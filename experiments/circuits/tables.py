@@ -168,11 +168,11 @@ def _path_rows(s, r) -> list[list]:
 
 def _composition_rows(s, r) -> list[list]:
   """One seed's layer-0 heads' composition with the layer-1 heads."""
-  c, cr, sc = r["composition"], r["composition_rotary"], r["scores"]
+  c, sc = r["composition_means"], r["scores"]
   prev, cur = sc["previous_token"][0], sc["current_token"][0]
   return [[f"{s} {_head(h)}", f"{prev[h]:.2f} / {cur[h]:.2f}"]
-          + [f"{np.mean(c[k][h]):.3f}" for k in "qkv"]
-          + [f"{np.mean(cr['k'][h]):.3f}"] for h in range(len(c["q"]))]
+          + [f"{c[k][h]:.3f}" for k in ("q", "k", "v", "k_rotary")]
+          for h in range(len(c["q"]))]
 
 
 def _attribution_rows(s, r) -> list[list]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import pathlib
 
-import numpy as np
-
 from mha_jax.measure import report as report_lib
 
 HERE = pathlib.Path(__file__).parent
@@ -25,28 +23,27 @@ def write(config, results, workdir) -> dict:
   return report_lib.write_rendered(workdir, results, render, config=config)
 
 
-def _ratio_cell(per_round) -> str:
+def _ratio_cell(r) -> str:
   """Median over rounds [minimum, maximum]."""
-  r = np.asarray(per_round)
-  return f"{np.median(r):.2f} [{r.min():.2f}, {r.max():.2f}]"
+  return f"{r['median']:.2f} [{r['min']:.2f}, {r['max']:.2f}]"
 
 
-def _time_cell(task, times, n) -> str:
+def _time_cell(task, t, n) -> str:
   """Seconds (median / min), or for decode tokens/s (median / best)."""
-  t = np.asarray(times)
   if task == "decode":
-    return f"{n / np.median(t):.1f} / {n / t.min():.1f} tok/s"
-  return f"{np.median(t):.3f} / {t.min():.3f} s"
+    return f"{n / t['median']:.1f} / {n / t['min']:.1f} tok/s"
+  return f"{t['median']:.3f} / {t['min']:.3f} s"
 
 
 def speed_table(s) -> str:
-  refs = list(s["ratios"])
+  refs, summ = list(s["ratios"]), s["summary"]
   rows = []
   for task in s["times"]:
     for c in s["contestants"]:
       rows.append([TASK_LABELS[task], c,
-                   _time_cell(task, s["times"][task][c], s["new_tokens"])]
-                  + [_ratio_cell(s["ratios"][ref][task][c]) for ref in refs])
+                   _time_cell(task, summ["times"][task][c], s["new_tokens"])]
+                  + [_ratio_cell(summ["ratios"][ref][task][c])
+                     for ref in refs])
   return report_lib.md_table(
       ["task", "contestant", "median / best"]
       + [f"time x {ref} (median [min, max] over rounds)" for ref in refs],
@@ -104,15 +101,15 @@ def verdicts(s) -> str:
   the worst round stand against 1."""
   lines = []
   jax_names = [c for c in s["contestants"] if c.startswith("mha_jax")]
-  for ref, by_task in s["ratios"].items():
+  for ref, by_task in s["summary"]["ratios"].items():
     for task, by in by_task.items():
       cells = []
       for c in jax_names:
-        r = np.asarray(by[c])
-        where = ("at or below 1 in every round" if r.max() <= 1 else
-                 "at or below 1 in the median" if np.median(r) <= 1 else
+        r = by[c]
+        where = ("at or below 1 in every round" if r["max"] <= 1 else
+                 "at or below 1 in the median" if r["median"] <= 1 else
                  "above 1 in the median")
-        cells.append(f"{c} {np.median(r):.2f} ({where})")
+        cells.append(f"{c} {r['median']:.2f} ({where})")
       lines.append(f"- {TASK_LABELS[task]} against {ref}: "
                    + "; ".join(cells) + ".")
   return "\n".join(lines)

@@ -215,8 +215,24 @@ def measure(config, workdir) -> dict:
   if e.profile:
     results["profile"] = _profiles(e, contestants, models, names, prompt,
                                    setups)
+  results["summary"] = summary(times, results["ratios"])
   results["seconds"] = time.perf_counter() - start
   return results
+
+
+def summary(times, ratios) -> dict:
+  """What the report reads of the rounds: per task and contestant the
+  median and minimum seconds ("times"), and per torch reference, task
+  and contestant the median, minimum and maximum of the per-round ratio
+  ("ratios")."""
+  spread = lambda x: {"median": float(np.median(x)), "min": float(min(x)),
+                      "max": float(max(x))}
+  return {"times": {t: {c: {"median": float(np.median(x)),
+                            "min": float(min(x))} for c, x in by.items()}
+                    for t, by in times.items()},
+          "ratios": {ref: {t: {c: spread(x) for c, x in by.items()}
+                           for t, by in by_task.items()}
+                     for ref, by_task in ratios.items()}}
 
 
 def _ratios_to(times, names, ref) -> dict:

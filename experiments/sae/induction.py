@@ -108,10 +108,11 @@ def reconstruction(params, z, n: int, ind_heads, features, *, kind, k,
                    scale, draws: int, seed: int) -> dict:
   """Explained variance of the induction heads' block of z (second-copy
   positions) by: the induction features alone, the whole SAE, and
-  `draws` random sets of as many features among those firing there."""
+  `draws` random sets of as many features among those firing there
+  (each draw's, and their mean)."""
   if not ind_heads:  # no induction head: nothing to reconstruct
     return {"induction_features": None, "all_features": None, "random": [],
-            "none": None, "count": len(features)}
+            "random_mean": None, "none": None, "count": len(features)}
   _, second, _ = layout(z.shape[1], n)
   dv = z.shape[3]
   x = buffer.flatten_site(z[:, second]) * scale  # [M, D]
@@ -133,4 +134,5 @@ def reconstruction(params, z, n: int, ind_heads, features, *, kind, k,
             if 0 < m <= len(live) else [])
   return {"induction_features": ev(features) if m else 0.0,
           "all_features": ev(range(f.shape[1])), "random": random,
+          "random_mean": float(np.mean(random)) if random else None,
           "none": ev([]), "count": m}

@@ -10,11 +10,8 @@ from __future__ import annotations
 import json
 import pathlib
 
-import numpy as np
-
 from experiments.sae import figures
 from mha_jax.measure import report as report_lib
-from mha_jax.measure import stats
 
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 KIND_NAMES = {"relu": "ReLU + L1", "topk": "TopK"}
@@ -43,10 +40,12 @@ def _heads(layer, top_heads) -> str:
                    for h, n in sorted(counts.items())) or "-"
 
 
-def _random(draws) -> str:
+def _random(rec) -> str:
+  """The random sets' mean [lowest, highest draw], "-" without draws."""
+  draws = rec["random"]
   if not draws:
     return "-"
-  return f"{np.mean(draws):.3f} [{np.min(draws):.3f}, {np.max(draws):.3f}]"
+  return f"{rec['random_mean']:.3f} [{min(draws):.3f}, {max(draws):.3f}]"
 
 
 def _ev(rec) -> str:
@@ -73,8 +72,8 @@ def values(saved: dict) -> dict:
     ind_rows.append([
         KIND_NAMES[r["kind"]], str(r["seed"]), str(ind["count"]),
         _heads(m["layer"], ind["top_head"]), _ev(rec),
-        _random(rec["random"]), str(ind["copying_count"]),
-        _ev(cop), _random(cop["random"]),
+        _random(rec), str(ind["copying_count"]),
+        _ev(cop), _random(cop),
         _num(cop["all_features"])])
   ind_heads = ", ".join(report_lib.head_name(m["layer"], h)
                         for h in saved["induction_heads"]) or "none"
@@ -198,13 +197,9 @@ def _findings(saved) -> str:
         f" On the repeats' second copy zeroing costs {_list(rgap, 3)} nats "
         f"and the splice recovers {_s(x['repeated_recovered_zero'])} of it "
         f"({_s(x['repeated_recovered_mean'])} against mean ablation).")
-  if {"relu", "topk"} <= summ.keys():
-    ev = lambda r: r["explained_variance"]
-    d = stats.difference(_per_run(saved, "topk", ev),
-                         _per_run(saved, "relu", ev))
-    rec = lambda r: r["loss_repeated"]["recovered_zero"]
-    dr = stats.difference(_per_run(saved, "topk", rec),
-                          _per_run(saved, "relu", rec))
+  if saved["topk_minus_relu"]:
+    d = saved["topk_minus_relu"]["explained_variance"]
+    dr = saved["topk_minus_relu"]["repeated_recovered_zero"]
     out.append(f"- TopK minus ReLU, explained variance: "
                f"{report_lib.difference(d)}; loss recovered on the repeats "
                f"(zero ablation): {report_lib.difference(dr)} (Welch "
@@ -224,7 +219,7 @@ def _findings(saved) -> str:
     for name, rs in (("induction", strict), ("copying", recs)):
       evs = [r["induction_features"] for r in rs
              if r["induction_features"] is not None and r["count"]]
-      rnd = [np.mean(r["random"]) for r in rs if r["random"]]
+      rnd = [r["random_mean"] for r in rs if r["random"]]
       whole = [r["all_features"] for r in rs if r["all_features"] is not None
                and r["count"]]
       if evs and rnd:

@@ -234,6 +234,20 @@ def _summaries(runs: list) -> dict:
   return out
 
 
+def _differences(runs: list) -> dict:
+  """TopK minus ReLU over seeds (`stats.difference`, Welch) of the
+  explained variance and of the loss recovered on the repeats (zero
+  ablation); empty unless both kinds ran."""
+  if not {"relu", "topk"} <= {r["kind"] for r in runs}:
+    return {}
+  per = lambda kind, f: [f(r) for r in runs if r["kind"] == kind]
+  pick = {"explained_variance": lambda r: r["explained_variance"],
+          "repeated_recovered_zero":
+              lambda r: r["loss_repeated"]["recovered_zero"]}
+  return {n: stats.difference(per("topk", f), per("relu", f))
+          for n, f in pick.items()}
+
+
 def _site_data(config, src, workdir, site, repeat_batches) -> dict:
   """A site's activations, scaled by one scalar so that E|x|^2 = D (the
   L1 coefficient then means the same on every model, Anthropic's
@@ -286,5 +300,6 @@ def measure(config, workdir, src: sources.Source | None = None) -> dict:
       "data": _data_summary(data),
       "induction_scores": [float(s) for s in ind_scores],
       "induction_heads": ind_heads,
-      "runs": runs, "summary": _summaries(runs), **out,
+      "runs": runs, "summary": _summaries(runs),
+      "topk_minus_relu": _differences(runs), **out,
       "wall_s": time.perf_counter() - start}

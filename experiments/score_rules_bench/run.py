@@ -222,20 +222,31 @@ def finish(case: dict) -> None:
   summarise(case)
 
 
+def _ratio(t, ref) -> dict:
+  """The times `t` as a multiple of `ref`: the ratio of medians, and the
+  widest ratio the single calls allow (slowest over fastest and back) as
+  its range."""
+  return {"median": float(np.median(t) / np.median(ref)),
+          "low": float(min(t) / max(ref)), "high": float(max(t) / min(ref))}
+
+
 def summarise(case: dict) -> None:
   """Add each path's median, mean, sample std and its time as a multiple
-  of flash_skip's: the ratio of medians, and the widest ratio the single
-  calls allow (slowest over fastest and back) as its range."""
-  skip = case["paths"]["flash_skip"]["times_s"]
-  for res in case["paths"].values():
+  of flash_skip's (`_ratio`); where the block walk ran with the block
+  mask (flash_blocks), flash_all's time as a multiple of that too: what
+  skipping blocks gains on the same walk."""
+  paths = case["paths"]
+  skip = paths["flash_skip"]["times_s"]
+  for res in paths.values():
     t = res.get("times_s")
     if not t:
       continue
     res["median_s"] = float(np.median(t))
     res["mean_s"], res["std_s"] = stats.mean_std(t)
-    res["x_skip"] = {"median": float(np.median(t) / np.median(skip)),
-                     "low": float(min(t) / max(skip)),
-                     "high": float(max(t) / min(skip))}
+    res["x_skip"] = _ratio(t, skip)
+  if paths.get("flash_blocks", {}).get("times_s"):
+    paths["flash_all"]["x_blocks"] = _ratio(paths["flash_all"]["times_s"],
+                                            paths["flash_blocks"]["times_s"])
   blocks = case["blocks"]
   # If time went with the blocks computed, flash_all / flash_skip would be
   # this (every block against the non-empty ones).
