@@ -30,6 +30,7 @@ from mha_jax.models import inputs as inputs_lib
 from mha_jax.models import modules
 from mha_jax.core import multi_head
 from mha_jax.core import precision
+from mha_jax.core import score_rules
 from mha_jax.models.model_config import ModelConfig
 
 
@@ -222,19 +223,23 @@ class TransformerBlock(nnx.Module):
 
   def __call__(self, x, *, positions=None, mask=None, context=None,
                context_mask=None, cache=None, lengths=None,
-               hooks=hooks_lib.NO_HOOKS, deterministic=True,
-               dropout_rng=None, segment_ids=None):
-    """`x [B,T,D]` -> `(y [B,T,D], new cache or None)`; `segment_ids
-    [B, T]` keep packed sequences apart in self-attention."""
-    rng = (lambda i: None if dropout_rng is None
-           else jax.random.fold_in(dropout_rng, i))
+               hooks=hooks_lib.NO_HOOKS, deterministic=True, rngs=None,
+               rules=score_rules.NO_RULES):
+    """`x [B,T,D]` -> `(y [B,T,D], new cache or None)`.
+
+    `rules`: the self-attention's `ScoreRules` of this call (segment ids
+    `[B, T]` keep packed sequences apart; user rules), passed on whole;
+    cross-attention takes none. `rngs` (`modules.dropout_key`): one draw,
+    folded with 0 for the self-attention and 1 for the cross-attention.
+    """
+    key = modules.dropout_key(rngs, deterministic)
+    rng = lambda i: None if key is None else jax.random.fold_in(key, i)
     post = self.placement == "post"
     x = hooks("resid_pre", x)
     y, cache = self.attn(
         x if post else self.ln_attn(x), mask=mask, positions=positions,
         cache=cache, lengths=lengths, hooks=hooks.scope("attn"),
-        deterministic=deterministic, dropout_rng=rng(0),
-        segment_ids=segment_ids)
+        deterministic=deterministic, rngs=rng(0), rules=rules)
     if self.placement == "sandwich":
       y = self.ln_attn_post(y)
     if self.parallel:  # both sublayers read the block's input
@@ -250,7 +255,7 @@ class TransformerBlock(nnx.Module):
                          "`context` [B, S, D]")
       y, _ = self.cross(self.ln_cross(x), context, mask=context_mask,
                      hooks=hooks.scope("cross"),
-                     deterministic=deterministic, dropout_rng=rng(1))
+                     deterministic=deterministic, rngs=rng(1))
       x = x + hooks("cross_out", y)
     if not self.attention_only:
       x = hooks("resid_mid", x)

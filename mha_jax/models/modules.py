@@ -88,9 +88,8 @@ class MultiHeadAttention(nnx.Module):
 
   def __call__(self, x_q, x_kv=None, *, mask=None, positions=None,
                kv_positions=None, head_mask=None, cache=None, lengths=None,
-               hooks=None, deterministic=True, dropout_rng=None,
-               segment_ids=None, kv_segment_ids=None, score_mod=None,
-               mask_mod=None, block_mask=None):
+               hooks=None, deterministic=True, rngs=None,
+               rules=score_rules.NO_RULES):
     """Attend from `x_q [B,Tq,D]` to `x_kv [B,Tk,D]` (None: self-attention).
 
     `mask` (bool, True = may attend) broadcasts to `[B, H, Tq, Tk]`; the
@@ -102,12 +101,14 @@ class MultiHeadAttention(nnx.Module):
     importance). `cache`: this layer's `KVCache` for causal
     self-attention over it (`lengths [B]`: real new tokens per row).
     `hooks`: a `mha_jax.hooks.Hooks` view of this layer; capture
-    `pattern` there to read the weights. `segment_ids [B, Tq]` (int):
-    packed sequences, each token attends only within its segment;
-    `kv_segment_ids [B, Tk]` for cross-attention (default: `segment_ids`).
-    `score_mod`, `mask_mod`, `block_mask`: user rules of this call
-    (`score_rules.ScoreRules`), for a layer whose spec has none; a rule
-    closing over this call's arrays (a learned table) gets gradients.
+    `pattern` there to read the weights. `deterministic=False` runs the
+    spec's dropout with a key from `rngs` (`dropout_key`).
+    `rules`: this call's `score_rules.ScoreRules`, handed to
+    `attention_layer` as it is: segment ids `[B, Tq]` / `[B, Tk]` (packed
+    sequences; for self-attention the same ids twice), and the user
+    rules `score_mod`, `mask_mod`, `block_mask` for a layer whose spec has
+    none. A rule closing over this call's arrays (a learned table) gets
+    gradients. The static rules (window, soft cap, scale) are the spec's.
 
     Returns `(y [B, Tq, D], new cache or None)`, as `attention_layer`.
     """
@@ -125,21 +126,39 @@ class MultiHeadAttention(nnx.Module):
     if self.dtype is not None:
       x_q = jnp.asarray(x_q).astype(self.dtype)
       x_kv = None if x_kv is None else jnp.asarray(x_kv).astype(self.dtype)
+    key = dropout_key(rngs, deterministic)
     if (not deterministic and self.spec.dropout_rate > 0.0
-        and dropout_rng is None):
+        and key is None):
       raise ValueError(f"{fn}: `deterministic=False` with dropout needs "
-                       "`dropout_rng`")
+                       "`rngs` (an nnx.Rngs or a key)")
     hooks = multi_head.with_layer_options(
         hooks_lib.NO_HOOKS if hooks is None else hooks,
         self.spec.implementation, head_mask, fn=fn)
-    if kv_segment_ids is None:
-      kv_segment_ids = segment_ids
-    rules = score_rules.ScoreRules(q_segment_ids=segment_ids,
-                                   kv_segment_ids=kv_segment_ids,
-                                   score_mod=score_mod, mask_mod=mask_mod,
-                                   block_mask=block_mask)
     return multi_head.attention_layer(
         params, x_q, x_kv, spec=self.spec, mask=mask, positions=positions,
         kv_positions=kv_positions, cache=cache, lengths=lengths,
-        deterministic=deterministic, dropout_rng=dropout_rng, hooks=hooks,
+        deterministic=deterministic, dropout_rng=key, hooks=hooks,
         rules=rules)
+
+
+def dropout_key(rngs, deterministic: bool = False):
+  """The dropout key a call draws from `rngs`, or None.
+
+  `rngs` takes what `nnx.Dropout.__call__` takes: an `nnx.Rngs` (its
+  `dropout` stream, else its `default` one), an `nnx.RngStream`, or a key
+  (used as it is). A stream advances by one draw; under `jax.jit` pass a
+  key (or use `nnx.jit`, which carries the stream's count). No draw when
+  `deterministic` or `rngs` is None: an evaluation call leaves a stream
+  where it was.
+
+  The models draw once per call and derive each layer's key from that one
+  by `jax.random.fold_in`, so a key gives the same dropout at every level
+  whether it came in as a key or from the stream.
+  """
+  if deterministic or rngs is None:
+    return None
+  if isinstance(rngs, nnx.Rngs):
+    return rngs.dropout()
+  if isinstance(rngs, nnx.RngStream):
+    return rngs()
+  return rngs

@@ -41,9 +41,11 @@ from flax import nnx
 from mha_jax.models import activation_cache
 from mha_jax.models import blocks as blocks_lib
 from mha_jax.models import inputs as inputs_lib
+from mha_jax.models import modules
 from mha_jax import hooks as hooks_lib
 from mha_jax.core import kv_cache
 from mha_jax.core import precision
+from mha_jax.core import score_rules
 from mha_jax.models.blocks import sinusoidal_positions
 from mha_jax.models.blocks import TransformerBlock
 from mha_jax.models.model_config import ModelConfig
@@ -55,19 +57,20 @@ __all__ = ["POSITIONS", "PAD_ID", "ModelConfig", "TransformerBlock",
            "sinusoidal_positions"]
 
 
-def _layer_rng(rng, layer):
+def _layer_rng(key, layer):
   """An independent dropout key per layer (or None without dropout)."""
-  return None if rng is None else jax.random.fold_in(rng, layer)
+  return None if key is None else jax.random.fold_in(key, layer)
 
 
-def _run_blocks(blocks, x, hooks, *, dropout_rng, cache=None, **kwargs):
-  """The blocks in order, each with its hook scope, dropout key and cache.
-  Returns `(x, new caches as a tuple, or None without a cache)`."""
+def _run_blocks(blocks, x, hooks, *, key, cache=None, **kwargs):
+  """The blocks in order, each with its hook scope, dropout key (from the
+  call's one `key`, or None) and cache. Returns `(x, new caches as a
+  tuple, or None without a cache)`."""
   new_cache = []
   for layer, block in enumerate(blocks):
     x, c = block(x, hooks=hooks.scope(f"blocks.{layer}"),
                  cache=None if cache is None else cache[layer],
-                 dropout_rng=_layer_rng(dropout_rng, layer), **kwargs)
+                 rngs=_layer_rng(key, layer), **kwargs)
     new_cache.append(c)
   return x, None if cache is None else tuple(new_cache)
 
@@ -182,8 +185,8 @@ class DecoderLM(_HookNames, nnx.Module):
 
   def __call__(self, inputs, *, positions=None, mask=None, cache=None,
                lengths=None, head_mask=None, capture=(), patch=None,
-               deterministic=True, dropout_rng=None, return_weights=False,
-               segment_ids=None):
+               deterministic=True, rngs=None, return_weights=False,
+               rules=score_rules.NO_RULES):
     """`inputs [B,T]` (or `[B,T,F]`) -> logits `[B, T, V or O]`.
 
     `positions [B, T]` default to 0..T-1, or with a `cache` to each row's
@@ -193,10 +196,15 @@ class DecoderLM(_HookNames, nnx.Module):
     the causal rule. `cache`: from `init_cache`; `lengths [B]` (None: all
     T) counts each row's real tokens, the rest is right padding that is
     never written (its logits are junk). `head_mask [L, H]`; `capture`,
-    `patch`: hook sites (see the module docstring). `segment_ids [B, T]`
-    (int, no cache): packed sequences; a token attends only within its
-    segment (pass `positions` that restart per segment where the position
-    scheme should).
+    `patch`: hook sites (see the module docstring). `rules`: a
+    `score_rules.ScoreRules` every self-attention layer gets whole, e.g.
+    `ScoreRules(q_segment_ids=ids, kv_segment_ids=ids)` with `ids [B, T]`
+    (int, no cache) for packed sequences, a token attending only within
+    its segment (pass `positions` that restart per segment where the
+    position scheme should), or user rules for a model whose config has
+    none. `deterministic=False` runs dropout with one key drawn from
+    `rngs` (an `nnx.Rngs` or a key; `modules.dropout_key`), folded with
+    the layer's index.
 
     Returns logits, then the new cache, the captured dict and
     `{"self": [L, B, H, T, T or S]}` when asked for (in that order).
@@ -222,9 +230,8 @@ class DecoderLM(_HookNames, nnx.Module):
     x = self.embed(inputs, table_positions)
     x, new_cache = _run_blocks(
         self.blocks, x, hooks, positions=positions, mask=mask,
-        cache=cache, lengths=lengths,
-        deterministic=deterministic, dropout_rng=dropout_rng,
-        segment_ids=segment_ids)
+        cache=cache, lengths=lengths, deterministic=deterministic,
+        key=modules.dropout_key(rngs, deterministic), rules=rules)
     if self.final_ln is not None:
       x = self.final_ln(x)
     weights = ({"self": _patterns("blocks.{}.attn.pattern", c.num_layers)}
@@ -283,7 +290,7 @@ class Encoder(_HookNames, nnx.Module):
     return blocks_lib.merge_site_names(_block_sites(self.blocks))
 
   def encode(self, tokens, hooks, *, mask=None, token_types=None,
-             deterministic=True, dropout_rng=None):
+             deterministic=True, rngs=None):
     """`tokens [B, S]` -> `[B, S, D]` with `hooks` scoped to this encoder;
     `mask [B, S]` (bool, True = a real token; None: tokens != PAD_ID)."""
     positions = _default_positions(tokens)
@@ -296,11 +303,11 @@ class Encoder(_HookNames, nnx.Module):
     x = self.embed(tokens, positions, token_types)
     x, _ = _run_blocks(self.blocks, x, hooks, positions=positions,
                        mask=key_valid, deterministic=deterministic,
-                       dropout_rng=dropout_rng)
+                       key=modules.dropout_key(rngs, deterministic))
     return x if self.final_ln is None else self.final_ln(x)
 
   def __call__(self, tokens, *, mask=None, token_types=None, head_mask=None,
-               capture=(), patch=None, deterministic=True, dropout_rng=None,
+               capture=(), patch=None, deterministic=True, rngs=None,
                return_weights=False):
     """`tokens [B, S]` -> `[B, S, D]`; `mask [B, S]` marks real tokens
     (None: tokens != PAD_ID), `token_types [B, S]` with
@@ -312,7 +319,7 @@ class Encoder(_HookNames, nnx.Module):
         _patterns("blocks.{}.attn.pattern", c.num_layers)
         if return_weights else ())
     x = self.encode(tokens, hooks, mask=mask, token_types=token_types,
-                    deterministic=deterministic, dropout_rng=dropout_rng)
+                    deterministic=deterministic, rngs=rngs)
     weights = ({"self": _patterns("blocks.{}.attn.pattern", c.num_layers)}
                if return_weights else None)
     return _outputs(x, capture=capture, hooks=hooks, weights=weights)
@@ -338,14 +345,15 @@ class Decoder(nnx.Module):
                               **blocks_lib.linear_args(config, rngs))
 
   def __call__(self, tgt, context, context_mask, hooks, *,
-               deterministic=True, dropout_rng=None):
+               deterministic=True, rngs=None):
     positions = _default_positions(tgt)
     tgt_valid = (tgt != PAD_ID)[:, None, None, :]  # [B, 1, 1, T]
     x = self.embed(tgt, positions)
     x, _ = _run_blocks(
         self.blocks, x, hooks, positions=positions, mask=tgt_valid,
         context=context, context_mask=context_mask,
-        deterministic=deterministic, dropout_rng=dropout_rng)
+        deterministic=deterministic,
+        key=modules.dropout_key(rngs, deterministic))
     return self.readout(self.final_ln(x))
 
 
@@ -369,11 +377,12 @@ class EncoderDecoder(_HookNames, nnx.Module):
 
   def __call__(self, src, tgt, *, encoder_head_mask=None, head_mask=None,
                cross_head_mask=None, capture=(), patch=None,
-               deterministic=True, dropout_rng=None, return_weights=False):
+               deterministic=True, rngs=None, return_weights=False):
     """`src [B,S]`, decoder input `tgt [B,T]` -> logits `[B, T, V]`.
 
     Head masks are `[L, H]` for the encoder, decoder self- and
-    cross-attention. Returns logits, then the captured dict and
+    cross-attention. `rngs` as `DecoderLM`: one draw, split between the
+    encoder and the decoder. Returns logits, then the captured dict and
     `{"encoder", "self", "cross"}` weights when asked for.
     """
     n = self.config.num_layers
@@ -390,14 +399,14 @@ class EncoderDecoder(_HookNames, nnx.Module):
          ("head_mask", "decoder.blocks.{}.attn.z"): head_mask,
          ("cross_head_mask", "decoder.blocks.{}.cross.z"): cross_head_mask},
         sum(weights.values(), ()) if weights else ())
-    enc_rng, dec_rng = ((None, None) if dropout_rng is None
-                        else jax.random.split(dropout_rng))
+    key = modules.dropout_key(rngs, deterministic)
+    enc_rng, dec_rng = ((None, None) if key is None
+                        else jax.random.split(key))
     context = self.encoder.encode(src, hooks.scope("encoder"),
-                                  deterministic=deterministic,
-                                  dropout_rng=enc_rng)
+                                  deterministic=deterministic, rngs=enc_rng)
     src_valid = (src != PAD_ID)[:, None, None, :]  # [B, 1, 1, S]
     logits = self.decoder(tgt, context, src_valid, hooks.scope("decoder"),
-                          deterministic=deterministic, dropout_rng=dec_rng)
+                          deterministic=deterministic, rngs=dec_rng)
     return _outputs(logits, capture=capture, hooks=hooks, weights=weights)
 
 

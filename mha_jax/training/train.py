@@ -40,7 +40,6 @@ from flax import struct
 from mha_jax.core import precision
 from mha_jax.training import checkpoint
 from mha_jax.training import config as config_lib
-from mha_jax.training import host_memory
 from mha_jax.parallel import sharding
 from mha_jax.training import tasks
 from mha_jax.training import workdir as workdir_lib
@@ -79,7 +78,15 @@ def make_optimizer(train_cfg) -> optax.GradientTransformation:
 
 # Memoised so that equal settings give the SAME transformation object: it is
 # a static field of TrainState, and jit reuses a compiled step only when the
-# static fields compare equal (several seeds in one process compile once).
+# static fields compare equal (an optax transformation compares its
+# functions by identity), so several seeds in one process compile once.
+# A module-level cache rather than one the caller holds, because every
+# TrainState (`create_train_state`, `load_state`) must get the same object
+# without a caller threading it through. Keyed by the eight numbers;
+# bounded at 64 settings (the least recently used is dropped, and a
+# dropped setting's next state compiles its step again). What a user can
+# observe: `make_optimizer` returns one immutable object for equal
+# settings; never a different number.
 @functools.lru_cache(maxsize=64)
 def _optimizer(learning_rate, warmup_steps, num_steps, end_lr_fraction,
                weight_decay, b1, b2, grad_clip):
@@ -148,12 +155,14 @@ def create_train_state(config) -> TrainState:
 
 def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
   """One AdamW step on `batch`; returns the new state and metrics."""
-  dropout_rng = jax.random.fold_in(state.rng, state.step)
+  # A key, which the model uses as it is (an nnx.Rngs would hold a count
+  # that this pure step would have to carry in its state).
+  dropout_key = jax.random.fold_in(state.rng, state.step)
 
   def loss_fn(params):
     model = nnx.merge(state.graphdef, params)
     return compute_loss(model, batch, state.loss, deterministic=False,
-                        dropout_rng=dropout_rng)
+                        rngs=dropout_key)
 
   (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
       state.params)
@@ -176,13 +185,25 @@ def batch_fn(config):
   return _batch_fn(ml_collections.FrozenConfigDict(config.task))
 
 
+# Why a module-level cache: `evaluate` and every run of a process ask for
+# the batches of a task again, and a fresh `jax.jit` of a fresh partial
+# would trace and compile again each time. Keyed by the task section as a
+# FrozenConfigDict (hashed and compared by content); bounded at 64 task
+# settings, each holding one jitted function and its compiled programs.
+# A batch is a pure function of (step key, task section), so what a user
+# can observe is only that: equal sections give the same function, and
+# compile time.
 @functools.lru_cache(maxsize=64)
 def _batch_fn(task_cfg):
   make = tasks.get_task(task_cfg.name).make_batch
   return jax.jit(functools.partial(make, cfg=task_cfg))
 
 
-# Jitted once per process; the caches key on the state's static fields.
+# Jitted once per process, as `_batch_fn`: JAX's own caches of these key on
+# the state's static fields (graphdef, optimizer, loss) and on the shapes,
+# dtypes and shardings of the arrays, so a process compiles a step once per
+# model and optimizer setting; the steps are pure, so only compile time
+# and the programs' memory show.
 train_step_jit = jax.jit(train_step, donate_argnums=0)
 eval_step_jit = jax.jit(eval_step)
 
@@ -205,6 +226,8 @@ sharded_train_step_jit = jax.jit(sharded_train_step, static_argnames="mesh",
                                  donate_argnums=0)
 
 
+# As `_batch_fn`, keyed also by the mesh (hashed by its devices and axis
+# names); bounded at 16.
 @functools.lru_cache(maxsize=16)
 def _sharded_batch_fn(task_cfg, mesh):
   make = tasks.get_task(task_cfg.name).make_batch
@@ -305,10 +328,8 @@ def train_and_evaluate(config, workdir, *, stop_at: int | None = None):
   `workdir` (from any process) raises `workdir.WorkdirInUse` naming it.
   """
   config_lib.validate_config(config)
-  # XLA's per-step scratch reuses the last step's pages instead of
-  # faulting in fresh ones (host_memory's docstring: 0.66x the step time
-  # at the text task's larger size); MHA_JAX_KEEP_FREED_MEMORY=0 opts out.
-  host_memory.keep_freed_memory()
+  # No process-wide setting is made here (a caller's process stays as it
+  # was): the entry points that train apply host_memory.keep_freed_memory.
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   # One run per workdir (on the host that writes it): a second command

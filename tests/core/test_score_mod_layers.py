@@ -109,8 +109,10 @@ def test_module_call_rule_equals_segment_ids():
   layer = modules.MultiHeadAttention(spec, rngs=nnx.Rngs(0))
   _, x, _ = _inputs(3)
   ids = jnp.array([[0, 0, 1, 1, 1, 1, 2, 2], [0, 0, 0, 0, 0, 1, 1, 1]])
-  want, _ = layer(x, segment_ids=ids)
-  got, _ = layer(x, mask_mod=masks.documents_mod(ids))
+  want, _ = layer(x, rules=score_rules.ScoreRules(q_segment_ids=ids,
+                                                  kv_segment_ids=ids))
+  got, _ = layer(x, rules=score_rules.ScoreRules(
+      mask_mod=masks.documents_mod(ids)))
   np.testing.assert_allclose(got, want, atol=1e-6)
 
 

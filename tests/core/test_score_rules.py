@@ -403,12 +403,14 @@ def test_segment_ids_through_the_model_keep_packed_sequences_apart():
   packed = jnp.concatenate([a, bb], axis=1)
   seg = jnp.array([[0] * 5 + [1] * 7])
   pos = jnp.array([list(range(5)) + list(range(7))])
-  got = nnx.jit(lambda m, x, s, p: m(x, segment_ids=s, positions=p))(
+  packed_rules = lambda s: score_rules.ScoreRules(q_segment_ids=s,
+                                                  kv_segment_ids=s)
+  got = nnx.jit(lambda m, x, s, p: m(x, rules=packed_rules(s), positions=p))(
       model, packed, seg, pos)
   np.testing.assert_allclose(got[:, :5], _forward(model, a), atol=1e-5)
   np.testing.assert_allclose(got[:, 5:], _forward(model, bb), atol=1e-5)
   with pytest.raises(ValueError, match="segment ids do not apply"):
-    model(packed, segment_ids=seg, cache=model.init_cache(1))
+    model(packed, rules=packed_rules(seg), cache=model.init_cache(1))
 
 
 def test_spec_options_fail_at_construction():

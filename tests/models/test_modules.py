@@ -143,11 +143,31 @@ class OptionsTest(parameterized.TestCase):
     x = _x(7)
     key = jax.random.key(0)
     base, _ = m(x)
-    np.testing.assert_array_equal(m(x, dropout_rng=key)[0], base)
-    dropped, _ = m(x, deterministic=False, dropout_rng=key)
+    np.testing.assert_array_equal(m(x, rngs=key)[0], base)
+    dropped, _ = m(x, deterministic=False, rngs=key)
     self.assertGreater(float(jnp.max(jnp.abs(dropped - base))), 1e-3)
-    with pytest.raises(ValueError, match="dropout_rng"):
+    with pytest.raises(ValueError, match="needs `rngs`"):
       m(x, deterministic=False)
+
+  def test_dropout_from_rngs_as_nnx_dropout_takes_them(self):
+    # An nnx.Rngs gives its dropout stream's next key (its default stream
+    # without one), a stream its own next key, a key itself: as
+    # nnx.Dropout, so the three routes drop the same entries.
+    m = _module(dropout_rate=0.5)
+    x = _x(7)
+    key = nnx.Rngs(dropout=3).dropout()
+    want, _ = m(x, deterministic=False, rngs=key)
+    for rngs in (nnx.Rngs(dropout=3), nnx.Rngs(3), nnx.Rngs(3).default):
+      got, _ = m(x, deterministic=False, rngs=rngs)
+      np.testing.assert_array_equal(got, want)
+    # A stream advances by one draw per dropping call, not when
+    # deterministic, so a second call drops other entries.
+    rngs = nnx.Rngs(dropout=3)
+    m(x, rngs=rngs)
+    first, _ = m(x, deterministic=False, rngs=rngs)
+    second, _ = m(x, deterministic=False, rngs=rngs)
+    np.testing.assert_array_equal(first, want)
+    self.assertGreater(float(jnp.max(jnp.abs(second - first))), 1e-3)
 
   def test_compute_and_param_dtypes(self):
     m = _module(dtype=jnp.bfloat16, param_dtype=jnp.float32)

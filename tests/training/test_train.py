@@ -185,7 +185,7 @@ def test_dropout_key_of_step_s_is_the_state_key_folded_with_s():
   def loss_with_key(params, key):
     model = nnx.merge(state.graphdef, params)
     return train.compute_loss(model, batch, state.loss, deterministic=False,
-                              dropout_rng=key)[0]
+                              rngs=key)[0]
 
   losses = {}
   for s in (0, 3):
