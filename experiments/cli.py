@@ -44,6 +44,7 @@ from ml_collections import config_flags
 
 from mha_jax.measure import report as report_lib
 from mha_jax.training import config as config_lib
+from mha_jax.training import host_memory
 from mha_jax.training import workdir as workdir_lib
 
 
@@ -230,16 +231,30 @@ def run_app(main_fn: Callable[[list[str]], None]) -> None:
   app.run(_main, flags_parser=parse_flags)
 
 
+def _trains(config) -> bool:
+  """Whether `config` is a training config (its model, task, train and
+  mesh groups)."""
+  return hasattr(config, "keys") and all(
+      g in config for g in ("model", "task", "train", "mesh"))
+
+
 def main(run: Callable[..., dict], fl: ExperimentFlags) -> None:
   """Parse the command line, check a training config, then
-  `run(config, workdir, reuse_runs=...)` and print where the report is."""
+  `run(config, workdir, reuse_runs=...)` and print where the report is.
+  An experiment that trains models (a training config, or one as its
+  `model` group) keeps freed host memory first."""
   def _main(argv):
     report_lib.check_no_arguments(argv)
     config = fl.config.value
-    if all(g in config for g in ("model", "task", "train", "mesh")):
+    if _trains(config):
       # Refused here, before a run folder exists, rather than by the
       # first run (runs.variant checks every run's config again).
       config_lib.validate_config(config)
+    if _trains(config) or _trains(config.get("model")):
+      # A process-wide allocator setting (host_memory's docstring) is the
+      # command's choice: the library's training function, which a user
+      # may call in a process of their own, does not make it.
+      host_memory.keep_freed_memory()
     run(config, fl.workdir.value, reuse_runs=fl.reuse_runs.value)
     print(f"Report: {pathlib.Path(fl.workdir.value) / 'report.md'}")
   run_app(_main)

@@ -24,6 +24,7 @@ from absl import logging
 from experiments import cli
 from mha_jax.measure import report as report_lib
 from mha_jax.training import config as config_lib
+from mha_jax.training import host_memory
 from mha_jax.training import train
 from mha_jax.training import workdir as workdir_lib
 
@@ -51,6 +52,10 @@ def run(config, workdir) -> train.TrainState:
   config_lib.validate_config(config)
   workdir_lib.check_free(workdir)
   logging.info("Config:\n%s", config)
+  # As every command that trains (cli.main): XLA's per-step scratch
+  # reuses the last step's pages instead of faulting in fresh ones
+  # (host_memory's docstring); MHA_JAX_KEEP_FREED_MEMORY=0 opts out.
+  host_memory.keep_freed_memory()
   state = train.train_and_evaluate(config, workdir)
   logging.info("Done; metrics in %s/metrics.jsonl", workdir)
   return state

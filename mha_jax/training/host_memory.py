@@ -24,12 +24,15 @@ slower (93-116 s against 85-91 s), so it is gone. The small steps of
 experiment 1 fault 0-16 times a step either way.
 
 What it costs: the process keeps its peak heap until it exits. It is
-process-wide, so the library does not call it on import; the training
-loop (`train.train_and_evaluate`) and the benchmark (unless
-`--config.keep_freed_memory=False`) call it, so a user's training run
-and the documented benchmark commands get it by default. A script with
-its own loop calls it once. `MHA_JAX_KEEP_FREED_MEMORY=0` in the
-environment turns it off everywhere (glibc's default, for an A/B).
+process-wide, so no library function calls it, not even the training
+loop (`train.train_and_evaluate`, which a user may call in a process of
+their own): the commands do. `python -m experiments.train`, every
+experiment whose config trains models (`experiments.cli.main`) and the
+benchmark (unless `--config.keep_freed_memory=False`) call it, so the
+documented training and benchmark commands get it by default. A script
+with its own loop, or its own call of `train_and_evaluate`, calls it
+once. `MHA_JAX_KEEP_FREED_MEMORY=0` in the environment turns it off
+everywhere (glibc's default, for an A/B).
 
 Elsewhere it does nothing and says why: another allocator (tcmalloc or
 jemalloc, preloaded with `LD_PRELOAD`, which reuse memory on their own),

@@ -52,23 +52,54 @@ def test_a_freed_block_is_reused_without_page_faults():
   assert kept < 1_000, kept
 
 
-def test_the_environment_turns_it_off_and_the_training_loop_turns_it_on(
-    monkeypatch, tmp_path):
+def test_the_environment_turns_it_off():
   out = subprocess.run(
       [sys.executable, "-c", "from mha_jax.training import host_memory; "
        "print(host_memory.keep_freed_memory())"], check=True,
       capture_output=True, text=True,
       env={**__import__("os").environ, host_memory.OFF_VARIABLE: "0"}).stdout
   assert "'applied': False" in out and "MHA_JAX_KEEP_FREED_MEMORY=0" in out
-  # The loop asks for it before anything else (a stub here: the setting
-  # itself is process-wide, checked above in processes of their own).
-  from configs import induction  # pylint: disable=g-import-not-at-top
+
+
+def _stubbed(monkeypatch):
+  """Calls of keep_freed_memory (1) and of the loop's body (2), in order;
+  stubs, since the setting itself is process-wide (checked above in
+  processes of their own)."""
   from mha_jax.training import train  # pylint: disable=g-import-not-at-top
   calls = []
   monkeypatch.setattr(host_memory, "keep_freed_memory",
                       lambda: calls.append(1) or {"applied": True})
-  config = induction.get_config("smoke")
   monkeypatch.setattr(train, "_train_and_evaluate",
                       lambda *a: calls.append(2))
-  train.train_and_evaluate(config, tmp_path)
+  return calls
+
+
+def test_the_library_loop_leaves_the_process_alone(monkeypatch, tmp_path):
+  # A user's own call of the training function changes no allocator.
+  from configs import induction  # pylint: disable=g-import-not-at-top
+  from mha_jax.training import train  # pylint: disable=g-import-not-at-top
+  calls = _stubbed(monkeypatch)
+  train.train_and_evaluate(induction.get_config("smoke"), tmp_path)
+  assert calls == [2]
+
+
+def test_the_commands_that_train_turn_it_on_first(monkeypatch, tmp_path):
+  from configs import induction  # pylint: disable=g-import-not-at-top
+  from configs import sae  # pylint: disable=g-import-not-at-top
+  from experiments import cli  # pylint: disable=g-import-not-at-top
+  from experiments import train as train_main  # pylint: disable=all
+  calls = _stubbed(monkeypatch)
+  train_main.run(induction.get_config("smoke"), tmp_path / "run")
   assert calls == [1, 2]
+  # Every experiment's main: a training config, or one as its `model`
+  # group (the sae experiment), applies it; another config does not.
+  monkeypatch.setattr(cli, "run_app", lambda main_fn: main_fn(["prog"]))
+  for config, want in ((induction.get_config("smoke"), [1]),
+                       (sae.get_config("smoke"), [1]),
+                       ({"benchmark": 1}, [])):
+    calls.clear()
+    holder = lambda value: type("Flag", (), {"value": value})()
+    fl = cli.ExperimentFlags(holder(config), holder(str(tmp_path)),
+                             holder(False))
+    cli.main(lambda *a, **k: None, fl)
+    assert calls == want, config
