@@ -35,6 +35,7 @@ the tokens of an unbucketed one, and logits within float32 rounding
 from __future__ import annotations
 
 import functools
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +70,30 @@ def _check_token_lm(model, fn):
                      "fed back as inputs")
 
 
+def _check_filters(fn, temperature, top_k, top_p):
+  """Refuse a top_k or top_p that is not a filter, or that greedy decoding
+  would silently ignore."""
+  if top_k is not None and (isinstance(top_k, bool)
+                            or not isinstance(top_k, numbers.Integral)
+                            or top_k < 1):
+    raise ValueError(f"{fn}: `top_k` must be an int >= 1 (or None for no "
+                     f"top-k), got {top_k!r}")
+  if top_p is not None and (isinstance(top_p, bool)
+                            or not isinstance(top_p, numbers.Real)
+                            or not 0 < top_p <= 1):
+    raise ValueError(f"{fn}: `top_p` must be a number in (0, 1] (or None "
+                     f"for no top-p), got {top_p!r}")
+  given = {k: v for k, v in (("top_k", top_k), ("top_p", top_p))
+           if v is not None}
+  if given and temperature == 0:
+    names = " and ".join(f"`{k}`" for k in given)
+    verb = "apply" if len(given) > 1 else "applies"
+    got = ", ".join(f"{k}={v!r}" for k, v in given.items())
+    raise ValueError(f"{fn}: {names} {verb} only when sampling: expected "
+                     f"temperature > 0 with an `rng` key, got {got} with "
+                     f"temperature={temperature!r} (greedy)")
+
+
 def prefill(model, prompt, cache, *, lengths=None):
   """Run right-padded prompts `[B, P]`; returns the logits at each row's last
   real token `[B, V]`, the new cache and its status."""
@@ -88,29 +113,82 @@ def decode_step(model, token, cache, *, active=None):
   return logits[:, 0], cache, kv_cache.status(cache)
 
 
-def sample_next(logits, temperature, rng):
+def filter_logits(logits, temperature, top_k=None, top_p=None):
+  """The float32 logits `[B, V]` that sampling draws from, in Hugging
+  Face's order: divided by `temperature`, then top-k, then top-p, each
+  removed token set to -inf (probability 0 after the softmax).
+
+  Top-k keeps every token whose scaled logit is at least the k-th largest
+  (ties at the k-th value are all kept, so a row can keep more than k);
+  k past V keeps all. Top-p ranks the tokens left by top-k, renormalized,
+  from most to least likely (equal logits: the lower token id first) and
+  keeps a token when the mass of it and every token ranked below it is
+  more than `1 - top_p` (transformers' comparison, in float32): a token
+  is kept exactly when the tokens ranked above it hold less than `top_p`,
+  which gives the smallest head of the ranking whose mass reaches
+  `top_p`, and never fewer than the top token. `top_p` = 1 keeps every
+  token of nonzero probability. These are transformers'
+  `TopKLogitsWarper` and `TopPLogitsWarper` with `min_tokens_to_keep=1`
+  (there, equal logits at the top-p boundary fall to its sort's order).
+  `None` skips a filter (and the sort, when both are None).
+  `temperature`, `top_k` and `top_p` may be traced: one compiled program
+  serves every value.
+  """
+  # The floor only matters for temperature 0, where `sample_next` takes
+  # the argmax anyway.
+  scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)
+  if top_k is None and top_p is None:
+    return scaled
+  v = scaled.shape[-1]
+  # Descending rank; a stable sort of the negated logits puts the lower id
+  # first among equal logits.
+  order = jnp.argsort(-scaled, axis=-1, stable=True)  # [B, V]
+  ranked = jnp.take_along_axis(scaled, order, axis=-1)  # [B, V] descending
+  keep = jnp.ones(ranked.shape, bool)  # [B, V] in rank order
+  if top_k is not None:
+    k = jnp.clip(jnp.asarray(top_k, jnp.int32), 1, v)
+    kth = jnp.take(ranked, k - 1, axis=-1)[:, None]  # [B, 1]
+    keep = ranked >= kth
+    ranked = jnp.where(keep, ranked, -jnp.inf)
+  if top_p is not None:
+    probs = jax.nn.softmax(ranked, axis=-1)  # over what top-k left
+    # Summed from the least likely up, so that the tail of tiny
+    # probabilities is not lost to rounding against a sum near 1 (top_p
+    # = 1 must keep them).
+    tail = jnp.cumsum(probs[:, ::-1], axis=-1)[:, ::-1]  # [B, V]
+    head = jnp.arange(v)[None, :] == 0
+    keep = keep & ((tail > 1 - jnp.asarray(top_p, jnp.float32)) | head)
+  # Back from rank order to token order.
+  rows = jnp.arange(keep.shape[0])[:, None]
+  keep = jnp.zeros_like(keep).at[rows, order].set(keep)  # [B, V]
+  return jnp.where(keep, scaled, -jnp.inf)
+
+
+def sample_next(logits, temperature, rng, top_k=None, top_p=None):
   """Next tokens `[B]` from logits `[B, V]`: argmax at temperature 0, else a
-  draw from softmax(logits / temperature). `temperature` may be traced, so
-  greedy and sampled decoding share one compiled program."""
+  draw from the softmax of `filter_logits(logits, temperature, top_k,
+  top_p)`. `temperature`, `top_k` and `top_p` may be traced, so greedy
+  and sampled decoding share one compiled program."""
   greedy = jnp.argmax(logits, axis=-1)
   if rng is None:
     return greedy
-  scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)
+  scaled = filter_logits(logits, temperature, top_k, top_p)
   drawn = jax.random.categorical(rng, scaled, axis=-1)
   return jnp.where(temperature > 0, drawn, greedy)
 
 
 def decode_loop(model, prompt, max_new_tokens: int, *, lengths=None,
-                new_tokens=None, temperature=0.0, rng=None,
-                max_len: int | None = None):
+                new_tokens=None, temperature=0.0, rng=None, top_k=None,
+                top_p=None, max_len: int | None = None):
   """Prefill, then `max_new_tokens - 1` cached steps under `lax.scan`.
 
   `new_tokens [B]` (None: all N) gives each row its own budget: a row
   stops writing to its cache once it has that many tokens, and its later
   tokens are `PAD_ID` 0, so ragged budgets share one compiled loop.
   Returns `(tokens [B, N], logits [B, N, V], CacheStatus)`: token n of row b
-  was chosen from `logits[b, n]`; step n draws with `fold_in(rng, n)`. The
-  status covers every call (the caller must check it).
+  was chosen from `logits[b, n]` (the model's, before `filter_logits`);
+  step n draws with `fold_in(rng, n)`. The status covers every call (the
+  caller must check it).
   """
   b = prompt.shape[0]
   caches = model.init_cache(b, max_len)
@@ -118,14 +196,16 @@ def decode_loop(model, prompt, max_new_tokens: int, *, lengths=None,
   budget = (jnp.full((b,), max_new_tokens, jnp.int32) if new_tokens is None
             else jnp.asarray(new_tokens, jnp.int32))
   last, caches, _ = prefill(model, prompt, caches, lengths=lengths)
-  first = sample_next(last, temperature, key(0))
+  pick = lambda logits, n: sample_next(logits, temperature, key(n), top_k,
+                                       top_p)
+  first = pick(last, 0)
 
   def step(carry, n):
     token, caches = carry
     # Token n-1 is fed (written) only if token n is still within budget.
     active = n < budget  # [B]
     logits, caches, _ = decode_step(model, token, caches, active=active)
-    nxt = jnp.where(active, sample_next(logits, temperature, key(n)), 0)
+    nxt = jnp.where(active, pick(logits, n), 0)
     return (nxt, caches), (nxt, logits)
 
   (_, caches), (tokens, logits) = jax.lax.scan(
@@ -140,17 +220,20 @@ def decode_loop(model, prompt, max_new_tokens: int, *, lengths=None,
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens",
                                              "max_len", "sample"))
 def decode_jit(graphdef, state, prompt, lengths, new_tokens, temperature,
-               rng, *, max_new_tokens, max_len, sample):
+               rng, top_k, top_p, *, max_new_tokens, max_len, sample):
   """The program `generate` compiles and runs; `prepare` gives its
-  arguments (a profiler or a cost analysis can lower it with them)."""
+  arguments (a profiler or a cost analysis can lower it with them).
+  `top_k` and `top_p` are traced scalars or None (an empty pytree: a
+  program without that filter)."""
   return decode_loop(nnx.merge(graphdef, state), prompt, max_new_tokens,
                      lengths=lengths, new_tokens=new_tokens,
                      temperature=temperature, rng=rng if sample else None,
-                     max_len=max_len)
+                     top_k=top_k, top_p=top_p, max_len=max_len)
 
 
 def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
              new_tokens=None, temperature: float = 0.0, rng=None,
+             top_k: int | None = None, top_p: float | None = None,
              max_len: int | None = None, return_logits: bool = False,
              bucket_shapes: bool = True):
   """Continue right-padded prompts `[B, P]` by `max_new_tokens` tokens.
@@ -164,10 +247,19 @@ def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
       are 0); None means N for every row.
     temperature: 0 picks the argmax; > 0 samples and needs `rng`.
     rng: a PRNG key for sampling (the same key gives the same tokens).
+    top_k: an int >= 1, or None: sample among the k most likely tokens
+      (those tied with the k-th too). Needs temperature > 0.
+    top_p: a number in (0, 1], or None: sample among the smallest set of
+      most likely tokens whose probability reaches `top_p` (at least one
+      token). Needs temperature > 0. Applied as Hugging Face does:
+      temperature, then top-k, then top-p on what top-k left; the exact
+      tie and boundary rules are `filter_logits`'. Unlike transformers,
+      top_k = 0 is an error here, not "off": None is off.
     max_len: cache slots; row b needs `prompt_lengths[b] + new_tokens[b]
       - 1` of them. None: with `bucket_shapes`, the `bucket` of the most
       any row needs (at most the model's `max_len`), else the model's.
-    return_logits: also return the logits `[B, N, V]` each token came from.
+    return_logits: also return the model's logits `[B, N, V]` each token
+      came from (before temperature and filtering).
     bucket_shapes: pad the prompt to `bucket(P)` columns (at most the
       model's `max_len`) and size a default cache by `bucket`, so that
       prompt lengths in one bucket share one compiled program (the module
@@ -180,8 +272,8 @@ def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
   args, static = prepare(model, prompt, max_new_tokens,
                          prompt_lengths=prompt_lengths,
                          new_tokens=new_tokens, temperature=temperature,
-                         rng=rng, max_len=max_len,
-                         bucket_shapes=bucket_shapes)
+                         rng=rng, top_k=top_k, top_p=top_p,
+                         max_len=max_len, bucket_shapes=bucket_shapes)
   tokens, logits, status = decode_jit(*args, **static)
   kv_cache.raise_if_overflow(status)  # never expected after the check above
   return (tokens, logits) if return_logits else tokens
@@ -189,6 +281,7 @@ def generate(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
 
 def prepare(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
             new_tokens=None, temperature: float = 0.0, rng=None,
+            top_k: int | None = None, top_p: float | None = None,
             max_len: int | None = None, bucket_shapes: bool = True):
   """`generate`'s checks and buckets: returns `(args, static)` for
   `decode_jit(*args, **static)`, raising on bad input or overflow."""
@@ -217,6 +310,7 @@ def prepare(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
   if temperature < 0 or (temperature > 0 and rng is None):
     raise ValueError(f"{fn}: `temperature` must be 0 (greedy) or > 0 with "
                      f"an `rng` key, got {temperature!r} and rng={rng!r}")
+  _check_filters(fn, temperature, top_k, top_p)
   need = lengths + budget - 1  # [B] cache slots each row fills
   worst = int(np.argmax(need))
   if max_len is None:
@@ -236,6 +330,8 @@ def prepare(model, prompt, max_new_tokens: int, *, prompt_lengths=None,
     prompt = np.pad(prompt, ((0, 0), (0, width - p)))  # [B, width]
   graphdef, state = nnx.split(model)
   args = (graphdef, state, prompt, lengths, budget, np.float32(temperature),
-          jax.random.PRNGKey(0) if rng is None else rng)
+          jax.random.PRNGKey(0) if rng is None else rng,
+          None if top_k is None else np.int32(min(top_k, 2**31 - 1)),
+          None if top_p is None else np.float32(top_p))
   return args, dict(max_new_tokens=max_new_tokens, max_len=max_len,
                     sample=rng is not None)
