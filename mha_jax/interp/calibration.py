@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mha_jax.measure import bootstrap
+
 
 def _pair(actual, estimate):
   a = np.asarray(actual, np.float64).reshape(-1)
@@ -79,16 +81,15 @@ def bootstrap_fractions(patched, clean, corrupted, noising: bool, *,
                         resamples: int = 1000, seed: int = 0,
                         confidence: float = 0.95) -> np.ndarray:
   """`[S, 2]` percentile-bootstrap intervals of `pooled_fractions` over
-  the B examples (each resample draws B with replacement, as
-  `stats.bootstrap_interval` does; every set uses the same draws, and the
-  normalisation is recomputed on each)."""
+  the B examples (`bootstrap.draws`, as `stats.bootstrap_interval`
+  draws; every set uses the same draws, and the normalisation is
+  recomputed on each)."""
   patched = np.asarray(patched, np.float64)
   b = patched.shape[-1]
   if b < 2:
     raise ValueError(f"bootstrap_fractions: need at least 2 examples, got "
                      f"{b}")
-  idx = np.random.default_rng(seed).integers(0, b, size=(resamples, b))
+  idx = bootstrap.draws(b, resamples, seed)
   frac = _fraction(patched[:, idx].sum(-1), np.asarray(clean)[idx].sum(-1),
                    np.asarray(corrupted)[idx].sum(-1), noising)  # [S, R]
-  tail = (1 - confidence) / 2
-  return np.moveaxis(np.quantile(frac, [tail, 1 - tail], axis=-1), 0, -1)
+  return bootstrap.interval(frac, confidence, axis=-1)

@@ -26,6 +26,7 @@ import numpy as np
 
 from mha_jax.interp import head_metrics
 from mha_jax.interp import interventions
+from mha_jax.measure import bootstrap
 from mha_jax.training import held_out
 
 _js_distance = jax.jit(head_metrics.js_distance)
@@ -47,16 +48,15 @@ def bootstrap_metrics(weights, tokens, *, names=INTERVAL_METRICS,
   """name -> `[L, H, 2]` percentile-bootstrap 95% intervals over examples.
 
   `weights [L, B, H, T, T]`. Each resample draws B examples with
-  replacement and recomputes the metric exactly as `head_metrics` does
-  (rows pooled over the resampled examples); every layer uses the same
-  draws.
+  replacement (`bootstrap.draws`) and recomputes the metric exactly as
+  `head_metrics` does (rows pooled over the resampled examples); every
+  layer uses the same draws.
   """
-  b = weights.shape[1]
-  idx = np.random.default_rng(seed).integers(0, b, size=(resamples, b))
+  idx = bootstrap.draws(weights.shape[1], resamples, seed)
   per_layer = np.stack([np.asarray(_resampled(w, tokens, idx, names))
                         for w in weights])  # [L, R, N, H]
-  q = np.quantile(per_layer, [0.025, 0.975], axis=1)  # [2, L, N, H]
-  return {n: np.moveaxis(q[:, :, i], 0, -1) for i, n in enumerate(names)}
+  q = bootstrap.interval(per_layer, axis=1, levels=(0.025, 0.975))
+  return {n: q[:, i] for i, n in enumerate(names)}  # [L, H, 2] each
 
 
 def js_by_layer(js: np.ndarray, num_layers: int) -> dict:
