@@ -68,7 +68,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   m.final_ln = True  # LayerNorm before the readout (decoder models)
   m.use_bias = False  # biases on the attention projections
   m.dropout_rate = 0.0  # attention-weight dropout while training
-  # Core attend path, a key of mha_jax.core.attention.IMPLEMENTATIONS: vmap |
+  # Core attend path, a key of mha_jax.core.attention.PATHS: vmap |
   # einsum | flash | xla | cudnn | pallas_tpu | auto. Only vmap and einsum
   # form the weights that return_weights and the head analyses read.
   m.implementation = "einsum"

@@ -7,8 +7,8 @@
 
 from mha_jax import hooks
 from mha_jax.core.attention import attend
-from mha_jax.core.attention import masked_softmax
-from mha_jax.core.attention import scaled_dot_product_attention
+from mha_jax.core.softmax import masked_softmax
+from mha_jax.core.reference import scaled_dot_product_attention
 from mha_jax.core.attention_spec import AttentionSpec
 from mha_jax.core.kernels.auto import explain_auto
 from mha_jax.core.converters import from_linen_mha
@@ -66,8 +66,8 @@ from mha_jax.core import attention as _attention
 from mha_jax.parallel import all_to_all as _all_to_all
 from mha_jax.parallel import ring as _ring
 
-_attention.register("ring", _ring.attend_ring)
-_attention.register("all_to_all", _all_to_all.attend_all_to_all)
+_attention.register(_ring.RING)
+_attention.register(_all_to_all.ALL_TO_ALL)
 
 
 def __getattr__(name):

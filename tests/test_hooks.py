@@ -68,7 +68,7 @@ def test_site_names_follow_transformer_lens():
 
 # "pallas_tpu" needs lengths in whole blocks of 128; tests/core/test_pallas.py.
 @pytest.mark.parametrize("implementation", sorted(
-    set(attention.IMPLEMENTATIONS) - {"pallas_tpu"}))
+    set(attention.PATHS) - {"pallas_tpu"}))
 def test_capture_is_bit_identical_on_every_implementation(implementation):
   if implementation == "cudnn" and jax.default_backend() != "gpu":
     pytest.skip("'cudnn' needs a CUDA GPU (see mha_jax/core/kernels/xla.py)")
@@ -78,7 +78,7 @@ def test_capture_is_bit_identical_on_every_implementation(implementation):
                 "test_cudnn_equals_the_reference_in_bf16 checks cuDNN")
   model = _model(implementation)
   sites = model.hook_names()
-  if implementation in attention.WEIGHTLESS:
+  if not attention.forms_weights(implementation):
     assert not any(s.endswith(("scores", "pattern")) for s in sites)
   plain = run(model, TOKENS)
   logits, acts = run(model, TOKENS, capture=sites)

@@ -233,7 +233,7 @@ def sweep(config) -> list[dict]:
          if p not in PEERS and not attention.known_implementation(p)]
   if bad:
     raise ValueError(f"config.train_step.paths: unknown {bad}; expected "
-                     f"{sorted(attention.IMPLEMENTATIONS) + ['auto']} or "
+                     f"{sorted(attention.all_paths())} or "
                      f"{list(PEERS)}")
   unknown = [s for s in names if s not in ts.specs and s != "random"]
   if unknown:

@@ -140,7 +140,7 @@ def sink_logits(model) -> np.ndarray | None:
 def _weights_model(model):
   """The same model on a path that forms the weights (`pattern` exists
   only on vmap and einsum)."""
-  if model.config.implementation in attention.WEIGHTLESS:
+  if not attention.forms_weights(model.config.implementation):
     return transformer.with_implementation(model, "einsum")
   return model
 

@@ -161,7 +161,7 @@ class AttentionSpec:
   @property
   def forms_weights(self) -> bool:
     """Whether this layer's path forms `scores` and `pattern`."""
-    return self.implementation not in attention.WEIGHTLESS
+    return attention.forms_weights(self.implementation)
 
   def replace(self, **changes) -> AttentionSpec:
     """A validated copy with some fields changed."""

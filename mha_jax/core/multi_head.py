@@ -311,7 +311,7 @@ def with_layer_options(hooks, implementation, head_mask=None,
   if head_mask is not None:
     hooks = hooks.extend(patch={"z": hooks_lib.ScaleHeads(head_mask)})
   if return_weights:
-    if implementation in attention.WEIGHTLESS:
+    if not attention.forms_weights(implementation):
       raise ValueError(f"{fn}: return_weights=True is not possible: "
                        f"{attention.weightless_reason(implementation)}")
     hooks = hooks.extend(capture=("pattern",))
@@ -322,10 +322,10 @@ def site_names(implementation, prefix=""):
   """`(valid, unavailable)` hook names of one attention layer: the sites
   it forms, and the weight sites a weightless path lacks (with why)."""
   valid = tuple(f"{prefix}{s}" for s in hooks_lib.ATTENTION_SITES
-                if implementation not in attention.WEIGHTLESS
+                if attention.forms_weights(implementation)
                 or s not in hooks_lib.WEIGHT_SITES)
   unavailable = {}
-  if implementation in attention.WEIGHTLESS:
+  if not attention.forms_weights(implementation):
     reason = attention.weightless_reason(implementation)
     unavailable = {f"{prefix}{s}": reason for s in hooks_lib.WEIGHT_SITES}
   return valid, unavailable

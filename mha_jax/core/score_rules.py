@@ -133,10 +133,7 @@ class ScoreRules:
 
   def active(self) -> tuple[str, ...]:
     """Names of the options in use (for errors and `auto`'s reasons)."""
-    names = ("local_window", "soft_cap", "scale", "q_segment_ids", "sinks",
-             "alibi_slopes", "q_positions", "score_mod", "mask_mod",
-             "block_mask")
-    return tuple(n for n in names if getattr(self, n) is not None)
+    return tuple(n for n in OPTIONS if getattr(self, n) is not None)
 
   def replace(self, **changes) -> ScoreRules:
     return dataclasses.replace(self, **changes)
@@ -145,6 +142,22 @@ class ScoreRules:
 NO_RULES = ScoreRules()
 # The user rules: fields a call may bring when its layer's spec has none.
 USER_FIELDS = ("score_mod", "mask_mod", "block_mask")
+# Each option in words, for the refusals of the paths that lack it
+# (`attention_path.refusal`). Its keys are the options: `kv_segment_ids`
+# travels with `q_segment_ids` and is not one of its own.
+OPTION_WORDS = {
+    "local_window": "a local window",
+    "soft_cap": "logit soft-capping",
+    "scale": "another scale",
+    "q_segment_ids": "segment ids; pass a mask built from them instead",
+    "sinks": "attention sinks",
+    "alibi_slopes": "ALiBi; pass the bias instead",
+    "q_positions": "per-row query positions",
+    "score_mod": "user rules",
+    "mask_mod": "user rules",
+    "block_mask": "user rules",
+}
+OPTIONS = tuple(OPTION_WORDS)
 
 
 def static(rules: ScoreRules) -> dict:
@@ -153,6 +166,14 @@ def static(rules: ScoreRules) -> dict:
   between the two never lists them."""
   return {f.name: getattr(rules, f.name) for f in dataclasses.fields(rules)
           if f.metadata.get("static")}
+
+
+def builtin_static(rules: ScoreRules) -> ScoreRules:
+  """`rules` cut to its static built-in options (window, soft cap, scale,
+  and any later one): what a kernel compiles in before it adds the user
+  rules or the traced arrays of its own call."""
+  return ScoreRules(**{n: v for n, v in static(rules).items()
+                       if n not in USER_FIELDS})
 
 
 _fail = user_rules.fail

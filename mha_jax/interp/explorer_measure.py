@@ -118,7 +118,7 @@ def floor_scores(visible, tokens=None) -> dict:
 def _weights_model(model):
   """The model on an attention path that forms weights (same parameters):
   flash, xla, cudnn and auto never form the pattern the page shows."""
-  if model.config.implementation in attention.WEIGHTLESS:
+  if not attention.forms_weights(model.config.implementation):
     return transformer.with_implementation(model, "einsum")
   return model
 

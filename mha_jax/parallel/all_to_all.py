@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from mha_jax.core import attention_path
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
 from mha_jax.parallel import context
@@ -77,7 +78,7 @@ def all_to_all_attention(q, k, v, *, mask=None, is_causal=False,
     out `[B, Tq, H, Dv]`, split like q.
   """
   fn = "all_to_all_attention"
-  context.check_common(q, k, v, mask, None, rules, None, fn)
+  context.check_common(q, k, v, mask, rules, "all_to_all", fn)
   plan = context.plan(mesh, q, k, fn=fn, axis=axis or context.SEQUENCE)
   heads = q.shape[2]
   if plan.head_axis:
@@ -91,8 +92,7 @@ def all_to_all_attention(q, k, v, *, mask=None, is_causal=False,
   # After the swap device (model j, sequence i) holds head block j N + i.
   head_parts = ((plan.head_axis, plan.axis) if plan.head_axis
                 else plan.axis)
-  static = score_rules.ScoreRules(local_window=rules.local_window,
-                                  soft_cap=rules.soft_cap, scale=rules.scale)
+  static = score_rules.builtin_static(rules)
   local = functools.partial(_local, plan, is_causal=is_causal, rules=static,
                             block_q=block_q, block_k=block_k)
   qspec = plan.spec("b", "t", "h", None)
@@ -110,8 +110,13 @@ def attend_all_to_all(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                       rules=score_rules.NO_RULES):
   """The `attend` path "all_to_all" (registered by `mha_jax/__init__.py`),
   on the mesh of `jax.set_mesh`."""
-  del dropout_rate
-  context.refuse_unsupported(bias=bias, rules=rules, keep=keep,
-                             fn="attend(implementation='all_to_all')")
+  del dropout_rate, keep  # keep is None: the record refuses dropout
+  context.refuse_bias(bias, "attend(implementation='all_to_all')")
   return all_to_all_attention(q, k, v, mask=mask, is_causal=is_causal,
                               rules=rules), None
+
+
+ALL_TO_ALL = attention_path.AttentionPath(
+    name="all_to_all", fn=attend_all_to_all, rules=context.RULES,
+    computes="all-to-all context parallelism (DeepSpeed-Ulysses): the "
+    "sequence split traded for a head split around the blockwise kernel")

@@ -35,6 +35,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from mha_jax.core import attention
+from mha_jax.core import attention_path
 from mha_jax.core import score_rules
 from mha_jax.parallel import sharding
 
@@ -216,29 +217,25 @@ def key_mask(mask, batch: int, kv_len: int, fn: str):
                           (batch, kv_len))
 
 
-def refuse_unsupported(*, bias, rules, keep, fn):
-  """Options the context-parallel paths refuse, each by name."""
+def refuse_bias(bias, fn):
+  """The one option the context-parallel paths refuse that is not a rule
+  option (their records refuse those, and dropout)."""
   if bias is not None:
     raise ValueError(f"{fn}: `bias` is a [Tq, Tk] array, which context "
                      "parallelism exists to avoid; express it as a rule "
                      "(ALiBi: rules.alibi_slopes) or use implementation="
                      "'flash' on one device")
-  if rules.q_positions is not None:
-    raise ValueError(f"{fn}: `q_positions` is not supported: positions "
-                     "come from the sequence layout (decoding with a cache "
-                     "runs on one device's implementation)")
-  if keep is not None:
-    raise ValueError(f"{fn}: attention dropout is not supported (the "
-                     "weights are never formed); use dropout_rate=0")
-  user = [n for n in score_rules.USER_FIELDS if getattr(rules, n) is not None]
-  if user:
-    raise ValueError(f"{fn}: user rules (`{user[0]}`) are not applied by the "
-                     "context-parallel paths; use implementation='flash' on "
-                     "one device")
 
 
-def check_common(q, k, v, mask, bias, rules, keep, fn):
-  """Shape, dtype and rule checks of `attend`, then the refusals above."""
-  attention.check_attend_inputs(q, k, v, mask, bias, "flash", fn=fn,
+# The rule options of the context-parallel paths: the blockwise kernel's,
+# less query positions (positions come from the sequence layout; decoding
+# with a cache runs on one device's path) and the user rules (a rule of
+# (q_idx, kv_idx) would need the global indices of each device's block).
+RULES = attention_path.EVERY_RULE - {"q_positions", *score_rules.USER_FIELDS}
+
+
+def check_common(q, k, v, mask, rules, path, fn):
+  """`attend`'s shape, dtype and rule checks for the registered path
+  `path` ("ring", "all_to_all"): its record refuses what it cannot take."""
+  attention.check_attend_inputs(q, k, v, mask, None, path, fn=fn,
                                 rules=rules)
-  refuse_unsupported(bias=bias, rules=rules, keep=keep, fn=fn)

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from mha_jax.core import attention_path
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
 from mha_jax.parallel import context
@@ -304,7 +305,7 @@ def ring_attention(q, k, v, *, mask=None, is_causal=False,
     out `[B, Tq, H, Dv]`, in layout order and split like q.
   """
   fn = "ring_attention"
-  context.check_common(q, k, v, mask, None, rules, None, fn)
+  context.check_common(q, k, v, mask, rules, "ring", fn)
   plan = context.plan(mesh, q, k, fn=fn, axis=axis or context.SEQUENCE,
                       layout=layout)
   runs = 2 if layout == "zigzag" else 1
@@ -333,8 +334,14 @@ def attend_ring(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   """The `attend` path "ring" (registered by `mha_jax/__init__.py`): on the
   mesh of `jax.set_mesh`, with the contiguous layout (a model's tokens
   arrive in natural order)."""
-  del dropout_rate
-  context.refuse_unsupported(bias=bias, rules=rules, keep=keep,
-                             fn="attend(implementation='ring')")
+  del dropout_rate, keep  # keep is None: the record refuses dropout
+  context.refuse_bias(bias, "attend(implementation='ring')")
   return ring_attention(q, k, v, mask=mask, is_causal=is_causal,
                         rules=rules), None
+
+
+RING = attention_path.AttentionPath(
+    name="ring", fn=attend_ring, rules=context.RULES,
+    computes="ring context parallelism: the blockwise kernel on each "
+    "device's queries while the key/value blocks travel the mesh's "
+    "sequence axis")

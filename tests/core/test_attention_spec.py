@@ -108,8 +108,9 @@ def test_core_names_no_registered_path_and_the_package_registers_them():
     for name in ('"ring"', '"all_to_all"', "'ring'", "'all_to_all'",
                  "mha_jax.parallel"):
       assert name not in text, f"{path.name} names {name}"
-  assert set(attention.REGISTERED) == {"ring", "all_to_all"}
-  assert {"ring", "all_to_all"} <= attention.WEIGHTLESS
+  assert set(attention.all_paths()) - set(attention.PATHS) == {
+      "ring", "all_to_all"}
+  assert not attention.forms_weights("ring")
   assert attention.known_implementation("ring")
   with pytest.raises(ValueError, match="one of the core's own"):
-    attention.register("einsum", lambda *a, **k: None)
+    attention.register(attention.PATHS["einsum"])

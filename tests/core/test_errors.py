@@ -139,8 +139,9 @@ ATTEND_CASES = [
      ValueError, r"`dropout_rate` must be in \[0, 1\), got 1.0"),
     ("xla refuses dropout", lambda: attend(
         Q4, Q4, Q4, implementation="xla", dropout_rate=0.1, dropout_rng=KEY),
-     ValueError, r"attend\(implementation='xla'\): attention dropout is not "
-     r"supported"),
+     ValueError, r"^attend: implementation='xla' has no attention dropout "
+     r"\(jax.nn.dot_product_attention has none\); use dropout_rate=0 or one "
+     r"of \['auto', 'einsum', 'vmap'\]"),
     ("xla refuses mixed dtypes", lambda: attend(
         Q4.astype(jnp.bfloat16), Q4, Q4, implementation="xla"),
      TypeError, r"attend\(implementation='xla'\): q, k, v must share one "
@@ -152,8 +153,9 @@ ATTEND_CASES = [
     ("flash refuses dropout", lambda: attend(
         Q4, Q4, Q4, implementation="flash", dropout_rate=0.1,
         dropout_rng=KEY),
-     ValueError, r"implementation='flash' does not support attention "
-     r"dropout"),
+     ValueError, r"^attend: implementation='flash' has no attention dropout "
+     r"\(it never forms the weights to drop\); use dropout_rate=0 or one of "
+     r"\['auto', 'einsum', 'vmap'\]"),
     ("single head q rank", lambda: sdpa(Q2[None], Q2, Q2),
      ValueError, r"`q` must have rank 2 \(\[T, Dh\]\); got shape "
      r"\(1, 3, 2\)"),

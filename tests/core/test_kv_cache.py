@@ -127,7 +127,7 @@ CASES = ([("einsum", layout, base) for layout in sorted(HEAD_LAYOUTS)
           for base in (None, 10000.0)]
          # "pallas_tpu" needs lengths in whole blocks of 128: its cached
          # decoding equals einsum's by tests/core/test_pallas.py's agreement.
-         + [(impl, "gqa", 10000.0) for impl in sorted(attention.IMPLEMENTATIONS)
+         + [(impl, "gqa", 10000.0) for impl in sorted(attention.PATHS)
             if impl not in ("einsum", "pallas_tpu")]
          + [("vmap", "mqa", None)])
 

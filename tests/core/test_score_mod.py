@@ -3,6 +3,7 @@ against a float64 NumPy reference that applies the rule to the whole score
 matrix and differentiates it by hand; and the errors of a malformed rule."""
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -222,8 +223,9 @@ def test_malformed_rule_is_refused_naming_it(rule, field, match):
 @pytest.mark.parametrize("implementation", ["xla", "cudnn", "pallas_tpu"])
 def test_paths_without_user_rules_refuse_them(implementation):
   q = jnp.zeros((1, 4, 2, 8))
-  with pytest.raises(ValueError, match="does not apply user rules "
-                     r"\(`mask_mod`\)"):
+  with pytest.raises(ValueError, match=re.escape(
+      f"attend: implementation={implementation!r} does not apply `mask_mod` "
+      "(user rules); use one of ['auto', 'einsum', 'flash', 'vmap']")):
     attention.attend(q, q, q, implementation=implementation,
                      rules=score_rules.ScoreRules(
                          mask_mod=lambda b, h, qi, ki: ki <= qi))

@@ -3,6 +3,7 @@ NumPy reference written from the papers' formulas, jax.nn's local window
 and Flax's normalize_qk; cached decoding against the full forward."""
 
 import math
+import re
 
 from flax import nnx
 import hypothesis
@@ -302,13 +303,19 @@ def test_bad_rules_fail_before_tracing_naming_the_argument(rules, match):
     attention.attend(q, k, v, rules=score_rules.ScoreRules(**rules))
 
 
-@pytest.mark.parametrize("name,value", [
-    ("soft_cap", 2.0), ("sinks", np.zeros(4, np.float32)),
-    ("alibi_slopes", np.ones(4, np.float32))])
-def test_xla_refuses_what_jax_nn_lacks_by_name(name, value):
+@pytest.mark.parametrize("name,value,words,takers", [
+    ("soft_cap", 2.0, "logit soft-capping", "'pallas_tpu', 'ring'"),
+    ("sinks", np.zeros(4, np.float32), "attention sinks",
+     "'pallas_tpu', 'ring'"),
+    ("alibi_slopes", np.ones(4, np.float32), "ALiBi; pass the bias instead",
+     "'ring'")])
+def test_xla_refuses_what_jax_nn_lacks_by_name(name, value, words, takers):
   q, k, v = _qkv(6, 1, 5, 5, 4, 4, 4)
   value = jnp.asarray(value) if isinstance(value, np.ndarray) else value
-  with pytest.raises(ValueError, match=f"`{name}` is not supported"):
+  with pytest.raises(ValueError, match=re.escape(
+      f"attend: implementation='xla' does not apply `{name}` ({words}); use "
+      f"one of ['all_to_all', 'auto', 'einsum', 'flash', {takers}, "
+      "'vmap']")):
     attention.attend(q, k, v, implementation="xla",
                      rules=score_rules.ScoreRules(**{name: value}))
 

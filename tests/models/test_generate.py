@@ -99,7 +99,7 @@ def test_cases_cover_every_layout_position_and_implementation():
   assert layouts == set(LAYOUTS)
   assert positions == set(transformer.POSITIONS)
   # "pallas_tpu" needs lengths in whole blocks of 128 (tests/core/test_pallas.py).
-  assert impls == set(attention.IMPLEMENTATIONS) - {"pallas_tpu"}
+  assert impls == set(attention.PATHS) - {"pallas_tpu"}
 
 
 @pytest.mark.parametrize("layout,positions,implementation", CASES)

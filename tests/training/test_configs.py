@@ -72,12 +72,12 @@ def _leaves(config, prefix=""):
 
 
 def test_default_config_names_every_attention_implementation():
-  """The comment on model.implementation lists attention.IMPLEMENTATIONS."""
+  """The comment on model.implementation lists attention.PATHS."""
   text = (ROOT / "configs" / "default.py").read_text()
   comment = text.split("m.implementation =")[0].rsplit("# Core attend", 1)[1]
   listed = {w.strip(" .\n#") for w in comment.split(":", 1)[1]
             .split("Only")[0].split("|")}
-  assert listed == set(attention.IMPLEMENTATIONS)
+  assert listed == set(attention.PATHS)
 
 
 def _parse(*overrides, path=ROOT / "configs" / "default.py"):

@@ -27,8 +27,9 @@ them). The limits below are JAX's own (jax 0.10):
     splash_attention), through `mha_jax.core.kernels.pallas`, whose
     `unsupported` states what the adapter takes.
 The score-rule options (`ScoreRules.active()`, passed as `rules`) each
-kernel's adapter takes are in `RULES_SUPPORTED`; any other option sends
-the call to the blockwise path, which takes them all.
+kernel's adapter takes are its record's (`attention_path.AttentionPath.
+rules_for_auto`); any other option sends the call to the blockwise path,
+which takes them all.
 """
 
 from __future__ import annotations
@@ -38,30 +39,29 @@ import functools
 
 import numpy as np
 
+from mha_jax.core import reference
+from mha_jax.core.kernels import flash
 from mha_jax.core.kernels import pallas
+from mha_jax.core.kernels import xla
 
-# The implementations `auto` may dispatch to (attention.IMPLEMENTATIONS less
-# "vmap").
-ADAPTED = frozenset({"einsum", "flash", "xla", "cudnn", "pallas_tpu"})
-# The score-rule options (`ScoreRules.active()`) each fused kernel takes
-# through mha_jax's adapter; the blockwise path takes all of them. cuDNN's
-# window is passed by the same jax.nn call as XLA's but has not been run on
-# a GPU here, so `auto` does not send windows to it.
-RULES_SUPPORTED = {
-    "cudnn": frozenset({"scale"}),
-    "xla": frozenset({"scale", "local_window"}),
-    "pallas_tpu": frozenset({"scale", "local_window", "q_segment_ids",
-                             "soft_cap", "sinks"}),
-}
+# The paths `auto` may dispatch to, by name: what each takes (its rule
+# options, `rules_for_auto`) and what it computes is read from its record.
+# The order in which they are tried on each backend is `select`'s policy.
+CANDIDATES = {p.name: p for p in (reference.EINSUM, flash.FLASH, xla.XLA,
+                                  xla.CUDNN, pallas.PALLAS_TPU)}
+ADAPTED = frozenset(CANDIDATES)
 
 
 def _rules_reason(candidate, rules) -> str | None:
   """Why `candidate` cannot take the score rules in use (None: it can)."""
-  missing = [r for r in rules if r not in RULES_SUPPORTED[candidate]]
+  takes = CANDIDATES[candidate].rules_for_auto
+  missing = [r for r in rules if r not in takes]
   if not missing:
     return None
   return (f"mha_jax's adapter to it does not take {', '.join(missing)} "
           "(the blockwise path does)")
+
+
 # Above this many bytes of float32 scores [B, H, Tq, Tk], a path that forms
 # them (xla) gives way to the blockwise one, whose memory is O(T).
 SCORE_BYTES_LIMIT = 2 ** 30
@@ -263,8 +263,7 @@ def _cpu_choice(call: Call, available) -> AutoChoice:
                       "backward than the blockwise one while the float32 "
                       f"scores fit in {limit:.0f} MiB ({mib:.3g} MiB here; "
                       "python -m experiments.benchmark.dense_vs_blockwise)")
-  return AutoChoice("flash", "blockwise online softmax: O(T) memory, any "
-                    "shape, mask, bias and GQA", (("einsum", why),))
+  return AutoChoice("flash", flash.FLASH.computes, (("einsum", why),))
 
 
 def _fallback(ruled_out, call: Call, available) -> AutoChoice:
@@ -290,8 +289,7 @@ def _fallback(ruled_out, call: Call, available) -> AutoChoice:
                       tuple(ruled_out))
   else:
     ruled_out.append(("xla", "not among the available implementations"))
-  return AutoChoice("flash", "blockwise online softmax: O(T) memory, any "
-                    "shape, mask, bias and GQA", tuple(ruled_out))
+  return AutoChoice("flash", flash.FLASH.computes, tuple(ruled_out))
 
 
 def _cudnn_rules(call: Call, gpu_capability, cudnn):
@@ -339,8 +337,7 @@ def _pallas_tpu_rules(call: Call):
   why = pallas.unsupported(
       q_len=call.q_len, kv_len=call.kv_len, head_dim=head_dim,
       value_dim=call.value_width, one_dtype=len(set(call.dtypes)) == 1,
-      mask=call.mask_dims is not None, bias=call.bias_dims is not None,
-      dropout=False)
+      mask=call.mask_dims is not None, bias=call.bias_dims is not None)
   if why is None and head_dim > _TPU_BLOCK and head_dim % _TPU_BLOCK:
     why = (f"head width Dh={head_dim} above {_TPU_BLOCK} must be a multiple "
            f"of {_TPU_BLOCK} (the TPU's lane width)")

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from mha_jax.core import attention_path
 from mha_jax.core import precision
 from mha_jax.core import score_rules
 from mha_jax.core.kernels.flash_backward import backward_walk
@@ -454,7 +455,7 @@ def block_config(dtype, head_dim, rules, is_causal, tq, tk, block_q, block_k,
   keeps the forward's. With `prescaled(dtype)` the caller multiplies q by
   the scale. Only the static rules (window, soft cap, scale) are kept;
   user rules are `flash_attention`'s to add (the context-parallel callers
-  refuse them, `parallel.context.refuse_unsupported`)."""
+  refuse them: their records, `parallel.context.RULES`)."""
   bq, bk = min(block_q, tq), min(block_k, tk)
   tk_pad = -(-tk // bk) * bk
   return _Config(tq=tq, tk=tk, bq=bq, bk=bk,
@@ -462,9 +463,7 @@ def block_config(dtype, head_dim, rules, is_causal, tq, tk, block_q, block_k,
                  bwd_bk=_backward_block(bk) if halve_backward else bk,
                  padded_keys=tk_pad != tk,
                  is_causal=bool(is_causal),
-                 rules=score_rules.ScoreRules(
-                     local_window=rules.local_window,
-                     soft_cap=rules.soft_cap, scale=rules.scale),
+                 rules=score_rules.builtin_static(rules),
                  scale=(1.0 if prescaled(dtype)
                         else score_rules.scale_of(rules, head_dim)))
 
@@ -596,11 +595,13 @@ def flash_attention(q, k, v, *, mask=None, bias=None, is_causal=False,
 
 def attend_flash(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                  rules=score_rules.NO_RULES):
-  """`attention.IMPLEMENTATIONS` entry: flash output, weights None."""
-  del dropout_rate
-  if keep is not None:
-    raise ValueError("attend: implementation='flash' does not support "
-                     "attention dropout (it never forms the weights to drop);"
-                     " use dropout_rate=0 or implementation='einsum'")
+  """The path "flash": the kernel's output, weights None."""
+  del dropout_rate, keep  # keep is None: the record refuses dropout
   return flash_attention(q, k, v, mask=mask, bias=bias,
                          is_causal=is_causal, rules=rules), None
+
+
+FLASH = attention_path.AttentionPath(
+    name="flash", fn=attend_flash,
+    computes="blockwise online softmax: O(T) memory, any shape, mask, bias "
+    "and GQA")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from mha_jax.core import attention_path
 from mha_jax.core import score_rules
 
 BLOCK = 128  # the kernel's block length; Tq and Tk must be multiples
@@ -44,8 +45,9 @@ def _splash():
 
 
 def unsupported(*, q_len, kv_len, head_dim, value_dim, one_dtype, mask,
-                bias, dropout, rules=()) -> str | None:
-  """Why the splash adapter cannot take a call (None when it can)."""
+                bias) -> str | None:
+  """Why the splash adapter cannot take a call of these shapes (None when
+  it can); the rule options and dropout are its record's to refuse."""
   if not one_dtype:
     return "q, k, v must share one dtype"
   if value_dim != head_dim:
@@ -58,29 +60,22 @@ def unsupported(*, q_len, kv_len, head_dim, value_dim, one_dtype, mask,
             "window objects and segment ids)")
   if bias:
     return "it takes no additive bias"
-  if dropout:
-    return "it has no attention dropout"
-  for name, what in (("alibi_slopes", "ALiBi (an additive bias)"),
-                     ("q_positions", "per-row query positions")):
-    if name in rules:
-      return f"it takes no {what}: `{name}`"
   return None
 
 
 def attend_pallas_tpu(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                       rules=score_rules.NO_RULES, interpret=None):
-  """`attention.IMPLEMENTATIONS["pallas_tpu"]`: splash attention.
+  """The path "pallas_tpu": splash attention.
 
   `interpret` (None: off TPU) runs the kernel in Pallas' interpreter.
   """
-  del dropout_rate
+  del dropout_rate, keep  # keep is None: the record refuses dropout
   b, tq, h, dh = q.shape
   tk, kh = k.shape[1], k.shape[2]
   g = h // kh
   why = unsupported(q_len=tq, kv_len=tk, head_dim=dh, value_dim=v.shape[-1],
                     one_dtype=q.dtype == k.dtype == v.dtype,
-                    mask=mask is not None, bias=bias is not None,
-                    dropout=keep is not None, rules=rules.active())
+                    mask=mask is not None, bias=bias is not None)
   if why:
     raise ValueError(f"attend(implementation='pallas_tpu'): {why}; use "
                      "implementation='flash'")
@@ -135,3 +130,10 @@ def attend_pallas_tpu(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
     has_key = jnp.any(ok, axis=-1)[..., None, None]  # [B?, Tq, 1, 1]
     out = jnp.where(has_key, out, 0)
   return out.astype(v.dtype), None
+
+
+PALLAS_TPU = attention_path.AttentionPath(
+    name="pallas_tpu", fn=attend_pallas_tpu,
+    rules={"scale", "local_window", "q_segment_ids", "soft_cap", "sinks"},
+    computes="JAX's Pallas TPU splash attention (causal/window masks skip "
+    "blocks, GQA without repeating k/v)")

@@ -28,52 +28,27 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from mha_jax.core import attention_path
 from mha_jax.core import masks as masks_lib
 from mha_jax.core import precision
 from mha_jax.core import score_rules
 
-# ScoreRules fields jax.nn.dot_product_attention cannot express.
-UNSUPPORTED = {
-    "q_segment_ids": "segment ids (pass a mask built from them instead)",
-    "soft_cap": "logit soft-capping",
-    "sinks": "attention sinks",
-    "alibi_slopes": "ALiBi (pass the bias instead)",
-}
-
-
-def check_rules(rules, backend, fn):
-  """Refuse the score rules jax.nn has no counterpart for, by name."""
-  for name in rules.active():
-    if name in UNSUPPORTED:
-      raise ValueError(
-          f"{fn}: implementation={backend!r} (jax.nn.dot_product_attention) "
-          f"has no {UNSUPPORTED[name]}: `{name}` is not supported there; "
-          "use implementation='flash', 'einsum' or 'vmap'")
-
-
-def _check(q, k, v, keep, backend):
+def _check(q, k, v, backend):
+  """The limits of jax.nn's call that its records cannot state."""
   fn = f"attend(implementation={backend!r})"
-  if keep is not None:
-    raise ValueError(f"{fn}: attention dropout is not supported (jax.nn."
-                     "dot_product_attention has none); use dropout_rate=0 or "
-                     "implementation='einsum'")
   if v.shape[-1] != q.shape[-1]:
     raise ValueError(f"{fn}: needs value width Dv equal to head width Dh; "
                      f"got q {q.shape}, v {v.shape}")
   if not q.dtype == k.dtype == v.dtype:
     raise TypeError(f"{fn}: q, k, v must share one dtype; got {q.dtype}, "
                     f"{k.dtype}, {v.dtype}")
-  if backend == "cudnn" and jax.default_backend() != "gpu":
-    raise ValueError(f"{fn}: cuDNN attention needs a CUDA GPU, but the JAX "
-                     f"backend is {jax.default_backend()!r}; use 'flash' or "
-                     "'xla' here")
 
 
 def _attend_jax_nn(q, k, v, mask, bias, keep, *, is_causal, backend,
                    rules=score_rules.NO_RULES):
   """Shared body of the "xla" and "cudnn" entries."""
-  _check(q, k, v, keep, backend)
-  check_rules(rules, backend, f"attend(implementation={backend!r})")
+  del keep  # None: both records refuse dropout
+  _check(q, k, v, backend)
   tq, tk = q.shape[1], k.shape[1]
   mask = None if mask is None else jnp.reshape(
       mask, (1,) * (4 - mask.ndim) + mask.shape)  # [b?, h?, tq?, tk?]
@@ -115,7 +90,7 @@ def _attend_jax_nn(q, k, v, mask, bias, keep, *, is_causal, backend,
 
 def attend_xla(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                rules=score_rules.NO_RULES):
-  """`attention.IMPLEMENTATIONS["xla"]`: XLA's fused-friendly reference."""
+  """The path "xla": jax.nn's XLA attention."""
   del dropout_rate
   return _attend_jax_nn(q, k, v, mask, bias, keep, is_causal=is_causal,
                         backend="xla", rules=rules)
@@ -123,7 +98,25 @@ def attend_xla(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
 
 def attend_cudnn(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                  rules=score_rules.NO_RULES):
-  """`attention.IMPLEMENTATIONS["cudnn"]`: cuDNN flash attention (GPU only)."""
+  """The path "cudnn": cuDNN flash attention (GPU only)."""
   del dropout_rate
   return _attend_jax_nn(q, k, v, mask, bias, keep, is_causal=is_causal,
                         backend="cudnn", rules=rules)
+
+
+# The options the adapter above passes to jax.nn; the others (segment
+# ids, soft caps, sinks, ALiBi, the user rules) have no jax.nn
+# counterpart and are refused by name. `auto` sends windows to "xla",
+# whose window it has run, and not to "cudnn", whose window goes through
+# the same jax.nn call but has not been run on a GPU here.
+_JAX_NN_RULES = frozenset({"scale", "local_window", "q_positions"})
+_NO_DROPOUT = "jax.nn.dot_product_attention has none"
+XLA = attention_path.AttentionPath(
+    name="xla", fn=attend_xla, rules=_JAX_NN_RULES,
+    auto_rules={"scale", "local_window"}, dense_scores="input",
+    why_no_dropout=_NO_DROPOUT,
+    computes="jax.nn.dot_product_attention's XLA path")
+CUDNN = attention_path.AttentionPath(
+    name="cudnn", fn=attend_cudnn, rules=_JAX_NN_RULES, auto_rules={"scale"},
+    backends=frozenset({"gpu"}), why_no_dropout=_NO_DROPOUT,
+    computes="cuDNN's fused attention (jax.nn, implementation='cudnn')")
