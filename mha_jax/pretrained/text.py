@@ -185,13 +185,15 @@ class LanguageModel:
         self._tokens(text_or_tokens, prepend_bos), names, **kwargs)
 
   def generate(self, prompt, max_new_tokens: int = 10, *,
-               temperature: float = 0.0, rng=None,
-               prepend_bos: bool | None = None, stop_at_eos: bool = True):
+               temperature: float = 0.0, rng=None, top_k: int | None = None,
+               top_p: float | None = None, prepend_bos: bool | None = None,
+               stop_at_eos: bool = True):
     """A prompt (str, or a list of str) continued by up to
     `max_new_tokens` tokens, as text: the prompt's tokens (less the BOS
     the rule prepended) and the new ones, decoded together. Greedy at
-    temperature 0, else sampled with `rng`
-    (`models.generate.generate`). `stop_at_eos`: the text ends after the
+    temperature 0, else sampled with `rng`, kept to the `top_k` most
+    likely tokens and the smallest set holding `top_p` of the mass when
+    given (`models.generate.generate`, where their rules are). `stop_at_eos`: the text ends after the
     first EOS generated (the loop itself runs all N steps). Prompts
     of lengths within one `generate.bucket` share one compiled program.
     """
@@ -201,7 +203,7 @@ class LanguageModel:
     new = np.asarray(generate_lib.generate(
         self.model, jnp.asarray(ids), max_new_tokens,
         prompt_lengths=jnp.asarray(lengths), temperature=temperature,
-        rng=rng))  # [B, N]
+        rng=rng, top_k=top_k, top_p=top_p))  # [B, N]
     texts = []
     for r, n in zip(rows, new):
       n = list(n)

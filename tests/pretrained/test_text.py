@@ -13,6 +13,7 @@ import types
 
 import gguf
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tokenizers
@@ -22,6 +23,7 @@ from tokenizers import models, pre_tokenizers
 
 import mha_jax
 from mha_jax.models import activation_cache
+from mha_jax.models import generate
 from mha_jax.pretrained import text as text_lib
 from tests.pretrained import compare
 from tests.pretrained import gguf_models
@@ -142,6 +144,21 @@ def test_greedy_text_is_transformers_generate(gpt2_lm):
   want = " ".join(["the", "cat", "sat"] + [VOCAB[i] for i in ids])
   assert lm.generate("the cat sat", max_new_tokens=4) == want
   assert lm.generate(["the cat sat"], max_new_tokens=4) == [want]
+
+
+def test_sampled_text_filters_as_generate_on_ids(gpt2_lm):
+  _, lm = gpt2_lm
+  key = jax.random.key(4)
+  ids = jnp.asarray([[1, 3, 4, 5]], jnp.int32)
+  new = generate.generate(lm.model, ids, 4, temperature=0.8, rng=key,
+                          top_k=3, top_p=0.9)[0].tolist()
+  want = " ".join(["the", "cat", "sat"] + [VOCAB[i] for i in new])
+  assert lm.generate("the cat sat", max_new_tokens=4, temperature=0.8,
+                     rng=key, top_k=3, top_p=0.9) == want
+  # top_k=1 keeps only the most likely token: the greedy text.
+  assert lm.generate("the cat sat", max_new_tokens=4, temperature=0.8,
+                     rng=key, top_k=1) == lm.generate("the cat sat",
+                                                      max_new_tokens=4)
 
 
 @pytest.mark.parametrize("call, message", [
