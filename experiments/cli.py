@@ -214,16 +214,20 @@ _COMMAND_ERRORS = (app.UsageError, config_lib.ConfigError,
                    workdir_lib.WorkdirInUse)
 
 
+def command_line() -> str:
+  """This process's command as a report names it: `python -m <the
+  package run>` and the flags as typed (`sys.argv`: absl leaves it whole
+  and hands `main` what it did not consume). An entry point passes it to
+  its run, which passes it to the report."""
+  spec = sys.modules["__main__"].__spec__
+  module = spec.name.removesuffix(".__main__") if spec else sys.argv[0]
+  return report_lib.command_line(sys.argv, module)
+
+
 def run_app(main_fn: Callable[[list[str]], None]) -> None:
-  """`absl.app.run(main_fn)` with `parse_flags`, the command line
-  recorded for the reports this process writes, and `_COMMAND_ERRORS`
+  """`absl.app.run(main_fn)` with `parse_flags` and `_COMMAND_ERRORS`
   reported in one line."""
   def _main(argv):
-    # `python -m <this package>` and the flags as typed (absl has consumed
-    # them from `argv`).
-    spec = sys.modules["__main__"].__spec__
-    module = spec.name.removesuffix(".__main__") if spec else sys.argv[0]
-    report_lib.record_command(sys.argv, module)
     try:
       return main_fn(argv)
     except _COMMAND_ERRORS as e:
@@ -240,9 +244,12 @@ def _trains(config) -> bool:
 
 def main(run: Callable[..., dict], fl: ExperimentFlags) -> None:
   """Parse the command line, check a training config, then
-  `run(config, workdir, reuse_runs=...)` and print where the report is.
-  An experiment that trains models (a training config, or one as its
-  `model` group) keeps freed host memory first."""
+  `run(config, workdir, reuse_runs=..., command=...)` and print where the
+  report is. `command` is `command_line()`, the command the report names:
+  an argument, so a run called from Python (`command=None`) or a report
+  rendered again names its own, never one left by an earlier run in the
+  process. An experiment that trains models (a training config, or one as
+  its `model` group) keeps freed host memory first."""
   def _main(argv):
     report_lib.check_no_arguments(argv)
     config = fl.config.value
@@ -255,6 +262,7 @@ def main(run: Callable[..., dict], fl: ExperimentFlags) -> None:
       # command's choice: the library's training function, which a user
       # may call in a process of their own, does not make it.
       host_memory.keep_freed_memory()
-    run(config, fl.workdir.value, reuse_runs=fl.reuse_runs.value)
+    run(config, fl.workdir.value, reuse_runs=fl.reuse_runs.value,
+        command=command_line())
     print(f"Report: {pathlib.Path(fl.workdir.value) / 'report.md'}")
   run_app(_main)

@@ -94,14 +94,16 @@ def methods(config: dict) -> str:
       "analysis_examples": e["analysis_examples"]}).rstrip("\n")
 
 
-def values(name: str, saved: dict, selection: dict, plateau: dict) -> dict:
+def values(name: str, saved: dict, selection: dict, plateau: dict,
+           command: str | None = None) -> dict:
   """The values both sweep reports' templates use: the command of
-  `experiments.<name>` and its wall time, the methods paragraph, and the
-  learning-rate table (`selection`, `plateau`: the `tuned_sweep`'s) with
-  the numbers of the sentence above it."""
+  `experiments.<name>` (`command`, `report_lib.command_line`'s, or a
+  call from Python without one) and its wall time, the methods
+  paragraph, and the learning-rate table (`selection`, `plateau`: the
+  `tuned_sweep`'s) with the numbers of the sentence above it."""
   config = saved["config"]
   return {
-      "command": report_lib.command(f"experiments.{name}"),
+      "command": report_lib.command(f"experiments.{name}", command),
       "wall_time": report_lib.wall_time(saved["wall_seconds"],
                                         saved["reused_runs"]),
       "methods": methods(config),

@@ -10,6 +10,7 @@ results.json.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 from experiments.circuits import claims as claims_lib
@@ -21,18 +22,21 @@ from mha_jax.measure import report as report_lib
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """Figures, report.md and results.json in `workdir`; returns what
   results.json holds."""
   workdir = pathlib.Path(workdir)
   _figures(workdir, results["runs"], results["baselines"],
            tuple(results["setup"]["layout"]))
-  return report_lib.write_rendered(workdir, results, render, config=config)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command),
+      config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _figures(workdir, runs, baselines, layout) -> None:
@@ -56,12 +60,12 @@ def _reference(saved, i) -> str:
       for s in saved["config"]["experiment"]["seeds"])
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   config, claims, cal = saved["config"], saved["claims"], saved["calibration"]
   e, m, t = config["experiment"], config["model"], config["train"]
   return {
-      "command": report_lib.command("experiments.circuits"),
+      "command": report_lib.command("experiments.circuits", command),
       "seeds": list(e["seeds"]), "num_seeds": len(e["seeds"]),
       "first_seed": e["seeds"][0],
       **{k: m[k] for k in ("num_heads", "d_model", "positions")},

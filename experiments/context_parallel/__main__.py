@@ -28,9 +28,10 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/context_parallel",
                                "Output folder.")
 
 
-def run(config, workdir) -> dict:
-  """Measure (run.py), then write the report (report.py)."""
-  return report.write(config, run_lib.measure(config), workdir)
+def run(config, workdir, command: str | None = None) -> dict:
+  """Measure (run.py), then write the report (report.py),
+  naming `command` (None: called from Python)."""
+  return report.write(config, run_lib.measure(config), workdir, command)
 
 
 def main(argv):
@@ -41,7 +42,7 @@ def main(argv):
     os.execve(sys.executable,
               [sys.executable, "-m", "experiments.context_parallel",
                *sys.argv[1:]], cli.env_with_devices(need))
-  run(_CONFIG.value, _WORKDIR.value)
+  run(_CONFIG.value, _WORKDIR.value, cli.command_line())
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ results.json.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 from mha_jax.measure import report as report_lib
@@ -21,16 +22,18 @@ LONG_VALUES = ("long_tokens", "long_heads", "long_head_dim", "run_s",
                "compile_s", "finite", "peak", "peak_all", "peak_rss")
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """report.md and results.json into `workdir` (the report is printed
   too); returns what results.json holds."""
-  return report_lib.write_rendered(workdir, results, render, config=config,
-                                   echo=True)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command),
+      config=config, echo=True)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  text = report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  text = report_lib.fill(TEMPLATE, values(saved, command))
   return text if "long" in saved else text.partition(LONG_HEADING)[0]
 
 
@@ -62,11 +65,11 @@ def _long(saved) -> dict:
           "peak_rss": _mib(g["process_peak_rss"])}
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   m, n = saved["memory"], saved["devices"]
   return {
-      "command": report_lib.command("experiments.context_parallel"),
+      "command": report_lib.command("experiments.context_parallel", command),
       "heads": m["heads"],
       "head_dim": m["head_dim"],
       "block": saved["block"],

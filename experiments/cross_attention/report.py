@@ -10,6 +10,7 @@ alone, so a committed report regenerates from its results.json.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import numpy as np
@@ -26,17 +27,19 @@ ABLATIONS = ("zero_ablation", "mean_ablation", "resample_ablation",
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   _figures(config, results["runs"][0], workdir)
-  return report_lib.write_rendered(workdir, results, render, EXAMPLES,
-                                   config=config)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command), EXAMPLES,
+      config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _figures(config, r0, workdir) -> None:
@@ -107,7 +110,7 @@ def _sharp(ms, n_good) -> str:
           "at once rather than owned by one.")
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   config, runs, sm = saved["config"], saved["runs"], saved["summary"]
   model, task, e = config["model"], config["task"], config["experiment"]
@@ -123,7 +126,7 @@ def values(saved: dict) -> dict:
                "init_best_head_alignment", "last_layer_alignment",
                "first_layer_alignment")
   return {
-      "command": report_lib.command("experiments.cross_attention"),
+      "command": report_lib.command("experiments.cross_attention", command),
       "num_layers": model["num_layers"],
       "num_heads": model["num_heads"],
       "d_model": model["d_model"],

@@ -21,10 +21,12 @@ _FLAGS = cli.experiment_flags(config="configs/gpu_bench.py",
                               workdir="runs/gpu_bench")
 
 
-def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+def run(config, workdir, *, reuse_runs: bool = False,
+        command: str | None = None) -> dict:
   """Measure (run.py), writing the report (report.py) after each part;
-  nothing is trained, so `reuse_runs` changes nothing."""
-  del reuse_runs
+  nothing is trained, so `reuse_runs` changes nothing, and the report
+  names no command."""
+  del reuse_runs, command
   results = run_lib.measure(
       config, on_part=lambda r: report.write(config, r, workdir))
   return report.write(config, results, workdir)

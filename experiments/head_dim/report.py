@@ -12,6 +12,7 @@ regenerates from its results.json.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 from experiments import offset_sweep_report as sweep_report
@@ -26,17 +27,19 @@ DROP = ("weights_example",)
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   _figures(config, workdir, results)
-  return report_lib.write_rendered(workdir, results, render, DROP,
-                                   config=config)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command), DROP,
+      config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _steps(first) -> str:
@@ -208,14 +211,14 @@ def _claims(saved) -> dict:
   }
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   config, fit = saved["config"], saved["part_b"]
   e = config["experiment"]
   h, seed = run_lib.explorer_run(config)
   return {
       **sweep_report.values("head_dim", saved, saved["part_a_selection"],
-                            saved["part_a_plateau"]),
+                            saved["part_a_plateau"], command),
       "d_model": config["model"]["d_model"], "heads": list(e["heads"]),
       "part_a_table": _part_a_table(saved),
       "plateau_figure": ("![plateau_check.png](plateau_check.png)"

@@ -11,6 +11,7 @@ results.json.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import numpy as np
@@ -28,17 +29,19 @@ ABLATIONS = ("zero_ablation", "mean_ablation", "resample_ablation",
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   figures.write(config, results["runs"], workdir)
-  return report_lib.write_rendered(workdir, results, render, DROP,
-                                   config=config)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command), DROP,
+      config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _depths(config) -> tuple[int, int]:
@@ -231,7 +234,7 @@ def _tables(config, runs, sd, sc) -> dict:
   }
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   config, summary, runs = saved["config"], saved["summary"], saved["runs"]
   model, task, e = config["model"], config["task"], config["experiment"]
@@ -240,7 +243,7 @@ def values(saved: dict) -> dict:
   r0 = runs[f"L{deep}_seed{e['seeds'][0]}"]
   gap, corr = summary["loss_control_minus_deep"], summary["rank_corr_zero_vs"]
   return {
-      "command": report_lib.command("experiments.induction"),
+      "command": report_lib.command("experiments.induction", command),
       "seeds": list(e["seeds"]), "deep": deep, "ctrl": ctrl,
       "d_model": model["d_model"], "num_heads": model["num_heads"],
       "positions": model["positions"],

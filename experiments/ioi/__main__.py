@@ -14,12 +14,13 @@ from experiments.ioi import run as run_lib
 _FLAGS = cli.experiment_flags(config="configs/ioi.py", workdir="runs/ioi")
 
 
-def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+def run(config, workdir, *, reuse_runs: bool = False,
+        command: str | None = None) -> dict:
   """Measure (run.py), then write the report (report.py); nothing is
   trained, so `reuse_runs` changes nothing."""
   del reuse_runs
   results = run_lib.measure(config)
-  return report.write(config, results, workdir)
+  return report.write(config, results, workdir, command)
 
 
 if __name__ == "__main__":

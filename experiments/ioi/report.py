@@ -21,7 +21,7 @@ TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 DROP = ("samples",)
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """results.json (first, so a figure or template error loses no
   measurement), the figures, then report.md; returns what results.json
   holds."""
@@ -30,10 +30,11 @@ def write(config, results, workdir) -> dict:
   saved = report_lib.saved_results(results, DROP, config=config)
   (workdir / "results.json").write_text(json.dumps(saved, indent=1) + "\n")
   figures.write(saved, workdir)
-  return report_lib.write_outputs(workdir, saved, render(saved),
+  return report_lib.write_outputs(workdir, saved, render(saved, command),
                                   config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, tables.values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, tables.values(saved, command))

@@ -251,12 +251,12 @@ def circuit_values(c: dict, through_mlps: bool) -> dict:
   }
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   e = saved["config"]["experiment"]
   models = saved["models"]
   out = {
-      "command": report_lib.command("experiments.ioi"),
+      "command": report_lib.command("experiments.ioi", command),
       "wall": report_lib.wall_time(saved["wall_s"], False),
       # Older results saved no CPU time.
       "cpu": (f"; {saved['cpu_s'] / 60:.1f} CPU-minutes of the process"

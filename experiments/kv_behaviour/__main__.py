@@ -34,9 +34,11 @@ _FLAGS = cli.experiment_flags(
     config="configs/kv_behaviour.py", workdir="runs/kv_behaviour")
 
 
-def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+def run(config, workdir, *, reuse_runs: bool = False,
+        command: str | None = None) -> dict:
   """Train and measure (run.py), then write the report (report.py)."""
-  results = run_lib.measure(config, workdir, reuse=reuse_runs)
+  results = run_lib.measure(config, workdir, reuse=reuse_runs,
+                            command=command)
   return report.write(config, results, workdir)
 
 

@@ -26,10 +26,11 @@ from mha_jax.training import held_out
 from mha_jax.training import train
 
 
-def measure(config, workdir, *, reuse: bool = False) -> dict:
+def measure(config, workdir, *, reuse: bool = False,
+            command: str | None = None) -> dict:
   """Train every (variant, seed), measure, summarise; returns the results
-  dict ("runs", "variants", "comparisons", "loss_at_steps", "per_seed",
-  ...)."""
+  dict ("command", the command line that ran as the report names it,
+  "runs", "variants", "comparisons", "loss_at_steps", "per_seed", ...)."""
   start = time.time()
   workdir = pathlib.Path(workdir)
   e = config.experiment
@@ -47,7 +48,7 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
                         f"query heads), seed {r.seed}")
   variants = kv_variants.summarise(specs, e.seeds, per_seed,
                                    config.train.num_steps)
-  return {"command": report_lib.command("experiments.kv_behaviour"),
+  return {"command": report_lib.command("experiments.kv_behaviour", command),
           "description": description(config, specs),
           "runs": kv_variants.table_rows(variants, e.loss_threshold),
           "variants": variants,

@@ -40,15 +40,17 @@ _BEHAVIOUR = flags.DEFINE_string(
     "include side by side (see the module docstring for its format).")
 
 
-def run(cfg, workdir, *, behaviour=None) -> dict:
+def run(cfg, workdir, *, behaviour=None,
+        command: str | None = None) -> dict:
   """Measure (run.py), then write results.json, report.md and the plots
   (report.py).
 
-  `behaviour`: the parsed `--behaviour_results` JSON, or None. Returns what
-  results.json holds.
+  `behaviour`: the parsed `--behaviour_results` JSON, or None; `command`:
+  the command line the report names (None: called from Python). Returns
+  what results.json holds.
   """
   results = run_lib.measure(cfg, workdir, behaviour=behaviour)
-  return report.write(cfg, results, workdir)
+  return report.write(cfg, results, workdir, command)
 
 
 def main(argv):
@@ -56,7 +58,8 @@ def main(argv):
   behaviour = None
   if _BEHAVIOUR.value:
     behaviour = json.loads(pathlib.Path(_BEHAVIOUR.value).read_text())
-  run(_CONFIG.value, _WORKDIR.value, behaviour=behaviour)
+  run(_CONFIG.value, _WORKDIR.value, behaviour=behaviour,
+      command=cli.command_line())
   print(f"Report: {pathlib.Path(_WORKDIR.value) / 'report.md'}")
 
 

@@ -12,6 +12,7 @@ target that is missed is reported as missed.
 from __future__ import annotations
 
 import os
+import functools
 import pathlib
 
 from mha_jax.measure import plots as plots_lib
@@ -25,17 +26,19 @@ NOT_MEASURED = (
     "training experiments (format in experiments/kv_cache.py).")
 
 
-def write(cfg, results, workdir) -> dict:
+def write(cfg, results, workdir, command: str | None = None) -> dict:
   """The plots, report.md and results.json in `workdir`; returns what
   results.json holds."""
   workdir = pathlib.Path(workdir)
   plots(results, workdir)
-  return report_lib.write_rendered(workdir, results, render, config=cfg)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command), config=cfg)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def plots(results, workdir):
@@ -250,13 +253,13 @@ def _jump(rows) -> dict:
           "jump_bytes": f"{b['cached_xla_bytes'] / a['cached_xla_bytes']:.2f}"}
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   config, s, mach = saved["config"], saved["summary"], saved["machine"]
   num_heads, behaviour = config["model"]["num_heads"], saved["behaviour"]
   errors = saved["exactness_max_rel_err"]
   return {
-      "command": report_lib.command("experiments.kv_cache"),
+      "command": report_lib.command("experiments.kv_cache", command),
       **_setup(config, mach),
       "targets": "\n".join(f"- {name}: **{'met' if ok else 'NOT met'}**"
                            for name, ok in s["targets"].items()),

@@ -39,14 +39,15 @@ _CONFIG = cli.config_flag(
 _WORKDIR = flags.DEFINE_string("workdir", "runs/mesh_check", "Output folder.")
 
 
-def run(config, workdir, config_args) -> dict:
+def run(config, workdir, config_args, command: str | None = None) -> dict:
   """Train and compare (run.py), then write the report (report.py).
 
   `config_args` are the `--config=...` arguments that give the training
-  entry point `config`.
+  entry point `config`; `command` is the command line the report names
+  (None: called from Python).
   """
   results = run_lib.measure(config, workdir, config_args)
-  return report.write(config, results, workdir)
+  return report.write(config, results, workdir, command)
 
 
 def main(argv):
@@ -63,7 +64,7 @@ def main(argv):
   config_args = [f"--config={config_flags.get_config_filename(flag)}"] + [
       f"--config.{k}={v}"
       for k, v in config_flags.get_override_values(flag).items()]
-  run(_CONFIG.value, _WORKDIR.value, config_args)
+  run(_CONFIG.value, _WORKDIR.value, config_args, cli.command_line())
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ results.json alone.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import numpy as np
@@ -16,16 +17,18 @@ from mha_jax.measure import report as report_lib
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """report.md and results.json into `workdir` (the report is printed
   too); returns what results.json holds."""
-  return report_lib.write_rendered(workdir, results, render, config=config,
-                                   echo=True)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command),
+      config=config, echo=True)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`), naming `command`
+  (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _eval_table(ev) -> str:
@@ -46,7 +49,7 @@ def _bytes_table(by) -> str:
        "split leaves hold total/model"], rows)
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   tr, runs, m = saved["train"], saved["runs"], saved["mesh"]
   return {
@@ -65,5 +68,5 @@ def values(saved: dict) -> dict:
       "bytes_table": _bytes_table(saved["bytes"]),
       "one_device_wall": f"{runs['one_device']['wall_s']:.0f}",
       "mesh_wall": f"{runs['mesh']['wall_s']:.0f}",
-      "command": report_lib.command("experiments.mesh_check"),
+      "command": report_lib.command("experiments.mesh_check", command),
   }

@@ -10,6 +10,7 @@ from its results.json.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import numpy as np
@@ -26,17 +27,19 @@ _DROP = ("distance",)
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """report.md, results.json and the figures into `workdir`; returns what
   results.json holds."""
   figures.draw(workdir, results)
-  return report_lib.write_rendered(workdir, results, render, _DROP,
-                                   config=config)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command), _DROP,
+      config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _ci(s, index=(), digits=3) -> str:
@@ -196,13 +199,13 @@ def _setup(r) -> dict:
       **{f"{k}_ids": r["classes"][k] for k in ("cls", "sep", "punct")}}
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   r, e = saved, saved["config"]["experiment"]
   counts = claims.ablation_counts(r)
   return {
       "model": r["model"]["name"],
-      "command": report_lib.command("experiments.pretrained_heads"),
+      "command": report_lib.command("experiments.pretrained_heads", command),
       "wall_time": report_lib.wall_time(r["wall_s"], False),
       "explorer_pairs": len(r["explorer_pairs"]),
       **_setup(r),

@@ -8,6 +8,7 @@ alone, so a committed report regenerates from its results.json.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 from mha_jax.measure import plots
@@ -16,7 +17,7 @@ from mha_jax.measure import report as report_lib
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """The figure, report.md and results.json; returns what results.json
   holds."""
   workdir = pathlib.Path(workdir)
@@ -26,12 +27,15 @@ def write(config, results, workdir) -> dict:
                   ylabel="held-out loss",
                   title="Pruning the 2-layer induction model",
                   path=str(workdir / "prune_curve.png"))
-  return report_lib.write_rendered(workdir, results, render, config=config)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command),
+      config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _name(k: str) -> str:
@@ -74,7 +78,7 @@ def _idle(spread, kept, budget) -> str:
           "in this small model no head is idle.")
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   config, e = saved["config"], saved["config"]["experiment"]
   kept, vs_random = saved["heads_kept"], saved["two_removed_minus_random"]
@@ -87,7 +91,7 @@ def values(saved: dict) -> dict:
   at2 = {k: float(spread[k][0][2]) for k in spread}
   best2 = min(at2, key=at2.get)
   return {
-      "command": report_lib.command("experiments.pruning"),
+      "command": report_lib.command("experiments.pruning", command),
       "num_heads": config["model"]["num_heads"],
       "num_steps": config["train"]["num_steps"],
       "seeds": list(e["seeds"]),

@@ -15,12 +15,13 @@ _FLAGS = cli.experiment_flags(
     config="configs/real_heads.py", workdir="runs/real_heads")
 
 
-def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+def run(config, workdir, *, reuse_runs: bool = False,
+        command: str | None = None) -> dict:
   """Measure (run.py), then write the report (report.py). Nothing is
   trained, so `reuse_runs` changes nothing."""
   del reuse_runs
   results = run_lib.measure(config)
-  return report.write(config, results, workdir)
+  return report.write(config, results, workdir, command)
 
 
 if __name__ == "__main__":

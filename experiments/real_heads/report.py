@@ -22,30 +22,31 @@ MODEL_TEMPLATE = HERE / "model.md.tmpl"
 DISTANCE_TEMPLATE = HERE / "distance.md.tmpl"
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """The figures, report.md and results.json; returns what results.json
   holds."""
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   saved = report_lib.saved_results(results, config=config)
   figures.draw(workdir, saved)
-  return report_lib.write_outputs(workdir, saved, render(saved),
+  return report_lib.write_outputs(workdir, saved, render(saved, command),
                                   config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   e = saved["config"]["experiment"]
   sections = "\n\n".join(
       report_lib.fill(MODEL_TEMPLATE, model_values(name, r, e)).rstrip()
       for name, r in saved["models"].items())
   return {
-      "command": report_lib.command("experiments.real_heads"),
+      "command": report_lib.command("experiments.real_heads", command),
       "wall": report_lib.wall_time(saved["wall_s"], False),
       "model_walls": ", ".join(f"{r['info']['label']} "
                                f"{r['wall_s'] / 60:.1f} min"

@@ -20,10 +20,12 @@ _FLAGS = cli.experiment_flags(config="configs/real_lm_bench.py",
                               workdir="runs/real_lm_bench")
 
 
-def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+def run(config, workdir, *, reuse_runs: bool = False,
+        command: str | None = None) -> dict:
   """Measure (run.py), then write the report (report.py); nothing is
-  trained, so `reuse_runs` changes nothing."""
-  del reuse_runs
+  trained, so `reuse_runs` changes nothing, and the report names no
+  command."""
+  del reuse_runs, command
   results = run_lib.measure(config, workdir)
   results["date"] = datetime.date.today().isoformat()
   return report.write(config, results, workdir)

@@ -25,14 +25,15 @@ from experiments.sae import view
 _FLAGS = cli.experiment_flags(config="configs/sae.py", workdir="runs/sae")
 
 
-def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+def run(config, workdir, *, reuse_runs: bool = False,
+        command: str | None = None) -> dict:
   """Measure (run.py), then write the report (report.py). Finished SAEs
   and the trained model are always reused when their config matches, so
   `reuse_runs` changes nothing here."""
   del reuse_runs
   src = sources.load(config, workdir)  # once, for measuring and the pages
   results = run_lib.measure(config, workdir, src)
-  written = report.write(config, results, workdir)
+  written = report.write(config, results, workdir, command)
   view.write(config, workdir, src)
   return written
 

@@ -8,6 +8,7 @@ loses a long run's numbers), draws the figures and renders the template;
 from __future__ import annotations
 
 import json
+import functools
 import pathlib
 
 from experiments.sae import figures
@@ -17,17 +18,19 @@ TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 KIND_NAMES = {"relu": "ReLU + L1", "topk": "TopK"}
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   saved = report_lib.saved_results(results, config=config)
   (workdir / "results.json").write_text(json.dumps(saved, indent=1) + "\n")
   figures.write(saved, workdir)
-  return report_lib.write_rendered(workdir, results, render, config=config)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command),
+      config=config)
 
 
-def render(saved: dict) -> str:
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _heads(layer, top_heads) -> str:
@@ -61,7 +64,7 @@ def _s(summ, digits=3):
   return report_lib.summary(summ, digits)
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's cells from results.json's contents."""
   m, d, c = saved["model"], saved["data"], saved["config"]
   s = c["sae"]
@@ -80,7 +83,7 @@ def values(saved: dict) -> dict:
   scores = ", ".join(f"{report_lib.head_name(m['layer'], h)} {v:.2f}"
                      for h, v in enumerate(saved["induction_scores"]))
   return {
-      "command": report_lib.command("experiments.sae"),
+      "command": report_lib.command("experiments.sae", command),
       "model": m["label"], "layer": str(m["layer"]),
       "width": str(m["width"]), "heads": str(m["heads"]),
       "d_sae": str(s["d_sae"]), "expansion": f"{s['d_sae'] / m['width']:g}",

@@ -183,8 +183,8 @@ def write(config, workdir, src: sources.Source | None = None
 if __name__ == "__main__":
   _FLAGS = cli.experiment_flags(config="configs/sae.py", workdir="runs/sae")
 
-  def _run(config, workdir, *, reuse_runs=False):
-    del reuse_runs
+  def _run(config, workdir, *, reuse_runs=False, command=None):
+    del reuse_runs, command  # the pages name no command
     print(f"Viewer: {write(config, workdir)} and explorer.html beside it")
     return {}
   cli.main(_run, _FLAGS)

@@ -25,14 +25,15 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/score_rules_bench",
                                "Output folder.")
 
 
-def run(config, workdir) -> dict:
-  """Measure (run.py), then write report.md and results.json (report.py)."""
-  return report.write(config, run_lib.measure(config), workdir)
+def run(config, workdir, command: str | None = None) -> dict:
+  """Measure (run.py), then write report.md and results.json (report.py),
+  naming `command` (None: called from Python)."""
+  return report.write(config, run_lib.measure(config), workdir, command)
 
 
 def main(argv):
   report_lib.check_no_arguments(argv)
-  run(_CONFIG.value, _WORKDIR.value)
+  run(_CONFIG.value, _WORKDIR.value, cli.command_line())
 
 
 if __name__ == "__main__":

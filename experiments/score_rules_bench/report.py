@@ -7,6 +7,7 @@ measuring (`run.summarise`).
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 from mha_jax.measure import report as report_lib
@@ -16,14 +17,15 @@ PATHS = ("flash_skip", "flash_blocks", "flash_all", "einsum_dense",
          "torch_flex")
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """report.md and results.json in `workdir` (the report printed too)."""
-  return report_lib.write_rendered(workdir, results, render, config=config,
-                                   echo=True)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command),
+      config=config, echo=True)
 
 
-def render(saved: dict) -> str:
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _cell(case, path) -> str:
@@ -41,7 +43,7 @@ def _cell(case, path) -> str:
   return text + f"; diff {res['max_abs_diff']:.1e}"
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   c = saved["config"]
   cases = saved["cases"]
   rows = [[str(case["n"]), case["rule"]] + [_cell(case, p) for p in PATHS]
@@ -75,7 +77,7 @@ def values(saved: dict) -> dict:
   torch_v = next((case["paths"]["torch_flex"].get("torch") for case in cases
                   if "torch_flex" in case["paths"]), None)
   return {
-      "command": report_lib.command("experiments.score_rules_bench"),
+      "command": report_lib.command("experiments.score_rules_bench", command),
       "took_s": f"{saved['took_s']:.0f}", "cpus": str(saved["cpus"]),
       "load": f"{saved['load_before'][0]:.1f}",
       "load_after": f"{saved['load_after'][0]:.1f}",

@@ -19,10 +19,11 @@ _FLAGS = cli.experiment_flags(
     config="configs/sinks.py", workdir="runs/sinks")
 
 
-def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+def run(config, workdir, *, reuse_runs: bool = False,
+        command: str | None = None) -> dict:
   """Train and measure (run.py), then write the report (report.py)."""
   results = run_lib.measure(config, workdir, reuse=reuse_runs)
-  return report.write(config, results, workdir)
+  return report.write(config, results, workdir, command)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ seeds, L layers, H heads, T length.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 from experiments.sinks import figures as sink_figures
@@ -23,20 +24,22 @@ DROP = ("profile",)
 _ms, _ci, _diff = findings.ms, findings.ci, findings.diff
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """Figures, report.md and results.json in `workdir`; returns what
   results.json holds."""
   workdir = pathlib.Path(workdir)
   runs = {n: {int(s): v for s, v in ps.items()}
           for n, ps in results["runs"].items()}
   sink_figures.draw(workdir, config, runs, results["summary"])
-  return report_lib.write_rendered(workdir, results, render, DROP,
-                                   config=config)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command), DROP,
+      config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _rho(p) -> str:
@@ -233,13 +236,13 @@ def _setup(config) -> dict:
       "explorer": e["explorer"]}
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   config, tm, floors = saved["config"], saved["timing"], saved["floors"]
   nl, nh = config["model"]["num_layers"], config["model"]["num_heads"]
   sinks = _has_sinks(saved)
   return {
-      "command": report_lib.command("experiments.sinks"),
+      "command": report_lib.command("experiments.sinks", command),
       **_setup(config),
       "time": _time_text(tm),
       "load_average": f"{tm['load_average'][0]:.1f}",

@@ -23,10 +23,11 @@ _FLAGS = cli.experiment_flags(
     config="configs/text.py", workdir="runs/text_heads")
 
 
-def run(config, workdir, *, reuse_runs: bool = False) -> dict:
+def run(config, workdir, *, reuse_runs: bool = False,
+        command: str | None = None) -> dict:
   """Train and measure (run.py), then write the report (report.py)."""
   results = run_lib.measure(config, workdir, reuse=reuse_runs)
-  return report.write(config, results, workdir)
+  return report.write(config, results, workdir, command)
 
 
 if __name__ == "__main__":

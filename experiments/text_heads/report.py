@@ -9,6 +9,7 @@ results.json. The tables are tables.py's, the claims' values claims.py's.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 from experiments.text_heads import claims
@@ -23,7 +24,7 @@ TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 DROP = ("weights_example",)
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   figures = text_figures.draw(workdir, results["runs"],
@@ -33,23 +34,25 @@ def write(config, results, workdir) -> dict:
   at = keys.index("runs") + 1
   results = {k: results[k] for k in keys[:at]} | {"figures": figures} | {
       k: results[k] for k in keys[at:]}
-  return report_lib.write_rendered(workdir, results, render, DROP,
-                                   config=config)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command), DROP,
+      config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
-def _setup(saved) -> dict:
-  """The setup paragraph's values."""
+def _setup(saved, command: str | None) -> dict:
+  """The setup paragraph's values (`command`: the command line that ran)."""
   config, info = saved["config"], saved["corpus"]
   e, t, tr, m = (config[k] for k in ("experiment", "task", "train", "model"))
   seen = tr["num_steps"] * t["batch_size"] * t["seq_len"]
   reused = saved["train_time_s"] < 5 * len(saved["runs"])
   return {
-      "command": report_lib.command("experiments.text_heads"),
+      "command": report_lib.command("experiments.text_heads", command),
       "corpus": info["corpus"],
       "corpus_describe": info["describe"],
       "train_files": info["train_files"],
@@ -105,14 +108,14 @@ def _controls(saved) -> dict:
   }
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   summary, config = saved["variants"], saved["config"]
   e, thr = config["experiment"], config["experiment"]["thresholds"]
   first = summary[next(iter(summary))]
   late, early = e["late_positions"], e["early_positions"]
   return {
-      **_setup(saved),
+      **_setup(saved, command),
       "bpb_table": tables.bpb_table(summary),
       "repeat_length": config["task"]["seq_len"] // 2,
       "best_table": tables.best_table(summary),

@@ -9,6 +9,7 @@ letters: L layers, H heads.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import numpy as np
@@ -26,7 +27,7 @@ HEAD_COLUMNS = ["head", "prefix matching (init)", "copying",
                 "ICL change when ablated (nats)"]
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   e = config.experiment
@@ -35,13 +36,15 @@ def write(config, results, workdir) -> dict:
                  str(workdir / f"bump_{kind}.png"))
     figures.trajectories(results["runs"], kind, list(e.seeds), e,
                          str(workdir / f"trajectories_{kind}.png"))
-  return report_lib.write_rendered(workdir, results, render, DROP,
-                                   config=config)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command), DROP,
+      config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _s(x, digits=3) -> str:
@@ -54,11 +57,11 @@ def _steps(values) -> str:
   return ", ".join("never" if v is None else str(v) for v in values)
 
 
-def _command(reused: bool) -> str:
+def _command(reused: bool, command: str | None) -> str:
   """The command line. `--reuse_runs` is the flag that makes `reused`
-  true, so it is shown from results.json where the recorded command line
+  true, so it is shown from results.json where the given command line
   (that of a later process rendering the report again) lacks it."""
-  text = report_lib.command(MODULE)
+  text = report_lib.command(MODULE, command)
   if reused and f"-m {MODULE}" in text and "reuse_runs" not in text:
     return text[:-1] + " --reuse_runs`"
   return text
@@ -165,7 +168,7 @@ def _icl_sign(ci) -> tuple[str, str]:
   return "not resolved from zero", ""
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   config, c = saved["config"], saved["corpus"]
   model, task, e = config["model"], config["task"], config["experiment"]
@@ -175,7 +178,7 @@ def values(saved: dict) -> dict:
   r0 = {k: saved["runs"][f"{k}_seed{e['seeds'][0]}"] for k in run_lib.KINDS}
   sign, reading = _icl_sign(s["icl_final"]["ci95"])
   return {
-      "command": _command(saved["reused"]),
+      "command": _command(saved["reused"], command),
       "wall_time": report_lib.wall_time(saved["wall_time_s"],
                                         saved["reused"]),
       "cpu_minutes": f"{saved['cpu_time_s'] / 60:.1f}",

@@ -12,6 +12,7 @@ from its results.json.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 from experiments import offset_sweep
@@ -27,18 +28,20 @@ FLOOR = 0.5  # NMSE of the best linear read-out of one fixed blend
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 
 
-def write(config, results, workdir) -> dict:
+def write(config, results, workdir, command: str | None = None) -> dict:
   """Figures, report.md and results.json; returns what results.json holds."""
   workdir = pathlib.Path(workdir)
   _figures(config, workdir, results["continuous"],
            results["summary"]["continuous"])
-  return report_lib.write_rendered(workdir, results, render, DROP,
-                                   config=config)
+  return report_lib.write_rendered(
+      workdir, results, functools.partial(render, command=command), DROP,
+      config=config)
 
 
-def render(saved: dict) -> str:
-  """report.md from results.json's contents (`saved`, config included)."""
-  return report_lib.fill(TEMPLATE, values(saved))
+def render(saved: dict, command: str | None = None) -> str:
+  """report.md from results.json's contents (`saved`, config included),
+  naming `command` (`report_lib.command_line`'s) as the command that ran."""
+  return report_lib.fill(TEMPLATE, values(saved, command))
 
 
 def _figures(config, workdir, cont, summary) -> None:
@@ -221,7 +224,7 @@ def _token(summary) -> dict:
       "token_verdict": _token_verdict(st["h=1"]["accuracy"]["mean"])}
 
 
-def values(saved: dict) -> dict:
+def values(saved: dict, command: str | None = None) -> dict:
   """The template's values, each written as the report shows it."""
   config, summary = saved["config"], saved["summary"]
   e, task, sc = config["experiment"], config["task"], summary["continuous"]
@@ -233,7 +236,7 @@ def values(saved: dict) -> dict:
   h1 = sc["h=1"]
   return {
       **sweep_report.values("two_offsets", saved, saved["selection"],
-                            saved["plateau"]),
+                            saved["plateau"], command),
       "feature_dim": task["feature_dim"],
       "d_model": config["model"]["d_model"], "wide_factor": e["wide_factor"],
       "continuous_table": _continuous_table(saved),

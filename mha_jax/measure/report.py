@@ -141,24 +141,22 @@ def _to_json(x, drop):
   return x
 
 
-# The command line of this process's experiment, as `record_command` saw
-# it; None where an experiment's `run` is called from Python (a test, a
-# notebook), whose report then says so.
-_command: str | None = None
+def command_line(argv, module: str) -> str:
+  """`python -m <module> <argv[1:]>` as one shell-quoted line: the command
+  a report names (an entry point passes it to its run)."""
+  return shlex.join([".venv/bin/python", "-m", module, *argv[1:]])
 
 
-def record_command(argv, module: str) -> None:
-  """Remember `python -m <module> <argv[1:]>` for the reports this process
-  writes (called by the experiments' shared `main`)."""
-  global _command
-  _command = shlex.join([".venv/bin/python", "-m", module, *argv[1:]])
+def command(module: str, line: str | None = None) -> str:
+  """The command that ran, as Markdown: `line` (`command_line`'s), or,
+  without one (`run` called from Python: a test, a notebook), that call
+  (its config is in results.json).
 
-
-def command(module: str) -> str:
-  """The command that ran, as Markdown: the recorded command line, or, when
-  `run` was called from Python, that call (its config is in results.json)."""
-  if _command is not None:
-    return f"`{_command}`"
+  The line is an argument, not state of this module, so two reports
+  rendered in one process each name their own command.
+  """
+  if line is not None:
+    return f"`{line}`"
   return (f"`{module}.run(config, workdir)` called from Python (the config "
           "is in results.json)")
 

@@ -411,8 +411,7 @@ def test_sandwich_path_patching_forms_agree_without_mlps():
 
 # --- the smoke run ---------------------------------------------------------
 
-def test_smoke_run_end_to_end(tmp_path, monkeypatch):
-  monkeypatch.setattr(report_lib, "_command", None)
+def test_smoke_run_end_to_end(tmp_path):
   config = entry_points.config("ioi")
   saved = entry_points.load("ioi").run(config, tmp_path)
   assert set(saved["models"]) == {"tiny_llama", "tiny_gemma3"}

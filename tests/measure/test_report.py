@@ -121,14 +121,13 @@ def test_full_report_keeps_its_conclusions(tmp_path):
   assert (tmp_path / "report.md").read_text() == "# T\n\nno heads here\n"
 
 
-def test_command_is_the_one_recorded(monkeypatch):
-  monkeypatch.setattr(report, "_command", None)
+def test_command_is_the_one_given():
   assert report.command("experiments.induction") == (
       "`experiments.induction.run(config, workdir)` called from Python (the "
       "config is in results.json)")
-  report.record_command(["/x/__main__.py", "--workdir=runs/a b",
-                         "--config=configs/induction.py:smoke"],
-                        "experiments.induction")
-  assert report.command("experiments.induction") == (
+  line = report.command_line(["/x/__main__.py", "--workdir=runs/a b",
+                              "--config=configs/induction.py:smoke"],
+                             "experiments.induction")
+  assert report.command("experiments.induction", line) == (
       "`.venv/bin/python -m experiments.induction '--workdir=runs/a b' "
       "--config=configs/induction.py:smoke`")

@@ -5,7 +5,10 @@ committed docs/results/<name>/results.json through its template, and the
 text must equal the committed report.md byte for byte.
 """
 
+import functools
 import importlib
+import inspect
+import json
 import pathlib
 
 import pytest
@@ -37,14 +40,17 @@ def test_fill_names_a_missing_and_an_unused_value(tmp_path):
 
 
 @pytest.mark.parametrize("name", TEMPLATED)
-def test_committed_report_regenerates_from_its_results(name, monkeypatch):
+def test_committed_report_regenerates_from_its_results(name):
   # results.json does not hold the command line; the committed reports ran
-  # with the Makefile's `--workdir=runs/<name>`.
-  monkeypatch.setattr(report, "_command", None)
-  report.record_command(["", f"--workdir=runs/{name}"], f"experiments.{name}")
+  # with the Makefile's `--workdir=runs/<name>`, passed to the reports that
+  # name their command.
   module = importlib.import_module(f"experiments.{name}.report")
+  render = module.render
+  if "command" in inspect.signature(render).parameters:
+    render = functools.partial(render, command=report.command_line(
+        ["", f"--workdir=runs/{name}"], f"experiments.{name}"))
   folder = ROOT / "docs" / "results" / name
-  assert report.regenerate(folder, module.render) == (
+  assert report.regenerate(folder, render) == (
       folder / "report.md").read_text()
 
 
@@ -52,3 +58,25 @@ def test_every_committed_report_has_a_template():
   committed = {p.parent.name for p in (ROOT / "docs" / "results").glob(
       "*/report.md")}
   assert committed == set(TEMPLATED), sorted(committed ^ set(TEMPLATED))
+
+
+def test_reports_in_one_process_name_their_own_commands():
+  # The command is an argument of each render, so one report rendered with
+  # a command leaves nothing behind for the next: two experiments' reports,
+  # then a run called from Python, each name their own.
+  texts = {}
+  for name, line in (("pruning", "--workdir=runs/a"),
+                     ("induction", "--workdir=runs/b"), ("pruning", None)):
+    module = importlib.import_module(f"experiments.{name}.report")
+    saved = json.loads(
+        (ROOT / "docs" / "results" / name / "results.json").read_text())
+    command = line and report.command_line(["", line], f"experiments.{name}")
+    texts[name, line] = module.render(saved, command=command)
+  a = "`.venv/bin/python -m experiments.pruning --workdir=runs/a`"
+  b = "`.venv/bin/python -m experiments.induction --workdir=runs/b`"
+  python = "`experiments.pruning.run(config, workdir)` called from Python"
+  assert a in texts["pruning", "--workdir=runs/a"]
+  assert b in texts["induction", "--workdir=runs/b"]
+  assert python in texts["pruning", None]
+  for text in texts.values():
+    assert sum(c in text for c in (a, b, python)) == 1
