@@ -61,7 +61,7 @@ def get_config(arg=None):
   if arg not in ARGS:
     raise ValueError(f"configs/sae.py: unknown config argument {arg!r}; "
                      "expected none (the full run) or 'smoke' (a tiny run of "
-                     "a few seconds), or 'smollm2' (SmolLM2's layer 17)")
+                     "1 to 5 minutes), or 'smollm2' (SmolLM2's layer 17)")
   c = ml_collections.ConfigDict()
   c.smoke = arg == "smoke"
   c.source = "smollm2" if arg == "smollm2" else "induction"

@@ -43,6 +43,12 @@ def _stderr_of(*args, timeout=120) -> str:
      "Error: configs/pruning.py: unknown config argument 'smok' (as in "
      "--config=configs/pruning.py:smok); expected none (the full run) or "
      "'smoke' (a tiny run of a few seconds)"),
+    # The SAE's smoke run trains a model and SAEs: minutes, not seconds.
+    (["experiments.sae", "--config=configs/sae.py:smok",
+      "--workdir=unused"],
+     "Error: configs/sae.py: unknown config argument 'smok'; expected none "
+     "(the full run) or 'smoke' (a tiny run of 1 to 5 minutes), or "
+     "'smollm2' (SmolLM2's layer 17)"),
 ])
 def test_a_missing_config_file_or_variant_is_one_line(args, line):
   assert _stderr_of(*args) == line + "\n"
