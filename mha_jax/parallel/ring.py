@@ -7,21 +7,22 @@ tokens one device holds, P the runs of consecutive positions in its slice
 blocks.
 
 Each device keeps its C queries and the blockwise kernel's online-softmax
-state `(m, l, acc)` for them (`flash.initial_state`). N times it visits
-the key/value slice it holds with `flash.forward_blocks`, the kernel's own
-merge, and passes that slice (with its key mask and segment ids) to the
-next device with `ppermute`: after N steps every query has seen every key
-and no device ever held more than its own and one neighbour's slice. The
-slice in hand at step t came from device (r - t) mod N, so its positions
-are known without sending them. Blocks that the causal rule or a window
-hides entirely are skipped by the kernel's block range, and so is a whole
-slice (with "contiguous" and a causal mask, the slices from later
-devices); the "zigzag" layout gives every device the same work.
+state `(m, l, acc)` for them (`flash_kernel.initial_state`). N times it
+visits the key/value slice it holds with `flash_kernel.forward_blocks`,
+the kernel's own merge, and passes that slice (with its key mask and
+segment ids) to the next device with `ppermute`: after N steps every query
+has seen every key and no device ever held more than its own and one
+neighbour's slice. The slice in hand at step t came from device (r - t)
+mod N, so its positions are known without sending them. Blocks that the
+causal rule or a window hides entirely are skipped by the kernel's block
+range, and so is a whole slice (with "contiguous" and a causal mask, the
+slices from later devices); the "zigzag" layout gives every device the
+same work.
 
-The backward (`jax.custom_vjp`) does the same walk: `flash.backward_blocks`
-adds each slice's share of dq locally and of dk, dv to accumulators that
-travel with the slice and reach home after the N-th step. Only the rows'
-out and lse (O(C) per device) are saved.
+The backward (`jax.custom_vjp`) does the same walk:
+`flash_kernel.backward_blocks` adds each slice's share of dq locally and
+of dk, dv to accumulators that travel with the slice and reach home after
+the N-th step. Only the rows' out and lse (O(C) per device) are saved.
 
 Per layer and device, forward: N - 1 sends of one k and v slice, 2 B C K Dh
 values (plus C ints of mask/segments); backward: N - 1 such sends and N of
@@ -41,6 +42,8 @@ from jax.sharding import PartitionSpec as P
 from mha_jax.core import attention_path
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
+from mha_jax.core.kernels import flash_kernel
+from mha_jax.core.kernels import flash_schedule
 from mha_jax.parallel import context
 
 
@@ -48,7 +51,7 @@ from mha_jax.parallel import context
 class _Ring:
   """Static facts of one ring call (the custom_vjp's nondiff argument)."""
   plan: context.Plan
-  cfg: flash.BlockConfig
+  cfg: flash_kernel.BlockConfig
   offset: int  # Tk - Tq: the bottom-right alignment of query positions
   kv_local: int  # keys per device, Tk / N
 
@@ -100,7 +103,8 @@ def _runs(ring):
 def _prepare(ring, q, k, v, kmask, q_seg, k_seg, sinks, slopes):
   """One device's inputs in the kernel's layout: head-major q `[B, K, G,
   Tq', Dh]`, the travelling bundle `(k, v, mask, segment ids)` of `[P,
-  ...]` slices, and the queries' `_Extras` (positions from the layout)."""
+  ...]` slices, and the queries' `flash_kernel.Extras` (positions from
+  the layout)."""
   plan, cfg = ring.plan, ring.cfg
   k, v = context.local_kv(plan, k), context.local_kv(plan, v)
   b, c, h, _ = q.shape
@@ -114,10 +118,10 @@ def _prepare(ring, q, k, v, kmask, q_seg, k_seg, sinks, slopes):
   edge = lambda x: jnp.pad(x, ((0, 0), (0, tq_pad - c)), mode="edge")
   per_head = lambda x, tail: None if x is None else x.astype(
       jnp.float32).reshape((1, kh, h // kh) + tail)
-  ex = flash.Extras(q_pos=edge(q_pos[None]),
-                    q_seg=None if q_seg is None else edge(q_seg),
-                    k_seg=None, slopes=per_head(slopes, (1, 1)),
-                    sinks=per_head(sinks, (1,)))
+  ex = flash_kernel.Extras(q_pos=edge(q_pos[None]),
+                           q_seg=None if q_seg is None else edge(q_seg),
+                           k_seg=None, slopes=per_head(slopes, (1, 1)),
+                           sinks=per_head(sinks, (1,)))
   bundle = (_slices(k, _runs(ring), c_pad), _slices(v, _runs(ring), c_pad),
             _row_slices(kmask, _runs(ring), c_pad),
             _row_slices(k_seg, _runs(ring), c_pad))
@@ -167,13 +171,13 @@ def _local_forward(ring, q, k, v, kmask, q_seg, k_seg, sinks, slopes):
     kt, vt = bundle[:2]
     for run in range(_runs(ring)):
       ex_r, mask = _for_run(ring, ex, bundle, _source(ring, t), run)
-      state = flash.forward_blocks(qt, kt[run], vt[run], mask, None, ex_r,
-                                   ring.cfg, state)
+      state = flash_kernel.forward_blocks(qt, kt[run], vt[run], mask, None,
+                                          ex_r, ring.cfg, state)
     return state, bundle
 
-  state = flash.initial_state(ex, ring.cfg, qt.shape, v.shape[-1])
+  state = flash_kernel.initial_state(ex, ring.cfg, qt.shape, v.shape[-1])
   state, _ = _walk(ring, step, state, bundle)
-  out, lse = flash.finish(state, v.dtype)  # [B,K,G,C',Dv], [B,K,G,C']
+  out, lse = flash_kernel.finish(state, v.dtype)  # [B,K,G,C',Dv], [B,K,G,C']
   return _token_major(out, q.shape[1]), _token_major(lse, lse.shape[3])
 
 
@@ -196,23 +200,24 @@ def _local_backward(ring, q, k, v, kmask, q_seg, k_seg, sinks, slopes, out,
   """One device: dq, dk, dv, and d sinks, d slopes summed over the rows of
   every device (None without them)."""
   plan = ring.plan
-  cfg = flash.backward_cfg(ring.cfg)
+  cfg = flash_kernel.backward_cfg(ring.cfg)
   qt, bundle, ex = _prepare(ring, q, k, v, kmask, q_seg, k_seg, sinks,
                             slopes)
   kh, tq_pad = qt.shape[1], qt.shape[3]
   dot = _head_major(d_out, kh, tq_pad)
   b, c_pad, h = lse.shape
   lse_t = lse.reshape(b, c_pad, kh, h // kh).transpose(0, 2, 3, 1)
-  delta, lse_t = flash.row_terms(_head_major(out, kh, tq_pad), lse_t, dot)
-  dq, dk, dv, _, dslopes = flash.zero_grads(qt, bundle[0], bundle[1], None,
-                                            ex)
+  delta, lse_t = flash_kernel.row_terms(_head_major(out, kh, tq_pad), lse_t,
+                                        dot)
+  dq, dk, dv, _, dslopes = flash_kernel.zero_grads(qt, bundle[0], bundle[1],
+                                                   None, ex)
 
   def step(t, carry, bundle):
     dq, dslopes = carry
     kt, vt, kmask, k_seg, dk, dv = bundle
     for run in range(_runs(ring)):
       ex_r, mask = _for_run(ring, ex, bundle[:4], _source(ring, t), run)
-      dq, dk_r, dv_r, _, dslopes = flash.backward_blocks(
+      dq, dk_r, dv_r, _, dslopes = flash_kernel.backward_blocks(
           cfg, qt, kt[run], vt[run], mask, None, ex_r, lse_t, delta, dot,
           (dq, dk[run], dv[run], None, dslopes))
       dk, dv = dk.at[run].set(dk_r), dv.at[run].set(dv_r)
@@ -227,8 +232,9 @@ def _local_backward(ring, q, k, v, kmask, q_seg, k_seg, sinks, slopes, out,
   dv = _kv_home(plan, v, _unslice(dv, ring.kv_local))
   dsinks = None
   if ex.sinks is not None:
-    dsinks = lax.psum(flash.sink_grad(ex.sinks, lse_t, delta).reshape(h),
-                      plan.reduce_axes)
+    dsinks = lax.psum(
+        flash_kernel.sink_grad(ex.sinks, lse_t, delta).reshape(h),
+        plan.reduce_axes)
   if dslopes is not None:
     dslopes = lax.psum(dslopes.reshape(h), plan.reduce_axes)
   return dq, dk, dv, dsinks, dslopes
@@ -298,8 +304,9 @@ def ring_attention(q, k, v, *, mask=None, is_causal=False,
     axis: the sequence axis's name (None: "sequence").
     layout: "contiguous" or "zigzag" (`context.py`; balances causal work).
     block_q, block_k: the kernel's blocks, forward and backward (None:
-      `flash.DEFAULT_BLOCK_Q`, `DEFAULT_BLOCK_K` forward and
-      `flash.BACKWARD_BLOCK` backward, the batched kernel's choice).
+      `flash_schedule.DEFAULT_BLOCK_Q`, `DEFAULT_BLOCK_K` forward and
+      `flash_schedule.BACKWARD_BLOCK` backward, the batched kernel's
+      choice).
 
   Returns:
     out `[B, Tq, H, Dv]`, in layout order and split like q.
@@ -309,11 +316,11 @@ def ring_attention(q, k, v, *, mask=None, is_causal=False,
   plan = context.plan(mesh, q, k, fn=fn, axis=axis or context.SEQUENCE,
                       layout=layout)
   runs = 2 if layout == "zigzag" else 1
-  cfg = flash.block_config(
+  cfg = flash_schedule.block_config(
       q.dtype, q.shape[-1], rules, is_causal, q.shape[1] // plan.n,
       k.shape[1] // plan.n // runs,
-      flash.DEFAULT_BLOCK_Q if block_q is None else block_q,
-      flash.DEFAULT_BLOCK_K if block_k is None else block_k,
+      flash_schedule.DEFAULT_BLOCK_Q if block_q is None else block_q,
+      flash_schedule.DEFAULT_BLOCK_K if block_k is None else block_k,
       # Blocks given by the caller are used as given in both passes.
       halve_backward=block_q is None and block_k is None)
   ring = _Ring(plan=plan, cfg=cfg, offset=k.shape[1] - q.shape[1],
@@ -321,7 +328,7 @@ def ring_attention(q, k, v, *, mask=None, is_causal=False,
   kmask = context.key_mask(mask, q.shape[0], k.shape[1], fn)
   # The scale is folded into q once outside the ring (the kernel's choice
   # in float32), so autodiff carries it to dq.
-  if flash.prescaled(q.dtype):
+  if flash_schedule.prescaled(q.dtype):
     q = q * score_rules.scale_of(rules, q.shape[-1])
   int_or_none = lambda x: None if x is None else jnp.asarray(x, jnp.int32)
   return _ring(q, k, v, kmask, int_or_none(rules.q_segment_ids),

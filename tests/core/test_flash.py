@@ -293,11 +293,11 @@ def test_visits_exactly_the_blocks_with_a_visible_key(tq, tk, bq, bk, causal,
   # Visibility written from the definitions, for every row the kernel
   # runs (padded rows continue the positions: query i sits at Tk - Tq + i).
   rules = score_rules.ScoreRules(local_window=window)
-  cfg = flash._Config(tq=tq, tk=tk, bq=bq, bk=bk, bwd_bq=bq, bwd_bk=bk,
-                      padded_keys=tk % bk != 0,
-                      is_causal=causal,
-                      rules=rules, scale=1.0)
-  ex = flash._Extras(None, None, None, None, None)
+  cfg = flash.BlockConfig(tq=tq, tk=tk, bq=bq, bk=bk, bwd_bq=bq, bwd_bk=bk,
+                          padded_keys=tk % bk != 0,
+                          is_causal=causal,
+                          rules=rules, scale=1.0)
+  ex = flash.Extras(None, None, None, None, None)
   nq, nk = -(-tq // bq), -(-tk // bk)
   q_pos = np.arange(nq * bq)[:, None] + (tk - tq)
   k_pos = np.arange(nk * bk)[None, :]
@@ -309,7 +309,7 @@ def test_visits_exactly_the_blocks_with_a_visible_key(tq, tk, bq, bk, causal,
         k_pos <= q_pos + window[1])
   for i in range(nq):
     blocks = visible[i * bq:(i + 1) * bq].reshape(bq, nk, bk).any(axis=(0, 2))
-    lo, hi = (int(x) for x in flash._kv_block_range(i, nk, ex, cfg))
+    lo, hi = (int(x) for x in flash.kv_block_range(i, nk, ex, cfg))
     if not blocks.any():
       assert hi <= lo
       continue
@@ -516,13 +516,13 @@ def test_window_and_segments_build_no_score_matrix_and_skip_blocks():
   assert _largest_intermediate(jax.grad(loss, (0, 1, 2)), x, x, x) < t * t
   # With a window of 64 each query block of 128 visits at most 2 key
   # blocks (not up to 8).
-  cfg = flash._Config(tq=t, tk=t, bq=128, bk=128, bwd_bq=64, bwd_bk=64,
-                      padded_keys=False,
-                      is_causal=True,
-                      rules=rules, scale=1.0)
-  ex = flash._Extras(None, None, None, None, None)
+  cfg = flash.BlockConfig(tq=t, tk=t, bq=128, bk=128, bwd_bq=64, bwd_bk=64,
+                          padded_keys=False,
+                          is_causal=True,
+                          rules=rules, scale=1.0)
+  ex = flash.Extras(None, None, None, None, None)
   spans = [int(hi - lo) for lo, hi in
-           (flash._kv_block_range(i, t // 128, ex, cfg) for i in range(8))]
+           (flash.kv_block_range(i, t // 128, ex, cfg) for i in range(8))]
   assert max(spans) == 2 and spans[0] == 1
 
 

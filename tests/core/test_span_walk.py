@@ -1,4 +1,4 @@
-"""The span walk of a banded block mask (`flash_visit.span_plan`): its plan
+"""The span walk of a banded block mask (`flash_schedule.span_plan`): its plan
 worked by hand, and the kernel on it against a float64 reference (values
 and gradients, with a score table, sinks, GQA, padding and empty rows) and
 against a tampered list."""
@@ -14,7 +14,7 @@ from mha_jax.core import block_mask
 from mha_jax.core import masks
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
-from mha_jax.core.kernels import flash_visit
+from mha_jax.core.kernels import flash_schedule
 from tests.core import test_score_mod as score_mod_tests
 
 # A causal window of 6 keys on blocks of 4: query block i (rows 4i..4i+3)
@@ -26,7 +26,7 @@ WINDOW_IDX = np.array([[[[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5],
 
 
 def test_span_plan_known_answers(monkeypatch):
-  plan = flash_visit.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 4, 4, 2)
+  plan = flash_schedule.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 4, 4, 2)
   # 6 x 3 = 18 blocks computed for the 15 listed: within SPAN_SLACK.
   assert plan.length == 3
   np.testing.assert_array_equal(plan.first, [0, 0, 0, 1, 2, 3])
@@ -34,34 +34,34 @@ def test_span_plan_known_answers(monkeypatch):
                                 [[1, 1, 1]] * 4)
   # SPAN_ROWS // 4 = 128 query blocks per step, cut to a divisor of 6.
   assert plan.group == 6
-  monkeypatch.setattr(flash_visit, "SPAN_ROWS", 16)  # 4, cut to 3
-  assert flash_visit.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 4, 4, 2).group == 3
+  monkeypatch.setattr(flash_schedule, "SPAN_ROWS", 16)  # 4, cut to 3
+  assert flash_schedule.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 4, 4, 2).group == 3
   # The block mask of the rule gives these lists.
   rule = masks.and_mods(masks.causal_mod(), masks.window_mod(5))
   bm = block_mask.create(rule, None, None, 24, 24, 4, 4)
   num, idx, _ = bm.kernel_lists(1, per_head=False)
-  got = flash_visit.span_plan(num, idx, 6, 4, 4, 2)
+  got = flash_schedule.span_plan(num, idx, 6, 4, 4, 2)
   np.testing.assert_array_equal(got.first, plan.first)
   np.testing.assert_array_equal(got.listed, plan.listed)
   # Causal: 6 x 6 = 36 blocks for 21 listed, too many.
   causal_idx = np.broadcast_to(np.arange(6), (1, 1, 6, 6))
-  assert flash_visit.span_plan(np.arange(1, 7)[None, None], causal_idx, 6,
-                               4, 4, 2) is None
+  assert flash_schedule.span_plan(np.arange(1, 7)[None, None], causal_idx, 6,
+                                  4, 4, 2) is None
   # Lists that differ by head, a span over one walk block (512 x 512) or a
   # query block whose scores pass SPAN_BYTES: no span.
-  assert flash_visit.span_plan(np.repeat(WINDOW_NUM, 2, 1),
-                               np.repeat(WINDOW_IDX, 2, 1), 6, 4, 4,
-                               2) is None
-  assert flash_visit.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 512, 256,
-                               1) is None
-  assert flash_visit.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 4, 4,
-                               2 ** 20) is None
+  assert flash_schedule.span_plan(np.repeat(WINDOW_NUM, 2, 1),
+                                  np.repeat(WINDOW_IDX, 2, 1), 6, 4, 4,
+                                  2) is None
+  assert flash_schedule.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 512, 256,
+                                  1) is None
+  assert flash_schedule.span_plan(WINDOW_NUM, WINDOW_IDX, 6, 4, 4,
+                                  2 ** 20) is None
   # A row with no listed block (18 blocks for 12 listed: allowed here) has
   # a span from block 0 and nothing listed.
-  monkeypatch.setattr(flash_visit, "SPAN_SLACK", 2.0)
+  monkeypatch.setattr(flash_schedule, "SPAN_SLACK", 2.0)
   num = WINDOW_NUM.copy()
   num[0, 0, 4] = 0
-  empty = flash_visit.span_plan(num, WINDOW_IDX, 6, 4, 4, 2)
+  empty = flash_schedule.span_plan(num, WINDOW_IDX, 6, 4, 4, 2)
   assert empty.first[4] == 0 and not empty.listed[4].any()
 
 
@@ -77,33 +77,33 @@ def _lists(rows, nk):
 def test_span_plan_edges_known_answers(monkeypatch):
   # A short run at the end starts its span early, inside the keys: query
   # block 3 sees block 3 only, and its span of 3 is blocks 1-3.
-  plan = flash_visit.span_plan(*_lists([[0, 1, 2], [1, 2, 3], [1, 2, 3],
-                                        [3]], 4), 4, 4, 4, 1)
+  plan = flash_schedule.span_plan(*_lists([[0, 1, 2], [1, 2, 3], [1, 2, 3],
+                                           [3]], 4), 4, 4, 4, 1)
   np.testing.assert_array_equal(plan.first, [0, 1, 1, 1])
   np.testing.assert_array_equal(plan.listed[3], [0, 0, 1])
   # One block each (a diagonal), with an empty row: spans of 1.
-  plan = flash_visit.span_plan(*_lists([[0], [], [2], [3], [4]], 5), 5, 4,
-                               4, 1)
+  plan = flash_schedule.span_plan(*_lists([[0], [], [2], [3], [4]], 5), 5, 4,
+                                  4, 1)
   assert plan.length == 1
   np.testing.assert_array_equal(plan.first, [0, 0, 2, 3, 4])
   # At the bounds, taken; past them, not. 5 query blocks against 7 key
   # blocks, spans of 2: 10 blocks for 8 listed is SPAN_SLACK = 1.25
   # exactly; for 7 listed, past it.
   rows = [[0], [1], [1, 2], [2, 3], [3, 4]]
-  assert flash_visit.span_plan(*_lists(rows, 7), 7, 4, 4, 1).length == 2
-  assert flash_visit.span_plan(*_lists(rows[:-1] + [[4]], 7), 7, 4, 4,
-                               1) is None
+  assert flash_schedule.span_plan(*_lists(rows, 7), 7, 4, 4, 1).length == 2
+  assert flash_schedule.span_plan(*_lists(rows[:-1] + [[4]], 7), 7, 4, 4,
+                                  1) is None
   # A span of 256 x 2 x 512 = 512 x 512 scores (SPAN_AREA): taken;
   # queries of 512, not.
-  assert flash_visit.span_plan(*_lists(rows, 7), 7, 256, 512, 1) is not None
-  assert flash_visit.span_plan(*_lists(rows, 7), 7, 512, 512, 1) is None
+  assert flash_schedule.span_plan(*_lists(rows, 7), 7, 256, 512, 1) is not None
+  assert flash_schedule.span_plan(*_lists(rows, 7), 7, 512, 512, 1) is None
   # Blocks of 1024 queries: one query block per step.
-  assert flash_visit.span_plan(*_lists([[0], [1]], 2), 2, 1024, 128,
-                               1).group == 1
+  assert flash_schedule.span_plan(*_lists([[0], [1]], 2), 2, 1024, 128,
+                                  1).group == 1
   # SPAN_BYTES: one query block's scores are 4 B H x 4 x 3 x 4 = 192 B H
   # bytes; a step holds as many query blocks as fit, a divisor of 6.
-  monkeypatch.setattr(flash_visit, "SPAN_BYTES", 1920)
-  group = lambda bh: getattr(flash_visit.span_plan(
+  monkeypatch.setattr(flash_schedule, "SPAN_BYTES", 1920)
+  group = lambda bh: getattr(flash_schedule.span_plan(
       WINDOW_NUM, WINDOW_IDX, 6, 4, 4, bh), "group", None)
   assert [group(bh) for bh in (3, 5, 7, 10, 11)] == [3, 2, 1, 1, None]
 
@@ -136,12 +136,12 @@ def test_call_cuts_the_spans_by_its_builtin_rules(monkeypatch):
 
 def _spans_taken(monkeypatch):
   """The plans `flash_attention` takes, recorded."""
-  taken = []
+  taken, plan_of = [], flash_schedule.span_plan
   def record(*args):
-    plan = flash_visit.span_plan(*args)
+    plan = plan_of(*args)
     taken.append(plan)
     return plan
-  monkeypatch.setattr(flash, "span_plan", record)  # read by span_walk
+  monkeypatch.setattr(flash_schedule, "span_plan", record)  # span_walk's
   return taken
 
 
@@ -188,7 +188,7 @@ def check_against_reference(b, t, h, kh, keep, with_sinks, seed):
 def test_span_walk_matches_float64_reference(case, monkeypatch):
   # Two query blocks per step (three steps), so that a step's blocks and
   # their spans are told apart.
-  monkeypatch.setattr(flash_visit, "SPAN_ROWS", 8)
+  monkeypatch.setattr(flash_schedule, "SPAN_ROWS", 8)
   taken = _spans_taken(monkeypatch)
   window = lambda qi, ki: (ki <= qi) & (qi - ki < 6)
   if case == "table_sinks_gqa_padding":

@@ -139,7 +139,7 @@ def test_mesh_from_config_counts_the_sequence_axis():
 def _ring_block_counts(n, t, block, layout):
   """`[N]`: the key blocks each device's ring visits under the causal rule
   (summed over its query blocks, the N slices that reach it and their
-  runs), read from the kernel's block range (`flash._kv_block_range`) at
+  runs), read from the kernel's block range (`flash.kv_block_range`) at
   the positions and key starts the ring itself builds (`ring._prepare`,
   `ring._for_run`; `vmap` stands in for the mesh's axis index)."""
   mesh = _mesh(sequence=n)
@@ -160,7 +160,7 @@ def _ring_block_counts(n, t, block, layout):
       for run in range(runs):
         ex_r, _ = ring._for_run(rg, ex, bundle, ring._source(rg, step), run)
         for i in range(nq):
-          first, end = flash._kv_block_range(i, nk, ex_r, cfg)  # pylint: disable=protected-access
+          first, end = flash.kv_block_range(i, nk, ex_r, cfg)
           total += jnp.maximum(end - first, 0)
     return total
 

@@ -3,21 +3,20 @@
 Shape letters: B batch, Tq query length, Tk key length, Bq / Bk query /
 key block lengths, Nq / Nk block counts, P parts per block side.
 
-`flash.py`'s forward and backward walk the same key blocks for a query
-block, so the walk is written once, here: the blocks a block mask lists
-(`key_blocks`), or else the range the built-in causal rule and local
-window leave visible (`kv_block_range`; computed statically,
-`visited_blocks`), each block skipped where packed segments rule it out
-(`visit_block`). The positions of a block's queries and keys are here
-too (`block_q_pos`, `block_k_pos`): the range is computed from them, and
-the kernel's score rules (`flash_rules.py`) read them. Nothing here
-touches a score. `cfg` and `ex` are `flash.BlockConfig` and
-`flash.Extras`.
+The kernel's forward and backward (`flash_kernel.py`) walk the same key
+blocks for a query block, so the walk is written once, here: the blocks
+a block mask lists (`key_blocks`), or else the range the built-in causal
+rule and local window leave visible (`kv_block_range`; computed
+statically, `visited_blocks`), each block skipped where packed segments
+rule it out (`visit_block`). The positions of a block's queries and keys
+are here too (`block_q_pos`, `block_k_pos`): the range is computed from
+them, and the kernel's score rules (`flash_kernel.block_scores`) read
+them. Nothing here touches a score. `cfg` and `ex` are
+`flash_kernel.BlockConfig` and `flash_kernel.Extras`; a banded block
+mask's span walk is `flash_schedule.py`'s.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 from jax import lax
 import jax.numpy as jnp
@@ -118,72 +117,3 @@ def visit_block(ex, qs, ks, cfg, body, carry):
   k = lax.dynamic_slice_in_dim(ex.k_seg, ks, cfg.bk, axis=1)
   shared = (jnp.min(q) <= jnp.max(k)) & (jnp.min(k) <= jnp.max(q))
   return lax.cond(shared, body, lambda c: c, carry)
-
-
-class Span(NamedTuple):
-  """A banded block mask's walk (`span_plan`): query block i against the
-  `length` key blocks from `first[i]` in one step, `group` query blocks
-  at a time; `listed[i, t]`: whether block first[i] + t is on i's list
-  (the others in its span are masked, so the result is the lists')."""
-  first: np.ndarray  # [Nq] int32
-  listed: np.ndarray  # [Nq, length] bool
-  length: int
-  group: int
-
-
-# A span is taken while its blocks are at most this many times the listed
-# ones (the measurements are in `span_plan`'s docstring).
-SPAN_SLACK = 1.25
-# Query rows per step of the span walk, and the most float32 score bytes
-# one step may hold (all its query blocks, B K G rows each).
-SPAN_ROWS = 512
-SPAN_BYTES = 8 * 2 ** 20
-# The most scores one query block's span may have: one block of the CPU
-# block walk (512 x 512). On larger spans the walk was faster (blocks of
-# 512, window 512: the span took 1.4x its time).
-SPAN_AREA = 512 * 512
-
-
-def span_plan(num, idx, nk, bq, bk, batch_heads):
-  """The walk of a block mask shared by every row and head (`num [1, 1,
-  Nq]`, `idx [1, 1, Nq, Nk]` as `BlockMask.kernel_lists` gives them) as
-  spans, or None where it is not banded enough.
-
-  Each query block's listed key blocks lie in one contiguous span of at
-  most `length` = L blocks (a sliding window: L = window / Bk + 1). The
-  walk then computes each query block against its whole span in one
-  online-softmax step, `group` query blocks (about `SPAN_ROWS` rows) per
-  step, instead of one step per listed block: XLA's CPU backend pays a
-  few microseconds per operation, so many small blocks cost more than
-  their arithmetic, and a span lets the blocks be small (128: a window of
-  512 then computes 640 keys per query instead of the 1024 of blocks of
-  512). Taken while Nq L <= `SPAN_SLACK` x the listed blocks, a span has
-  at most `SPAN_AREA` scores and one query block's fit `SPAN_BYTES`. Forward time of a causal 512-key window, B 1,
-  H 2, Dh 64, over seven benchmark runs (docs/score_rules.md): spans of
-  blocks of 128 took 0.51-0.97x the block walk's on blocks of 512 at
-  n = 32768 and 0.73-0.94x at n = 8192.
-  """
-  num, idx = np.asarray(num), np.asarray(idx)
-  if num.shape[:2] != (1, 1):
-    return None
-  num, idx = num[0, 0], idx[0, 0]  # [Nq], [Nq, Nk]
-  nq = num.shape[0]
-  on_list = np.arange(idx.shape[1]) < num[:, None]
-  some = num > 0  # rows with no listed block get a span anyway, all masked
-  first = np.where(some, np.where(on_list, idx, nk).min(axis=1), 0)
-  last = np.where(some, np.where(on_list, idx, -1).max(axis=1), 0)
-  length = int(np.max(last - first + 1))
-  if (nq * length > SPAN_SLACK * max(int(num.sum()), 1)
-      or bq * length * bk > SPAN_AREA):
-    return None
-  per_block = 4 * batch_heads * bq * length * bk  # one query block's scores
-  if per_block > SPAN_BYTES:
-    return None
-  group = max(1, min(SPAN_ROWS // bq, SPAN_BYTES // per_block))
-  while nq % group:  # steps of equal size
-    group -= 1
-  first = np.minimum(first, nk - length).astype(np.int32)  # inside the keys
-  listed = np.zeros((nq, length), bool)
-  for i in np.flatnonzero(some):
-    listed[i, idx[i, :num[i]] - first[i]] = True
-  return Span(first=first, listed=listed, length=length, group=group)
