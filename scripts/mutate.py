@@ -49,18 +49,24 @@ TARGETS = {
     "masks": ("mha_jax/core/masks.py",
               ["causal_mask", "padding_mask", "combine_masks"], None,
               "tests/core/test_masks.py", True),
-    "attention": ("mha_jax/core/attention.py",
-                  ["_softmax_rows", "_softmax_rows_jvp", "masked_softmax",
-                   "_head_scores", "_head_mix", "_weights", "_attend_vmap",
+    # The reference paths and their softmax (core/attention.py before the
+    # split by concern), and the path record's refusals.
+    "softmax": ("mha_jax/core/softmax.py",
+                ["softmax_rows", "_softmax_rows_jvp", "masked_softmax"],
+                None, "tests/core/test_attention.py", False),
+    "reference": ("mha_jax/core/reference.py",
+                  ["_head_scores", "_head_mix", "_weights", "_attend_vmap",
                    "_attend_einsum"], None,
                   "tests/core/test_attention.py", False),
+    "attention_path": ("mha_jax/core/attention_path.py", ["refusal"], None,
+                       "tests/core/test_attention_path.py", False),
     # The kernel's masking, causal block skipping and backward pass (where
     # the planted bugs of issue 18 sat); the forward's online softmax is
     # also checked by every grid case, but left out to keep a run short.
-    # The kernel is four files, so four targets with the same tests.
-    "flash": ("mha_jax/core/kernels/flash.py", ["_backward"], None,
+    # The kernel is several files, so several targets with the same tests.
+    "flash": ("mha_jax/core/kernels/flash_kernel.py", ["backward"], None,
               _FLASH_TESTS, False),
-    "flash_rules": ("mha_jax/core/kernels/flash_rules.py",
+    "flash_rules": ("mha_jax/core/kernels/flash_kernel.py",
                     ["_slice_block", "block_scores"], None, _FLASH_TESTS,
                     False),
     # The walk also serves block masks (`visited_blocks` cuts their lists)
@@ -74,12 +80,12 @@ TARGETS = {
                     False),
     # The span walk of a banded block mask: its plan (which blocks a query
     # block's one step covers) and the step itself.
-    "span_plan": ("mha_jax/core/kernels/flash_visit.py", ["span_plan"],
+    "span_plan": ("mha_jax/core/kernels/flash_schedule.py", ["span_plan"],
                   None, "tests/core/test_span_walk.py", True),
-    "span_walk": ("mha_jax/core/kernels/flash.py",
+    "span_walk": ("mha_jax/core/kernels/flash_schedule.py",
                   ["span_walk", "span_blocks"], None,
                   "tests/core/test_span_walk.py", False),
-    "flash_backward": ("mha_jax/core/kernels/flash_backward.py",
+    "flash_backward": ("mha_jax/core/kernels/flash_kernel.py",
                        ["_reduce_to", "_add_bias_block"], None, _FLASH_TESTS,
                        False),
     "multi_head": ("mha_jax/core/multi_head.py", ["attention_layer"], None,
