@@ -30,7 +30,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.window = 512  # keys a query sees: itself and the 511 before
   c.block = 512  # the block walk's blocks on CPU (and the block mask's)
   # A rule whose block mask on these blocks the kernel walks as spans
-  # (`flash_visit.span_plan`, a banded mask: the window) gets it on them.
+  # (`flash_schedule.span_plan`, a banded mask: the window) gets it on them.
   c.span_block = 128
   c.repeats = 5  # timed calls per path after one untimed call
   c.slow_s = 8.0  # a path whose first call takes longer is timed once

@@ -8,7 +8,7 @@ causal inside each; a causal window of `config.window` keys), on q, k, v
                  only non-empty blocks visited, mask_mod only on partial
                  ones. The block mask is built on blocks of
                  `config.span_block` where the kernel walks it as spans
-                 there (`flash_visit.span_plan`: the window), else on
+                 there (`flash_schedule.span_plan`: the window), else on
                  blocks of `config.block` (the block walk)
   flash_blocks   where flash_skip took spans: the block walk with the
                  block mask on blocks of `config.block`
