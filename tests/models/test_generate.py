@@ -19,6 +19,7 @@ from configs import default as default_config
 from mha_jax.core import attention
 from mha_jax.measure import continuations
 from mha_jax.models import generate
+from mha_jax.models import sampling
 from mha_jax.training import tasks
 from mha_jax.models import transformer
 
@@ -167,12 +168,12 @@ def test_sample_next_follows_softmax_of_scaled_logits():
   temperature, n = 2.0, 4000
   keys = jax.random.split(jax.random.PRNGKey(0), n)
   draws = jax.jit(jax.vmap(
-      lambda k: generate.sample_next(logits, temperature, k)))(keys)[:, 0]
+      lambda k: sampling.sample_next(logits, temperature, k)))(keys)[:, 0]
   freq = np.bincount(np.asarray(draws), minlength=4) / n
   want = np.asarray(jax.nn.softmax(logits[0] / temperature))
   # Binomial standard error is at most 0.008 here: 5 standard errors.
   np.testing.assert_allclose(freq, want, atol=0.04)
-  assert int(generate.sample_next(logits, 0.0, keys[0])[0]) == 0
+  assert int(sampling.sample_next(logits, 0.0, keys[0])[0]) == 0
 
 
 def test_decode_loop_traces_once_for_new_values():

@@ -19,6 +19,7 @@ import pytest
 from scipy import stats
 
 from mha_jax.models import generate
+from mha_jax.models import sampling
 from mha_jax.models import transformer
 from tests.compiles import count_compiles
 
@@ -55,7 +56,7 @@ def cumulative_masses(logits, temperature, top_k=None):
 
 
 def filtered_probs(logits, temperature, top_k=None, top_p=None):
-  out = generate.filter_logits(jnp.asarray(logits, jnp.float32)[None],
+  out = sampling.filter_logits(jnp.asarray(logits, jnp.float32)[None],
                                temperature, top_k, top_p)[0]
   return np.asarray(jax.nn.softmax(out)), np.isfinite(np.asarray(out))
 
@@ -140,11 +141,11 @@ def test_draws_follow_the_reference_and_never_leave_the_kept_set():
   n = 20000
   keys = jax.random.split(jax.random.PRNGKey(0), n)
   row = jnp.asarray(logits, jnp.float32)[None]
-  draw = jax.jit(jax.vmap(lambda k, t, tk, tp: generate.sample_next(
+  draw = jax.jit(jax.vmap(lambda k, t, tk, tp: sampling.sample_next(
       row, t, k, tk, tp)[0], in_axes=(0, None, None, None)))
   for temperature, top_k, top_p in settings:
     if top_k is None or top_p is None:  # None cannot be traced: close over
-      draws = jax.jit(jax.vmap(lambda k: generate.sample_next(
+      draws = jax.jit(jax.vmap(lambda k: sampling.sample_next(
           row, temperature, k, top_k, top_p)[0]))(keys)
     else:
       draws = draw(keys, temperature, top_k, top_p)
