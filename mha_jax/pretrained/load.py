@@ -23,6 +23,7 @@ from mha_jax.core import attention
 from mha_jax.models import transformer
 from mha_jax.models.model_config import ModelConfig
 from mha_jax.models.model_config import ModelConfigError
+from mha_jax.pretrained import gguf_architectures
 from mha_jax.pretrained import gguf_files
 from mha_jax.pretrained import layout
 from mha_jax.pretrained import safetensors_files
@@ -97,9 +98,9 @@ class _Source:
       self.reader = gguf_files.open_reader(self.path)
       self.where = self.path
       self.meta = gguf_files.metadata(self.reader)
-      self.arch, _ = gguf_files.architecture(self.meta, self.where)
+      self.arch, _ = gguf_architectures.architecture(self.meta, self.where)
       self.tensors = gguf_files.list_tensors(self.reader, self.path)
-      self.fields = gguf_files.config_fields(self.meta, self.tensors,
+      self.fields = gguf_architectures.config_fields(self.meta, self.tensors,
                                              self.where)
       self.naming = "gguf"
     else:
@@ -138,7 +139,7 @@ def load_pretrained(path, *,
   Args:
     path: a directory with config.json and model.safetensors (or shards
       with model.safetensors.index.json), or a GGUF file (architectures
-      `gguf_files.ARCHITECTURES`: llama, qwen2, qwen3, gemma2, gemma3,
+      `gguf_architectures.ARCHITECTURES`: llama, qwen2, qwen3, gemma2, gemma3,
       phi3), whose tensors are dequantized to float32 (`gguf.quants`)
       and then cast to `param_dtype`.
     implementation: the attention path (a key of
