@@ -30,7 +30,7 @@ import numpy as np
 
 from experiments.sae import induction
 from experiments.sae import sources
-from mha_jax.measure import stats
+from experiments.sae import summaries
 from mha_jax.sae import attribution
 from mha_jax.sae import buffer
 from mha_jax.sae import metrics
@@ -210,44 +210,6 @@ def measure_sae(config, src, data, kind, seed, workdir) -> dict:
   return out
 
 
-def _summaries(runs: list) -> dict:
-  """Per kind, `stats.summary` over seeds of the headline numbers."""
-  out = {}
-  for kind in sorted({r["kind"] for r in runs}):
-    rs = [r for r in runs if r["kind"] == kind]
-    pick = {"l0": lambda r: r["l0"], "dead": lambda r: r["dead"],
-            "dense": lambda r: r["dense"],
-            "explained_variance": lambda r: r["explained_variance"],
-            "recovered_zero": lambda r: r["loss"]["recovered_zero"],
-            "recovered_mean": lambda r: r["loss"]["recovered_mean"],
-            "ce_splice": lambda r: r["loss"]["splice"],
-            "repeated_recovered_zero":
-                lambda r: r["loss_repeated"]["recovered_zero"],
-            "repeated_recovered_mean":
-                lambda r: r["loss_repeated"]["recovered_mean"],
-            "steps_per_s": lambda r: r["steps_per_s"]}
-    if "induction" in rs[0]:
-      pick["induction_count"] = lambda r: r["induction"]["count"]
-      pick["copying_count"] = lambda r: r["induction"]["copying_count"]
-    out[kind] = {n: stats.summary([float(f(r)) for r in rs])
-                 for n, f in pick.items()}
-  return out
-
-
-def _differences(runs: list) -> dict:
-  """TopK minus ReLU over seeds (`stats.difference`, Welch) of the
-  explained variance and of the loss recovered on the repeats (zero
-  ablation); empty unless both kinds ran."""
-  if not {"relu", "topk"} <= {r["kind"] for r in runs}:
-    return {}
-  per = lambda kind, f: [f(r) for r in runs if r["kind"] == kind]
-  pick = {"explained_variance": lambda r: r["explained_variance"],
-          "repeated_recovered_zero":
-              lambda r: r["loss_repeated"]["recovered_zero"]}
-  return {n: stats.difference(per("topk", f), per("relu", f))
-          for n, f in pick.items()}
-
-
 def _site_data(config, src, workdir, site, repeat_batches) -> dict:
   """A site's activations, scaled by one scalar so that E|x|^2 = D (the
   L1 coefficient then means the same on every model, Anthropic's
@@ -290,7 +252,7 @@ def measure(config, workdir, src: sources.Source | None = None) -> dict:
         config, kind, seed, rdata["acts"], workdir, "resid_pre_"))
              for kind in e.resid_pre_kinds for seed in e.seeds]
     out["resid_pre"] = {"data": _data_summary(rdata), "runs": rruns,
-                        "summary": _summaries(rruns)}
+                        "summary": summaries.per_kind(rruns)}
   c = src.model.config
   return {
       "model": {"label": src.label, "layer": e.layer,
@@ -300,6 +262,6 @@ def measure(config, workdir, src: sources.Source | None = None) -> dict:
       "data": _data_summary(data),
       "induction_scores": [float(s) for s in ind_scores],
       "induction_heads": ind_heads,
-      "runs": runs, "summary": _summaries(runs),
-      "topk_minus_relu": _differences(runs), **out,
+      "runs": runs, "summary": summaries.per_kind(runs),
+      "topk_minus_relu": summaries.topk_minus_relu(runs), **out,
       "wall_s": time.perf_counter() - start}
