@@ -522,6 +522,8 @@ def test_every_entry_point_has_an_end_to_end_test():
              "offset_sweep", "offset_sweep_report",
              # circuits writes these numbers, explore reads them back
              "saved_patching",
+             # shared inputs and peers of two experiments each, run by them
+             "stdlib_prose", "torch_peers",
              "speed_ab"}  # speed_ab: an A/B tool needing a second checkout
   found = {p.stem for p in (ROOT / "experiments").iterdir()
            if p.suffix == ".py" or (p / "__main__.py").exists()} - helpers
