@@ -3,6 +3,7 @@ pages instead of faulting in fresh ones (each case in its own process,
 since the setting is process-wide; the probe uses malloc as XLA does,
 not numpy, which asks for huge pages)."""
 
+import pathlib
 import subprocess
 import sys
 
@@ -83,14 +84,33 @@ def test_the_library_loop_leaves_the_process_alone(monkeypatch, tmp_path):
   assert calls == [2]
 
 
+# `python -m experiments.train`'s run with the two stubs of `_stubbed`, in
+# a process of its own: the command defines absl flags (`--workdir`) that
+# another entry point imported by an earlier test in the same worker may
+# hold already, and absl refuses a flag defined twice.
+_TRAIN_COMMAND = """
+import sys
+from mha_jax.training import host_memory, train
+calls = []
+host_memory.keep_freed_memory = lambda: calls.append(1) or {"applied": True}
+train._train_and_evaluate = lambda *a: calls.append(2)
+from configs import induction
+from experiments import train as train_main
+train_main.run(induction.get_config("smoke"), sys.argv[1])
+print(calls)
+"""
+
+
 def test_the_commands_that_train_turn_it_on_first(monkeypatch, tmp_path):
   from configs import induction  # pylint: disable=g-import-not-at-top
   from configs import sae  # pylint: disable=g-import-not-at-top
   from experiments import cli  # pylint: disable=g-import-not-at-top
-  from experiments import train as train_main  # pylint: disable=all
+  out = subprocess.run(
+      [sys.executable, "-c", _TRAIN_COMMAND, str(tmp_path / "run")],
+      check=True, capture_output=True, text=True,
+      cwd=pathlib.Path(__file__).resolve().parents[2]).stdout
+  assert out.splitlines()[-1] == "[1, 2]", out
   calls = _stubbed(monkeypatch)
-  train_main.run(induction.get_config("smoke"), tmp_path / "run")
-  assert calls == [1, 2]
   # Every experiment's main: a training config, or one as its `model`
   # group (the sae experiment), applies it; another config does not.
   monkeypatch.setattr(cli, "run_app", lambda main_fn: main_fn(["prog"]))
