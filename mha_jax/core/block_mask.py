@@ -171,7 +171,7 @@ def create(mask_mod: Callable, batch: int | None, heads: int | None,
   all B' H' Tq Tk pairs (module docstring); not under jit (the result is
   NumPy, a static part of the compiled program).
   """
-  from mha_jax.core.kernels import flash  # pylint: disable=g-import-not-at-top
+  from mha_jax.core.kernels import flash_schedule  # pylint: disable=g-import-not-at-top
   for name, val, can_be_none in (("batch", batch, True),
                                  ("heads", heads, True),
                                  ("q_len", q_len, False),
@@ -186,7 +186,7 @@ def create(mask_mod: Callable, batch: int | None, heads: int | None,
                        f"{' or None' if can_be_none else ''}, got {val!r}")
   score_rules.check_user(score_rules.ScoreRules(mask_mod=mask_mod),
                          "block_mask.create")
-  default = flash.default_blocks(jax.default_backend() == "cpu")
+  default = flash_schedule.default_blocks(jax.default_backend() == "cpu")
   bq = min(default[0] if q_block is None else q_block, q_len)
   bk = min(default[1] if kv_block is None else kv_block, kv_len)
   q_offset = kv_len - q_len

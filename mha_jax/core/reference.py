@@ -34,7 +34,7 @@ from mha_jax.core import attention_path
 from mha_jax.core import precision
 from mha_jax.core import score_rules
 from mha_jax.core import softmax
-from mha_jax.core.kernels import flash
+from mha_jax.core.kernels import flash_schedule
 
 
 def _check_single_head(q, k, v):
@@ -107,8 +107,8 @@ def _fold_scale(q, scale):
   flax.linen does, which saves a pass over the scores and lets XLA's CPU
   backend fuse the score product with the softmax; docs/performance.md.
   Lower precisions keep it on the float32 scores, where it does not
-  round q (the blockwise kernel's rule, `flash.prescaled`)."""
-  if flash.prescaled(q.dtype):
+  round q (the blockwise kernel's rule, `flash_schedule.prescaled`)."""
+  if flash_schedule.prescaled(q.dtype):
     return q * jnp.asarray(scale, q.dtype), 1.0
   return q, scale
 
