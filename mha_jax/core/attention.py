@@ -7,7 +7,8 @@ value width.
 `attend` validates a call, then runs the path named by `implementation`.
 Each path is one `attention_path.AttentionPath` record beside its
 function: the reference paths in `reference.py` ("vmap", "einsum"), the
-kernels in `kernels/` ("flash", "xla", "cudnn", "pallas_tpu"), and
+kernels in `kernels/` ("flash", "xla", "cudnn", "pallas_tpu",
+"pallas_gpu"), and
 "auto" below, which runs the one `kernels/auto.py` picks. `PATHS` lists
 the core's own; `register` adds a record from a layer above (the
 package's `__init__` registers the context-parallel paths). Validation, the refusals, the hook sites and the memory
@@ -29,6 +30,7 @@ from mha_jax.core import score_rules
 from mha_jax.core.kernels import auto
 from mha_jax.core.kernels import flash
 from mha_jax.core.kernels import pallas
+from mha_jax.core.kernels import pallas_gpu
 from mha_jax.core.kernels import xla
 
 
@@ -69,7 +71,8 @@ AUTO = attention_path.AttentionPath(
     "mha_jax.explain_auto says which and why)")
 # The core's own paths, by name.
 PATHS = {p.name: p for p in (reference.VMAP, reference.EINSUM, flash.FLASH,
-                             xla.XLA, xla.CUDNN, pallas.PALLAS_TPU, AUTO)}
+                             xla.XLA, xla.CUDNN, pallas.PALLAS_TPU,
+                             pallas_gpu.PALLAS_GPU, AUTO)}
 # The library's default path (the pure functions, `AttentionSpec`,
 # `ModelConfig`): the reference, the seed's one head mapped over heads,
 # which every other path is tested against.

@@ -134,7 +134,8 @@ def test_paths_without_user_rules_refuse_them(implementation):
   q = jnp.zeros((1, 4, 2, 8))
   with pytest.raises(ValueError, match=re.escape(
       f"attend: implementation={implementation!r} does not apply `mask_mod` "
-      "(user rules); use one of ['auto', 'einsum', 'flash', 'vmap']")):
+      "(user rules); use one of ['auto', 'einsum', 'flash', 'pallas_gpu', "
+      "'vmap']")):
     attention.attend(q, q, q, implementation=implementation,
                      rules=score_rules.ScoreRules(
                          mask_mod=lambda b, h, qi, ki: ki <= qi))

@@ -314,8 +314,8 @@ def test_xla_refuses_what_jax_nn_lacks_by_name(name, value, words, takers):
   value = jnp.asarray(value) if isinstance(value, np.ndarray) else value
   with pytest.raises(ValueError, match=re.escape(
       f"attend: implementation='xla' does not apply `{name}` ({words}); use "
-      f"one of ['all_to_all', 'auto', 'einsum', 'flash', {takers}, "
-      "'vmap']")):
+      f"one of ['all_to_all', 'auto', 'einsum', 'flash', 'pallas_gpu', "
+      f"{takers}, 'vmap']")):
     attention.attend(q, k, v, implementation="xla",
                      rules=score_rules.ScoreRules(**{name: value}))
 

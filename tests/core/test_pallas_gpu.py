@@ -1,0 +1,278 @@
+"""The Pallas GPU kernel ("pallas_gpu") in Pallas' interpret mode on CPU,
+against the float64 reference of the user rules (tests/core/
+rule_reference.py): values and gradients to q, k, v and a rule's table
+for the documented rules, the built-ins, GQA, sinks and empty rows; a
+tampered block mask; the refusals. Tiny shapes and blocks of 4, so that
+every call has several blocks, a padded last one and skipped ones; each
+case compiles once (interpret mode is slow to trace)."""
+
+import dataclasses
+import types
+
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha_jax.core import attention
+from mha_jax.core import block_mask
+from mha_jax.core import score_rules
+from mha_jax.core.kernels import pallas_gpu
+from tests.core.rule_reference import reference
+from tests.core.rule_reference import Rule
+
+DH = 8
+BLOCK = 4
+
+
+def _inputs(rng, b, tq, tk, h, kh):
+  q, k, v, w = (rng.normal(size=s).astype(np.float32) for s in
+                ((b, tq, h, DH), (b, tk, kh, DH), (b, tk, kh, DH),
+                 (b, tq, h, DH)))
+  return q, k, v, w
+
+
+def _run(q, k, v, w, make_rules, table, *, is_causal=False, blocks=True):
+  """out and d sum(out * w) / d (q, k, v, table), jitted, on the kernel
+  in interpret mode (blocks of 4 unless a block mask brings its own)."""
+  def loss(q, k, v, table):
+    rules = make_rules(table)
+    attention.check_attend_inputs(q, k, v, None, None, "pallas_gpu",
+                                  rules=rules, is_causal=is_causal)
+    kw = dict(block_q=BLOCK, block_k=BLOCK) if blocks else {}
+    out = pallas_gpu.pallas_gpu_attention(q, k, v, is_causal=is_causal,
+                                          rules=rules, interpret=True, **kw)
+    return jnp.sum(out * w), out
+  (_, out), grads = jax.jit(jax.value_and_grad(
+      loss, argnums=(0, 1, 2, 3), has_aux=True))(q, k, v, table)
+  return np.asarray(out), [np.asarray(g) for g in grads]
+
+
+def _close(out, grads, want_out, want_grads, what=""):
+  np.testing.assert_allclose(out, want_out, atol=2e-5, err_msg=what)
+  for got, want, name in zip(grads, want_grads, "qkv"):
+    np.testing.assert_allclose(got, want, atol=5e-5,
+                               err_msg=f"{what} d{name}")
+
+
+def _table_grad(dmod, shape, tq, tk):
+  """d loss / d table of `s + table[h, q - k + Tk - 1]` from the
+  reference's d loss / d score `dmod [B, H, Tq, Tk]`."""
+  want = np.zeros(shape)
+  rel = (tk - tq + np.arange(tq))[:, None] - np.arange(tk)[None] + tk - 1
+  for hi in range(shape[0]):
+    np.add.at(want[hi], rel, dmod[:, hi].sum(0))
+  return want
+
+
+# The five rules of docs/score_rules.md, and rows that see nothing. GQA
+# (two query heads per kv head), a padded last query and key block, and a
+# block mask wherever the rule has a mask_mod.
+@pytest.mark.parametrize("name", ["relative_bias", "documents", "prefix_lm",
+                                  "soft_cap", "window_sinks", "empty_rows"])
+def test_documented_rules_match_the_float64_reference(name):
+  b, tq, tk, h, kh = 2, 7, 10, 4, 2
+  rng = np.random.default_rng(11)
+  rule = Rule(name, b, h, tk, rng)
+  q, k, v, w = _inputs(rng, b, tq, tk, h, kh)
+  bm = None
+  if rule.mask_mod is not None:
+    bm = block_mask.create(rule.mask_mod, b, None, tq, tk, BLOCK, BLOCK)
+  table = jnp.zeros((1,)) if rule.table is None else jnp.asarray(rule.table)
+  out, grads = _run(q, k, v, w, lambda t: rule.rules(t).replace(
+      block_mask=bm), table, blocks=bm is None)
+  want_out, *want_grads, dmod = reference(q, k, v, w, rule)
+  _close(out, grads, want_out, want_grads, name)
+  if rule.table is not None:  # the table's gradient, through score_mod
+    np.testing.assert_allclose(
+        grads[3], _table_grad(dmod, rule.table.shape, tq, tk), atol=5e-5)
+  if name == "empty_rows":  # the project's policy: output 0, gradient 0
+    odd = (tk - tq + np.arange(tq)) % 2 == 1  # rows at odd positions
+    assert np.all(out[:, odd] == 0) and np.all(grads[0][:, odd] == 0)
+  if bm is not None and name != "empty_rows":  # blocks were skipped
+    assert bm.counts()["empty"] > 0
+
+
+def _builtin_rule(b, h, tq, tk, rng):
+  """Every built-in at once, for the library and the float64 reference:
+  bottom-right causal, a window (3, 0), segments, ALiBi, a soft cap of 3,
+  sinks and a scale of 0.5."""
+  seg = np.sort(rng.integers(0, 2, size=(b, tk)), axis=1)
+  slopes = np.abs(rng.normal(size=(h,))).astype(np.float32)
+  sinks = rng.normal(size=(h,)).astype(np.float32)
+  default = 1 / np.sqrt(DH)
+  def pre(s, h, qi, ki):  # reference scores at the default scale
+    return s / default * 0.5 - slopes[h] * np.abs(qi - ki)
+  rule = types.SimpleNamespace(
+      score_np=lambda s, b, h, qi, ki: 3 * np.tanh(pre(s, h, qi, ki) / 3),
+      dscore_np=lambda s, b, h, qi, ki: (
+          1 - np.tanh(pre(s, h, qi, ki) / 3) ** 2) * 0.5 / default,
+      mask_np=lambda b, h, qi, ki: (ki <= qi) & (qi - ki <= 3) & (
+          seg[b][qi] == seg[b][ki]),
+      sinks=sinks)
+  rules = score_rules.ScoreRules(
+      local_window=(3, 0), soft_cap=3.0, scale=0.5,
+      q_segment_ids=jnp.asarray(seg[:, tk - tq:]),
+      kv_segment_ids=jnp.asarray(seg), alibi_slopes=jnp.asarray(slopes),
+      sinks=jnp.asarray(sinks))
+  return rule, rules
+
+
+def test_builtin_rules_match_the_float64_reference_and_the_vmap_path():
+  b, tq, tk, h, kh = 2, 9, 11, 4, 2
+  rng = np.random.default_rng(5)
+  rule, rules = _builtin_rule(b, h, tq, tk, rng)
+  q, k, v, w = _inputs(rng, b, tq, tk, h, kh)
+  out, grads = _run(q, k, v, w, lambda _: rules, jnp.zeros(1),
+                    is_causal=True)
+  want_out, *want_grads, _ = reference(q, k, v, w, rule)
+  _close(out, grads, want_out, want_grads, "built-ins")
+  # The sinks' and slopes' gradients against autodiff of the reference
+  # path ("vmap", float32), itself checked against float64 in
+  # tests/core/test_score_rules.py.
+  def grads_of(run):
+    def loss(sinks, slopes):
+      r = rules.replace(sinks=sinks, alibi_slopes=slopes)
+      return jnp.sum(run(r) * w)
+    return jax.jit(jax.grad(loss, (0, 1)))(rules.sinks, rules.alibi_slopes)
+  got = grads_of(lambda r: pallas_gpu.pallas_gpu_attention(
+      q, k, v, is_causal=True, rules=r, block_q=BLOCK, block_k=BLOCK))
+  want = grads_of(lambda r: attention.attend(
+      q, k, v, is_causal=True, rules=r, implementation="vmap")[0])
+  for g, wnt, what in zip(got, want, ("sinks", "alibi_slopes")):
+    np.testing.assert_allclose(g, wnt, atol=5e-5, err_msg=what)
+
+
+def test_query_positions_and_attend_dispatch_match_the_vmap_path():
+  # Decoding-style positions (the causal rule and ALiBi read them): no
+  # static block skipping is possible, every block is walked and masked.
+  rng = np.random.default_rng(2)
+  q, k, v, _ = _inputs(rng, 2, 5, 9, 2, 1)
+  pos = jnp.asarray(np.sort(rng.integers(0, 9, size=(2, 5)), axis=1),
+                    jnp.int32)
+  rules = score_rules.ScoreRules(q_positions=pos, alibi_slopes=jnp.asarray(
+      [0.5, 0.25]), local_window=(4, 4))
+  got, pattern = attention.attend(q, k, v, is_causal=True, rules=rules,
+                                  implementation="pallas_gpu")
+  want, _ = attention.attend(q, k, v, is_causal=True, rules=rules,
+                             implementation="vmap")
+  assert pattern is None
+  np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_tampered_block_mask_skips_exactly_that_block():
+  # Marking a needed block empty must drop exactly its keys for its
+  # queries, as the float64 reference does when told to drop them: the
+  # block is never visited forward or backward (nothing else changes).
+  b, t, h, kh = 1, 12, 2, 1
+  rng = np.random.default_rng(8)
+  rule = Rule("prefix_lm", b, h, t, rng)
+  bm = block_mask.create(rule.mask_mod, None, None, t, t, BLOCK, BLOCK)
+  i, j = 2, 1  # query block 2, key block 1: below the diagonal, needed
+  assert bm.state[0, 0, i, j] != block_mask.EMPTY
+  state = bm.state.copy()
+  state[0, 0, i, j] = block_mask.EMPTY
+  parts = None if bm.parts is None else bm.parts.copy()
+  if parts is not None:
+    parts[0, 0, i, j] = False
+  tampered = dataclasses.replace(bm, state=state, parts=parts)
+  keep = rule.mask_np
+  rule.mask_np = lambda b, h, qi, ki: keep(b, h, qi, ki) & ~(
+      (qi // BLOCK == i) & (ki // BLOCK == j))
+  q, k, v, w = _inputs(rng, b, t, t, h, kh)
+  out, grads = _run(q, k, v, w, lambda _: rule.rules(None).replace(
+      block_mask=tampered), jnp.zeros(1), blocks=False)
+  want_out, *want_grads, _ = reference(q, k, v, w, rule)
+  _close(out, grads, want_out, want_grads, "tampered")
+
+
+@settings(max_examples=2, deadline=None, derandomize=True)
+@given(tq=st.integers(3, 9), extra=st.integers(0, 4),
+       heads=st.sampled_from([(2, 1), (2, 2)]), b=st.integers(1, 2))
+def test_random_shapes_match_the_float64_reference(tq, extra, heads, b):
+  # The documents rule (a mask_mod with a block mask) and a relative
+  # table (a score_mod) together, on drawn lengths and head layouts.
+  tk, (h, kh) = tq + extra, heads
+  rng = np.random.default_rng(tq * 100 + extra)
+  docs = Rule("documents", b, h, tk, rng)
+  rel = Rule("relative_bias", b, h, tk, rng)
+  rel.mask_np, rel.mask_mod = docs.mask_np, docs.mask_mod
+  bm = block_mask.create(rel.mask_mod, b, None, tq, tk, BLOCK, BLOCK)
+  q, k, v, w = _inputs(rng, b, tq, tk, h, kh)
+  out, grads = _run(q, k, v, w, lambda t: rel.rules(t).replace(
+      block_mask=bm), jnp.asarray(rel.table), blocks=False)
+  want_out, *want_grads, dmod = reference(q, k, v, w, rel)
+  _close(out, grads, want_out, want_grads, f"{tq}x{tk} {heads}")
+  np.testing.assert_allclose(
+      grads[3], _table_grad(dmod, rel.table.shape, tq, tk), atol=5e-5)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(head_dim=12), "head width Dh=12 must be a power of two"),
+    (dict(value_dim=512), "value width Dv=512 must be a power of two"),
+    (dict(block_q=8), "`block_q`=8 must be a power of two >= 16"),
+    (dict(block_k=48), "`block_k`=48 must be a power of two >= 16"),
+    (dict(dtypes=("float32", "bfloat16", "float32")), "share one dtype"),
+    (dict(mask=True), "no dense `mask`"),
+    (dict(bias=True), "no dense `bias`"),
+])
+def test_the_triton_limits_are_refused_naming_the_argument(kwargs, match):
+  call = dict(head_dim=64, value_dim=64, block_q=64, block_k=64,
+              dtypes=("bfloat16",) * 3, mask=False, bias=False,
+              interpret=False)
+  assert pallas_gpu.unsupported(**call) is None
+  assert match in pallas_gpu.unsupported(**{**call, **kwargs})
+  # Interpret mode takes any width and block; the dtype, mask and bias
+  # limits are the kernel's own.
+  if not {"dtypes", "mask", "bias"} & set(kwargs):
+    assert pallas_gpu.unsupported(**{**call, **kwargs,
+                                     "interpret": True}) is None
+
+
+def test_rules_the_triton_lowering_cannot_compile_are_refused_naming_them():
+  gather = score_rules.ScoreRules(
+      score_mod=lambda s, b, h, qi, ki: s + jnp.arange(8.0)[qi - ki])
+  why = pallas_gpu.untraceable(gather)
+  assert why.startswith("`score_mod` uses `dynamic_slice` (indexing a "
+                        "closed-over array")
+  fine = score_rules.ScoreRules(
+      score_mod=lambda s, b, h, qi, ki: 2.0 * jnp.tanh(s / 2.0),
+      mask_mod=lambda b, h, qi, ki: (ki <= qi) | (ki < 3))
+  assert pallas_gpu.untraceable(fine) is None
+
+
+def test_attend_refuses_a_dense_mask_and_dropout_naming_them():
+  q = jnp.zeros((1, 4, 2, DH))
+  with pytest.raises(ValueError, match="no dense `mask`"):
+    attention.attend(q, q, q, mask=jnp.ones((4, 4), bool),
+                     implementation="pallas_gpu")
+  with pytest.raises(ValueError, match="implementation='pallas_gpu' has no "
+                     "attention dropout"):
+    attention.attend(q, q, q, implementation="pallas_gpu",
+                     dropout_rate=0.1, dropout_rng=jax.random.key(0))
+
+
+def test_the_triton_lowering_takes_forward_and_backward():
+  # Lowered for CUDA from this CPU (cross-platform lowering): Pallas turns
+  # each kernel into Triton IR, one `xla.gpu.triton` call each (forward,
+  # dq, dk/dv), with every built-in and both user rules traced in. What
+  # this cannot show: that Triton compiles the IR and that it runs fast
+  # (that needs a GPU: experiments/gpu_bench/flex.py).
+  q = jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.bfloat16)
+  k = jax.ShapeDtypeStruct((2, 128, 2, 64), jnp.bfloat16)
+  seg = jnp.zeros((2, 128), jnp.int32)
+  rules = score_rules.ScoreRules(
+      mask_mod=lambda b, h, qi, ki: (ki <= qi) | (ki < 16), soft_cap=20.0,
+      score_mod=lambda s, b, h, qi, ki: s + 0.1 * (qi - ki),
+      local_window=(64, 0), q_segment_ids=seg, kv_segment_ids=seg,
+      sinks=jnp.zeros(4), alibi_slopes=jnp.ones(4))
+  def loss(q, k, v):
+    out = pallas_gpu.pallas_gpu_attention(q, k, v, rules=rules,
+                                          is_causal=True, interpret=False)
+    return jnp.sum(out.astype(jnp.float32))
+  text = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, k, k).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert text.count("custom_call @__gpu$xla.gpu.triton") == 3
