@@ -163,30 +163,36 @@ def test_query_positions_and_attend_dispatch_match_the_vmap_path():
   np.testing.assert_allclose(got, want, atol=2e-5)
 
 
-def test_tampered_block_mask_skips_exactly_that_block():
-  # Marking a needed block empty must drop exactly its keys for its
-  # queries, as the float64 reference does when told to drop them: the
-  # block is never visited forward or backward (nothing else changes).
+@pytest.mark.parametrize("mark", ["empty", "full"])
+def test_tampered_block_mask_changes_exactly_that_block(mark):
+  # A block mask is trusted, as FlexAttention's is. Marking a needed block
+  # empty must drop exactly its keys for its queries (it is never
+  # visited, forward or backward); marking a partial block full must
+  # allow all of its keys (mask_mod is not evaluated there). The float64
+  # reference is told the same, and nothing else may change.
   b, t, h, kh = 1, 12, 2, 1
   rng = np.random.default_rng(8)
   rule = Rule("prefix_lm", b, h, t, rng)
   bm = block_mask.create(rule.mask_mod, None, None, t, t, BLOCK, BLOCK)
-  i, j = 2, 1  # query block 2, key block 1: below the diagonal, needed
-  assert bm.state[0, 0, i, j] != block_mask.EMPTY
-  state = bm.state.copy()
-  state[0, 0, i, j] = block_mask.EMPTY
-  parts = None if bm.parts is None else bm.parts.copy()
-  if parts is not None:
-    parts[0, 0, i, j] = False
+  want = block_mask.PARTIAL if mark == "full" else block_mask.FULL
+  i, j = np.argwhere(bm.state[0, 0] == want)[-1]  # a needed block
+  state, parts = bm.state.copy(), bm.parts.copy()
+  state[0, 0, i, j] = getattr(block_mask, mark.upper())
+  parts[0, 0, i, j] = mark == "full"
   tampered = dataclasses.replace(bm, state=state, parts=parts)
   keep = rule.mask_np
-  rule.mask_np = lambda b, h, qi, ki: keep(b, h, qi, ki) & ~(
-      (qi // BLOCK == i) & (ki // BLOCK == j))
+  in_block = lambda qi, ki: (qi // BLOCK == i) & (ki // BLOCK == j)
+  if mark == "empty":
+    rule.mask_np = lambda b, h, qi, ki: keep(b, h, qi, ki) & ~in_block(qi,
+                                                                       ki)
+  else:
+    rule.mask_np = lambda b, h, qi, ki: keep(b, h, qi, ki) | in_block(qi,
+                                                                      ki)
   q, k, v, w = _inputs(rng, b, t, t, h, kh)
   out, grads = _run(q, k, v, w, lambda _: rule.rules(None).replace(
       block_mask=tampered), jnp.zeros(1), blocks=False)
   want_out, *want_grads, _ = reference(q, k, v, w, rule)
-  _close(out, grads, want_out, want_grads, "tampered")
+  _close(out, grads, want_out, want_grads, f"marked {mark}")
 
 
 @settings(max_examples=2, deadline=None, derandomize=True)

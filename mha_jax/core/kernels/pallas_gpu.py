@@ -93,6 +93,11 @@ def _block(shape, index):
   return pl.BlockSpec(shape, index)
 
 
+def kv_head(h, groups):
+  """GQA: query head h reads kv head h // G, never a repeated copy."""
+  return h // groups
+
+
 def _inputs(q, k, v, ex):
   """The kernels' common inputs: q, k, v and the per-call arrays, the
   hoisted ones made at least 1-d (Triton has no 0-d blocks)."""
@@ -114,9 +119,10 @@ def _forward(static, q, k, v, ex):
   g, bq = spec.groups, spec.bq
   specs = {
       "q": _block((None, None, bq, dh), lambda i, b, h: (b, h, i, 0)),
-      # GQA: query head h reads kv head h // G, never a repeated copy.
-      "k": _block((None, None, tk_pad, dh), lambda i, b, h: (b, h // g, 0, 0)),
-      "v": _block((None, None, tk_pad, dv), lambda i, b, h: (b, h // g, 0, 0)),
+      "k": _block((None, None, tk_pad, dh), lambda i, b, h: (b, kv_head(h, g),
+                                                            0, 0)),
+      "v": _block((None, None, tk_pad, dv), lambda i, b, h: (b, kv_head(h, g),
+                                                            0, 0)),
       "q_pos": _block((None, tq_pad), lambda i, b, h: (b, 0)),
       "q_seg": _block((None, tq_pad), lambda i, b, h: (b, 0)),
       "k_seg": _block((None, tk_pad), lambda i, b, h: (b, 0)),
@@ -162,8 +168,10 @@ def _attend_bwd(static, res, d_out):
       "do": _block((None, None, bq, dv), lambda i, b, h: (b, h, i, 0)),
       "lse": _block((None, None, bq), row),
       "delta": _block((None, None, bq), row),
-      "k": _block((None, None, tk_pad, dh), lambda i, b, h: (b, h // g, 0, 0)),
-      "v": _block((None, None, tk_pad, dv), lambda i, b, h: (b, h // g, 0, 0)),
+      "k": _block((None, None, tk_pad, dh), lambda i, b, h: (b, kv_head(h, g),
+                                                            0, 0)),
+      "v": _block((None, None, tk_pad, dv), lambda i, b, h: (b, kv_head(h, g),
+                                                            0, 0)),
       "q_pos": _block((None, tq_pad), lambda i, b, h: (b, 0)),
       "q_seg": _block((None, tq_pad), lambda i, b, h: (b, 0)),
       "k_seg": _block((None, tk_pad), lambda i, b, h: (b, 0)),
