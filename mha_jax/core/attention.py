@@ -42,7 +42,7 @@ def choose_implementation(q, k, *, dropout=False, backend=None):
   Measured with `python -m experiments.benchmark` on CPU, the blockwise path
   is the fastest at every shape tried (it also never forms [Tq, Tk]).
   Dropout needs the weights, so it goes to "einsum". On GPU cuDNN's fused
-  kernel where it supports the call, on TPU (where an adapter exists) JAX's
+  kernel where it supports the call, then the Pallas GPU kernel, on TPU (where an adapter exists) JAX's
   Pallas kernel; otherwise XLA's fused attention while the float32 scores
   fit in 1 GiB, and the blockwise path beyond (not measured here).
   """
@@ -58,7 +58,7 @@ def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   chosen = PATHS[auto.select_for(q, k, v, mask=mask, bias=bias,
                                  is_causal=is_causal,
                                  dropout=keep is not None,
-                                 rules=rules.active()).implementation]
+                                 rules=rules).implementation]
   extra = {"hooks": hooks_lib.NO_HOOKS} if chosen.forms_weights else {}
   out, _ = chosen.fn(q, k, v, mask, bias, keep, is_causal=is_causal,
                      dropout_rate=dropout_rate, rules=rules, **extra)

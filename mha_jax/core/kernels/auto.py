@@ -13,7 +13,8 @@ It walks the candidates of a backend from the fastest down and keeps, for
 each one it passes over, the reason in words:
 
   cpu  einsum (float32) -> flash once the float32 scores pass 32 MiB
-  gpu  cudnn -> xla, or flash once the float32 scores pass 1 GiB
+  gpu  cudnn (no user rule) -> pallas_gpu -> xla, or flash once the
+       float32 scores pass 1 GiB
   tpu  pallas_tpu -> xla, or flash once the float32 scores pass 1 GiB
 
 Dropout needs the weights, so every backend sends it to "einsum"; asking
@@ -26,6 +27,14 @@ them). The limits below are JAX's own (jax 0.10):
   * Pallas TPU splash attention (jax/experimental/pallas/ops/tpu/
     splash_attention), through `mha_jax.core.kernels.pallas`, whose
     `unsupported` states what the adapter takes.
+  * The Pallas GPU kernel (`mha_jax.core.kernels.pallas_gpu`): what its
+    Triton lowering takes (`pallas_gpu_plan.unsupported`: one dtype,
+    power-of-two widths of 16-256, no dense mask or bias) and, for the
+    user rules, the primitives it lowers (`untraceable`, passed in as
+    `Call.rule_problem`). Taken on a CUDA GPU whenever cuDNN cannot take
+    the call (a user rule, float32, a head width or a causal alignment
+    cuDNN lacks), ahead of xla and flash. Its speed there is not yet
+    measured (experiments/gpu_bench/flex.py is ready to).
 The score-rule options (`ScoreRules.active()`, passed as `rules`) each
 kernel's adapter takes are its record's (`attention_path.AttentionPath.
 rules_for_auto`); any other option sends the call to the blockwise path,
@@ -42,13 +51,16 @@ import numpy as np
 from mha_jax.core import reference
 from mha_jax.core.kernels import flash
 from mha_jax.core.kernels import pallas
+from mha_jax.core.kernels import pallas_gpu
+from mha_jax.core.kernels import pallas_gpu_plan
 from mha_jax.core.kernels import xla
 
 # The paths `auto` may dispatch to, by name: what each takes (its rule
 # options, `rules_for_auto`) and what it computes is read from its record.
 # The order in which they are tried on each backend is `select`'s policy.
 CANDIDATES = {p.name: p for p in (reference.EINSUM, flash.FLASH, xla.XLA,
-                                  xla.CUDNN, pallas.PALLAS_TPU)}
+                                  xla.CUDNN, pallas.PALLAS_TPU,
+                                  pallas_gpu.PALLAS_GPU)}
 ADAPTED = frozenset(CANDIDATES)
 
 
@@ -143,6 +155,9 @@ class Call:
     rules: names of the `score_rules.ScoreRules` options in use
       (`ScoreRules.active()`); those jax.nn or Pallas cannot express send
       the call to the blockwise path.
+    rule_problem: why the call's user rules cannot be compiled into the
+      Pallas GPU kernel (`pallas_gpu.untraceable`), None when they can
+      or there are none.
   Every field is checked here, once; a bad one is an error naming it.
   """
   q_dtype: object
@@ -161,6 +176,7 @@ class Call:
   dropout: bool = False
   weights: bool = False
   rules: tuple[str, ...] = ()
+  rule_problem: str | None = None
 
   def __post_init__(self):
     for name in ("head_dim", "q_len", "kv_len", "batch", "num_heads"):
@@ -176,7 +192,8 @@ class Call:
 
   @classmethod
   def of(cls, q, k, v, *, mask=None, bias=None, is_causal=False,
-         dropout=False, weights=False, rules=()) -> "Call":
+         dropout=False, weights=False, rules=(),
+         rule_problem=None) -> "Call":
     """The call `attend` makes on q `[B,Tq,H,Dh]`, k `[B,Tk,K,Dh]`, v
     `[B,Tk,K,Dv]` (arrays, tracers or `jax.ShapeDtypeStruct`s), mask/bias
     broadcastable to `[B,H,Tq,Tk]`."""
@@ -191,7 +208,7 @@ class Call:
                kv_len=k.shape[1], batch=b, num_heads=h,
                num_kv_heads=k.shape[2], mask=_shape(mask), bias=_shape(bias),
                is_causal=is_causal, dropout=dropout, weights=weights,
-               rules=tuple(rules))
+               rules=tuple(rules), rule_problem=rule_problem)
 
   @property
   def kv_heads(self) -> int:
@@ -344,6 +361,20 @@ def _pallas_tpu_rules(call: Call):
   return why
 
 
+def _pallas_gpu_rules(call: Call, cudnn) -> str | None:
+  """Why the Pallas GPU kernel cannot take the call (None: it can)."""
+  if not cudnn:
+    return ("it is written for Triton on CUDA GPUs (not tried elsewhere), "
+            "and this is not a CUDA device")
+  return (_rules_reason("pallas_gpu", call.rules)
+          or pallas_gpu_plan.unsupported(
+              head_dim=call.head_dim, value_dim=call.value_width,
+              block_q=pallas_gpu.BLOCK_Q, block_k=pallas_gpu.BLOCK_K,
+              dtypes=call.dtypes, mask=call.mask_dims is not None,
+              bias=call.bias_dims is not None, interpret=False)
+          or call.rule_problem)
+
+
 def select(backend: str, call: Call, *, gpu_capability=None,
            cudnn: bool = True, available=ADAPTED) -> AutoChoice:
   """The implementation `auto` uses for one call, and why.
@@ -366,7 +397,8 @@ def select(backend: str, call: Call, *, gpu_capability=None,
     raise TypeError(f"select: `call` must be an auto.Call, got "
                     f"{type(call).__name__}")
   # The weightless candidates of this backend, fastest first.
-  weightless = {"cpu": ["flash"], "gpu": ["cudnn", "xla", "flash"],
+  weightless = {"cpu": ["flash"],
+                "gpu": ["cudnn", "pallas_gpu", "xla", "flash"],
                 "tpu": ["pallas_tpu", "xla", "flash"]}.get(backend,
                                                            ["xla", "flash"])
   if call.weights or call.dropout:
@@ -391,6 +423,14 @@ def select(backend: str, call: Call, *, gpu_capability=None,
       return AutoChoice("cudnn", "cuDNN's fused attention supports this "
                         "call (dtype, head width, mask/bias, causal)")
     ruled_out.append(("cudnn", why or "not among the available "
+                      "implementations"))
+    why = _pallas_gpu_rules(call, cudnn)
+    if why is None and "pallas_gpu" in available:
+      return AutoChoice("pallas_gpu", "the Pallas GPU kernel takes the call "
+                        "cuDNN cannot (the user rules traced in, the block "
+                        "mask's empty blocks skipped; its GPU speed is not "
+                        "yet measured)", tuple(ruled_out))
+    ruled_out.append(("pallas_gpu", why or "not among the available "
                       "implementations"))
   elif backend == "tpu":
     why = _rules_reason("pallas_tpu", call.rules) or _pallas_tpu_rules(call)
@@ -430,11 +470,20 @@ def select_for(q, k, v, *, mask=None, bias=None, is_causal=False,
                dropout=False, weights=False, backend=None,
                rules=()) -> AutoChoice:
   """`select` for arrays (or `jax.ShapeDtypeStruct`s) laid out as `attend`
-  takes them (see `Call.of`). `backend` defaults to JAX's default; on a
-  GPU the cuDNN facts are read from the device."""
+  takes them (see `Call.of`). `rules`: the option names in use, or the
+  `score_rules.ScoreRules` itself (then its user rules are checked for
+  the Pallas GPU kernel's lowering). `backend` defaults to JAX's default;
+  on a GPU the cuDNN facts are read from the device."""
   import jax  # pylint: disable=g-import-not-at-top
+  problem = None
+  if hasattr(rules, "active"):  # a ScoreRules
+    backend = backend or jax.default_backend()
+    if backend == "gpu":
+      problem = pallas_gpu_plan.untraceable(rules)
+    rules = rules.active()
   call = Call.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                 dropout=dropout, weights=weights, rules=rules)
+                 dropout=dropout, weights=weights, rules=rules,
+                 rule_problem=problem)
   backend = backend or jax.default_backend()
   cudnn, capability = True, None  # asked about a GPU from elsewhere
   if backend == "gpu" and jax.default_backend() == "gpu":
