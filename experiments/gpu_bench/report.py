@@ -265,6 +265,26 @@ def policy_tables(s) -> tuple[str, str]:
   return table, train
 
 
+def flex_table(s) -> str:
+  """Part e's rows as a table: a time, or why the contestant did not run."""
+  p, why = _part(s, "flex")
+  if p is None:
+    return why
+  lines = ["| Dh | n | rule | mode | contestant | ms | TFLOP/s | blocks "
+           "visited |", "|---|---|---|---|---|---|---|---|"]
+  for r in p["rows"]:
+    head = (f"| {r['Dh']} | {r['n']:,} | {r['rule']} | "
+            f"{'fwd' if r['mode'] == 'fwd' else 'fwd+bwd'} | "
+            f"{r['contestant']} |")
+    if "ms" in r:
+      lines.append(f"{head} {r['ms']:.3g} | {r['tflops']:.3g} | "
+                   f"{r['visited']:.0%} |")
+    else:
+      lines.append(f"{head} {r.get('skipped') or r.get('error', '')[:120]}"
+                   " | | |")
+  return "\n".join(lines)
+
+
 def verdicts(s) -> str:
   """One line per finding, with the number it rests on."""
   lines = []
@@ -330,7 +350,10 @@ def values(s) -> dict:
   long_table, auto_table = long_tables(s)
   policy_table, policy_train = policy_tables(s)
   lc, po = c["long_context"], c["policy"]
+  fx = c.get("flex", {})
   return {
+      "flex_B": str(fx.get("B", "-")), "flex_H": str(fx.get("H", "-")),
+      "flex_block": str(fx.get("block", "-")), "flex_table": flex_table(s),
       "device": f["jax_device"], "date": f["date"],
       "backend": f["jax_backend"], "device_count": str(f["jax_device_count"]),
       "torch_device": torch_device,

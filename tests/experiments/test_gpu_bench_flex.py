@@ -1,0 +1,38 @@
+"""Part e of the GPU benchmark (experiments/gpu_bench/flex.py) on the
+CPU: the smoke config's tiny case, the Pallas GPU kernel in interpret
+mode against the blockwise path, and the rules' pair counts against a
+count on the grid. The timings themselves mean nothing on a CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from experiments.gpu_bench import devices
+from experiments.gpu_bench import flex
+from experiments.gpu_bench import report
+
+import entry_points
+
+
+@pytest.mark.parametrize("rule", flex.RULES)
+@pytest.mark.parametrize("n", [24, 40])
+def test_allowed_pairs_equal_a_count_on_the_grid(rule, n):
+  q, k = np.arange(n)[:, None], np.arange(n)[None, :]
+  mod = flex.mask_mod(rule, n) or (lambda b, h, q, k: k <= q)
+  assert flex.allowed_pairs(rule, n) == int(np.sum(mod(0, 0, q, k)))
+
+
+def test_smoke_case_runs_and_its_table_shows_every_row():
+  config = entry_points.config("gpu_bench")
+  with config.unlocked():
+    config.flex.update(rules="documents", modes="fwdbwd")
+  part = flex.measure(config, devices.Budget(600, "flex"))
+  rows = {r["contestant"]: r for r in part["rows"]}
+  assert set(rows) == {"pallas_gpu", "cudnn", "flex", "flash"}
+  for who in ("pallas_gpu", "flash"):  # run, in interpret mode for ours
+    assert rows[who]["ms"] > 0 and 0 < rows[who]["visited"] < 1, rows[who]
+  assert rows["cudnn"]["skipped"] == "not run: cuDNN has no user rules"
+  table = report.flex_table({"parts": {"flex": part}, "order": ["flex"]})
+  assert len(table.splitlines()) == 2 + len(part["rows"])
+  assert f"{rows['pallas_gpu']['ms']:.3g}" in table
