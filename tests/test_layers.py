@@ -645,8 +645,6 @@ TEST_IMPORT_EXCEPTIONS = {
     ("tests/core/test_span_walk.py", "tests/core/test_score_mod.py"),
     ("tests/interp/test_logit_lens.py", "tests/interp/test_fold.py"),
     ("tests/interp/test_fold.py", "tests/pretrained/gguf_models.py"),
-    ("tests/interp/test_fold.py", "tests/pretrained/hf_models.py"),
-    ("tests/real_models/conftest.py", "tests/pretrained/hf_models.py"),
     ("tests/real_models/test_real_decode.py", "tests/pretrained/compare.py"),
     ("tests/real_models/test_real_gguf.py", "tests/pretrained/compare.py"),
     ("tests/real_models/test_real_tokenizer.py",
