@@ -43,10 +43,6 @@ from mha_jax.pretrained import real_models
 MODELS = {"smollm2": ("SmolLM2-135M-Instruct (Q4_1)",
                       real_models.smollm2_135m),
           "gemma3": ("Gemma 3 270M (Q4_K_M)", real_models.gemma3_270m)}
-# Read here by the GPU benchmark and tests/pretrained's benchmark test;
-# they are torch_peers' (real_lm_bench shares them).
-token_ids = torch_peers.token_ids
-leading_agreement = torch_peers.leading_agreement
 
 
 def _mha_jax_calls(path, impl: str, ids, prompt, new_tokens: int):
