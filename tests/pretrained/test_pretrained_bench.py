@@ -15,7 +15,7 @@ from experiments.pretrained_bench import run
 import mha_jax
 from mha_jax import pretrained
 from tests.pretrained import gguf_models
-from tests.pretrained import hf_models
+import hf_models
 
 
 def test_benchmark_measures_and_reports(built):
