@@ -46,12 +46,12 @@ import math
 import os
 import random
 import statistics
-import time
 
 import jax
 import ml_collections
 
 from mha_jax.core import attention
+from mha_jax.measure import timing
 from mha_jax.training import config as config_lib
 from mha_jax.training import train
 
@@ -139,16 +139,6 @@ def _ratio(times, a, b):
   return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
-def _timed_block(step, count):
-  """Seconds per step over `count` consecutive calls of `step`, after one
-  untimed call (see the module docstring)."""
-  step()
-  start = time.perf_counter()
-  for _ in range(count):
-    step()
-  return (time.perf_counter() - start) / count
-
-
 def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0):
   """Rows for one shape: one per path, timed in interleaved rounds."""
   steps, rows, batch = {}, {}, None
@@ -169,16 +159,12 @@ def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0):
       steps[path] = step
   block = {}
   for path, step in steps.items():
-    for _ in range(warmup):
-      step()
-    seconds = _timed_block(step, 1)
+    (seconds,), _ = timing.wall_times(step, (), warmup=warmup + 1,
+                                      repeats=1)
     block[path] = max(1, math.ceil(min_block_s / seconds))
-  times = {p: [] for p in steps}
-  order = list(steps)
-  for r in range(rounds):
-    shift = r % len(order)
-    for path in order[shift:] + order[:shift]:
-      times[path].append(_timed_block(steps[path], block[path]))
+  # Each timing: one untimed step (the module docstring says why), then
+  # a block of `block[path]` steps.
+  times = timing.interleaved_times(steps, rounds, setups=steps, repeat=block)
   out = []
   m = config_lib.model_config(base)
   for path in paths:

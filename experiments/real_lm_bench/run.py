@@ -180,15 +180,12 @@ def measure(config, workdir) -> dict:
     s, compiles, _ = _count_compiles(
         lambda c=c, p2=p2: contestants[c]["decode"](p2))
     second[c] = {"seconds": s, "compiles": compiles}
-  times = {t: {c: [] for c in names} for t in TASKS}
-  load = []
-  for r in range(e.rounds):
-    load.append(os.getloadavg()[0])
-    order = names[r % len(names):] + names[:r % len(names)]
-    for t in TASKS:
-      for c in order:
-        times[t][c].append(timing.timed_call(
-            setups[c], _call(contestants[c][t]))[0])
+  load = []  # the 1-minute load average as each round starts
+  flat = timing.interleaved_times(
+      {(t, c): _call(contestants[c][t]) for t in TASKS for c in names},
+      e.rounds, setups={(t, c): setups[c] for t in TASKS for c in names},
+      on_round=lambda r: load.append(os.getloadavg()[0]))
+  times = {t: {c: flat[(t, c)] for c in names} for t in TASKS}
   agree = {c: {
       "forward_rel": _rel(outs[(c, "forward")],
                           outs[(reference, "forward")]),

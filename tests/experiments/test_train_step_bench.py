@@ -143,21 +143,6 @@ def test_the_profile_sorts_xla_ops_by_what_was_fused_into_them():
   assert profile._kind({"add", "multiply"}) == "other elementwise"
 
 
-def test_a_timed_block_leaves_out_the_step_after_another_library():
-  """The first call of a block absorbs what the previous path left
-  behind (its spinning worker threads); here a first call that takes 50
-  ms must not enter the per-step time of three 1 ms calls."""
-  import time  # pylint: disable=g-import-not-at-top
-  calls = []
-
-  def step():
-    time.sleep(0.05 if not calls else 0.001)
-    calls.append(1)
-  seconds = train_step._timed_block(step, 3)  # pylint: disable=protected-access
-  assert len(calls) == 4
-  assert 0.001 <= seconds < 0.02
-
-
 def test_the_random_shape_is_drawn_from_its_choices_and_repeats_by_seed():
   r = benchmark_config.get_config().train_step.random
   r.seed = 7
