@@ -94,9 +94,13 @@ TARGETS = {
                  ["positions", "update", "overflowed", "status"], None,
                  "tests/core/test_kv_cache.py", True),
     # The training loop's key handling: the streams, the dropout key of a
-    # step and the data key of a step (the loop's lines that use it).
-    "train": ("mha_jax/training/train.py", ["seed_key", "train_step"],
-              r"data_key|fold_in|range\(start",
+    # step (train_state.py) and the data key of a step (the loop's lines
+    # that use it, train.py).
+    "train_state": ("mha_jax/training/train_state.py",
+                    ["seed_key", "train_step"], r"fold_in",
+                    "tests/training/test_train.py -k 'resumed or dropout_key'",
+                    True),
+    "train": ("mha_jax/training/train.py", [], r"data_key|fold_in|range\(start",
               "tests/training/test_train.py -k 'resumed or dropout_key'", True),
     # The interpretability layer and what its numbers rest on (issue 33):
     # a patch's order, index checks and slices; patching's swaps, one-hot

@@ -12,7 +12,7 @@ from configs import benchmark as benchmark_config
 from experiments.benchmark import report
 from experiments.benchmark import train_step
 from mha_jax.training import config as config_lib
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 torch = pytest.importorskip("torch")
 torch_models = pytest.importorskip("experiments.benchmark.torch_models")
@@ -27,8 +27,8 @@ def pair():
       benchmark_config.get_config().train_step.specs.induction)
   c.model.update(d_model=32, num_heads=4)
   c.task.update(batch_size=4)
-  state = train.create_train_state(c)
-  batch = train.batch_fn(c)(jax.random.PRNGKey(3))
+  state = train_state.create_train_state(c)
+  batch = train_state.batch_fn(c)(jax.random.PRNGKey(3))
   m = config_lib.model_config(c)
   dec = torch_models.Decoder(m.vocab_size, m.d_model, m.num_layers,
                              m.num_heads, c.task.seq_len)
@@ -43,8 +43,8 @@ def test_the_pytorch_model_is_the_decoder_lm(pair):
   state, batch, dec, tb = pair
 
   def loss_fn(params):
-    return train.compute_loss(nnx.merge(state.graphdef, params), batch,
-                              "xent")[0]
+    return train_state.compute_loss(nnx.merge(state.graphdef, params), batch,
+                                    "xent")[0]
   value, grads = jax.value_and_grad(loss_fn)(state.params)
   loss = torch_models.loss(dec, tb["inputs"], tb["targets"], tb["loss_mask"])
   loss.backward()
@@ -89,7 +89,7 @@ def test_the_pytorch_step_is_adamw_with_decay_on_matrices_only(pair):
   w0 = dec.readout.weight.detach().clone().numpy()
   dec.zero_grad(set_to_none=True)
   torch_models.train_step(dec, opt, tb, c.train.grad_clip)
-  grads = jax.grad(lambda p: train.compute_loss(
+  grads = jax.grad(lambda p: train_state.compute_loss(
       nnx.merge(state.graphdef, p), batch, "xent")[0])(state.params)
   g_bias = np.asarray(grads["readout"]["bias"][...])
   g_w = np.asarray(grads["readout"]["kernel"][...]).T
