@@ -106,9 +106,11 @@ TARGETS = {
     # a patch's order, index checks and slices; patching's swaps, one-hot
     # positions and attribution; composition's products and baselines;
     # the score rules' masks and biases; the statistics; the corpus index.
-    "hooks": ("mha_jax/hooks.py",
-              ["_compose", "_static_index", "_in_range", "_selector", "_fits",
-               "_check_value", "_value"], None, "tests/test_hooks.py", True),
+    "hooks": ("mha_jax/hooks/sites.py", ["_compose", "_check_value"], None,
+              "tests/test_hooks.py", True),
+    "hook_patches": ("mha_jax/hooks/patches.py",
+                     ["_static_index", "_in_range", "_selector", "_fits",
+                      "_value"], None, "tests/test_hooks.py", True),
     "patching": ("mha_jax/interp/patching.py",
                  ["_score", "_swap", "_one_hot", "_replace_at", "_patch_grid",
                   "attribution_patching"], None,

@@ -1,13 +1,13 @@
 """The library's layers, held to the code: a graph of allowed imports.
 
 The graph is docs/architecture.md's table "The layers": each layer (the
-folder `mha_jax/<name>/`, or `mha_jax/hooks.py`) has a number and names
-the layers it may import, all of lower numbers, so the graph has no
-circles. The page is the one source: this file reads the table from it,
-and checks every import of every library module against it: absolute
-and relative, at the top or inside a function, and
-`importlib.import_module("mha_jax....")`. An edge the table does not
-allow fails with the module, the import and the rule.
+folder `mha_jax/<name>/`) has a number and names the layers it may
+import, all of lower numbers, so the graph has no circles. The page is
+the one source: this file reads the table from it, and checks every
+import of every library module against it: absolute and relative, at
+the top or inside a function, and `importlib.import_module("mha_jax....")`.
+An edge the table does not allow fails with the module, the import and
+the rule.
 
 Importing is not the only way to depend on a layer. A module that writes
 into another layer's module (`attention.TABLE["x"] = f`) makes that
@@ -51,7 +51,7 @@ KNOWN_EXCEPTIONS = {}  # (module, written target) -> why it is allowed
 class Layer:
   number: int
   name: str
-  folder: str  # as the page writes it: `mha_jax/core/` or `mha_jax/hooks.py`
+  folder: str  # as the page writes it: `mha_jax/core/`
   allowed: frozenset[str]
 
 
