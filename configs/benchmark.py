@@ -63,12 +63,17 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   ts = c.train_step
   # keys of `specs`, in this order; "random" is drawn from `random` below
   ts.shapes = "induction,text_size,random"
-  ts.paths = "einsum,vmap,flash,auto,torch,transformer_lens"
+  ts.paths = ("einsum,vmap,flash,auto,torch,torch_compile,"
+              "transformer_lens")
   ts.rounds = 10  # timed steps per path (medians and per-round ratios)
   ts.warmup = 3  # untimed steps per path after compiling
   # Each timed block of a path's consecutive steps lasts about this long
   # (after one untimed step); experiments/benchmark/train_step.py says why.
   ts.min_block_s = 0.1
+  # The roofline's yardstick: a plain float32 matmul of this size, timed
+  # in the same rounds as the steps (a step's matmul FLOPs per second over
+  # its FLOPs per second is the fraction of the rate a step reaches).
+  ts.matmul_n = 1024
   ts.specs = ml_collections.ConfigDict(dict(
       # Experiment 1's model as it trains (L2 H4 D64 T32 B64 V32).
       induction=dict(config="induction", model={}, task={}),
@@ -95,5 +100,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.shape.update(B=1, n=32, D=16, h=2)
     c.paths = "einsum,jax.nn"
     c.update(repeats=1, warmup=0, matmul_n=64, timeout_s=300)
-    ts.update(shapes="tiny", paths="einsum,torch", rounds=2, warmup=1)
+    ts.update(shapes="tiny", paths="einsum,torch", rounds=2, warmup=1,
+              matmul_n=64)
   return c

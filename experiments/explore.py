@@ -40,7 +40,8 @@ from mha_jax.measure import report as report_lib
 from mha_jax.interp import explorer
 from mha_jax.training import held_out
 from mha_jax.training import tasks
-from mha_jax.training import train
+from mha_jax.training import saved_run
+from mha_jax.training import train_state
 
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "A run of experiments.train, or one seed's folder of an "
@@ -89,8 +90,8 @@ def run(workdir, *, text: str | None = None, batch_from_task: bool = False,
   if (text is None) == (not batch_from_task):
     raise ValueError("give exactly one input: --text=... or "
                      "--batch_from_task")
-  workdir = train.check_run(workdir)
-  state, config = train.load_state(workdir, step)
+  workdir = saved_run.check_run(workdir)
+  state, config = saved_run.load_state(workdir, step)
   model = state.model()
   task = tasks.get_task(config.task.name)
   if batch_from_task:
@@ -111,7 +112,7 @@ def run(workdir, *, text: str | None = None, batch_from_task: bool = False,
                     f"{c.num_heads} heads, d_model {c.d_model}, "
                     f"{c.positions} positions"),
           ("input", source)]
-  init_model = train.create_train_state(config).model()
+  init_model = train_state.create_train_state(config).model()
   data = explorer.explore(
       model, batch, loss=task.loss if ablate else None,
       init_model=init_model, example=example,

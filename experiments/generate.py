@@ -19,7 +19,7 @@ import jax
 from experiments import cli
 from mha_jax.measure import report as report_lib
 from mha_jax.measure import continuations
-from mha_jax.training import train
+from mha_jax.training import saved_run
 
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "A finished run of experiments.train (its config.json "
@@ -40,7 +40,7 @@ def run(workdir, *, num_examples: int = 256, show: int = 4,
         seed: int = 12345, temperature: float = 0.0) -> dict:
   """Load the run in `workdir`, generate, print; returns the scores
   (`continuations.evaluate_generation`) and the checkpoint's "step"."""
-  state, config = train.load_state(workdir)
+  state, config = saved_run.load_state(workdir)
   rng = jax.random.PRNGKey(seed) if temperature > 0 else None
   res = continuations.evaluate_generation(
       state.model(), config, num_examples=num_examples, seed=seed,

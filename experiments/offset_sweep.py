@@ -32,7 +32,8 @@ from mha_jax.measure import curves
 from mha_jax.measure import runs
 from mha_jax.measure import stats
 from mha_jax.training import held_out
-from mha_jax.training import train
+from mha_jax.training import saved_run
+from mha_jax.training import train_state
 
 # Every coordinate of the continuous task's targets is a coordinate of
 # some u_s ~ N(0, 1) (positions t < 3 are not scored), so the population
@@ -99,14 +100,15 @@ def write_explorer(config, workdir, task: str, label: str, seed: int, *,
   its row of the NMSE table was measured on."""
   workdir = pathlib.Path(workdir)
   # The sweep keeps numbers, not models: load the run from its folder.
-  state, run_config = train.load_state(workdir
-                                       / run_folder(task, label, seed))
+  state, run_config = saved_run.load_state(workdir
+                                           / run_folder(task, label, seed))
   batch = held_out.analysis_batch(run_config,
                                   config.experiment.analysis_examples,
                                   seed=held_out.ANALYSIS_SEED + seed)
   return explorer.write_explorer(
       state.model(), batch, workdir / "explorer.html", loss=state.loss,
-      init_model=train.create_train_state(run_config).model(), title=title)
+      init_model=train_state.create_train_state(run_config).model(),
+      title=title)
 
 
 def sweep(config, workdir, task: str, setting_list, *, seeds=None,

@@ -26,6 +26,7 @@ from mha_jax.measure import report as report_lib
 from mha_jax.training import config as config_lib
 from mha_jax.training import host_memory
 from mha_jax.training import train
+from mha_jax.training import train_state
 from mha_jax.training import workdir as workdir_lib
 
 _CONFIG = cli.config_flag(
@@ -45,7 +46,7 @@ _PROCESS_ID = flags.DEFINE_integer(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def run(config, workdir) -> train.TrainState:
+def run(config, workdir) -> train_state.TrainState:
   """Validate `config`, then train (or resume) it in `workdir`."""
   # Refuse before building or compiling anything, and before the config
   # is printed, so that the refusal is the last line of the output.

@@ -95,17 +95,23 @@ TARGETS = {
                  ["positions", "update", "overflowed", "status"], None,
                  "tests/core/test_kv_cache.py", True),
     # The training loop's key handling: the streams, the dropout key of a
-    # step and the data key of a step (the loop's lines that use it).
-    "train": ("mha_jax/training/train.py", ["seed_key", "train_step"],
-              r"data_key|fold_in|range\(start",
+    # step (train_state.py) and the data key of a step (the loop's lines
+    # that use it, train.py).
+    "train_state": ("mha_jax/training/train_state.py",
+                    ["seed_key", "train_step"], r"fold_in",
+                    "tests/training/test_train.py -k 'resumed or dropout_key'",
+                    True),
+    "train": ("mha_jax/training/train.py", [], r"data_key|fold_in|range\(start",
               "tests/training/test_train.py -k 'resumed or dropout_key'", True),
     # The interpretability layer and what its numbers rest on (issue 33):
     # a patch's order, index checks and slices; patching's swaps, one-hot
     # positions and attribution; composition's products and baselines;
     # the score rules' masks and biases; the statistics; the corpus index.
-    "hooks": ("mha_jax/hooks.py",
-              ["_compose", "_static_index", "_in_range", "_selector", "_fits",
-               "_check_value", "_value"], None, "tests/test_hooks.py", True),
+    "hooks": ("mha_jax/hooks/sites.py", ["_compose", "_check_value"], None,
+              "tests/test_hooks.py", True),
+    "hook_patches": ("mha_jax/hooks/patches.py",
+                     ["_static_index", "_in_range", "_selector", "_fits",
+                      "_value"], None, "tests/test_hooks.py", True),
     "patching": ("mha_jax/interp/patching.py",
                  ["_score", "_swap", "_one_hot", "_replace_at", "_patch_grid",
                   "attribution_patching"], None,

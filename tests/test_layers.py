@@ -1,13 +1,13 @@
 """The library's layers, held to the code: a graph of allowed imports.
 
 The graph is docs/architecture.md's table "The layers": each layer (the
-folder `mha_jax/<name>/`, or `mha_jax/hooks.py`) has a number and names
-the layers it may import, all of lower numbers, so the graph has no
-circles. The page is the one source: this file reads the table from it,
-and checks every import of every library module against it: absolute
-and relative, at the top or inside a function, and
-`importlib.import_module("mha_jax....")`. An edge the table does not
-allow fails with the module, the import and the rule.
+folder `mha_jax/<name>/`) has a number and names the layers it may
+import, all of lower numbers, so the graph has no circles. The page is
+the one source: this file reads the table from it, and checks every
+import of every library module against it: absolute and relative, at
+the top or inside a function, and `importlib.import_module("mha_jax....")`.
+An edge the table does not allow fails with the module, the import and
+the rule.
 
 Importing is not the only way to depend on a layer. A module that writes
 into another layer's module (`attention.TABLE["x"] = f`) makes that
@@ -51,7 +51,7 @@ KNOWN_EXCEPTIONS = {}  # (module, written target) -> why it is allowed
 class Layer:
   number: int
   name: str
-  folder: str  # as the page writes it: `mha_jax/core/` or `mha_jax/hooks.py`
+  folder: str  # as the page writes it: `mha_jax/core/`
   allowed: frozenset[str]
 
 
@@ -595,12 +595,12 @@ def test_an_experiment_measures_without_its_report():
 
 # Experiment folders that import another's, tolerated with a reason.
 # experiments/gpu_bench runs the CPU benchmarks' own code on a GPU (their
-# workers, torch models and decoder calls); it is edited apart from this
-# rule, and what it reads moves to a shared module under experiments/
-# (as torch_peers.py) when it is next changed.
+# workers, torch models and the real-LM calls); the decoder peers it
+# shared with pretrained_bench now live in experiments/torch_peers.py,
+# and what else it reads moves to a shared module likewise when it is
+# next changed.
 CROSS_EXPERIMENT_EXCEPTIONS = {
-    ("gpu_bench", "benchmark"), ("gpu_bench", "pretrained_bench"),
-    ("gpu_bench", "real_lm_bench")}
+    ("gpu_bench", "benchmark"), ("gpu_bench", "real_lm_bench")}
 
 
 def experiment_folders(root: pathlib.Path = ROOT) -> set[str]:
@@ -642,8 +642,6 @@ def test_no_experiment_imports_another_experiments_folder():
 TEST_IMPORT_EXCEPTIONS = {
     ("tests/interp/test_logit_lens.py", "tests/interp/test_fold.py"),
     ("tests/interp/test_fold.py", "tests/pretrained/gguf_models.py"),
-    ("tests/interp/test_fold.py", "tests/pretrained/hf_models.py"),
-    ("tests/real_models/conftest.py", "tests/pretrained/hf_models.py"),
     ("tests/real_models/test_real_decode.py", "tests/pretrained/compare.py"),
     ("tests/real_models/test_real_gguf.py", "tests/pretrained/compare.py"),
     ("tests/real_models/test_real_tokenizer.py",

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import pathlib
 
+from mha_jax.measure import machine
 from mha_jax.measure import report as report_lib
 
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
-PEERS = ("torch", "transformer_lens")  # the train-step set's PyTorch peers
+PEERS = ("torch", "torch_compile", "transformer_lens")  # the train-step peers
 
 
 def write(config, results, workdir) -> dict:
@@ -99,17 +100,33 @@ def _ratio(r, peer) -> str:
                                 f"({x['min']:.2f}-{x['max']:.2f})")
 
 
+def _roofline(r) -> str:
+  """The step's share of the same-run matmul rate, in percent, and its
+  range over rounds; "-" for a run before the roofline was measured."""
+  x = r.get("roofline")
+  return "-" if x is None else (f"{100 * x['median']:.0f} "
+                                f"({100 * x['min']:.0f}-{100 * x['max']:.0f})")
+
+
 def _step_block(group) -> str:
-  """One train-step shape's heading and table: ms per step and, per
-  PyTorch peer timed, the ratio to it."""
+  """One train-step shape's heading and table: ms per step, its share of
+  the plain matmul rate and, per PyTorch peer timed, the ratio to it."""
   s = group[0]
   peers = [p for p in PEERS if any(f"x_{p}" in r for r in group)]
   rows = [[r["path"], f"skipped: {r['skipped']}"] if r.get("skipped")
-          else [r["path"], _fmt(r["step_ms"])] + [_ratio(r, p) for p in peers]
+          else [r["path"], _fmt(r["step_ms"]), _roofline(r)]
+          + [_ratio(r, p) for p in peers]
           for r in group]
+  roof = ""
+  if "matmul_gflop" in s:
+    rate = sorted(s["matmul_gflops"])[len(s["matmul_gflops"]) // 2]
+    roof = (f"Matmul work per step: {s['matmul_gflop']:.3g} GFLOP; plain "
+            f"{s['matmul_n']}^3 float32 matmul in the same rounds: "
+            f"{rate:.1f} GFLOP/s (median).\n\n")
   return (f"### train_step: {s['shape']} (L={s['L']} H={s['H']} D={s['D']} "
-          f"T={s['T']} B={s['B']} V={s['V']})\n\n"
-          + report_lib.md_table(["path", "ms per step"]
+          f"T={s['T']} B={s['B']} V={s['V']})\n\n" + roof
+          + report_lib.md_table(["path", "ms per step",
+                                 "% of matmul rate (range)"]
                                 + [f"x {p} (range)" for p in peers], rows))
 
 
@@ -140,6 +157,8 @@ def values(saved: dict) -> dict:
       "jax": meta["jax"],
       "backend": meta["backend"],
       "cpus": str(meta["cpus"]),
+      "cpu": (machine.describe(meta["isa"]) if "isa" in meta
+              else "not recorded"),
       "torch": str(meta.get("torch")),
       "transformer_lens": str(meta.get("transformer_lens")),
       "load_start": report_lib.fmt(meta["load_avg_start"][0], digits=1),

@@ -19,6 +19,7 @@ import jax
 
 from experiments.benchmark import bench
 from experiments.benchmark import train_step
+from mha_jax.measure import machine
 from mha_jax.training import host_memory
 
 
@@ -38,6 +39,7 @@ def measure(config, workdir) -> dict:
            if "train_step" in bench.names(config.sets) else [])
   meta = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__,
           "backend": jax.default_backend(), "cpus": os.cpu_count(),
+          "isa": machine.instruction_sets(),
           "matmul_gflops": mm, "load_avg_start": load_start,
           "load_avg_end": os.getloadavg(), "argv": sys.argv[1:],
           "config": config.to_dict(), "seconds": time.time() - start}

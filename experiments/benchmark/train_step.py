@@ -15,10 +15,21 @@ Paths:
 - `torch`: the same model written in PyTorch (`torch_models.Decoder`; a
   test checks it computes the same loss and gradients on the same
   weights), with `F.scaled_dot_product_attention`;
+- `torch_compile`: that model under `torch.compile` (inductor, compiled
+  by an untimed step; a compiler that fails here is a skip, saying why);
 - `transformer_lens`: TransformerLens's `HookedTransformer` of the same
   sizes, as users run it.
 torch and transformer_lens are optional: a path that cannot be imported
 is skipped, saying so.
+
+The roofline: a plain float32 matmul (`train_step.matmul_n`^3) is timed
+in the same rounds as the steps; a path's fraction of the matmul rate is,
+per round, the step's matrix-multiply FLOPs (`step_matmul_flops`: the
+dense program's forward and backward, read from its jaxpr) per second of
+its step over the matmul's FLOPs per second, with its median and range
+over rounds. A path that skips work (flash's causal blocks) or does
+extra (TransformerLens's hooks) gets the same numerator, so the fraction
+compares the time of one model's work.
 
 Timing: everything runs in this one process, built and warmed up first
 (`warmup` untimed steps each, so compilation is out), then `rounds`
@@ -46,16 +57,18 @@ import math
 import os
 import random
 import statistics
-import time
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from mha_jax.core import attention
+from mha_jax.core import flops
+from mha_jax.measure import timing
 from mha_jax.training import config as config_lib
 from mha_jax.training import train
 
-PEERS = ("torch", "transformer_lens")
+PEERS = ("torch", "torch_compile", "transformer_lens")
 
 
 def experiment_config(spec, implementation=None):
@@ -112,7 +125,11 @@ def jax_step(c):
 
 def peer_step(path, c, batch):
   """A step closure for a PyTorch peer (`PEERS`) of config `c` on `batch`,
-  or the reason it is skipped. torch gets one thread per core."""
+  or the reason it is skipped. torch gets one thread per core.
+  "torch_compile" is the eager model under `torch.compile` (inductor's
+  default mode; the optimizer step stays eager, as in PyTorch's own
+  recipes), compiled here by one untimed step: a compiler that fails on
+  this machine is a skip with its error, not a failed run."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
     from experiments.benchmark import torch_models  # pylint: disable=g-import-not-at-top
@@ -121,16 +138,43 @@ def peer_step(path, c, batch):
   torch.set_num_threads(os.cpu_count())
   sizes = peer_sizes(c)
   torch.manual_seed(c.train.seed)
-  if path == "torch":
-    model = torch_models.Decoder(**sizes)
-  else:
+  if path == "transformer_lens":
     try:
       model = torch_models.hooked_transformer(**sizes, seed=c.train.seed)
     except ImportError:
       return "transformer_lens is not importable here (not a dependency)"
+  else:
+    model = torch_models.Decoder(**sizes)
   opt = torch_models.optimizer(model, c.train)
   tb = torch_models.batch_to_torch(batch)
-  return lambda: torch_models.train_step(model, opt, tb, c.train.grad_clip)
+  run = torch.compile(model) if path == "torch_compile" else model
+  step = lambda: torch_models.train_step(run, opt, tb, c.train.grad_clip)
+  if path == "torch_compile":
+    try:
+      step()
+    except Exception as e:  # pylint: disable=broad-except
+      return f"torch.compile failed here: {type(e).__name__}: {e}"[:300]
+  return step
+
+
+def matmul_step(n: int):
+  """`(step, flops)`: one jitted float32 n x n x n matmul, the same-run
+  yardstick of the roofline (2 n^3 FLOPs), timed in the paths' rounds."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  mm = jax.jit(lambda a: a @ a).lower(a).compile()
+  return (lambda: jax.block_until_ready(mm(a))), 2 * n ** 3
+
+
+def step_matmul_flops(c) -> int:
+  """The matrix-multiply FLOPs of one training step of config `c` as the
+  dense program computes them (read from the einsum path's jaxpr: the
+  forward, the backward and nothing of the optimizer; attention's full
+  [T, T] scores, causal or not), the work the roofline divides by."""
+  dense = ml_collections.ConfigDict(c.to_dict())
+  dense.model.implementation = "einsum"
+  state = train.create_train_state(dense)
+  batch = train.batch_fn(dense)(jax.random.PRNGKey(0))
+  return flops.jaxpr_matmul_flops(train.train_step, state, batch)
 
 
 def _ratio(times, a, b):
@@ -139,18 +183,22 @@ def _ratio(times, a, b):
   return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
-def _timed_block(step, count):
-  """Seconds per step over `count` consecutive calls of `step`, after one
-  untimed call (see the module docstring)."""
-  step()
-  start = time.perf_counter()
-  for _ in range(count):
-    step()
-  return (time.perf_counter() - start) / count
+def _roofline(times, path, flops_step, flops_mm):
+  """Per round, the step's matmul rate over the yardstick's rate in the
+  same round: median and range."""
+  r = [(flops_step / t) / (flops_mm / m)
+       for t, m in zip(times[path], times[MATMUL])]
+  return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
-def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0):
-  """Rows for one shape: one per path, timed in interleaved rounds."""
+MATMUL = "plain matmul"  # the yardstick's name among the timed calls
+
+
+def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0,
+                  matmul_n=1024):
+  """Rows for one shape: one per path, timed in interleaved rounds with a
+  plain `matmul_n`^3 float32 matmul (the roofline's yardstick, timed in
+  the same rounds so a change of load falls on it too)."""
   steps, rows, batch = {}, {}, None
   for path in paths:
     if path in PEERS:
@@ -167,34 +215,37 @@ def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0):
         rows[path] = {"skipped": step}
         continue
       steps[path] = step
+  steps[MATMUL], flops_mm = matmul_step(matmul_n)
+  flops_step = step_matmul_flops(base)
   block = {}
   for path, step in steps.items():
-    for _ in range(warmup):
-      step()
-    seconds = _timed_block(step, 1)
+    (seconds,), _ = timing.wall_times(step, (), warmup=warmup + 1,
+                                      repeats=1)
     block[path] = max(1, math.ceil(min_block_s / seconds))
-  times = {p: [] for p in steps}
-  order = list(steps)
-  for r in range(rounds):
-    shift = r % len(order)
-    for path in order[shift:] + order[:shift]:
-      times[path].append(_timed_block(steps[path], block[path]))
+  # Each timing: one untimed step (the module docstring says why), then
+  # a block of `block[path]` steps.
+  times = timing.interleaved_times(steps, rounds, setups=steps, repeat=block)
+  rate = [flops_mm / m / 1e9 for m in times[MATMUL]]
   out = []
   m = config_lib.model_config(base)
   for path in paths:
     row = {"set": "train_step", "shape": name, "path": path,
            "L": m.num_layers, "H": m.num_heads, "D": m.d_model,
            "T": base.task.seq_len, "B": base.task.batch_size,
-           "V": m.vocab_size, **rows.get(path, {})}
+           "V": m.vocab_size, "matmul_gflop": flops_step / 1e9,
+           "matmul_n": matmul_n, "matmul_gflops": rate,
+           **rows.get(path, {})}
     if path in times:
       row["block_steps"] = block[path]
       row["step_s"] = times[path]
       row["step_ms"] = 1e3 * statistics.median(times[path])
+      row["roofline"] = _roofline(times, path, flops_step, flops_mm)
       for peer in PEERS:
         if peer in times and peer != path:
           row[f"x_{peer}"] = _ratio(times, path, peer)
     print(f"[train_step] {name} {path}: "
-          + (row.get("skipped") or f"{row['step_ms']:.1f} ms/step"),
+          + (row.get("skipped") or f"{row['step_ms']:.1f} ms/step, "
+             f"{100 * row['roofline']['median']:.0f}% of the matmul rate"),
           flush=True)
     out.append(row)
   return out
@@ -245,7 +296,7 @@ def sweep(config) -> list[dict]:
     spec, seed = (random_spec(ts.random) if name == "random"
                   else (ts.specs[name], None))
     shape_rows = measure_shape(name, spec, paths, ts.rounds, ts.warmup,
-                               ts.min_block_s)
+                               ts.min_block_s, ts.matmul_n)
     if seed is not None:
       for row in shape_rows:
         row["random_seed"] = seed

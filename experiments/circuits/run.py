@@ -25,7 +25,7 @@ from mha_jax.measure import report as report_lib
 from mha_jax.measure import runs as runs_lib
 from mha_jax.measure import stats
 from mha_jax.training import tasks
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 # A path or patch "matters" when it moves at least this share of the
 # clean-minus-corrupted metric (the report says which pass it).
@@ -259,7 +259,7 @@ def _write_explorer(run, result, workdir, pairs):
   clean = {k: pairs[k] for k in ("inputs", "targets", "loss_mask")}
   return explorer.write_explorer(
       model, clean, workdir / "explorer.html", loss=run.state.loss,
-      init_model=train.create_train_state(run.config).model(),
+      init_model=train_state.create_train_state(run.config).model(),
       circuits=circuits,
       title=f"Induction circuit: {c.num_layers}-layer model, seed "
       f"{run.seed}")

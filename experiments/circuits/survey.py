@@ -30,7 +30,8 @@ from mha_jax.interp import composition
 from mha_jax.interp import head_metrics
 from mha_jax.interp import patching
 from mha_jax.measure import curves
-from mha_jax.training import train
+from mha_jax.training import saved_run
+from mha_jax.training import train_state
 
 DIRECTIONS = ("denoise", "noise")
 
@@ -196,7 +197,7 @@ def _checkpoint_row(graphdef, state, batch, loss):
   """`_head_scores` and the task's loss on `batch`: one program."""
   row = _head_scores(graphdef, state, batch["inputs"])
   model = nnx.merge(graphdef, state)
-  row["loss"] = train.compute_loss(model, batch, loss)[0]
+  row["loss"] = train_state.compute_loss(model, batch, loss)[0]
   return row
 
 
@@ -291,7 +292,7 @@ def composition_means(comp, comp_rotary) -> dict:
 def checkpoint_scores(run_dir, batch) -> dict:
   """The heads' scores at step 0 and at every evaluation step of a run.
 
-  Loads each checkpoint with `train.load_state` (the run must have saved
+  Loads each checkpoint with `saved_run.load_state` (the run must have saved
   one at every evaluation; step 0 is the initial state, rebuilt from the
   run's config). Returns `{"steps": [S], "loss": [S]` (on `batch`, with
   the task's loss)`, "previous_token", "current_token", "induction": [S,
@@ -300,7 +301,7 @@ def checkpoint_scores(run_dir, batch) -> dict:
   steps, _ = curves.read(run_dir)
   rows = []
   for step in [0] + list(steps):
-    state = train.load_state(run_dir, step)[0]  # step 0: the initial state
+    state = saved_run.load_state(run_dir, step)[0]  # step 0: the initial state
     rows.append(_checkpoint_row(state.graphdef, state.params, batch,
                                 state.loss))
   out = {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}

@@ -25,7 +25,7 @@ from mha_jax.measure import runs as runs_lib
 from mha_jax.measure import stats
 from mha_jax.training import held_out
 from mha_jax.training import tasks
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 # Layers of cross-attention weights [L, B, H, T, S] -> scores [L, H].
 _layer_scores = jax.jit(jax.vmap(head_metrics.alignment_scores,
@@ -57,7 +57,7 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
     batch = held_out.analysis_batch(config, e.analysis_examples,
                                     seed=held_out.ANALYSIS_SEED + r.seed)
     model = r.state.model()
-    init = train.create_train_state(r.config).model()
+    init = train_state.create_train_state(r.config).model()
     if r.seed == e.seeds[0]:
       explorer.write_explorer(
           model, batch, workdir / "explorer.html", loss=r.state.loss,

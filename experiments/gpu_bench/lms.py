@@ -45,8 +45,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import mha_jax
+from experiments import torch_peers
 from experiments.gpu_bench import devices
-from experiments.pretrained_bench import decoders
 from experiments.real_lm_bench import run as real_lm
 from mha_jax.measure import timing
 
@@ -164,7 +164,7 @@ def agreement(entry: dict, task: str, outs: dict, ref64) -> None:
     entry["loss"] = {n: float(o[0] if isinstance(o, tuple) else o)
                      for n, o in outs.items()}
   else:
-    entry["decode_agreement"] = decoders.leading_agreement(
+    entry["decode_agreement"] = torch_peers.leading_agreement(
         _np(outs["mha_jax"]), _np(outs["transformers"]))
 
 
@@ -188,7 +188,7 @@ def prepare(name, lm, torch, device, seed) -> dict:
   res = {"label": MODELS[name][0] + (" (toy sizes)" if lm.tiny else ""),
          "fields": fields, "dtypes": {},
          "params": int(sum(p.numel() for p in hf.parameters()))}
-  ids = decoders.token_ids(fields["vocab_size"], lm.tokens, seed=seed)
+  ids = torch_peers.token_ids(fields["vocab_size"], lm.tokens, seed=seed)
   with tempfile.TemporaryDirectory() as checkpoint:
     start = time.perf_counter()
     hf.save_pretrained(checkpoint)

@@ -24,7 +24,7 @@ from mha_jax.measure import curves as curves_lib
 from mha_jax.measure import runs as runs_lib
 from mha_jax.measure import stats
 from mha_jax.training import held_out
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 # Rankings compared with zero ablation (Spearman over heads, per seed).
 RANK_AGAINST_ZERO = ("mean_ablation", "resample_ablation", "taylor_estimate",
@@ -59,7 +59,7 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
         # batch the tables use.
         explorer.write_explorer(
             r.state.model(), batch, workdir / "explorer.html",
-            loss=r.state.loss, init_model=train.create_train_state(
+            loss=r.state.loss, init_model=train_state.create_train_state(
                 r.config).model(),
             title=f"Induction heads: {depth}-layer model, seed {r.seed}")
   return {"summary": summarise(config, runs), "runs": runs}
@@ -70,7 +70,7 @@ def _measure_run(r, batch, *, ablate: bool) -> dict:
   steps, losses = curves_lib.read(r.run_dir)
   out = survey.survey(
       r.state.model(), batch, r.state.loss, ablate=ablate,
-      init_model=train.create_train_state(r.config).model())
+      init_model=train_state.create_train_state(r.config).model())
   out["phase_change"] = curves_lib.phase_change(steps, losses)
   out["curve"] = {"steps": steps, "loss": losses}
   return out

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax import hooks as hooks_lib
-from mha_jax.models import activation_cache
+from mha_jax.models import residual_stream
 
 
 def positions_of(tokens: jax.Array) -> jax.Array:
@@ -93,7 +93,7 @@ def attention_output(attn, z) -> jax.Array:
 def _rms_scale(ln, x) -> jax.Array:
   """`[..., D]`: what RMSNorm `ln` multiplies `x [..., D]` by, (offset +
   w) / rms(x): the library's frozen norm applied to ones."""
-  linear, _ = activation_cache.frozen_norm(ln, x)
+  linear, _ = residual_stream.frozen_norm(ln, x)
   return linear(jnp.ones_like(x, jnp.float32))
 
 

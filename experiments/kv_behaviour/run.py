@@ -23,7 +23,7 @@ from mha_jax.measure import curves
 from mha_jax.measure import report as report_lib
 from mha_jax.measure import runs
 from mha_jax.training import held_out
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 
 def measure(config, workdir, *, reuse: bool = False,
@@ -97,7 +97,8 @@ def _write_explorer(run, workdir, title: str):
   return explorer.write_explorer(
       run.state.model(), batch, pathlib.Path(workdir) / "explorer.html",
       loss=run.state.loss,
-      init_model=train.create_train_state(run.config).model(), title=title)
+      init_model=train_state.create_train_state(run.config).model(),
+      title=title)
 
 
 def variant_specs(config) -> list[dict]:

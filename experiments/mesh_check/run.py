@@ -20,7 +20,7 @@ import numpy as np
 from experiments import cli
 from mha_jax.measure import curves
 from mha_jax.parallel import sharding
-from mha_jax.training import train
+from mha_jax.training import saved_run
 
 
 def _train(config_args, run_dir: pathlib.Path, devices: int,
@@ -94,8 +94,8 @@ def measure(config, workdir, config_args) -> dict:
     results[split] = {"steps": s1, "loss_one_device": l1, "loss_mesh": l2,
                       "abs_diff": diff, "max_abs_diff": float(diff.max()),
                       "max_rel_diff": float(np.max(diff / np.abs(l1)))}
-  state1, trained = train.load_state(one)
-  state2, _ = train.load_state(meshed)
+  state1, trained = saved_run.load_state(one)
+  state2, _ = saved_run.load_state(meshed)
   results["final_params_max_abs_diff"] = _max_abs_diff(state1.params,
                                                        state2.params)
   mesh = sharding.make_mesh(data, model, jax.devices()[:data * model])

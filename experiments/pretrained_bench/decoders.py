@@ -43,10 +43,6 @@ from mha_jax.pretrained import real_models
 MODELS = {"smollm2": ("SmolLM2-135M-Instruct (Q4_1)",
                       real_models.smollm2_135m),
           "gemma3": ("Gemma 3 270M (Q4_K_M)", real_models.gemma3_270m)}
-# Read here by the GPU benchmark and tests/pretrained's benchmark test;
-# they are torch_peers' (real_lm_bench shares them).
-token_ids = torch_peers.token_ids
-leading_agreement = torch_peers.leading_agreement
 
 
 def _mha_jax_calls(path, impl: str, ids, prompt, new_tokens: int):
@@ -108,15 +104,16 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
     setup, pre, dec = calls[c]
     first["prefill"][c] = timing.timed_call(setup, pre)[0]
     first["decode"][c], tokens[c] = timing.timed_call(setup, dec)
-  times = {"prefill": {c: [] for c in names}, "decode": {c: [] for c in names}}
   load = []  # the 1-minute load average as each round starts
-  for r in range(repeats):
-    load.append(os.getloadavg()[0])
-    order = names[r % len(names):] + names[:r % len(names)]
-    for task, index in (("prefill", 1), ("decode", 2)):
-      for c in order:
-        times[task][c].append(
-            timing.timed_call(calls[c][0], calls[c][index])[0])
+  flat = timing.interleaved_times(
+      {(task, c): calls[c][index] for task, index in (("prefill", 1),
+                                                       ("decode", 2))
+       for c in names}, repeats,
+      setups={(task, c): calls[c][0] for task in ("prefill", "decode")
+              for c in names},
+      on_round=lambda r: load.append(os.getloadavg()[0]))
+  times = {task: {c: flat[(task, c)] for c in names}
+           for task in ("prefill", "decode")}
   torch_names = [c for c in names if c.startswith("torch")]
   reference = torch_names[-1]
   # What transformers ran: the config field it dispatches attention on.

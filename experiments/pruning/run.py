@@ -21,7 +21,7 @@ from mha_jax.interp import interventions
 from mha_jax.measure import runs
 from mha_jax.measure import stats
 from mha_jax.training import held_out
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 # One-shot rankings, each by a score of `interventions.head_importance`.
 RANKINGS = ("zero_ablation", "mean_ablation", "resample_ablation",
@@ -46,7 +46,7 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
       explorer.write_explorer(
           r.state.model(), test_batch, workdir / "explorer.html",
           loss=r.state.loss,
-          init_model=train.create_train_state(r.config).model(),
+          init_model=train_state.create_train_state(r.config).model(),
           title=f"Pruning: the 2-layer induction model, seed {r.seed}")
     for k, curve in _prune_curves(config, r, rank_batch, test_batch).items():
       curves[k].append(curve)

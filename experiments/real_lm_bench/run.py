@@ -39,6 +39,7 @@ import numpy as np
 from experiments import torch_peers
 from experiments.real_lm_bench import profile as profile_lib
 import mha_jax
+from mha_jax.measure import machine
 from mha_jax.measure import timing
 from mha_jax.models import generate
 from mha_jax.pretrained import real_models
@@ -126,16 +127,6 @@ def _count_compiles(fn):
   return seconds, len(seen), out
 
 
-def cpu() -> dict:
-  """The CPU the numbers come from: lscpu's model name and whether it has
-  AVX-512 (/proc/cpuinfo; empty where there is none)."""
-  info = pathlib.Path("/proc/cpuinfo")
-  text = info.read_text() if info.exists() else ""
-  model = next((l.split(":", 1)[1].strip() for l in text.splitlines()
-                if l.startswith("model name")), "")
-  return {"model": model, "avx512f": " avx512f" in text}
-
-
 def _rel(a, b) -> float:
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   return float(np.linalg.norm(a - b) / np.linalg.norm(b))
@@ -180,15 +171,12 @@ def measure(config, workdir) -> dict:
     s, compiles, _ = _count_compiles(
         lambda c=c, p2=p2: contestants[c]["decode"](p2))
     second[c] = {"seconds": s, "compiles": compiles}
-  times = {t: {c: [] for c in names} for t in TASKS}
-  load = []
-  for r in range(e.rounds):
-    load.append(os.getloadavg()[0])
-    order = names[r % len(names):] + names[:r % len(names)]
-    for t in TASKS:
-      for c in order:
-        times[t][c].append(timing.timed_call(
-            setups[c], _call(contestants[c][t]))[0])
+  load = []  # the 1-minute load average as each round starts
+  flat = timing.interleaved_times(
+      {(t, c): _call(contestants[c][t]) for t in TASKS for c in names},
+      e.rounds, setups={(t, c): setups[c] for t in TASKS for c in names},
+      on_round=lambda r: load.append(os.getloadavg()[0]))
+  times = {t: {c: flat[(t, c)] for c in names} for t in TASKS}
   agree = {c: {
       "forward_rel": _rel(outs[(c, "forward")],
                           outs[(reference, "forward")]),
@@ -210,7 +198,7 @@ def measure(config, workdir) -> dict:
                  for ref in names[len(e.implementations):]},
       "first": first, "second_prompt_call": second, "agree": agree,
       "loadavg_rounds": load,
-      "cores": os.cpu_count(), "cpu": cpu(), "jax": jax.__version__,
+      "cores": os.cpu_count(), "cpu": machine.cpu(), "jax": jax.__version__,
       "torch": torch.__version__}
   if e.profile:
     results["profile"] = _profiles(e, contestants, models, names, prompt,

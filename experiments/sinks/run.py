@@ -25,7 +25,7 @@ from mha_jax.measure import curves as curves_lib
 from mha_jax.measure import runs as runs_lib
 from mha_jax.measure import stats
 from mha_jax.training import held_out
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 # Each variant's config overrides (the soft cap's value comes from the
 # config: experiment.soft_cap).
@@ -88,7 +88,7 @@ def _measure_run(config, r, workdir, name):
   batch = held_out.analysis_batch(
       r.config, e.analysis_examples, seed=held_out.ANALYSIS_SEED + r.seed)
   model = r.state.model()
-  init_model = train.create_train_state(r.config).model()
+  init_model = train_state.create_train_state(r.config).model()
   s = survey.survey(model, batch, r.state.loss, init_model=init_model,
                     cap=float(e.soft_cap))
   s["scalars"] = _scalars(s)

@@ -38,7 +38,7 @@ from mha_jax.interp import head_metrics
 from mha_jax.measure import runs as runs_lib
 from mha_jax.measure import stats
 from mha_jax.training import held_out
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 # The detectors controlled: the taxonomy's (repeated text) and both
 # span scores, old and strict.
@@ -120,7 +120,7 @@ def measure(config, workdir, *, reuse: bool = False) -> dict:
       # window, given twice.
       rep = survey.repeated_batch(batch, r.config.task.seq_len // 2)
       uniform = detector_floors(batch, rep, max_offset=e.max_offset)
-      init = train.create_train_state(r.config).model()
+      init = train_state.create_train_state(r.config).model()
       runs[r.run_dir.name] = {
           "trained": _one(r.state.model(), batch, rep, e, e.thresholds,
                           uniform),

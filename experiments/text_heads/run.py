@@ -28,7 +28,7 @@ from mha_jax.measure import stats
 from mha_jax.training import held_out
 from mha_jax.training import tasks
 from mha_jax.training import text_corpus
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 # Scores whose best head per model the report sets beside its floors:
 # (key, what it credits).
@@ -62,7 +62,7 @@ def _measure_run(config, r, uni_counts, uniform):
       r.config, e.analysis_examples, held_out.ANALYSIS_SEED + r.seed)
   rep = survey.repeated_batch(batch, config.task.seq_len // 2)
   model = r.state.model()
-  init = train.create_train_state(r.config).model()
+  init = train_state.create_train_state(r.config).model()
   if r.seed not in uniform:  # the same windows for every variant
     uniform[r.seed] = survey.floors(
         batch, rep, counts=uni_counts, max_offset=e.max_offset)

@@ -42,7 +42,7 @@ from mha_jax.interp import survey as head_survey
 from mha_jax.training import held_out
 from mha_jax.training import tasks
 from mha_jax.training import text_corpus
-from mha_jax.training import train
+from mha_jax.training import saved_run
 
 LN2 = math.log(2.0)
 _FIRST = tasks.NUM_SPECIAL
@@ -324,12 +324,12 @@ def dynamics(run_dir, batch, rep_batch, *, early, late) -> dict:
   previous-token score, read from the same repeated-text patterns: one
   forward pass with weights per checkpoint).
   """
-  steps = train.checkpoint_steps(run_dir)
+  steps = saved_run.checkpoint_steps(run_dir)
   n = np.shape(rep_batch["inputs"])[1] // 2
   out = {k: [] for k in ("steps", "bpb", "icl", "repeat_gain",
                          "max_induction", "max_previous_token")}
   for step in [0] + list(steps):
-    state = train.load_state(run_dir, step)[0]  # step 0: the initial state
+    state = saved_run.load_state(run_dir, step)[0]  # step 0: the initial state
     model = state.model()
     loss = per_position_loss(model, batch)
     rep_loss, w = _loss_and_weights(state.graphdef, state.params,

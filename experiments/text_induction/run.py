@@ -34,7 +34,7 @@ from mha_jax.training import held_out
 from mha_jax.training import tasks
 from mha_jax.training import text_corpus
 from mha_jax.training import text_tokens
-from mha_jax.training import train
+from mha_jax.training import saved_run
 
 KINDS = ("tokens", "bytes")
 
@@ -68,8 +68,8 @@ def trajectory(r, kind, e) -> dict:
                                seed=held_out.ANALYSIS_SEED + r.seed)
   token_bytes = _token_bytes(r.config, kind)
   out = {"steps": []}
-  for step in [0] + train.checkpoint_steps(r.run_dir):
-    model = train.load_state(r.run_dir, step)[0].model()
+  for step in [0] + saved_run.checkpoint_steps(r.run_dir):
+    model = saved_run.load_state(r.run_dir, step)[0].model()
     m = scores.measure(model, batch, rep, token_bytes,
                        early=tuple(e.early_positions),
                        late=tuple(e.late_positions))

@@ -28,6 +28,7 @@ from mha_jax.core import device_memory
 from mha_jax.core import reference
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import auto
+from mha_jax.core.kernels import call as call_lib
 from mha_jax.core.kernels import flash
 from mha_jax.core.kernels import pallas
 from mha_jax.core.kernels import pallas_gpu
@@ -157,7 +158,8 @@ def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend",
   """Validate head-split inputs; raise naming the argument. Returns nothing.
 
   What the path `implementation` can take is its record's: the rule
-  options, dropout, the backend, the memory its dense scores need."""
+  options, dropout, the backend, its limits on shapes and dtypes, the
+  memory its dense scores need."""
   for name, arr in (("q", q), ("k", k), ("v", v)):
     if jnp.ndim(arr) != 4:
       raise ValueError(f"{fn}: `{name}` must have rank 4 ([B, T, heads, "
@@ -189,12 +191,13 @@ def check_attend_inputs(q, k, v, mask, bias, implementation, fn="attend",
                                backend=jax.default_backend())
   if why is not None:
     raise ValueError(f"{fn}: {why}")
-  if implementation == "cudnn":  # on a GPU: the record's backend
-    why = auto.cudnn_problem(q, k, v, mask=mask, bias=bias,
-                             is_causal=is_causal)
+  if path.limits is not None:
+    call = call_lib.Call.of(q, k, v, mask=mask, bias=bias,
+                            is_causal=is_causal, rules=rules.active())
+    why = path.limits(call, call_lib.this_device())
     if why is not None:
-      raise ValueError(f"{fn}: implementation='cudnn' cannot take this call: "
-                       f"{why}; use 'auto', 'flash' or 'xla'")
+      raise ValueError(f"{fn}: implementation={implementation!r} cannot take "
+                       f"this call: {why}; use 'auto' or 'flash'")
   itemsize = path.score_itemsize(jnp.dtype(q.dtype).itemsize)
   if itemsize is not None:
     device_memory.check_dense_scores(implementation, target, itemsize, fn)

@@ -15,9 +15,10 @@ A path's function has one signature:
 
 with `hooks` passed, and a pattern returned, only where `forms_weights`.
 `keep` is the dropout keep mask (None without dropout); `rules` a
-`score_rules.ScoreRules`. Limits that depend on shapes or dtypes (Dv ==
-Dh, block multiples, cuDNN's head widths) stay in the path's own code,
-which states them in words for its errors and for `auto`.
+`score_rules.ScoreRules`. Limits that depend on shapes, dtypes or the
+device (Dv == Dh, block multiples, cuDNN's head widths) are the record's
+`limits`, a function beside the path's own code that states them in
+words: `attend` refuses a call it names by them, `auto` passes over it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class AttentionPath:
       the scores `[B, H, Tq, Tk]` in that dtype (the memory check refuses
       a call whose one copy cannot fit); None for O(T) memory.
     backends: the JAX backends it runs on (None: every one).
+    limits: `limits(call, device) -> str | None`, why it cannot take a
+      call of these shapes and dtypes (`kernels.call.Call`) on this device
+      (`kernels.call.Device`), in words; None: it takes every call.
     why_no_dropout: the reason in words, where `dropout` is False.
   """
   name: str
@@ -63,6 +67,7 @@ class AttentionPath:
   dropout: bool = False
   dense_scores: str | None = None
   backends: frozenset[str] | None = None
+  limits: Callable | None = None
   why_no_dropout: str = "it never forms the weights to drop"
 
   def __post_init__(self):

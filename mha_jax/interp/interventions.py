@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mha_jax.training import train
+from mha_jax.training import train_state
 from mha_jax.models import transformer
 
 # The `z` hook site of layer l that each gate argument addresses.
@@ -79,7 +79,7 @@ def _gated(graphdef, state, batch, gates, loss, mask_arg):
   """The loss of the model `(graphdef, state)` on `batch` with its heads
   gated by `gates [L, H]` (through the `mask_arg` call argument)."""
   m = nnx.merge(graphdef, state)
-  return train.compute_loss(m, batch, loss, **{mask_arg: gates})[0]
+  return train_state.compute_loss(m, batch, loss, **{mask_arg: gates})[0]
 
 
 # Compiled at module level with the model's structure static, so that every
@@ -230,7 +230,7 @@ def _replaced_loss(graphdef, state, batch, select, loss, replace, sites):
 
   m = nnx.merge(graphdef, state)
   patch = {site: swap(l) for l, site in enumerate(sites)}
-  return train.compute_loss(m, batch, loss, patch=patch)[0]
+  return train_state.compute_loss(m, batch, loss, patch=patch)[0]
 
 
 def mean_ablation(model, batch, loss, mask_arg="head_mask"):

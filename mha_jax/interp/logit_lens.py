@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mha_jax.models import activation_cache
+from mha_jax.models import residual_stream
 from mha_jax.models.transformer import DecoderLM
 
 
@@ -127,7 +127,7 @@ def direct_logits(model, terms, final_stream, directions) -> jax.Array:
                      f"{list(terms.shape)}")
   u = _check_directions(directions, final_stream.shape, fn)
   if model.final_ln is not None:
-    linear, _ = activation_cache.frozen_norm(model.final_ln, final_stream)
+    linear, _ = residual_stream.frozen_norm(model.final_ln, final_stream)
     terms = linear(terms)
   return jnp.sum(terms * _lift(u, terms), axis=-1)
 
@@ -155,7 +155,7 @@ def head_results(model, inputs, **call_args) -> tuple[jax.Array, jax.Array]:
       y = jnp.sum(r, axis=0)  # [B, T, D]: the post-norm's input
       if hasattr(block.attn, "b_o"):
         y = y + jnp.asarray(block.attn.b_o[...], jnp.float32)
-      r = activation_cache.frozen_norm(block.ln_attn_post, y)[0](r)
+      r = residual_stream.frozen_norm(block.ln_attn_post, y)[0](r)
     terms.append(r)
   return jnp.stack(terms), acts[last]
 

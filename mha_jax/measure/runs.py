@@ -30,6 +30,8 @@ import ml_collections
 from mha_jax.training import config as config_lib
 from mha_jax.measure import curves
 from mha_jax.training import train
+from mha_jax.training import saved_run
+from mha_jax.training import train_state
 
 
 def variant(config, **overrides) -> ml_collections.ConfigDict:
@@ -55,7 +57,7 @@ _RUN_COUNT = itertools.count(1)
 
 
 def train_run(config, run_dir, *, reuse: bool = False,
-              label: str = "") -> train.TrainState:
+              label: str = "") -> train_state.TrainState:
   """Train `config` from scratch into `run_dir`; return the final state.
 
   An older run in `run_dir` is deleted first: resuming it could mix two
@@ -75,7 +77,7 @@ def train_run(config, run_dir, *, reuse: bool = False,
         config.train.num_steps]
     if same and finished:
       logging.info("Reusing %s: %s", which, run_dir)
-      return train.load_state(run_dir)[0]
+      return saved_run.load_state(run_dir)[0]
   shutil.rmtree(run_dir, ignore_errors=True)
   logging.info("Training %s: %s", which, run_dir)
   return train.train_and_evaluate(config, run_dir)
@@ -86,7 +88,7 @@ class SeedRun(NamedTuple):
   seed: int
   config: ml_collections.ConfigDict  # the config it was trained with
   run_dir: pathlib.Path
-  state: train.TrainState
+  state: train_state.TrainState
 
 
 def seed_runs(config, workdir, seeds, name: str = "seed{seed}", *,

@@ -59,17 +59,44 @@ def wall_times(fn, args, *, warmup: int, repeats: int, feed_back=None,
   return times, out
 
 
-def interleaved_times(calls: dict, rounds: int) -> dict:
+def rotated(names: list, r: int) -> list:
+  """`names` rotated left by `r`: the order of round `r` of interleaved
+  timing, so that a change of a shared machine's load falls on every
+  call alike."""
+  shift = r % len(names)
+  return names[shift:] + names[:shift]
+
+
+def interleaved_times(calls: dict, rounds: int, *, setups=None,
+                      repeat=None, on_round=None) -> dict:
   """`{name: [wall seconds per round]}` of `calls` (`{name: fn()}`, each
-  compiled and warm): one call of each per round, ended by
-  `block_until_ready`, the order rotating by one each round, so a change
-  of a shared machine's load falls on every call alike."""
+  compiled and warm): one timing of each per round, every call ended by
+  `block_until_ready`, the order rotating by one each round (`rotated`).
+
+  Args:
+    calls: `{name: fn()}`.
+    rounds: how many rounds.
+    setups: `{name: setup()}`, run untimed before each timing of that
+      name (torch's thread count; a step that lets another library's
+      worker threads settle).
+    repeat: `{name: n}`: a timing is n consecutive calls, kept as seconds
+      per call (short calls, timed in blocks so the clock's own cost is
+      small); default 1.
+    on_round: `on_round(r)` as round r starts (e.g. to read the load).
+  """
   names, times = list(calls), {name: [] for name in calls}
+  setups, repeat = setups or {}, repeat or {}
   for r in range(rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:
+    if on_round is not None:
+      on_round(r)
+    for name in rotated(names, r):
+      if name in setups:
+        setups[name]()
+      count = repeat.get(name, 1)
       start = time.perf_counter()
-      jax.block_until_ready(calls[name]())
-      times[name].append(time.perf_counter() - start)
+      for _ in range(count):
+        jax.block_until_ready(calls[name]())
+      times[name].append((time.perf_counter() - start) / count)
   return times
 
 

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 
 ANALYSIS_SEED = 12345
@@ -37,7 +37,7 @@ def analysis_batch(config, num_examples: int,
   """
   c = ml_collections.ConfigDict(config.to_dict())
   c.task.batch_size = num_examples
-  return train.batch_fn(c)(jax.random.PRNGKey(seed))
+  return train_state.batch_fn(c)(jax.random.PRNGKey(seed))
 
 
 def text_config(config) -> ml_collections.ConfigDict:
@@ -55,12 +55,12 @@ def text_config(config) -> ml_collections.ConfigDict:
 @functools.partial(jax.jit, static_argnums=0)
 def _weights(graphdef, state, batch):
   model = nnx.merge(graphdef, state)
-  return train.apply_model(model, batch, return_weights=True)[1]
+  return train_state.apply_model(model, batch, return_weights=True)[1]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def _metrics(graphdef, state, batch, loss):
-  return train.compute_loss(nnx.merge(graphdef, state), batch, loss)[1]
+  return train_state.compute_loss(nnx.merge(graphdef, state), batch, loss)[1]
 
 
 def weights_of(model, batch) -> dict:

@@ -144,12 +144,14 @@ ATTEND_CASES = [
      r"of \['auto', 'einsum', 'vmap'\]"),
     ("xla refuses mixed dtypes", lambda: attend(
         Q4.astype(jnp.bfloat16), Q4, Q4, implementation="xla"),
-     TypeError, r"attend\(implementation='xla'\): q, k, v must share one "
-     r"dtype; got bfloat16, float32, float32"),
+     ValueError, r"^attend: implementation='xla' cannot take this call: q, "
+     r"k, v must share one dtype, got bfloat16, float32, float32; use "
+     r"'auto' or 'flash'"),
     ("xla refuses Dv != Dh", lambda: attend(Q4, Q4, jnp.ones((1, 3, 4, 3)),
                                             implementation="xla"),
-     ValueError, r"attend\(implementation='xla'\): needs value width Dv "
-     r"equal to head width Dh"),
+     ValueError, r"^attend: implementation='xla' cannot take this call: "
+     r"mha_jax's jax.nn.dot_product_attention adapter needs value width Dv "
+     r"== Dh, got Dv=3, Dh=2; use 'auto' or 'flash'"),
     ("flash refuses dropout", lambda: attend(
         Q4, Q4, Q4, implementation="flash", dropout_rate=0.1,
         dropout_rng=KEY),

@@ -427,7 +427,14 @@ def test_benchmark(tmp_path, monkeypatch):
   assert ours["x_torch"]["min"] == pytest.approx(min(per_round))
   cells = _row(entry_points.table(report, "| path | ms per step |"), "einsum")
   assert cells[1] == f"{ours['step_ms']:.1f}"
-  assert cells[2].startswith(f"{ours['x_torch']['median']:.2f} (")
+  # The roofline: per round, the step's matmul rate over the plain
+  # matmul's in the same round.
+  per_round = [(ours["matmul_gflop"] / s) / g for s, g in
+               zip(ours["step_s"], ours["matmul_gflops"])]
+  assert cells[2] == (f"{100 * statistics.median(per_round):.0f} "
+                      f"({100 * min(per_round):.0f}-"
+                      f"{100 * max(per_round):.0f})")
+  assert cells[3].startswith(f"{ours['x_torch']['median']:.2f} (")
 
 
 def test_mesh_check_command_line(tmp_path):

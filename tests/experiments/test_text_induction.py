@@ -23,7 +23,7 @@ from mha_jax.measure import report as report_lib
 from mha_jax.measure import runs as runs_lib
 from mha_jax.training import held_out
 from mha_jax.training import tasks
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 import entry_points
 
@@ -38,7 +38,7 @@ def induction_models(tmp_path_factory):
                        **{"train.num_steps": 400, "train.eval_every": 400,
                           "train.learning_rate": 1e-2})
   state = runs_lib.train_run(c, tmp_path_factory.mktemp("ind"))
-  return c, state.model(), train.create_train_state(c).model()
+  return c, state.model(), train_state.create_train_state(c).model()
 
 
 def test_prefix_matching_fires_on_induction_models_only(induction_models):

@@ -27,7 +27,8 @@ from mha_jax.interp import explorer
 from mha_jax.interp import survey as head_survey
 from mha_jax.training import held_out
 from mha_jax.interp import interventions
-from mha_jax.training import train
+from mha_jax.training import saved_run
+from mha_jax.training import train_state
 from mha_jax.models import transformer
 
 import chromium
@@ -49,7 +50,7 @@ def run_dir(tmp_path_factory):
   config = _smoke_config()
   workdir = tmp_path_factory.mktemp("run")
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-  state = train.create_train_state(config)
+  state = train_state.create_train_state(config)
   manager = checkpoint.make_manager(workdir, 1, 1)
   checkpoint.save(manager, state, force=True)
   checkpoint.close(manager)
@@ -134,7 +135,7 @@ def test_uniform_floor_is_the_survey_floor():
 def test_explore_batch_page_holds_the_models_numbers(run_dir, explored):
   """The page's weights and scores are the model's own, as the analysis
   functions and results.json compute them."""
-  model, config = train.load_model(run_dir)
+  model, config = saved_run.load_model(run_dir)
   batch = explored["batch"]
   # The experiments' analysis batch: same size and seed.
   want = held_out.analysis_batch(config, config.task.batch_size,
@@ -156,7 +157,7 @@ def test_explore_batch_page_holds_the_models_numbers(run_dir, explored):
   assert [(r["layer"], r["head"]) for r in table["rows"]] == [
       (l, h) for l in range(2) for h in range(2)]
   survey = head_survey.survey(model, batch, "xent", ablate=False,
-                              init_model=train.create_train_state(
+                              init_model=train_state.create_train_state(
                                   config).model())
   for name in ("previous_token", "induction", "duplicate_token", "entropy"):
     np.testing.assert_allclose(values[:, cols.index(name)],
@@ -173,7 +174,7 @@ def test_explore_batch_page_holds_the_models_numbers(run_dir, explored):
 
 
 def test_explore_text_page(run_dir, tmp_path):
-  model, _ = train.load_model(run_dir)
+  model, _ = saved_run.load_model(run_dir)
   out = entry_points.load("explore").run(run_dir, text="BOS 3 4 5 3 4 SEP",
                               output=tmp_path / "text.html", ablate=False)
   (kind,) = _page_data(out["path"])["kinds"]
@@ -284,7 +285,7 @@ def test_a_missing_test_extra_skips_here_and_fails_under_ci(monkeypatch):
 def test_page_in_a_real_browser(browser, run_dir, explored, tmp_path):
   from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
   from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
-  model, _ = train.load_model(run_dir)
+  model, _ = saved_run.load_model(run_dir)
   # [L, H, T, T] of the example shown, by the same compiled program as the
   # page's (the hook path may differ in the last bit, which can move a
   # third decimal; the test above compares the two paths).

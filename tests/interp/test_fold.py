@@ -17,7 +17,7 @@ from flax import nnx
 import mha_jax
 from mha_jax.interp import fold
 from tests.pretrained import gguf_models
-from tests.pretrained import hf_models
+import hf_models
 
 torch.set_num_threads(1)
 U32 = 2.0 ** -24

@@ -47,7 +47,7 @@ from mha_jax.interp import explorer
 from mha_jax.interp import patching
 from mha_jax.models.model_config import ModelConfig
 from mha_jax.models.transformer import DecoderLM
-from mha_jax.training import train
+from mha_jax.training import train_state
 
 V, T, DH, H, K = 8, 6, 8, 4, 2
 KV_OF = (0, 0, 1, 1)  # the kv head each query head reads, by hand
@@ -204,8 +204,8 @@ def test_expanded_keys_and_values_are_what_each_query_head_reads():
 
 def _loss(patch=None, head_mask=None) -> float:
   batch = _batch()
-  return float(train.compute_loss(MODEL, batch, "xent", patch=patch,
-                                  head_mask=head_mask)[0])
+  return float(train_state.compute_loss(MODEL, batch, "xent", patch=patch,
+                                        head_mask=head_mask)[0])
 
 
 def test_a_kv_patch_changes_the_whole_group_and_names_kv_heads():

@@ -8,7 +8,7 @@ from flax import nnx
 
 from mha_jax import hooks
 from mha_jax.interp import interventions
-from mha_jax.training import train
+from mha_jax.training import train_state
 from mha_jax.models import transformer
 
 L, H, T, V = 2, 2, 6, 11
@@ -56,13 +56,13 @@ class InterventionTest(absltest.TestCase):
   def test_zero_ablation_equals_zeroing_the_heads_output_weights(self):
     # Independent route: zero the rows of W^O that read head h.
     got = interventions.zero_ablation(self.model, self.batch, "xent")
-    clean = float(train.compute_loss(self.model, self.batch, "xent")[0])
+    clean = float(train_state.compute_loss(self.model, self.batch, "xent")[0])
     for l in range(L):
       for h in range(H):
         m = nnx.clone(self.model)
         attn = m.blocks[l].attn
         attn.w_o[...] = attn.w_o[...].at[h].set(0.0)
-        loss = float(train.compute_loss(m, self.batch, "xent")[0])
+        loss = float(train_state.compute_loss(m, self.batch, "xent")[0])
         np.testing.assert_allclose(got[l, h], loss - clean, rtol=1e-4,
                                    atol=1e-6)
     self.assertGreater(np.max(np.abs(got)), 1e-4)
@@ -83,13 +83,13 @@ class InterventionTest(absltest.TestCase):
     # previous example's captured value through the hook API.
     got = interventions.resample_ablation(self.model, self.batch, "xent")
     sites = interventions.z_sites(self.model)
-    clean_loss, _ = train.compute_loss(self.model, self.batch, "xent")
+    clean_loss, _ = train_state.compute_loss(self.model, self.batch, "xent")
     z = self.model(self.batch["inputs"], capture=sites)[1]
     for l, site in enumerate(sites):
       for h in range(H):
         patch = hooks.replace(site, jnp.roll(z[site], 1, axis=0), heads=h)
-        loss, _ = train.compute_loss(self.model, self.batch, "xent",
-                                     patch=patch)
+        loss, _ = train_state.compute_loss(self.model, self.batch, "xent",
+                                           patch=patch)
         np.testing.assert_allclose(got[l, h], loss - clean_loss, rtol=1e-4,
                                    atol=1e-6)
     self.assertGreater(np.max(np.abs(got)), 1e-4)

@@ -1,6 +1,7 @@
-"""`timing.interleaved_times`: one call of each per round, the order
-rotating by one each round, a time per call; `timing.wall_times`: the
-warm-up left out, feed-back, and a slow first call timed alone."""
+"""`timing.interleaved_times`: one timing of each per round, the order
+rotating by one each round, untimed setups, blocks timed per call;
+`timing.wall_times`: the warm-up left out, feed-back, and a slow first
+call timed alone."""
 
 import time
 
@@ -32,3 +33,19 @@ def test_a_slow_first_call_is_timed_alone():
   assert len(times) == 1 and len(calls) == 2 and times[0] >= 0.02
   times, _ = timing.wall_times(slow, (), warmup=0, repeats=3, slow_s=10.0)
   assert len(times) == 3
+
+
+def test_interleaved_setups_run_untimed_and_blocks_are_per_call():
+  log = []
+  calls = {"fast": lambda: log.append("fast"),
+           "slow": lambda: log.append(time.sleep(0.01) or "slow")}
+  setups = {"fast": lambda: log.append(time.sleep(0.05) or "setup")}
+  times = timing.interleaved_times(
+      calls, rounds=2, setups=setups, repeat={"slow": 3},
+      on_round=lambda r: log.append(f"round {r}"))
+  assert log == ["round 0", "setup", "fast", "slow", "slow", "slow",
+                 "round 1", "slow", "slow", "slow", "setup", "fast"]
+  # The 50 ms setup is not in fast's time; slow's is per call, not per
+  # block of three.
+  assert all(t < 0.04 for t in times["fast"])
+  assert all(0.01 <= t < 0.025 for t in times["slow"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from tests.pretrained import hf_models
+import hf_models
 
 # The suite runs on 2 workers sharing 2 cores: one torch thread each.
 torch.set_num_threads(1)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import transformers as tf
 
-from tests.pretrained import hf_models
+import hf_models
 
 Q = gguf.GGMLQuantizationType
 # One quantized type per kind of tensor, so that the loader meets each

@@ -32,7 +32,7 @@ from mha_jax.models import modules
 from mha_jax.pretrained import PretrainedError
 from mha_jax.pretrained import load
 from tests.pretrained import compare
-from tests.pretrained import hf_models
+import hf_models
 
 # What the GGUF reader makes of gemma-3-270m's metadata.
 GGUF_270M = dict(

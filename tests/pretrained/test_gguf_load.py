@@ -26,7 +26,7 @@ from mha_jax.pretrained import PretrainedError
 from mha_jax.pretrained import families
 from tests.pretrained import compare
 from tests.pretrained import gguf_models
-from tests.pretrained import hf_models
+import hf_models
 
 
 class Tiny:

@@ -1,7 +1,7 @@
 """Loaded checkpoints agree with transformers on the same weights.
 
-For each family, a tiny random transformers model (tests/pretrained/
-hf_models.py) is saved in safetensors and loaded by mha_jax; logits,
+For each family, a tiny random transformers model (tests/hf_models.py)
+is saved in safetensors and loaded by mha_jax; logits,
 every layer's residual stream and every attention pattern are compared
 with transformers' float64 run of the same model.
 
@@ -36,7 +36,7 @@ import mha_jax
 from mha_jax.pretrained import layout
 from mha_jax.pretrained import weights
 from tests.pretrained import compare
-from tests.pretrained import hf_models
+import hf_models
 
 FAMILIES = tuple(hf_models.CONFIGS)
 QUANTITIES = ("main", "stream", "patterns")

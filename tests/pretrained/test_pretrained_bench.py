@@ -7,6 +7,7 @@ import torch
 import transformers
 
 import entry_points
+from experiments import torch_peers
 from experiments.pretrained_bench import decoders
 from experiments.pretrained_bench import load_child
 from experiments.pretrained_bench import report
@@ -14,7 +15,7 @@ from experiments.pretrained_bench import run
 import mha_jax
 from mha_jax import pretrained
 from tests.pretrained import gguf_models
-from tests.pretrained import hf_models
+import hf_models
 
 
 def test_benchmark_measures_and_reports(built):
@@ -101,4 +102,4 @@ def test_decoders_time_every_contestant_and_agree(tiny_gguf):
 def test_summary_ratios_are_per_round():
   s = decoders.summary({"a": [2.0, 9.0, 4.0], "t": [1.0, 3.0, 4.0]}, "t")
   assert s["a"] == {"median": 4.0, "min": 2.0, "ratio": 2.0}  # of 2, 3, 1
-  assert decoders.leading_agreement([[1, 2, 3]], [[1, 5, 3]]) == 1
+  assert torch_peers.leading_agreement([[1, 2, 3]], [[1, 5, 3]]) == 1

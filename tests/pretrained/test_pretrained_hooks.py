@@ -21,7 +21,7 @@ from mha_jax.models import generate
 from mha_jax import hooks
 from mha_jax.interp import composition
 from tests.pretrained import compare
-from tests.pretrained import hf_models
+import hf_models
 
 DECODERS = tuple(f for f in hf_models.CONFIGS if f != "bert")
 

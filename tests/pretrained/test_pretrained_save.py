@@ -28,7 +28,7 @@ from mha_jax.training import config as config_lib
 from mha_jax.pretrained import PretrainedError
 from mha_jax.pretrained import safetensors_files
 from tests.pretrained import compare
-from tests.pretrained import hf_models
+import hf_models
 
 
 def open_hf(directory, family):

@@ -27,7 +27,7 @@ from mha_jax.models import generate
 from mha_jax.pretrained import text as text_lib
 from tests.pretrained import compare
 from tests.pretrained import gguf_models
-from tests.pretrained import hf_models
+import hf_models
 
 # --- the cache on loaded families -----------------------------------------
 

@@ -14,7 +14,7 @@ import transformers
 
 import mha_jax
 from mha_jax.pretrained import real_models
-from tests.pretrained import hf_models
+import hf_models
 
 transformers.utils.logging.disable_progress_bar()
 torch.set_num_threads(2)

@@ -19,6 +19,9 @@ import ml_collections
 from configs import default
 from mha_jax.training import tasks
 from mha_jax.training import train
+from mha_jax.training import optimizer
+from mha_jax.training import saved_run
+from mha_jax.training import train_state
 from mha_jax.training import workdir as workdir_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -37,7 +40,8 @@ def _small(**task):
 @jax.jit
 def _eval_and_outputs(state, batch):
   """eval_step's metrics and the model outputs, in one compiled call."""
-  return train.eval_step(state, batch), train.apply_model(state.model(), batch)
+  return (train_state.eval_step(state, batch),
+          train_state.apply_model(state.model(), batch))
 
 
 def _equal_trees(a, b):
@@ -56,11 +60,11 @@ def _equal_trees(a, b):
 def test_one_train_step_every_model(name, model):
   c = _small(name=name)
   c.model.update(**model)
-  state = train.create_train_state(c)
-  batch = train.batch_fn(c)(jax.random.PRNGKey(0))
+  state = train_state.create_train_state(c)
+  batch = train_state.batch_fn(c)(jax.random.PRNGKey(0))
   before = jax.tree.map(np.asarray, state.params)
-  new, _ = train.train_step_jit(state, batch)  # lr(0) = 0: warmup
-  new, metrics = train.train_step_jit(new, batch)
+  new, _ = train_state.train_step_jit(state, batch)  # lr(0) = 0: warmup
+  new, metrics = train_state.train_step_jit(new, batch)
   assert int(new.step) == 2
   assert np.isfinite(float(metrics["loss"]))
   assert float(metrics["grad_norm"]) > 0
@@ -85,9 +89,9 @@ def test_tiny_model_overfits_a_fixed_batch():
   c.model.update(d_model=32, num_layers=2, num_heads=4, attention_only=False)
   c.train.update(learning_rate=1e-2, warmup_steps=10, num_steps=100,
                  weight_decay=0.0)
-  state = train.create_train_state(c)
-  batch = train.batch_fn(c)(jax.random.PRNGKey(1))
-  step = train.train_step_jit
+  state = train_state.create_train_state(c)
+  batch = train_state.batch_fn(c)(jax.random.PRNGKey(1))
+  step = train_state.train_step_jit
   state, first = step(state, batch)
   for _ in range(c.train.num_steps - 1):
     state, metrics = step(state, batch)
@@ -105,7 +109,7 @@ def _record_batches(monkeypatch):
   """Make `train_and_evaluate` record the batch each step trains on, by step
   number (a list per step: a resumed run redoes some steps)."""
   seen = {}
-  real = train.step_fns
+  real = train_state.step_fns
 
   def step_fns(config, mesh):
     step, eval_fn, make = real(config, mesh)
@@ -116,7 +120,7 @@ def _record_batches(monkeypatch):
 
     return recording_step, eval_fn, make
 
-  monkeypatch.setattr(train, "step_fns", step_fns)
+  monkeypatch.setattr(train_state, "step_fns", step_fns)
   return seen
 
 
@@ -142,7 +146,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch):
   make = jax.jit(functools.partial(
       tasks.get_task(c.task.name).make_batch,
       cfg=ml_collections.FrozenConfigDict(c.task)))
-  data_key = train.seed_key(c.train.seed, train._DATA)  # pylint: disable=protected-access
+  data_key = train_state.seed_key(c.train.seed, train_state.DATA)
   assert sorted(seen_full) == list(range(c.train.num_steps))
   assert sorted(seen_resumed) == list(range(c.train.num_steps))
   assert [len(seen_resumed[s]) for s in range(6, 8)] == [2, 2]  # redone
@@ -154,18 +158,18 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch):
   assert not np.array_equal(seen_full[0][0]["inputs"],
                             seen_full[1][0]["inputs"])
   # The saved run loads back as a model with the trained parameters.
-  model, config = train.load_model(tmp_path / "resumed")
+  model, config = saved_run.load_model(tmp_path / "resumed")
   assert config.model.d_model == 16
   assert _equal_trees(nnx.state(model), resumed.params)
   # Step 0 is the state a run starts from (no checkpoint is saved there);
   # a step without a checkpoint is refused, naming the saved ones.
   start = train.train_and_evaluate(c, tmp_path / "start", stop_at=0)
-  initial, _ = train.load_state(tmp_path / "full", 0)
+  initial, _ = saved_run.load_state(tmp_path / "full", 0)
   assert int(initial.step) == 0
   assert _equal_trees(initial.params, start.params)
   assert not _equal_trees(initial.params, full.params)
   with pytest.raises(FileNotFoundError, match=r"`step` 7 .*\[10, 12\]"):
-    train.load_state(tmp_path / "full", 7)
+    saved_run.load_state(tmp_path / "full", 7)
 
 
 def test_dropout_key_of_step_s_is_the_state_key_folded_with_s():
@@ -175,22 +179,22 @@ def test_dropout_key_of_step_s_is_the_state_key_folded_with_s():
   them."""
   c = _small(name="copy")
   c.model.dropout_rate = 0.1  # the config of the resume test: one compile
-  state = train.create_train_state(c)
-  batch = train.batch_fn(c)(jax.random.PRNGKey(4))
+  state = train_state.create_train_state(c)
+  batch = train_state.batch_fn(c)(jax.random.PRNGKey(4))
   # The base key is the seed's own dropout stream.
   np.testing.assert_array_equal(state.rng, jax.random.fold_in(
-      jax.random.PRNGKey(c.train.seed), train._DROPOUT))  # pylint: disable=protected-access
+      jax.random.PRNGKey(c.train.seed), train_state.DROPOUT))
 
   @jax.jit
   def loss_with_key(params, key):
     model = nnx.merge(state.graphdef, params)
-    return train.compute_loss(model, batch, state.loss, deterministic=False,
-                              rngs=key)[0]
+    return train_state.compute_loss(model, batch, state.loss,
+                                    deterministic=False, rngs=key)[0]
 
   losses = {}
   for s in (0, 3):
     at_s = jax.tree.map(jnp.array, state.replace(step=jnp.int32(s)))
-    _, metrics = train.train_step_jit(at_s, batch)  # donates its copy
+    _, metrics = train_state.train_step_jit(at_s, batch)  # donates its copy
     losses[s] = float(metrics["loss"])
     want = loss_with_key(state.params, jax.random.fold_in(state.rng, s))
     # Two compiled programs (the step fuses the loss with its gradient):
@@ -198,7 +202,7 @@ def test_dropout_key_of_step_s_is_the_state_key_folded_with_s():
     np.testing.assert_allclose(losses[s], want, rtol=1e-6, err_msg=str(s))
   # Other masks at another step: the loss moves by far more than rounding.
   assert abs(losses[0] - losses[3]) > 1e-4 * abs(losses[0])
-  deterministic = float(train.eval_step_jit(state, batch)["loss"])
+  deterministic = float(train_state.eval_step_jit(state, batch)["loss"])
   assert abs(deterministic - losses[0]) > 1e-4 * abs(losses[0])  # dropout on
 
 
@@ -207,7 +211,7 @@ def test_learning_rate_schedule_follows_config():
   c = _small()
   c.train.update(learning_rate=0.5, warmup_steps=4, end_lr_fraction=0.1,
                  weight_decay=0.0)
-  tx = train.make_optimizer(c.train)
+  tx = optimizer.make_optimizer(c.train)
   params = {"w": jnp.zeros((2, 2))}
   grads = {"w": jnp.ones((2, 2))}
   update = jax.jit(tx.update)
@@ -226,14 +230,14 @@ def test_reading_a_folder_that_is_no_run_says_what_it_is(tmp_path):
   what is missing and, for an experiment's folder, its runs; it creates
   nothing."""
   with pytest.raises(FileNotFoundError, match=r"missing: no such directory"):
-    train.load_state(tmp_path / "missing")
+    saved_run.load_state(tmp_path / "missing")
   (tmp_path / "seed0").mkdir()
   (tmp_path / "seed0" / "config.json").write_text("{}")
   with pytest.raises(FileNotFoundError,
                      match=r"no config\.json.*sub-folders seed0"):
-    train.load_model(tmp_path)
+    saved_run.load_model(tmp_path)
   with pytest.raises(FileNotFoundError, match=r"no checkpoint in .*seed0"):
-    train.load_state(tmp_path / "seed0")
+    saved_run.load_state(tmp_path / "seed0")
   assert not (tmp_path / "seed0" / "checkpoints").exists()
 
 

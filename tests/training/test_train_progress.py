@@ -11,6 +11,7 @@ from absl import logging as absl_logging
 from configs import default
 from mha_jax.measure import runs
 from mha_jax.training import train
+from mha_jax.training import progress
 
 
 def _tiny(num_steps):
@@ -46,7 +47,7 @@ def _lines(caplog):
 ])
 def test_pace_counts_only_the_steps_after_the_compiling_one(
     done, total, first, seconds, expected):
-  assert train.pace(done, total, first, seconds) == expected
+  assert progress.pace(done, total, first, seconds) == expected
 
 
 def test_first_line_after_step_one_then_every_quiet_interval(
@@ -54,7 +55,7 @@ def test_first_line_after_step_one_then_every_quiet_interval(
   """log_every = num_steps: without the first line and the quiet-time
   lines the run would say nothing until it ends. QUIET_S = 0 stands for
   steps slower than it, so every step after the first gets a line."""
-  monkeypatch.setattr(train, "QUIET_S", 0.0)
+  monkeypatch.setattr(progress, "QUIET_S", 0.0)
   train.train_and_evaluate(_tiny(3), tmp_path)
   lines = _lines(info_log)
   assert len(lines) == 3, lines

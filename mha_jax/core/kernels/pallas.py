@@ -44,28 +44,37 @@ def _splash():
   return kernel, masks
 
 
-def unsupported(*, q_len, kv_len, head_dim, value_dim, one_dtype, mask,
-                bias) -> str | None:
-  """Why the splash adapter cannot take a call of these shapes (None when
-  it can); the rule options and dropout are its record's to refuse."""
-  if not one_dtype:
+def limits(call, device) -> str | None:
+  """Why the splash adapter cannot take `call` (a `call.Call`) on `device`
+  (None when it can); the rule options and dropout are its record's to
+  refuse. On a TPU a head width above one block must fill whole lanes;
+  off TPU (interpret mode) that limit does not apply."""
+  if len(set(call.dtypes)) != 1:
     return "q, k, v must share one dtype"
-  if value_dim != head_dim:
-    return f"it needs Dv == Dh, got Dv={value_dim}, Dh={head_dim}"
-  if q_len % BLOCK or kv_len % BLOCK:
-    return (f"Tq={q_len} and Tk={kv_len} must be multiples of its block of "
-            f"{BLOCK}")
-  if mask:
+  if call.value_width != call.head_dim:
+    return (f"it needs Dv == Dh, got Dv={call.value_width}, "
+            f"Dh={call.head_dim}")
+  if call.q_len % BLOCK or call.kv_len % BLOCK:
+    return (f"Tq={call.q_len} and Tk={call.kv_len} must be multiples of its "
+            f"block of {BLOCK}")
+  if call.mask_dims is not None:
     return ("it takes no dense boolean mask (its masks are static causal/"
             "window objects and segment ids)")
-  if bias:
+  if call.bias_dims is not None:
     return "it takes no additive bias"
+  head_dim = call.head_dim
+  if device.backend == "tpu" and head_dim > BLOCK and head_dim % BLOCK:
+    # Pallas TPU flash attention tiles in blocks of 128 (BlockSizes.
+    # get_default, MIN_BLOCK_SIZE), the TPU's lane width.
+    return (f"head width Dh={head_dim} above {BLOCK} must be a multiple of "
+            f"{BLOCK} (the TPU's lane width)")
   return None
 
 
 def attend_pallas_tpu(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                       rules=score_rules.NO_RULES, interpret=None):
-  """The path "pallas_tpu": splash attention.
+  """The path "pallas_tpu": splash attention (its `limits` were checked by
+  `attend`).
 
   `interpret` (None: off TPU) runs the kernel in Pallas' interpreter.
   """
@@ -73,12 +82,6 @@ def attend_pallas_tpu(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   b, tq, h, dh = q.shape
   tk, kh = k.shape[1], k.shape[2]
   g = h // kh
-  why = unsupported(q_len=tq, kv_len=tk, head_dim=dh, value_dim=v.shape[-1],
-                    one_dtype=q.dtype == k.dtype == v.dtype,
-                    mask=mask is not None, bias=bias is not None)
-  if why:
-    raise ValueError(f"attend(implementation='pallas_tpu'): {why}; use "
-                     "implementation='flash'")
   if interpret is None:
     interpret = jax.default_backend() != "tpu"
   kernel_lib, masks = _splash()
@@ -135,5 +138,6 @@ def attend_pallas_tpu(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
 PALLAS_TPU = attention_path.AttentionPath(
     name="pallas_tpu", fn=attend_pallas_tpu,
     rules={"scale", "local_window", "q_segment_ids", "soft_cap", "sinks"},
+    limits=limits,
     computes="JAX's Pallas TPU splash attention (causal/window masks skip "
     "blocks, GQA without repeating k/v)")

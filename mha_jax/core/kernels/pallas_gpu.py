@@ -299,24 +299,30 @@ def pallas_gpu_attention(q, k, v, *, is_causal=False,
   return out[:, :, :tq].transpose(0, 2, 1, 3)  # [B, Tq, H, Dv]
 
 
+def limits(call, device) -> str | None:
+  """Why the kernel cannot take `call` (a `call.Call`) on `device` (None
+  when it can): one dtype, no dense mask or bias, and on a GPU the Triton
+  lowering's widths (`pallas_gpu_plan.unsupported`, at the default
+  blocks: a block mask's own are checked when it is called). Off GPU it
+  runs interpreted, where any width goes."""
+  return unsupported(head_dim=call.head_dim, value_dim=call.value_width,
+                     block_q=BLOCK_Q, block_k=BLOCK_K, dtypes=call.dtypes,
+                     mask=call.mask_dims is not None,
+                     bias=call.bias_dims is not None,
+                     interpret=device.backend != "gpu")
+
+
 def attend_pallas_gpu(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                       rules=score_rules.NO_RULES):
-  """The path "pallas_gpu": the kernel's output, weights None."""
-  del dropout_rate, keep  # keep is None: the record refuses dropout
-  interpret = jax.default_backend() != "gpu"
-  why = unsupported(head_dim=q.shape[3], value_dim=v.shape[3],
-                    block_q=BLOCK_Q, block_k=BLOCK_K,
-                    dtypes=tuple(jnp.dtype(x.dtype).name for x in (q, k, v)),
-                    mask=mask is not None, bias=bias is not None,
-                    interpret=interpret)
-  if why:
-    raise ValueError(f"attend(implementation='pallas_gpu'): {why}")
-  return pallas_gpu_attention(q, k, v, is_causal=is_causal, rules=rules,
-                              interpret=interpret), None
+  """The path "pallas_gpu": the kernel's output, weights None (its
+  `limits` were checked by `attend`)."""
+  del dropout_rate, keep, mask, bias  # None: the record refuses them
+  return pallas_gpu_attention(q, k, v, is_causal=is_causal,
+                              rules=rules), None
 
 
 PALLAS_GPU = attention_path.AttentionPath(
-    name="pallas_gpu", fn=attend_pallas_gpu,
+    name="pallas_gpu", fn=attend_pallas_gpu, limits=limits,
     computes="a Pallas GPU kernel (Triton) with the user's score_mod and "
     "mask_mod traced in and the block mask's empty blocks skipped; "
     "interpret mode off GPU")

@@ -13,7 +13,8 @@ places, and the adapter below bridges both:
     adapter zeroes such rows (found from the boolean mask). A row emptied
     only by a `bias` of -inf is NOT caught: jax then gives NaN. Pass
     forbidden keys as `mask=`, not as a -inf bias, on these paths.
-It also needs Dv == Dh and one dtype for q, k and v; other inputs raise.
+It also needs Dv == Dh and one dtype for q, k and v (`jax_nn_limits`, which
+the records state and `attend` checks before the call).
 Neither path can return the weights, nor apply attention dropout.
 
 Of the `score_rules` options, `scale` and `local_window` pass through
@@ -33,22 +34,69 @@ from mha_jax.core import masks as masks_lib
 from mha_jax.core import precision
 from mha_jax.core import score_rules
 
-def _check(q, k, v, backend):
-  """The limits of jax.nn's call that its records cannot state."""
-  fn = f"attend(implementation={backend!r})"
-  if v.shape[-1] != q.shape[-1]:
-    raise ValueError(f"{fn}: needs value width Dv equal to head width Dh; "
-                     f"got q {q.shape}, v {v.shape}")
-  if not q.dtype == k.dtype == v.dtype:
-    raise TypeError(f"{fn}: q, k, v must share one dtype; got {q.dtype}, "
-                    f"{k.dtype}, {v.dtype}")
+# cuDNN's fused attention takes these dtypes only (check_layout).
+_HALF = frozenset({"float16", "bfloat16"})
+
+
+def jax_nn_limits(call, device) -> str | None:
+  """Why the adapter to jax.nn cannot take `call` (a `call.Call`; None
+  when it can): it needs one dtype for q, k and v, and Dv == Dh."""
+  del device  # the same on every backend
+  if len(set(call.dtypes)) != 1:
+    return f"q, k, v must share one dtype, got {', '.join(call.dtypes)}"
+  if call.value_width != call.head_dim:
+    return ("mha_jax's jax.nn.dot_product_attention adapter needs value "
+            f"width Dv == Dh, got Dv={call.value_width}, Dh={call.head_dim}")
+  return None
+
+
+def cudnn_limits(call, device) -> str | None:
+  """Why cuDNN cannot take `call` on `device` (a `call.Device`; None when
+  it can). JAX's own limits (jax 0.10): `check_layout` and
+  `check_is_flash_attention` in jax/_src/cudnn/fused_attention_stablehlo.py,
+  and `is_causal` of `dot_product_attention` in jax/_src/nn/functions.py,
+  stated here so that a call is refused in words instead of failing deep
+  inside jax.nn."""
+  dtypes, head_dim = call.dtypes, call.head_dim
+  q_len, kv_len = call.q_len, call.kv_len
+  if not device.cudnn:
+    return "no cuDNN on this GPU (not a CUDA device)"
+  if len(set(dtypes)) == 1 and dtypes[0] not in _HALF:
+    return (f"cuDNN's fused attention takes float16/bfloat16 only "
+            f"(check_layout), got {dtypes[0]}")
+  why = jax_nn_limits(call, device)
+  if why is not None:
+    return why
+  capability = device.capability
+  hopper = capability is not None and tuple(capability) >= (9, 0)
+  h_max = 256 if hopper else 128
+  if head_dim > h_max or head_dim % 8:
+    where = ("compute capability >= 9.0" if hopper else
+             "before compute capability 9.0" if capability is not None
+             else "compute capability unknown, so the pre-Hopper limit")
+    return (f"head width Dh={head_dim} must be <= {h_max} and a multiple of "
+            f"8 ({where}; check_is_flash_attention)")
+  if call.is_causal and q_len != kv_len:
+    return (f"jax's is_causal is top-left aligned (tril of [Tq, Tk]); ours is "
+            f"bottom-right, which differs when Tq={q_len} != Tk={kv_len} and "
+            "would need a dense [Tq, Tk] mask, losing the kernel's causal "
+            "block skipping")
+  if call.masked:
+    if call.trailing != (q_len, kv_len):
+      return ("a mask/bias reaches cuDNN as a bias that must span [Tq, Tk] in "
+              f"its last two axes (check_layout); these broadcast to "
+              f"{call.trailing}")
+    if q_len % 2 or kv_len % 2:
+      return ("with a mask/bias cuDNN's backward needs even Tq and Tk "
+              f"(check_is_flash_attention), got Tq={q_len}, Tk={kv_len}")
+  return None
 
 
 def _attend_jax_nn(q, k, v, mask, bias, keep, *, is_causal, backend,
                    rules=score_rules.NO_RULES):
   """Shared body of the "xla" and "cudnn" entries."""
-  del keep  # None: both records refuse dropout
-  _check(q, k, v, backend)
+  del keep  # None: both records refuse dropout; the limits
+  # (`jax_nn_limits`, `cudnn_limits`) were checked by `attend`
   tq, tk = q.shape[1], k.shape[1]
   mask = None if mask is None else jnp.reshape(
       mask, (1,) * (4 - mask.ndim) + mask.shape)  # [b?, h?, tq?, tk?]
@@ -114,9 +162,10 @@ _NO_DROPOUT = "jax.nn.dot_product_attention has none"
 XLA = attention_path.AttentionPath(
     name="xla", fn=attend_xla, rules=_JAX_NN_RULES,
     auto_rules={"scale", "local_window"}, dense_scores="input",
-    why_no_dropout=_NO_DROPOUT,
+    limits=jax_nn_limits, why_no_dropout=_NO_DROPOUT,
     computes="jax.nn.dot_product_attention's XLA path")
 CUDNN = attention_path.AttentionPath(
     name="cudnn", fn=attend_cudnn, rules=_JAX_NN_RULES, auto_rules={"scale"},
-    backends=frozenset({"gpu"}), why_no_dropout=_NO_DROPOUT,
+    backends=frozenset({"gpu"}), limits=cudnn_limits,
+    why_no_dropout=_NO_DROPOUT,
     computes="cuDNN's fused attention (jax.nn, implementation='cudnn')")

@@ -317,7 +317,7 @@ def test_model_trains_with_context_parallelism_on_a_sequence_axis(impl):
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from configs import default  # pylint: disable=g-import-not-at-top
   from mha_jax.models import transformer  # pylint: disable=g-import-not-at-top
-  from mha_jax.training import train  # pylint: disable=g-import-not-at-top
+  from mha_jax.training import train_state  # pylint: disable=g-import-not-at-top
 
   c = default.get_config()
   c.task.update(name="copy", batch_size=4, seq_len=16, vocab_size=16)
@@ -326,12 +326,12 @@ def test_model_trains_with_context_parallelism_on_a_sequence_axis(impl):
                  implementation=impl)
   c.mesh.update(data=2, sequence=2, model=2)
   mesh = sharding.mesh_from_config(c)
-  state = train.create_train_state(c)
-  batch = train.batch_fn(c)(jax.random.PRNGKey(3))
+  state = train_state.create_train_state(c)
+  batch = train_state.batch_fn(c)(jax.random.PRNGKey(3))
 
   def loss_and_grad(params, graphdef, batch):
     def loss(p):
-      return train.compute_loss(nnx.merge(graphdef, p), batch, "xent")[0]
+      return train_state.compute_loss(nnx.merge(graphdef, p), batch, "xent")[0]
     return jax.value_and_grad(loss)(params)
 
   flash_model = nnx.merge(state.graphdef, state.params)
@@ -373,7 +373,7 @@ def test_model_trains_with_context_parallelism_on_a_sequence_axis(impl):
   assert np.abs(np.asarray(want - ref_model(batch["inputs"]))).max() > 1e-3
   # The training loop's step on that mesh (run under jax.set_mesh): its
   # loss is the one-device loss of the same batch before the update.
-  step, _, make = train.step_fns(c, mesh)
+  step, _, make = train_state.step_fns(c, mesh)
   assert make(jax.random.PRNGKey(0))["inputs"].sharding.spec[:2] == (
       "data", "sequence")
   new_state, metrics = step(sharding.shard_tree(state, mesh), placed)

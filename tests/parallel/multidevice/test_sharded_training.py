@@ -26,6 +26,7 @@ from mha_jax.training import checkpoint
 from mha_jax.models import generate
 from mha_jax.parallel import sharding
 from mha_jax.training import train
+from mha_jax.training import train_state
 from mha_jax.models import transformer
 
 STEPS = 6
@@ -70,14 +71,14 @@ def mesh():
 def _loss_and_grad(params, graphdef, batch):
   def loss(p):
     model = nnx.merge(graphdef, p)
-    return train.compute_loss(model, batch, "xent")[0]
+    return train_state.compute_loss(model, batch, "xent")[0]
   return jax.value_and_grad(loss)(params)
 
 
 def test_whole_model_forward_and_grads_equal_one_device(mesh):
   c = _config()
-  state = train.create_train_state(c)
-  batch = train.batch_fn(c)(jax.random.PRNGKey(3))
+  state = train_state.create_train_state(c)
+  batch = train_state.batch_fn(c)(jax.random.PRNGKey(3))
   l1, g1 = _loss_and_grad(state.params, state.graphdef, batch)
   params = sharding.shard_tree(state.params, mesh)
   l2, g2 = _loss_and_grad(params, state.graphdef,
@@ -97,8 +98,8 @@ def test_attention_variants_sharded_equal_one_device(mesh, implementation):
   c.model.update(positions="alibi", local_window=4, logit_soft_cap=3.0,
                  attention_sinks=True, qk_norm="rms",
                  implementation=implementation)
-  state = train.create_train_state(c)
-  batch = train.batch_fn(c)(jax.random.PRNGKey(4))
+  state = train_state.create_train_state(c)
+  batch = train_state.batch_fn(c)(jax.random.PRNGKey(4))
   l1, g1 = _loss_and_grad(state.params, state.graphdef, batch)
   params = sharding.shard_tree(state.params, mesh)
   sinks = params["blocks"][0]["attn"]["sinks"]
@@ -111,7 +112,7 @@ def test_attention_variants_sharded_equal_one_device(mesh, implementation):
 
 
 def test_per_device_bytes_are_total_over_model_axis(mesh):
-  state = sharding.shard_tree(train.create_train_state(_config()), mesh)
+  state = sharding.shard_tree(train_state.create_train_state(_config()), mesh)
   split = replicated = 0
   for path, leaf in _leaves((state.params, state.opt_state)):
     names = [sharding._key_name(e) for e in path]  # pylint: disable=protected-access
@@ -145,11 +146,11 @@ def run_2x4(tmp_path_factory):
 def test_training_steps_on_2x4_equal_one_device(run_2x4):
   workdir, sharded = run_2x4
   c = _config()
-  state, make = train.create_train_state(c), train.batch_fn(c)
-  data_key = train.seed_key(c.train.seed, train._DATA)  # pylint: disable=protected-access
+  state, make = train_state.create_train_state(c), train_state.batch_fn(c)
+  data_key = train_state.seed_key(c.train.seed, train_state.DATA)
   losses = []
   for step in range(STEPS):  # the unsharded loop, on device 0
-    state, metrics = train.train_step_jit(
+    state, metrics = train_state.train_step_jit(
         state, make(jax.random.fold_in(data_key, step)))
     losses.append(float(metrics["loss"]))
   assert {d for a in jax.tree.leaves(state.params) for d in a.devices()} == {
@@ -192,7 +193,7 @@ def test_checkpoint_from_2x4_restores_on_other_meshes(run_2x4, shape):
   workdir, saved = run_2x4
   data, model = shape
   target = sharding.make_mesh(data, model, jax.devices()[:data * model])
-  fresh = sharding.shard_tree(train.create_train_state(_config(*shape)),
+  fresh = sharding.shard_tree(train_state.create_train_state(_config(*shape)),
                               target)
   manager = checkpoint.make_manager(workdir, STEPS, 2)
   got = checkpoint.restore(manager, fresh, STEPS)
