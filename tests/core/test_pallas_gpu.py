@@ -195,6 +195,28 @@ def test_tampered_block_mask_changes_exactly_that_block(mark):
   _close(out, grads, want_out, want_grads, f"marked {mark}")
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_forward_is_within_its_rounding_of_float64(dtype):
+  # The probabilities meet v in the input dtype (as in FlashAttention-2),
+  # the sums are float32 and the output is rounded once: each adds at
+  # most half an ulp of the largest |v| (eps / 2 each), so the output
+  # is within eps * max|v| of float64 on the same (rounded) inputs.
+  b, tq, tk, h, kh = 1, 9, 9, 4, 2
+  rng = np.random.default_rng(4)
+  rule = Rule("documents", b, h, tk, rng)
+  bm = block_mask.create(rule.mask_mod, b, None, tq, tk, BLOCK, BLOCK)
+  q, k, v, w = (np.asarray(jnp.asarray(x, dtype).astype(jnp.float32))
+                for x in _inputs(rng, b, tq, tk, h, kh))
+  out = pallas_gpu.pallas_gpu_attention(
+      *(jnp.asarray(x, dtype) for x in (q, k, v)),
+      rules=rule.rules(None).replace(block_mask=bm), interpret=True)
+  assert out.dtype == dtype
+  want = reference(q, k, v, w, rule)[0]
+  eps = float(jnp.finfo(dtype).eps)
+  np.testing.assert_allclose(np.asarray(out, np.float64), want,
+                             atol=eps * np.abs(v).max(), rtol=0)
+
+
 @settings(max_examples=2, deadline=None, derandomize=True)
 @given(tq=st.integers(3, 9), extra=st.integers(0, 4),
        heads=st.sampled_from([(2, 1), (2, 2)]), b=st.integers(1, 2))
