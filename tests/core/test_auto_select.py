@@ -268,6 +268,16 @@ def test_auto_on_gpu_reads_whether_a_user_rule_can_be_lowered():
       mask_mod=lambda b, h, qi, ki: ki <= qi)
   assert auto.select_for(q, q, q, backend="gpu",
                          rules=plain).implementation == "pallas_gpu"
+  # A block mask on blocks Triton cannot tile (clipped to 40 queries)
+  # sends the call to the blockwise path too, naming it.
+  from mha_jax.core import block_mask  # pylint: disable=g-import-not-at-top
+  short = jax.ShapeDtypeStruct((1, 40, 4, 64), jnp.bfloat16)
+  bm = block_mask.create(plain.mask_mod, None, None, 40, 40, 64, 64)
+  choice = auto.select_for(short, short, short, backend="gpu",
+                           rules=plain.replace(block_mask=bm))
+  assert choice.implementation == "flash"
+  assert "`block_mask` was built on blocks of 40 x 40" in dict(
+      choice.ruled_out)["pallas_gpu"]
   # On CPU nothing changes: the kernel would run interpreted.
   assert auto.select_for(q, q, q, backend="cpu",
                          rules=plain).implementation == "flash"

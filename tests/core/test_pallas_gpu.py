@@ -264,6 +264,13 @@ def test_the_triton_limits_are_refused_naming_the_argument(kwargs, match):
                                      "interpret": True}) is None
 
 
+def test_default_blocks_suit_triton_at_every_length():
+  # Powers of two of at least 16 and at most the default, padding a
+  # short length (a decoding step's single query) instead of clipping.
+  for length, want in ((1, 16), (9, 16), (17, 32), (64, 64), (1000, 64)):
+    assert pallas_gpu.default_block(length, 64) == want
+
+
 def test_rules_the_triton_lowering_cannot_compile_are_refused_naming_them():
   gather = score_rules.ScoreRules(
       score_mod=lambda s, b, h, qi, ki: s + jnp.arange(8.0)[qi - ki])
@@ -308,3 +315,11 @@ def test_the_triton_lowering_takes_forward_and_backward():
   text = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, k, k).lower(
       lowering_platforms=("cuda",)).as_text()
   assert text.count("custom_call @__gpu$xla.gpu.triton") == 3
+  # A decoding step: one query at a traced position, its block padded.
+  one = jax.ShapeDtypeStruct((2, 1, 4, 64), jnp.bfloat16)
+  step = score_rules.ScoreRules(q_positions=jnp.full((2, 1), 100),
+                                soft_cap=20.0)
+  text = jax.jit(lambda q, k, v: pallas_gpu.pallas_gpu_attention(
+      q, k, v, rules=step, is_causal=True, interpret=False)).trace(
+          one, k, k).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("custom_call @__gpu$xla.gpu.triton") == 1

@@ -24,11 +24,12 @@ words `attend` refuses a call with): cuDNN's are JAX's own
 (`xla.cudnn_limits`), the splash adapter's `pallas.limits`, the Pallas
 GPU kernel's `pallas_gpu.limits` (what its Triton lowering takes: one
 dtype, power-of-two widths of 16-256, no dense mask or bias) and, for its
-user rules, the primitives Triton lowers (`pallas_gpu_plan.untraceable`,
-passed in as `Call.rule_problem`). That kernel is taken on a CUDA GPU
-whenever cuDNN cannot take the call (a user rule, float32, a head width
-or a causal alignment cuDNN lacks), ahead of xla and flash; its speed
-there is not yet measured (experiments/gpu_bench/flex.py is ready to).
+user rules, the primitives Triton lowers and a block mask's blocks
+(`pallas_gpu_plan.rules_problem`, passed in as `Call.rule_problem`).
+That kernel is taken on a CUDA GPU whenever cuDNN cannot take the call
+(a user rule, float32, a head width or a causal alignment cuDNN lacks),
+ahead of xla and flash; its speed there is not yet measured
+(experiments/gpu_bench/flex.py is ready to).
 The score-rule options (`ScoreRules.active()`, passed as `rules`) each
 kernel's adapter takes are its record's (`attention_path.AttentionPath.
 rules_for_auto`); any other option sends the call to the blockwise path,
@@ -235,7 +236,7 @@ def select_for(q, k, v, *, mask=None, bias=None, is_causal=False,
   problem = None
   if hasattr(rules, "active"):  # a ScoreRules
     if device.backend == "gpu":
-      problem = pallas_gpu_plan.untraceable(rules)
+      problem = pallas_gpu_plan.rules_problem(rules)
     rules = rules.active()
   call = Call.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
                  dropout=dropout, weights=weights, rules=rules,

@@ -66,9 +66,10 @@ class Call:
     rules: names of the `score_rules.ScoreRules` options in use
       (`ScoreRules.active()`); those jax.nn or Pallas cannot express send
       the call to the blockwise path.
-    rule_problem: why the call's user rules cannot be compiled into the
-      Pallas GPU kernel (`pallas_gpu_plan.untraceable`); None when they
-      can or there are none.
+    rule_problem: why the call's user rules (or its block mask's blocks)
+      cannot be compiled into the Pallas GPU kernel
+      (`pallas_gpu_plan.rules_problem`); None when they can or there are
+      none.
   Every field is checked here, once; a bad one is an error naming it.
   """
   q_dtype: object

@@ -49,9 +49,11 @@ from mha_jax.core import attention_path
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import pallas_gpu_kernels as kernels
 from mha_jax.core.kernels.flash_rules import user_rules
+from mha_jax.core.kernels.pallas_gpu_plan import default_block
 from mha_jax.core.kernels.pallas_gpu_plan import plan
+from mha_jax.core.kernels.pallas_gpu_plan import rules_problem
 from mha_jax.core.kernels.pallas_gpu_plan import unsupported
-from mha_jax.core.kernels.pallas_gpu_plan import untraceable
+from mha_jax.core.kernels.pallas_gpu_plan import untraceable  # noqa: F401
 
 # Block lengths without a block mask (a block mask brings its own).
 BLOCK_Q = 64
@@ -238,8 +240,8 @@ def pallas_gpu_attention(q, k, v, *, is_causal=False,
 
   `rules.block_mask` (block_mask.create) drives the walk, on its own block
   lengths: its empty blocks are never visited, its full ones skip
-  mask_mod. Without one, `block_q` / `block_k` (None: BLOCK_Q / BLOCK_K,
-  clipped to the lengths) and the blocks the causal rule and the window
+  mask_mod. Without one, `block_q` / `block_k` (None: `default_block`;
+  a given one is clipped to the length) and the blocks the causal rule and the window
   hide are skipped. `interpret` (None: off GPU) runs Pallas' interpreter.
   """
   if interpret is None:
@@ -256,13 +258,17 @@ def pallas_gpu_attention(q, k, v, *, is_causal=False,
     block_q, block_k = bm.q_block, bm.kv_block
   b, tq, h, dh = q.shape
   tk, kh, dv = k.shape[1], k.shape[2], v.shape[3]
-  bq = min(BLOCK_Q if block_q is None else block_q, tq)
-  bk = min(BLOCK_K if block_k is None else block_k, tk)
+  # Default blocks are powers of two >= 16 (Triton's), padded over a
+  # short length rather than clipped to it (decoding: Tq = 1).
+  bq = (default_block(tq, BLOCK_Q) if block_q is None
+        else min(block_q, tq))
+  bk = (default_block(tk, BLOCK_K) if block_k is None
+        else min(block_k, tk))
   why = unsupported(head_dim=dh, value_dim=dv, block_q=bq, block_k=bk,
                     dtypes=tuple(jnp.dtype(x.dtype).name for x in (q, k, v)),
                     mask=False, bias=False, interpret=interpret)
   if why is None and not interpret:
-    why = untraceable(rules)
+    why = rules_problem(rules)
   if why:
     raise ValueError(f"attend(implementation='pallas_gpu'): {why}")
   tq_pad, tk_pad = -(-tq // bq) * bq, -(-tk // bk) * bk
@@ -302,9 +308,10 @@ def pallas_gpu_attention(q, k, v, *, is_causal=False,
 def limits(call, device) -> str | None:
   """Why the kernel cannot take `call` (a `call.Call`) on `device` (None
   when it can): one dtype, no dense mask or bias, and on a GPU the Triton
-  lowering's widths (`pallas_gpu_plan.unsupported`, at the default
-  blocks: a block mask's own are checked when it is called). Off GPU it
-  runs interpreted, where any width goes."""
+  lowering's widths (`pallas_gpu_plan.unsupported`; its default blocks
+  always suit Triton, a block mask's own and the rules' primitives are
+  `pallas_gpu_plan.rules_problem`'s). Off GPU it runs interpreted, where
+  any width goes."""
   return unsupported(head_dim=call.head_dim, value_dim=call.value_width,
                      block_q=BLOCK_Q, block_k=BLOCK_K, dtypes=call.dtypes,
                      mask=call.mask_dims is not None,

@@ -3,9 +3,10 @@
 Shape letters: Nq / Nk query / key block counts, B' / K' the block
 mask's batch and kv heads (1: shared).
 
-`unsupported` and `untraceable` are the kernel's refusals in words (the
-shapes and dtypes the Triton lowering needs, the primitives a rule may
-use); `plan` turns a block mask, or the built-in causal rule and window,
+`unsupported`, `untraceable` and `rules_problem` are the kernel's
+refusals in words (the shapes and dtypes the Triton lowering needs, the
+primitives a rule may use, a block mask's blocks); `default_block` the
+block it takes when none is given; `plan` turns a block mask, or the built-in causal rule and window,
 into the lists the kernel's loops walk (`pallas_gpu_kernels._walk`).
 Nothing here is traced into a kernel: it runs once per call, in NumPy.
 """
@@ -81,6 +82,28 @@ def untraceable(rules) -> str | None:
         return (f"`{name}` uses `{prim}`{hint}, which Pallas' Triton "
                 "lowering cannot compile")
   return None
+
+
+def default_block(length: int, block: int) -> int:
+  """The block for a length when none is given: a power of two of at
+  least 16 (Triton's smallest dot) and at most `block`, padding a short
+  length (a decoding step's Tq = 1) rather than clipping to it."""
+  return min(block, max(16, 1 << (max(length, 1) - 1).bit_length()))
+
+
+def rules_problem(rules) -> str | None:
+  """Why the kernel compiled for a GPU cannot take these `rules` (None:
+  it can): a user rule Triton cannot lower (`untraceable`), or a block
+  mask on blocks Triton cannot tile."""
+  why = untraceable(rules)
+  bm = rules.block_mask
+  if why is None and bm is not None and not all(
+      _power_of_two(x) and x >= 16 for x in (bm.q_block, bm.kv_block)):
+    why = (f"`block_mask` was built on blocks of {bm.q_block} x "
+           f"{bm.kv_block} (clipped to the lengths); the Triton lowering "
+           "needs powers of two >= 16 (block_mask.create(..., q_block=64, "
+           "kv_block=64) on lengths of at least 64)")
+  return why
 
 
 def _lists(m):
