@@ -277,8 +277,8 @@ def flex_table(s) -> str:
             f"{'fwd' if r['mode'] == 'fwd' else 'fwd+bwd'} | "
             f"{r['contestant']} |")
     if "ms" in r:
-      lines.append(f"{head} {r['ms']:.3g} | {r['tflops']:.3g} | "
-                   f"{r['visited']:.0%} |")
+      seen = "-" if r["visited"] is None else f"{r['visited']:.0%}"
+      lines.append(f"{head} {r['ms']:.3g} | {r['tflops']:.3g} | {seen} |")
     else:
       lines.append(f"{head} {r.get('skipped') or r.get('error', '')[:120]}"
                    " | | |")
@@ -329,7 +329,31 @@ def verdicts(s) -> str:
                      f"{PRECISION_LABELS[r['precision']]} (relative error "
                      f"{base['error']['rel']:.1e} against "
                      f"{r['error']['rel']:.1e}).")
+  fx, _ = _part(s, "flex")
+  lines += flex_verdicts(fx)
   return "\n".join(lines) or "Nothing was measured."
+
+
+def flex_verdicts(fx) -> list[str]:
+  """Part e against issue 60's targets: the Pallas GPU kernel's time as a
+  multiple of cuDNN's (causal; target 1.3) and of FlexAttention's (every
+  rule; target 1), case by case."""
+  rows = (fx or {}).get("rows", [])
+  timed = {(r["Dh"], r["n"], r["rule"], r["mode"], r["contestant"]): r["ms"]
+           for r in rows if "ms" in r}
+  lines = []
+  for (dh, n, rule, mode, who), ms in timed.items():
+    if who != "pallas_gpu":
+      continue
+    peers = [f"{ms / timed[(dh, n, rule, mode, p)]:.2f}x {label}'s"
+             for p, label in (("cudnn", "cuDNN"), ("flex", "FlexAttention"),
+                              ("flash", "the blockwise path"))
+             if (dh, n, rule, mode, p) in timed]
+    if peers:
+      lines.append(f"- Rules, {rule}, Dh={dh}, n={n:,}, "
+                   f"{'fwd' if mode == 'fwd' else 'fwd+bwd'}: pallas_gpu "
+                   "takes " + ", ".join(peers) + " time.")
+  return lines
 
 
 def values(s) -> dict:

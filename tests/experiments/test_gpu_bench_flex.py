@@ -36,3 +36,16 @@ def test_smoke_case_runs_and_its_table_shows_every_row():
   table = report.flex_table({"parts": {"flex": part}, "order": ["flex"]})
   assert len(table.splitlines()) == 2 + len(part["rows"])
   assert f"{rows['pallas_gpu']['ms']:.3g}" in table
+
+
+def test_verdicts_compare_the_kernel_with_each_peer_in_the_same_case():
+  row = dict(Dh=64, n=8192, rule="causal", mode="fwd", visited=0.5,
+             tflops=1.0)
+  rows = [dict(row, contestant="pallas_gpu", ms=3.0),
+          dict(row, contestant="cudnn", ms=2.0),
+          dict(row, contestant="flex", skipped="not run: no CUDA"),
+          dict(row, contestant="flash", ms=30.0),
+          dict(row, n=32768, contestant="cudnn", ms=5.0)]
+  assert report.flex_verdicts({"rows": rows}) == [
+      "- Rules, causal, Dh=64, n=8,192, fwd: pallas_gpu takes 1.50x "
+      "cuDNN's, 0.10x the blockwise path's time."]
