@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -167,6 +168,26 @@ def test_query_positions_and_attend_dispatch_match_the_vmap_path():
   np.testing.assert_allclose(got, want, atol=2e-5)
 
 
+def test_a_learned_scalar_in_a_rule_gets_its_gradient():
+  # A closed-over float of shape () (a learned temperature): hoisted into
+  # the kernels as a [1] input, its gradient summed over every program.
+  b, tq, tk, h, kh = 1, 6, 9, 2, 1
+  rng = np.random.default_rng(6)
+  q, k, v, w = _inputs(rng, b, tq, tk, h, kh)
+  temp = np.float32(1.7)
+  rule = types.SimpleNamespace(
+      score_np=lambda s, *_: temp * s, dscore_np=lambda s, *_: temp + 0 * s,
+      mask_np=lambda b, h, qi, ki: ki <= qi, sinks=None)
+  out, grads = _run(q, k, v, w, lambda t: score_rules.ScoreRules(
+      score_mod=lambda s, b, h, qi, ki: t * s,
+      mask_mod=lambda b, h, qi, ki: ki <= qi), jnp.asarray(temp))
+  want_out, *want_grads, dmod = reference(q, k, v, w, rule)
+  _close(out, grads, want_out, want_grads, "temperature")
+  s0 = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float64),
+                 np.repeat(k, h // kh, axis=2).astype(np.float64)) / np.sqrt(DH)
+  np.testing.assert_allclose(grads[3], np.sum(dmod * s0), atol=5e-5)
+
+
 @pytest.mark.parametrize("mark", ["empty", "full"])
 def test_tampered_block_mask_changes_exactly_that_block(mark):
   # A block mask is trusted, as FlexAttention's is. Marking a needed block
@@ -262,6 +283,30 @@ def test_the_triton_limits_are_refused_naming_the_argument(kwargs, match):
   if not {"dtypes", "mask", "bias"} & set(kwargs):
     assert pallas_gpu.unsupported(**{**call, **kwargs,
                                      "interpret": True}) is None
+
+
+def _dots(jaxpr):
+  """(precision, operand dtype) of every dot in a jaxpr, kernels' too."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      yield eqn.params["precision"], eqn.invars[0].aval.dtype
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      yield from _dots(sub)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_every_kernel_dot_follows_the_precision_policy(dtype):
+  # docs/precision.md: float32 dots exact (HIGHEST), narrower ones left
+  # to JAX; in all three kernels, forward and backward.
+  x = jnp.zeros((1, 32, 2, 16), dtype)
+  loss = lambda q, k, v: jnp.sum(pallas_gpu.pallas_gpu_attention(
+      q, k, v, is_causal=True, interpret=True).astype(jnp.float32))
+  jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(x, x, x).jaxpr
+  want = ((jax.lax.Precision.HIGHEST,) * 2 if dtype == jnp.float32
+          else None)
+  found = list(_dots(jaxpr))
+  assert len(found) >= 7  # qk, pv forward; qk, dp, dq, dk, dv backward
+  assert {(p, jnp.dtype(d)) for p, d in found} == {(want, jnp.dtype(dtype))}
 
 
 def test_default_blocks_suit_triton_at_every_length():
