@@ -68,8 +68,7 @@ TARGETS = {
     "flash": ("mha_jax/core/kernels/flash_kernel.py", ["backward"], None,
               _FLASH_TESTS, False),
     "flash_rules": ("mha_jax/core/kernels/flash_kernel.py",
-                    ["_slice_block", "block_scores"], None, _FLASH_TESTS,
-                    False),
+                    ["block_scores"], None, _FLASH_TESTS, False),
     # The walk also serves block masks (`visited_blocks` cuts their lists)
     # and context parallelism (keys from a later start), which the flash
     # selection alone never reaches: 15 of 26 mutants survived it.
@@ -86,9 +85,12 @@ TARGETS = {
     "span_walk": ("mha_jax/core/kernels/flash_schedule.py",
                   ["span_walk", "span_blocks"], None,
                   "tests/core/test_span_walk.py", False),
-    "flash_backward": ("mha_jax/core/kernels/flash_kernel.py",
-                       ["_reduce_to", "_add_bias_block"], None, _FLASH_TESTS,
-                       False),
+    # A broadcast mask or bias cut into blocks, and the bias' gradient
+    # summed back to its shape (flash_rules' block cut and the backward's
+    # sums, in the kernel's file before it was split).
+    "flash_backward": ("mha_jax/core/kernels/flash_broadcast.py",
+                       ["slice_block", "reduce_to", "add_bias_block"], None,
+                       _FLASH_TESTS, False),
     "multi_head": ("mha_jax/core/multi_head.py", ["attention_layer"], None,
                    "tests/core/test_kv_cache.py tests/core/test_multi_head.py", False),
     "kv_cache": ("mha_jax/core/kv_cache.py",

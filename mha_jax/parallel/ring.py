@@ -42,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 from mha_jax.core import attention_path
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
+from mha_jax.core.kernels import flash_config
 from mha_jax.core.kernels import flash_kernel
 from mha_jax.core.kernels import flash_schedule
 from mha_jax.parallel import context
@@ -51,7 +52,7 @@ from mha_jax.parallel import context
 class _Ring:
   """Static facts of one ring call (the custom_vjp's nondiff argument)."""
   plan: context.Plan
-  cfg: flash_kernel.BlockConfig
+  cfg: flash_config.BlockConfig
   offset: int  # Tk - Tq: the bottom-right alignment of query positions
   kv_local: int  # keys per device, Tk / N
 
@@ -103,7 +104,7 @@ def _runs(ring):
 def _prepare(ring, q, k, v, kmask, q_seg, k_seg, sinks, slopes):
   """One device's inputs in the kernel's layout: head-major q `[B, K, G,
   Tq', Dh]`, the travelling bundle `(k, v, mask, segment ids)` of `[P,
-  ...]` slices, and the queries' `flash_kernel.Extras` (positions from
+  ...]` slices, and the queries' `flash_config.Extras` (positions from
   the layout)."""
   plan, cfg = ring.plan, ring.cfg
   k, v = context.local_kv(plan, k), context.local_kv(plan, v)
@@ -118,7 +119,7 @@ def _prepare(ring, q, k, v, kmask, q_seg, k_seg, sinks, slopes):
   edge = lambda x: jnp.pad(x, ((0, 0), (0, tq_pad - c)), mode="edge")
   per_head = lambda x, tail: None if x is None else x.astype(
       jnp.float32).reshape((1, kh, h // kh) + tail)
-  ex = flash_kernel.Extras(q_pos=edge(q_pos[None]),
+  ex = flash_config.Extras(q_pos=edge(q_pos[None]),
                            q_seg=None if q_seg is None else edge(q_seg),
                            k_seg=None, slopes=per_head(slopes, (1, 1)),
                            sinks=per_head(sinks, (1,)))
@@ -200,7 +201,7 @@ def _local_backward(ring, q, k, v, kmask, q_seg, k_seg, sinks, slopes, out,
   """One device: dq, dk, dv, and d sinks, d slopes summed over the rows of
   every device (None without them)."""
   plan = ring.plan
-  cfg = flash_kernel.backward_cfg(ring.cfg)
+  cfg = flash_config.backward_cfg(ring.cfg)
   qt, bundle, ex = _prepare(ring, q, k, v, kmask, q_seg, k_seg, sinks,
                             slopes)
   kh, tq_pad = qt.shape[1], qt.shape[3]

@@ -43,7 +43,7 @@ import numpy as np
 
 from mha_jax.core import attention_path
 from mha_jax.core import score_rules
-from mha_jax.core.kernels.flash_kernel import Extras
+from mha_jax.core.kernels.flash_config import Extras
 from mha_jax.core.kernels.flash_kernel import backward
 from mha_jax.core.kernels.flash_kernel import finish
 from mha_jax.core.kernels.flash_kernel import forward_blocks
@@ -58,7 +58,7 @@ from mha_jax.core.kernels.flash_schedule import span_walk
 from mha_jax.core.kernels.flash_visit import visited_blocks
 # Re-exported: the names the tests, the benchmarks and the block masks
 # read from the kernel's entry module.
-from mha_jax.core.kernels.flash_kernel import BlockConfig  # noqa: F401
+from mha_jax.core.kernels.flash_config import BlockConfig  # noqa: F401
 from mha_jax.core.kernels.flash_schedule import (  # noqa: F401
     BACKWARD_BLOCK, BATCHED_BLOCK_BYTES, DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q,
     HEAD_LOOP_BLOCK)

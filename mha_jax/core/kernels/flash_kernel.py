@@ -21,15 +21,17 @@ exp(S - lse) and accumulates the gradients of q, k, v, a bias, ALiBi
 slopes, sinks and a score_mod's tables in float32: O(T) memory for
 training too.
 
-Read top to bottom: the block configuration (`BlockConfig`) and the
-per-call arrays (`Extras`); one block's scores under the score rules
+Read top to bottom: one block's scores under the score rules
 (`block_scores`: the rules per block, from the positions
 `flash_visit.py` gives); the forward (`initial_state`, `accumulate`,
 `forward_blocks`, `finish`); the backward (`row_terms`,
-`backward_walk`, `backward`). Which key blocks a query block visits is
-`flash_visit.py`; how the blocks are chosen and walked on each backend
-(block lengths, one head at a time, spans) is `flash_schedule.py`; the
-custom VJP and the entry point are `flash.py`.
+`backward_walk`, `backward`). What a call is given, its block
+configuration (`BlockConfig`) and per-call arrays (`Extras`), is
+`flash_config.py`; cutting a block out of a broadcast mask or bias and
+summing a gradient back to it, `flash_broadcast.py`. Which key blocks a
+query block visits is `flash_visit.py`; how the blocks are chosen and
+walked on each backend (block lengths, one head at a time, spans) is
+`flash_schedule.py`; the custom VJP and the entry point are `flash.py`.
 
 Semantics match the reference path: boolean masks are -inf before the
 softmax, `is_causal` is bottom-right aligned, a query row with no
@@ -41,7 +43,6 @@ accumulators are float32 whatever the input dtype.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 from jax import lax
@@ -49,6 +50,11 @@ import jax.numpy as jnp
 
 from mha_jax.core import precision
 from mha_jax.core import score_rules
+from mha_jax.core.kernels.flash_broadcast import add_bias_block
+from mha_jax.core.kernels.flash_broadcast import reduce_to
+from mha_jax.core.kernels.flash_broadcast import slice_block
+from mha_jax.core.kernels.flash_config import backward_cfg
+from mha_jax.core.kernels.flash_config import Extras
 from mha_jax.core.kernels.flash_visit import block_k_pos
 from mha_jax.core.kernels.flash_visit import block_q_pos
 from mha_jax.core.kernels.flash_visit import full_or_not
@@ -57,91 +63,7 @@ from mha_jax.core.kernels.flash_visit import key_start
 from mha_jax.core.kernels.flash_visit import visit_block
 
 
-class BlockConfig(NamedTuple):
-  """The static facts of one kernel call (hashable: the custom VJP's
-  nondiff argument). `flash_schedule.block_config` makes one; context
-  parallelism (`parallel/ring.py`) makes one per device's slice.
-
-  Attributes:
-    tq, tk: the true query and key lengths (of this call's slice).
-    bq, bk: the forward's query and key block lengths.
-    bwd_bq, bwd_bk: the backward's (`backward_cfg` swaps them in).
-    padded_keys: Tk is padded up to a whole number of forward blocks
-      (the padded keys are masked by position).
-    is_causal: the bottom-right aligned causal rule.
-    rules: `score_rules.ScoreRules`; only its static fields (window, soft
-      cap, scale) are read here.
-    scale: the score scale (1.0 where q was scaled beforehand,
-      `flash_schedule.prescaled`).
-    score_mod, mask_mod: the user rules with the arrays they close over
-      hoisted (`flash_rules.user_rules`): they take them
-      (`Extras.score_consts`, `fixed_consts`) last. None: none.
-    block_masked: visit the blocks `Extras.kv_*` list.
-    span_len, span_group: walk the block mask as spans
-      (`flash_schedule.span_plan`): each query block against `span_len`
-      key blocks in one step, `span_group` query blocks per step (0: the
-      block walk).
-  """
-  tq: int
-  tk: int
-  bq: int
-  bk: int
-  bwd_bq: int
-  bwd_bk: int
-  padded_keys: bool
-  is_causal: bool
-  rules: score_rules.ScoreRules
-  scale: float
-  score_mod: object = None
-  mask_mod: object = None
-  block_masked: bool = False
-  span_len: int = 0
-  span_group: int = 1
-
-
-class Extras(NamedTuple):
-  """The per-call arrays of the score rules, laid out for 5-d blocks
-  (the kernel's differentiable argument; None: the rule is off)."""
-  q_pos: jax.Array | None  # [B, Tq'] int, None: Tk - Tq + i
-  q_seg: jax.Array | None  # [B, Tq'] int
-  k_seg: jax.Array | None  # [B, Tk'] int
-  slopes: jax.Array | None  # [1, K, G, 1, 1] float32 (ALiBi)
-  sinks: jax.Array | None  # [1, K, G, 1] float32
-  # [1] int: the position of key 0 (None: 0). Context parallelism passes
-  # one device's slice of the keys, which starts further along.
-  k_start: jax.Array | None = None
-  # The user rules' inputs: batch rows [B, 1, 1, 1, 1] and query heads
-  # [1, K, G, 1, 1] (int32), and the arrays their functions close over,
-  # passed as arguments so that gradients reach them
-  # (`flash_rules.user_rules`).
-  b_ids: jax.Array | None = None
-  h_ids: jax.Array | None = None
-  score_consts: tuple = ()  # float: differentiated
-  fixed_consts: tuple = ((), ())  # score_mod's others, mask_mod's: not
-  # A block mask (`block_mask.kernel_lists`): per query block, how many
-  # key blocks to visit [B', K', Nq], which [B', K', Nq, Nk] and whether
-  # each is full [B', K', Nq, Nk] (its mask_mod work skipped).
-  kv_num: jax.Array | None = None
-  kv_idx: jax.Array | None = None
-  kv_full: jax.Array | None = None
-  # The span walk's (`flash_schedule.Span`): each query block's first key
-  # [Nq] and which keys of its span are in listed blocks [Nq, L Bk].
-  span_first: jax.Array | None = None
-  span_keep: jax.Array | None = None
-
-
 # One block's scores under the score rules.
-
-
-def _slice_block(x, qs, ks, cfg):
-  """The `[.., Bq, Bk]` block of a 5-d mask or bias (broadcast axes stay)."""
-  if x is None:
-    return None
-  if x.shape[3] != 1:
-    x = lax.dynamic_slice_in_dim(x, qs, cfg.bq, axis=3)
-  if x.shape[4] != 1:
-    x = lax.dynamic_slice_in_dim(x, ks, cfg.bk, axis=4)
-  return x
 
 
 def _user(ex, cfg, full=False, with_score=True):
@@ -177,7 +99,7 @@ def block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full=False,
   segs = ex.q_seg is not None
   user = _user(ex, cfg, full, with_score)
   ok = score_rules.allowed(
-      q_pos, k_pos, mask=_slice_block(mask, qs, ks, cfg),
+      q_pos, k_pos, mask=slice_block(mask, qs, ks, cfg),
       is_causal=cfg.is_causal, rules=cfg.rules,
       q_seg=cut_q(ex.q_seg) if segs else None,
       k_seg=cut_k(ex.k_seg) if segs else None,
@@ -186,7 +108,7 @@ def block_scores(qb, kb, mask, bias, ex, qs, ks, cfg, full=False,
       user=user)
   s, dcap = score_rules.scores(
       qk, q_pos, k_pos, scale=cfg.scale, rules=cfg.rules,
-      bias=_slice_block(bias, qs, ks, cfg), slopes=ex.slopes,
+      bias=slice_block(bias, qs, ks, cfg), slopes=ex.slopes,
       ok=ok if with_score else None, user=user)
   return (s, dcap) if with_score else (s, dcap, ok)
 
@@ -294,18 +216,6 @@ def finish(state, dtype):
 # The backward.
 
 
-def _reduce_to(x, shape):
-  """Sum `x` over the axes where `shape` broadcasts (size 1), keeping them."""
-  axes = tuple(a for a, (n, s) in enumerate(zip(shape, x.shape))
-               if n == 1 and s != 1)
-  return jnp.sum(x, axis=axes, keepdims=True) if axes else x
-
-
-def backward_cfg(cfg):
-  """`cfg` with the backward's block lengths."""
-  return cfg._replace(bq=cfg.bwd_bq, bk=cfg.bwd_bk)
-
-
 def row_terms(out, lse, d_out):
   """The backward's per-row inputs: `delta [B,K,G,Tq']` = dO . O (the
   softmax Jacobian's row term, sum_j P_ij dP_ij) and lse made finite
@@ -393,12 +303,12 @@ def backward_walk(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads,
             acc, lax.dynamic_slice_in_dim(acc, ks, cfg.bk, axis=2) + x, ks, 2)
         dk, dv = add(dk, dk_j * cfg.scale), add(dv, dv_j)
         if dbias is not None:
-          dbias = _add_bias_block(dbias, _reduce_to(ds, bias.shape), qs, ks,
+          dbias = add_bias_block(dbias, reduce_to(ds, bias.shape), qs, ks,
                                   cfg)
         if dslopes is not None:  # s -= slope * |pos_q - pos_k|
           dist = score_rules.distance(block_q_pos(ex, qs, cfg),
                                       block_k_pos(ex, ks, cfg))
-          dslopes = dslopes - _reduce_to(ds * dist, dslopes.shape)
+          dslopes = dslopes - reduce_to(ds * dist, dslopes.shape)
         return dqb, dk, dv, dbias, dslopes, dconsts
 
       return visit_block(ex, qs, ks, cfg, full_or_not(visit, full), carry)
@@ -410,14 +320,6 @@ def backward_walk(cfg, q, k, v, mask, bias, ex, lse, delta, d_out, grads,
     return dq, dk, dv, dbias, dslopes, dconsts
 
   return lax.fori_loop(0, nq, query_block, grads + (dconsts,))
-
-
-def _add_bias_block(dbias, block, qs, ks, cfg):
-  """dbias[.., qs:qs+Bq, ks:ks+Bk] += block, on the axes bias does not share."""
-  starts = [0, 0, 0, qs if dbias.shape[3] != 1 else 0,
-            ks if dbias.shape[4] != 1 else 0]
-  current = lax.dynamic_slice(dbias, starts, block.shape)
-  return lax.dynamic_update_slice(dbias, current + block, starts)
 
 
 def backward(cfg, residuals, d_out):

@@ -3,7 +3,7 @@
 A user's `score_mod` / `mask_mod` may close over arrays (a table under
 grad, document ids under jit); a custom VJP may not, so `user_rules`
 hoists them into the kernel's arguments once per call
-(`flash_kernel.Extras.score_consts`, `fixed_consts`), and the kernel
+(`flash_config.Extras.score_consts`, `fixed_consts`), and the kernel
 binds them back per block (`flash_kernel.block_scores`). The floats
 among them get gradients: the backward differentiates score_mod itself
 (`flash_kernel.score_mod_vjp`), which is how its tables are trained.

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax.core import score_rules
-from mha_jax.core.kernels.flash_kernel import BlockConfig
+from mha_jax.core.kernels.flash_config import BlockConfig
 from mha_jax.core.kernels.flash_kernel import accumulate
 from mha_jax.core.kernels.flash_kernel import block_scores
 from mha_jax.core.kernels.flash_kernel import initial_state

@@ -12,7 +12,7 @@ rule it out (`visit_block`). The positions of a block's queries and keys
 are here too (`block_q_pos`, `block_k_pos`): the range is computed from
 them, and the kernel's score rules (`flash_kernel.block_scores`) read
 them. Nothing here touches a score. `cfg` and `ex` are
-`flash_kernel.BlockConfig` and `flash_kernel.Extras`; a banded block
+`flash_config.BlockConfig` and `flash_config.Extras`; a banded block
 mask's span walk is `flash_schedule.py`'s.
 """
 
