@@ -18,8 +18,8 @@ are filtered out (KEEP_OPERATORS). A timeout counts as its own outcome.
 
 Besides cosmic-ray's operators, `PLANTED` holds bugs written by hand, the
 slips a kernel's author makes that no operator plants (a block visited
-twice, a wrong kv head): each replaces one exact piece of text in the
-copy, and its tests must fail.
+twice, a wrong kv head, a table read at the wrong offset): each replaces
+one exact piece of text in the copy, and its tests must fail.
 
 Writes `<workdir>/summary.md` (counts per target and every survivor's diff)
 and prints it. Not part of `make test`: each mutant costs a pytest start
@@ -155,18 +155,24 @@ PLANTED = {
     # block is no longer trusted (FlexAttention trusts it).
     "pallas_gpu_mask_on_full_blocks": (
         _PALLAS_GPU_KERNELS,
-        "keep = None if (full or spec.mask_mod is None) else (",
-        "keep = None if (spec.mask_mod is None) else (", _PALLAS_GPU_TESTS),
-    # mask_mod skipped on partial blocks as well.
+        "if spec.mask_mod is not None and not full:",
+        "if spec.mask_mod is not None:", _PALLAS_GPU_TESTS),
+    # mask_mod skipped on partial blocks (kept on full ones, where it
+    # allows every key anyway).
     "pallas_gpu_mask_skipped_on_partial_blocks": (
         _PALLAS_GPU_KERNELS,
-        "keep = None if (full or spec.mask_mod is None) else (",
-        "keep = None if (True or spec.mask_mod is None) else (",
-        _PALLAS_GPU_TESTS),
+        "if spec.mask_mod is not None and not full:",
+        "if spec.mask_mod is not None and full:", _PALLAS_GPU_TESTS),
     # The gradient of a rule's float array (a bias table) dropped.
     "pallas_gpu_rule_array_gradient_dropped": (
         _PALLAS_GPU, 'd_ex["floats"] = tuple(jnp.sum(s, (0, 1, 2))',
         'd_ex["floats"] = tuple(0 * jnp.sum(s, (0, 1, 2))',
+        _PALLAS_GPU_TESTS),
+    # A rule's integer table (document ids [B, T]) read at the wrong flat
+    # offset: the strides of its shape dropped.
+    "pallas_gpu_table_read_at_wrong_offset": (
+        "mha_jax/core/kernels/pallas_gpu_tables.py",
+        "flat = flat + start * int(stride)", "flat = flat + start",
         _PALLAS_GPU_TESTS),
     # GQA reading the wrong kv head (h % G instead of h // G).
     "pallas_gpu_wrong_kv_head": (

@@ -251,9 +251,10 @@ def test_errors_name_the_argument():
 
 def test_auto_on_gpu_reads_whether_a_user_rule_can_be_lowered():
   # `attend`'s dispatch hands `select_for` the ScoreRules itself: a rule
-  # that indexes a closed-over table is one Triton cannot lower (no
-  # gather), so the call goes to the blockwise path; a rule of plain
-  # arithmetic goes to the Pallas GPU kernel.
+  # that indexes a float table it closes over is one Triton cannot lower
+  # (its gradient is a scatter-add), so the call goes to the blockwise
+  # path; a rule of plain arithmetic, or one reading integer ids, goes to
+  # the Pallas GPU kernel.
   from mha_jax.core import score_rules  # pylint: disable=g-import-not-at-top
   q = jax.ShapeDtypeStruct((1, 256, 4, 64), jnp.bfloat16)
   table = jnp.arange(8.0)
@@ -261,8 +262,12 @@ def test_auto_on_gpu_reads_whether_a_user_rule_can_be_lowered():
       score_mod=lambda s, b, h, qi, ki: s + table[(qi - ki) % 8])
   choice = auto.select_for(q, q, q, backend="gpu", rules=gathers)
   assert choice.implementation == "flash"
-  assert "indexing a closed-over array" in dict(
-      choice.ruled_out)["pallas_gpu"]
+  assert "indexing a float array" in dict(choice.ruled_out)["pallas_gpu"]
+  ids = jnp.arange(256) // 100
+  documents = score_rules.ScoreRules(
+      mask_mod=lambda b, h, qi, ki: ids[qi] == ids[ki])
+  assert auto.select_for(q, q, q, backend="gpu",
+                         rules=documents).implementation == "pallas_gpu"
   plain = score_rules.ScoreRules(
       score_mod=lambda s, b, h, qi, ki: s - 0.5 * jnp.abs(qi - ki),
       mask_mod=lambda b, h, qi, ki: ki <= qi)

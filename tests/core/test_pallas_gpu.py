@@ -321,7 +321,13 @@ def test_rules_the_triton_lowering_cannot_compile_are_refused_naming_them():
       score_mod=lambda s, b, h, qi, ki: s + jnp.arange(8.0)[qi - ki])
   why = pallas_gpu.untraceable(gather)
   assert why.startswith("`score_mod` uses `dynamic_slice` (indexing a "
-                        "closed-over array")
+                        "float array the rule closes over")
+  # Integer arrays (document ids) are read per element: no refusal.
+  ids = jnp.arange(12) // 5
+  docs = score_rules.ScoreRules(
+      mask_mod=lambda b, h, qi, ki: (ids[qi] == ids[ki]) & (ki <= qi),
+      score_mod=lambda s, b, h, qi, ki: s - 1.0 * (ids[ki] == 0))
+  assert pallas_gpu.untraceable(docs) is None
   fine = score_rules.ScoreRules(
       score_mod=lambda s, b, h, qi, ki: 2.0 * jnp.tanh(s / 2.0),
       mask_mod=lambda b, h, qi, ki: (ki <= qi) | (ki < 3))
@@ -358,6 +364,20 @@ def test_the_triton_lowering_takes_forward_and_backward():
                                           is_causal=True, interpret=False)
     return jnp.sum(out.astype(jnp.float32))
   text = jax.jit(jax.grad(loss, (0, 1, 2))).trace(q, k, k).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert text.count("custom_call @__gpu$xla.gpu.triton") == 3
+  # Packed documents as FlexAttention users write them, reading document
+  # ids the rule closes over (the kernel loads them per element), with a
+  # block mask.
+  ids = jnp.arange(128, dtype=jnp.int32) // 37
+  docs = lambda b, h, qi, ki: (ids[qi] == ids[ki]) & (ki <= qi)
+  rules = score_rules.ScoreRules(mask_mod=docs, block_mask=block_mask.create(
+      docs, None, None, 128, 128, 64, 64))
+  def doc_loss(q, k, v):
+    out = pallas_gpu.pallas_gpu_attention(q, k, v, rules=rules,
+                                          interpret=False)
+    return jnp.sum(out.astype(jnp.float32))
+  text = jax.jit(jax.grad(doc_loss, (0, 1, 2))).trace(q, k, k).lower(
       lowering_platforms=("cuda",)).as_text()
   assert text.count("custom_call @__gpu$xla.gpu.triton") == 3
   # A decoding step: one query at a traced position, its block padded.

@@ -26,16 +26,18 @@ elsewhere it runs in Pallas' interpret mode, which is how the tests check
 it on CPU (slowly: a correctness path there, never chosen by `auto`).
 THE TRITON LOWERING HAS NOT YET RUN ON A GPU: the kernels are written in
 the subset it takes (`pl.ds` slices of refs, `lax.fori_loop` with traced
-bounds, `lax.broadcasted_iota`, float32 dots), but no GPU was at hand;
-the benchmark (experiments/gpu_bench/flex.py) is ready and its timings
-are still to come. On a GPU a rule must use only primitives the Triton
-lowering has (`untraceable` lists the first it lacks): elementwise
-arithmetic, comparisons, `jnp.where`, tanh/exp/log and the like on the
-indices and the score. Indexing a closed-over array (`table[h, q - k]`,
-`doc_ids[b, q]`) is a gather, which JAX's Triton lowering (jax 0.10) does
-not lower; such rules run in interpret mode only, and on a GPU are
-refused naming the primitive. For packed documents pass
-`q_segment_ids` / `kv_segment_ids`, which the kernel loads per block.
+bounds, `lax.broadcasted_iota`, float32 dots), and the tests lower the
+forward and backward to Triton IR for CUDA from a CPU, but no GPU has
+compiled or run them; the benchmark (experiments/gpu_bench/flex.py) is
+ready and its timings are still to come. On a GPU a rule must use only
+primitives the Triton lowering has (`untraceable` names the first it
+lacks): elementwise arithmetic, comparisons, `jnp.where`, tanh/exp/log
+and the like on the indices and the score, and reads of integer arrays
+the rule closes over (`doc_ids[b, q_idx]`), which the kernel loads per
+element from memory (`pallas_gpu_tables`). Indexing a float array
+(`table[h, q - k]`, a learned bias) is refused on a GPU: its gradient
+would be a scatter-add, which the Triton lowering (jax 0.10) lacks too;
+such rules run in interpret mode only, and `auto` sends them to "flash".
 """
 
 from __future__ import annotations

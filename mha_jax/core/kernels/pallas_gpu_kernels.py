@@ -44,6 +44,8 @@ import jax.numpy as jnp
 
 from mha_jax.core import precision
 from mha_jax.core import score_rules
+from mha_jax.core import user_rules
+from mha_jax.core.kernels import pallas_gpu_tables as tables
 
 
 class Spec(NamedTuple):
@@ -96,10 +98,12 @@ def pl_ds(start, size):
 
 
 def consts_of(refs, spec):
-  """The hoisted arrays of the user rules, loaded whole, in their shapes:
-  `(floats, score_mod's others, mask_mod's)`."""
-  loaded = [r[...].reshape(s) for r, s in zip(refs["consts"],
-                                              spec.const_shapes)]
+  """The hoisted arrays of the user rules: `(floats, score_mod's others,
+  mask_mod's)`, the floats loaded whole in their shapes, the others left
+  in memory as `pallas_gpu_tables.Table`s (read per element)."""
+  loaded = [r[...].reshape(s) if i < spec.n_float else tables.Table(r, s)
+            for i, (r, s) in enumerate(zip(refs["consts"],
+                                           spec.const_shapes))]
   n_score_other = len(spec.const_shapes) - spec.n_float - spec.n_mask
   floats = tuple(loaded[:spec.n_float])
   score_other = tuple(loaded[spec.n_float:spec.n_float + n_score_other])
@@ -118,21 +122,27 @@ def logits(qk, slope, floats, *, refs, spec, b, h, qs, ks, q_pos, full,
   arrays (the differentiated ones); `fixed`: (score_mod's other arrays,
   mask_mod's)."""
   k_pos = ks + _iota(spec.bk)
-  score = None if spec.score_mod is None else (
-      lambda *a: spec.score_mod(*a, *floats, *fixed[0]))
-  keep = None if (full or spec.mask_mod is None) else (
-      lambda *a: spec.mask_mod(*a, *fixed[1]))
-  user = lambda score, keep: (None if score is None and keep is None else
-                              score_rules.User(b, h, score, keep))
+  # The user rules on the block's grid, their integer arrays read per
+  # element from memory (`pallas_gpu_tables`): `user_rules.user_allowed`
+  # and `user_scores`, as on every path.
+  user_ok = None
+  if spec.mask_mod is not None and not full:
+    user_ok = tables.on_grid(lambda ts, qp, kp: user_rules.user_allowed(
+        score_rules.User(b, h, None, lambda *a: spec.mask_mod(*a, *ts)),
+        qp, kp, 2), fixed[1], q_pos, k_pos)
   seg = "q_seg" in refs
   ok = score_rules.allowed(
-      q_pos, k_pos, is_causal=spec.is_causal, rules=spec.rules,
+      q_pos, k_pos, mask=user_ok, is_causal=spec.is_causal,
+      rules=spec.rules,
       q_seg=refs["q_seg"][pl_ds(qs, spec.bq)] if seg else None,
       k_seg=refs["k_seg"][pl_ds(ks, spec.bk)] if seg else None,
-      kv_len=spec.tk if spec.padded_keys else None, user=user(None, keep))
+      kv_len=spec.tk if spec.padded_keys else None)
   s, _ = score_rules.scores(qk, q_pos, k_pos, scale=spec.scale,
-                            rules=spec.rules, slopes=slope,
-                            user=user(score, None))
+                            rules=spec.rules, slopes=slope)
+  if spec.score_mod is not None:  # after the built-ins, as in `scores`
+    s = tables.on_grid(lambda ts, s, qp, kp: user_rules.user_scores(
+        score_rules.User(b, h, lambda *a: spec.score_mod(*a, *floats, *ts),
+                         None), s, qp, kp), fixed[0], s, q_pos, k_pos)
   ok = jnp.ones(qk.shape, bool) if ok is None else ok
   return jnp.broadcast_to(s, qk.shape), jnp.broadcast_to(ok, qk.shape)
 

@@ -55,17 +55,33 @@ def unsupported(*, head_dim, value_dim, block_q, block_k, dtypes, mask,
   return None
 
 
-def _primitives(jaxpr):
-  """Every primitive name of a closed jaxpr, sub-jaxprs included."""
+_READS = ("gather", "dynamic_slice")
+
+
+def _primitives(jaxpr, tables=frozenset()):
+  """Every primitive name of a jaxpr, sub-jaxprs included, but for the
+  point reads of `tables` (vars of integer arrays the rule closes over),
+  which the kernel turns into loads (`pallas_gpu_tables`)."""
   for eqn in jaxpr.eqns:
+    first = eqn.invars[0] if eqn.invars else None
+    if eqn.primitive.name in _READS and any(first is t for t in tables):
+      continue
     yield eqn.primitive.name
+    sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    if sub is not None and hasattr(sub, "jaxpr"):  # a call: tables go in
+      inner = {v for v, outer in zip(sub.jaxpr.invars, eqn.invars)
+               if any(outer is t for t in tables)}
+      yield from _primitives(sub.jaxpr, frozenset(inner))
+      continue
     for sub in jax.extend.core.jaxprs_in_params(eqn.params):
       yield from _primitives(sub)
 
 
 def untraceable(rules) -> str | None:
   """Why a user rule of `rules` cannot be lowered by Pallas' Triton
-  lowering (None: both can): the first primitive it has no rule for."""
+  lowering (None: both can): the first primitive it has no rule for. A
+  point read of an integer array the rule closes over is no such
+  primitive: the kernel loads those elements from memory."""
   from jax._src.pallas.triton import lowering  # pylint: disable=g-import-not-at-top
   known = {str(p) for p in lowering.triton_lowering_rules}
   i32, f32 = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32)
@@ -74,11 +90,16 @@ def untraceable(rules) -> str | None:
     rule = getattr(rules, name)
     if rule is None:
       continue
-    for prim in _primitives(jax.make_jaxpr(rule)(*args).jaxpr):
+    closed = jax.make_jaxpr(rule)(*args)
+    tables = frozenset(
+        v for v, c in zip(closed.jaxpr.constvars, closed.consts)
+        if not jnp.issubdtype(jnp.result_type(c), jnp.inexact))
+    for prim in _primitives(closed.jaxpr, tables):
       if prim not in known:
-        hint = (" (indexing a closed-over array; for documents pass "
-                "q_segment_ids/kv_segment_ids)"
-                if prim in ("gather", "dynamic_slice") else "")
+        hint = (" (indexing a float array the rule closes over: its "
+                "gradient would be a scatter-add, which the Triton "
+                "lowering lacks too; integer arrays such as document ids "
+                "are read per element)" if prim in _READS else "")
         return (f"`{name}` uses `{prim}`{hint}, which Pallas' Triton "
                 "lowering cannot compile")
   return None
