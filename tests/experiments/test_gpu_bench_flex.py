@@ -26,10 +26,13 @@ def test_allowed_pairs_equal_a_count_on_the_grid(rule, n):
 def test_smoke_case_runs_and_its_table_shows_every_row():
   config = entry_points.config("gpu_bench")
   with config.unlocked():
-    config.flex.update(rules="documents", modes="fwdbwd")
+    # FlexAttention (torch.compile on a CUDA device) is left to the whole
+    # smoke run, tests/experiments/test_gpu_bench.py.
+    config.flex.update(rules="documents", modes="fwdbwd",
+                       contestants="pallas_gpu,cudnn,flash")
   part = flex.measure(config, devices.Budget(600, "flex"))
   rows = {r["contestant"]: r for r in part["rows"]}
-  assert set(rows) == {"pallas_gpu", "cudnn", "flex", "flash"}
+  assert set(rows) == {"pallas_gpu", "cudnn", "flash"}
   for who in ("pallas_gpu", "flash"):  # run, in interpret mode for ours
     assert rows[who]["ms"] > 0 and 0 < rows[who]["visited"] < 1, rows[who]
   assert rows["cudnn"]["skipped"] == "not run: cuDNN has no user rules"
