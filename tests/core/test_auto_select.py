@@ -283,6 +283,10 @@ def test_auto_on_gpu_reads_whether_a_user_rule_can_be_lowered():
   assert choice.implementation == "flash"
   assert "`block_mask` was built on blocks of 40 x 40" in dict(
       choice.ruled_out)["pallas_gpu"]
+  # explain_auto takes the rules as attend does, and says why.
+  said = str(mha_jax.explain_auto(q, q, backend="gpu", rules=documents))
+  assert said.startswith("auto -> 'pallas_gpu'")
+  assert "not 'cudnn': mha_jax's adapter to it does not take mask_mod" in said
   # On CPU nothing changes: the kernel would run interpreted.
   assert auto.select_for(q, q, q, backend="cpu",
                          rules=plain).implementation == "flash"

@@ -246,7 +246,8 @@ def select_for(q, k, v, *, mask=None, bias=None, is_causal=False,
 
 
 def explain_auto(q, k, v=None, *, mask=None, bias=None, is_causal=False,
-                 dropout_rate=0.0, weights=False, backend=None) -> AutoChoice:
+                 dropout_rate=0.0, weights=False, backend=None,
+                 rules=()) -> AutoChoice:
   """What `attend(q, k, v, implementation="auto", ...)` would run, and why
   each faster kernel was ruled out. `print(explain_auto(...))` reads well.
 
@@ -255,11 +256,14 @@ def explain_auto(q, k, v=None, *, mask=None, bias=None, is_causal=False,
   broadcastable to `[B,H,Tq,Tk]`; `weights=True` asks which path forms the
   weights. `backend` ("cpu", "gpu", "tpu") defaults to JAX's; asked about a
   GPU from another machine, a CUDA GPU with cuDNN and an unknown compute
-  capability are assumed.
+  capability are assumed. `rules`: the call's `score_rules.ScoreRules`
+  (or the names of its options), as `attend` takes it: a user rule
+  changes the choice on a GPU (cuDNN takes none; the Pallas GPU kernel
+  takes those Triton can lower).
   """
   if not 0.0 <= dropout_rate < 1.0:
     raise ValueError(f"explain_auto: `dropout_rate` must be in [0, 1), got "
                      f"{dropout_rate}")
   return select_for(q, k, k if v is None else v, mask=mask, bias=bias,
                     is_causal=is_causal, dropout=dropout_rate > 0.0,
-                    weights=weights, backend=backend)
+                    weights=weights, backend=backend, rules=rules)
