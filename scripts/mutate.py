@@ -174,6 +174,13 @@ PLANTED = {
         "mha_jax/core/kernels/pallas_gpu_tables.py",
         "flat = flat + start * int(stride)", "flat = flat + start",
         _PALLAS_GPU_TESTS),
+    # Segments skip the wrong blocks: a block whose queries and keys
+    # share a segment is skipped (one that shares none is visited).
+    "pallas_gpu_segment_skip_inverted": (
+        _PALLAS_GPU_KERNELS,
+        "return (jnp.min(q) <= jnp.max(k)) & (jnp.min(k) <= jnp.max(q))",
+        "return ~((jnp.min(q) <= jnp.max(k)) & (jnp.min(k) <= jnp.max(q)))",
+        _PALLAS_GPU_TESTS),
     # GQA reading the wrong kv head (h % G instead of h // G).
     "pallas_gpu_wrong_kv_head": (
         _PALLAS_GPU, "  return h // groups\n", "  return h % groups\n",

@@ -21,7 +21,8 @@ The key blocks a query block visits come as lists (`plan` in
 `pallas_gpu.py`): its partial blocks, on which the user's mask_mod is
 evaluated, and its full ones, on which it is not; the built-in rules
 (causal, window, segments, the padded keys) are applied on every block,
-and a block on no list is never loaded. Two loops instead of one loop
+and a block on no list is never loaded; with packed segments, a block
+whose queries and keys share no segment is skipped too (`_walk`). Two loops instead of one loop
 with a branch per block: Triton lowers `lax.fori_loop` with a traced
 bound, and the full blocks' body then has no mask_mod at all.
 
@@ -156,15 +157,34 @@ def _slope(refs, h):
   return refs["slopes"][h] if "slopes" in refs else None
 
 
-def _walk(refs, bi, ki, i, body, carry):
-  """`body(j, full, carry)` over the partial key blocks of query block i,
-  then over its full ones (lists of `pallas_gpu.plan`)."""
+def _segments_meet(refs, spec, qs, ks):
+  """Whether the query block at qs and the key block at ks may share a
+  packed segment: some id of one lies in the other's range (a sufficient
+  test whatever the ids' order). True without segments."""
+  if "q_seg" not in refs:
+    return True
+  q = refs["q_seg"][pl_ds(qs, spec.bq)]
+  k = refs["k_seg"][pl_ds(ks, spec.bk)]
+  return (jnp.min(q) <= jnp.max(k)) & (jnp.min(k) <= jnp.max(q))
+
+
+def _walk(refs, spec, bi, ki, i, starts, body, carry):
+  """`body(j, full, carry)` over the partial blocks of list row i, then
+  over its full ones (lists of `pallas_gpu.plan`), skipping a block whose
+  queries and keys share no segment: all its scores would be masked.
+  `starts(j)`: the (query, key) offsets of the block visited as j."""
+  def visit(j, full, c):
+    meet = _segments_meet(refs, spec, *starts(j))
+    if meet is True:
+      return body(j, full, c)
+    return lax.cond(meet, lambda c: body(j, full, c), lambda c: c, c)
+
   for full, num, idx in ((False, "part_num", "part_idx"),
                          (True, "full_num", "full_idx")):
     carry = lax.fori_loop(
         0, refs[num][bi, ki, i],
-        lambda t, c, full=full, idx=idx: body(refs[idx][bi, ki, i, t], full,
-                                              c), carry)
+        lambda t, c, full=full, idx=idx: visit(refs[idx][bi, ki, i, t],
+                                               full, c), carry)
   return carry
 
 
@@ -205,7 +225,8 @@ def forward_kernel(refs, out_ref, lse_ref, *, spec, rows, heads):
     m0 = jnp.full((spec.bq,), -jnp.inf, jnp.float32)
     l0 = jnp.zeros((spec.bq,), jnp.float32)
   acc0 = jnp.zeros((spec.bq, out_ref.shape[-1]), jnp.float32)
-  m, l, acc = _walk(refs, bi, ki, i, body, (m0, l0, acc0))
+  m, l, acc = _walk(refs, spec, bi, ki, i, lambda j: (qs, j * spec.bk),
+                    body, (m0, l0, acc0))
   # A row with no allowed key has l = 0 and acc = 0: output 0 (the
   # project's empty-row policy), lse = -inf.
   seen = l > 0
@@ -263,7 +284,8 @@ def dq_kernel(refs, dq_ref, dslope_ref, dfloat_refs, *, spec, rows, heads):
 
   init = (jnp.zeros(qb.shape, jnp.float32), zero_slope,
           tuple(jnp.zeros_like(f) for f in floats))
-  dq, dslope, dfl = _walk(refs, bi, ki, i, body, init)
+  dq, dslope, dfl = _walk(refs, spec, bi, ki, i,
+                          lambda j: (qs, j * spec.bk), body, init)
   dq_ref[...] = dq.astype(dq_ref.dtype)
   if dslope_ref is not None:
     dslope_ref[...] = jnp.reshape(dslope, dslope_ref.shape)
@@ -300,7 +322,8 @@ def dkv_kernel(refs, dk_ref, dv_ref, *, spec, rows, heads):
       return (dk + _dot(dqk, qb, ((0,), (0,))),
               dv + _dot(p, do, ((0,), (0,))))
 
-    return _walk(_transposed(refs), bi, ki, j, body, carry)
+    return _walk(_transposed(refs), spec, bi, ki, j,
+                 lambda i: (i * spec.bq, ks), body, carry)
 
   init = (jnp.zeros(kb.shape, jnp.float32),
           jnp.zeros(vb.shape, jnp.float32))
