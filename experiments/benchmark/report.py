@@ -20,14 +20,13 @@ PEERS = ("torch", "torch_compile", "transformer_lens")  # the train-step peers
 
 
 def write(config, results, workdir) -> dict:
-  """table.md (printed too) and results.json in `workdir`; returns what
-  results.json holds."""
-  # This report has always been table.md (the docs link it by that name).
+  """The report (`config.report_name`, table.md by default; printed too)
+  and results.json in `workdir`; returns what results.json holds."""
+  name = config.report_name
   written = report_lib.write_rendered(workdir, results, render,
-                                      config=config, name="table.md",
-                                      echo=True)
+                                      config=config, name=name, echo=True)
   print(f"\nDone in {written['meta']['seconds']:.0f} s: "
-        f"{pathlib.Path(workdir) / 'table.md'}")
+        f"{pathlib.Path(workdir) / name}")
   return written
 
 
