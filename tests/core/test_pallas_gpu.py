@@ -188,6 +188,21 @@ def test_a_learned_scalar_in_a_rule_gets_its_gradient():
   np.testing.assert_allclose(grads[3], np.sum(dmod * s0), atol=5e-5)
 
 
+def test_a_float_array_in_mask_mod_is_read_per_element():
+  # mask_mod's arrays are read from memory element by element (never
+  # differentiated), a float one too; the answer is the vmap path's.
+  rng = np.random.default_rng(9)
+  q, k, v, _ = _inputs(rng, 1, 7, 10, 2, 1)
+  reach = jnp.asarray(rng.uniform(0.0, 10.0, size=(10,)), jnp.float32)
+  rules = score_rules.ScoreRules(
+      mask_mod=lambda b, h, qi, ki: (ki <= qi) & (ki >= qi - reach[qi]))
+  got = pallas_gpu.pallas_gpu_attention(q, k, v, rules=rules,
+                                        block_q=BLOCK, block_k=BLOCK,
+                                        interpret=True)
+  want, _ = attention.attend(q, k, v, rules=rules, implementation="vmap")
+  np.testing.assert_allclose(got, want, atol=2e-5)
+
+
 @pytest.mark.parametrize("mark", ["empty", "full"])
 def test_tampered_block_mask_changes_exactly_that_block(mark):
   # A block mask is trusted, as FlexAttention's is. Marking a needed block
@@ -328,6 +343,10 @@ def test_rules_the_triton_lowering_cannot_compile_are_refused_naming_them():
       mask_mod=lambda b, h, qi, ki: (ids[qi] == ids[ki]) & (ki <= qi),
       score_mod=lambda s, b, h, qi, ki: s - 1.0 * (ids[ki] == 0))
   assert pallas_gpu.untraceable(docs) is None
+  # mask_mod's arrays are never differentiated: a float one is read too.
+  limits = jnp.linspace(0.0, 11.0, 12)
+  assert pallas_gpu.untraceable(score_rules.ScoreRules(
+      mask_mod=lambda b, h, qi, ki: ki <= limits[qi])) is None
   fine = score_rules.ScoreRules(
       score_mod=lambda s, b, h, qi, ki: 2.0 * jnp.tanh(s / 2.0),
       mask_mod=lambda b, h, qi, ki: (ki <= qi) | (ki < 3))

@@ -80,8 +80,9 @@ def _primitives(jaxpr, tables=frozenset()):
 def untraceable(rules) -> str | None:
   """Why a user rule of `rules` cannot be lowered by Pallas' Triton
   lowering (None: both can): the first primitive it has no rule for. A
-  point read of an integer array the rule closes over is no such
-  primitive: the kernel loads those elements from memory."""
+  point read of an array mask_mod closes over, or of an integer array
+  score_mod closes over, is no such primitive: the kernel loads those
+  elements from memory (`pallas_gpu_tables`)."""
   from jax._src.pallas.triton import lowering  # pylint: disable=g-import-not-at-top
   known = {str(p) for p in lowering.triton_lowering_rules}
   i32, f32 = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32)
@@ -91,9 +92,12 @@ def untraceable(rules) -> str | None:
     if rule is None:
       continue
     closed = jax.make_jaxpr(rule)(*args)
+    # mask_mod's arrays are never differentiated: all are read per
+    # element; score_mod's float ones would need a scatter-add gradient.
     tables = frozenset(
         v for v, c in zip(closed.jaxpr.constvars, closed.consts)
-        if not jnp.issubdtype(jnp.result_type(c), jnp.inexact))
+        if name == "mask_mod"
+        or not jnp.issubdtype(jnp.result_type(c), jnp.inexact))
     for prim in _primitives(closed.jaxpr, tables):
       if prim not in known:
         hint = (" (indexing a float array the rule closes over: its "
