@@ -32,10 +32,11 @@ compiled or run them; the benchmark (experiments/gpu_bench/flex.py) is
 ready and its timings are still to come. On a GPU a rule must use only
 primitives the Triton lowering has (`untraceable` names the first it
 lacks): elementwise arithmetic, comparisons, `jnp.where`, tanh/exp/log
-and the like on the indices and the score, and reads of integer arrays
-the rule closes over (`doc_ids[b, q_idx]`), which the kernel loads per
-element from memory (`pallas_gpu_tables`). Indexing a float array
-(`table[h, q - k]`, a learned bias) is refused on a GPU: its gradient
+and the like on the indices and the score, and reads of the arrays a
+mask_mod closes over or of integer arrays a score_mod closes over
+(`doc_ids[b, q_idx]`), which the kernel loads per element from memory
+(`pallas_gpu_tables`). A score_mod indexing a float array (`table[h,
+q - k]`, a learned bias) is refused on a GPU: its gradient
 would be a scatter-add, which the Triton lowering (jax 0.10) lacks too;
 such rules run in interpret mode only, and `auto` sends them to "flash".
 """

@@ -1,5 +1,5 @@
-"""Integer arrays a user rule closes over, read per element inside the
-Pallas GPU kernel (document ids, a segment table).
+"""Arrays a user rule closes over, read per element inside the Pallas GPU
+kernel (document ids, a segment table, a mask_mod's thresholds).
 
 Shape letters: Bq / Bk query / key block lengths.
 
@@ -9,13 +9,14 @@ JAX's Triton lowering (jax 0.10) does not lower; loading the whole array
 into the kernel and gathering from the value would not lower either. A
 load from a ref at an array of offsets does (`ref[offsets]`, Triton's
 pointer load). So the kernel evaluates the rule's jaxpr with `evaluate`
-below: each non-float array the rule closes over stays a `Table` (its
-ref, flattened, and its shape), and a point gather or dynamic slice of
-one becomes a load at the flat offsets of the indices, clipped as the
-gather's mode says. Any other use of a table loads it whole. Float
-arrays (a bias table) are not read this way: their gradient would be a
-scatter-add, which the Triton lowering lacks too
-(`pallas_gpu_plan.untraceable` refuses them on a GPU).
+below: each array mask_mod closes over, and each non-float one of
+score_mod's, stays a `Table` (its ref, flattened, and its shape), and a
+point gather or dynamic slice of one becomes a load at the flat offsets
+of the indices, clipped or filled as the gather's mode says. Any other
+use of a table loads it whole. score_mod's float arrays (a bias table)
+are not read this way: their gradient would be a scatter-add, which the
+Triton lowering lacks too (`pallas_gpu_plan.untraceable` refuses them
+on a GPU).
 """
 
 from __future__ import annotations
