@@ -69,8 +69,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   m.use_bias = False  # biases on the attention projections
   m.dropout_rate = 0.0  # attention-weight dropout while training
   # Core attend path, a key of mha_jax.core.attention.PATHS: vmap |
-  # einsum | flash | xla | cudnn | pallas_tpu | auto. Only vmap and einsum
-  # form the weights that return_weights and the head analyses read.
+  # einsum | flash | xla | cudnn | pallas_tpu | pallas_gpu | auto. Only vmap
+  # and einsum form the weights that return_weights and the head analyses
+  # read.
   m.implementation = "einsum"
   # Attention variants (mha_jax.core.score_rules; 0 / "" / False: off).
   m.local_window = 0  # W > 0: keys at most W positions away (sliding)

@@ -2,7 +2,7 @@ r"""mha_jax on one accelerator: training steps, real LMs, long context, precisio
 
   python -m experiments.gpu_bench --workdir=runs/gpu_bench
 
-Four parts, each timed as ratios within the one run (experiments/gpu_bench):
+Five parts, each timed as ratios within the one run (experiments/gpu_bench):
 `train_step` times a training step of the train-step benchmark's shapes
 against the same model in PyTorch on the same device (eager and
 torch.compile) in float32 at the library's exact policy, in TF32 (both
@@ -13,7 +13,9 @@ decoding with the KV cache; bf16 and float32) and measures their float32
 logits against transformers' own float32 error; `long_context` finds the
 longest causal bf16 sequence whose attend trains, for `auto` and each
 named path; `policy` times the standard attend shape in the three
-precisions with its error against float64.
+precisions with its error against float64; `flex` times the Pallas GPU
+kernel on five attention rules against cuDNN, FlexAttention and the
+blockwise path.
 
 `budget_s` bounds the run: the parts share it (`shares`), time left by one
 goes to the next, and a case that would start after its part's share is
@@ -42,9 +44,9 @@ def get_config(arg=None):
   c.budget_s = 240.0
   # Comma-separated, in run order: long_context first, while no other
   # part holds device memory.
-  c.parts = "long_context,policy,train_step,lms"
+  c.parts = "long_context,flex,policy,train_step,lms"
   c.shares = ml_collections.ConfigDict(dict(
-      long_context=0.2, policy=0.08, train_step=0.37, lms=0.35))
+      long_context=0.15, flex=0.3, policy=0.06, train_step=0.25, lms=0.24))
   c.seed = 0  # random ids, weights and inputs
 
   # a. One optimizer step (experiments/benchmark/train_step.py) of the
@@ -109,6 +111,22 @@ def get_config(arg=None):
   po.warmup = 2
   po.repeats = 5
 
+  # e. User rules on the GPU (experiments/gpu_bench/flex.py): the Pallas
+  # GPU kernel against cuDNN (causal), FlexAttention (torch.compile) and
+  # the blockwise path, bf16, in the order of these lists (the most
+  # telling first: a spent share skips the rest).
+  c.flex = fx = ml_collections.ConfigDict()
+  fx.head_dims = "64,128"
+  fx.lengths = "8192,32768"
+  fx.rules = "causal,documents,window,prefix_lm,alibi"
+  fx.modes = "fwd,fwdbwd"
+  fx.contestants = "pallas_gpu,cudnn,flex,flash"
+  fx.B, fx.H = 1, 8
+  fx.block = 64  # the block mask's (and so the kernels') block length
+  fx.flash_max_n = 8192  # the blockwise path beyond: skipped (too slow)
+  fx.warmup = 2
+  fx.repeats = 5
+
   if smoke:
     c.budget_s = 300.0
     ts.shapes = "random"
@@ -128,4 +146,7 @@ def get_config(arg=None):
     po.shape.update(B=1, n=32, D=16, h=2)
     po.precisions = "exact,bf16"  # train_step covers TF32's context
     po.update(warmup=1, repeats=2)
+    # The kernel in interpret mode: tiny, two rules.
+    fx.update(head_dims="16", lengths="32", rules="causal,documents",
+              block=16, flash_max_n=32, warmup=0, repeats=1)
   return c

@@ -14,7 +14,11 @@
 #    torch.compile) in exact float32, TF32 and bf16; SmolLM2-135M and
 #    Gemma 3 270M (random weights from their configs) against transformers;
 #    the longest causal bf16 sequence that trains per path; what the exact
-#    float32 policy costs;
+#    float32 policy costs; the Pallas GPU kernel with user rules (causal,
+#    8 documents, a 512-key window, prefix-LM, ALiBi; Dh 64 and 128,
+#    n = 8192 and 32768, bf16, forward and forward + backward) against
+#    cuDNN, FlexAttention under torch.compile (where torch has CUDA) and
+#    the blockwise path, as far as its share of the budget goes;
 # 4. docs/gpu.md (experiments/gpu_bench/page.py): the date, the device and
 #    versions, the suite's summary and failures, what `auto` chose, every
 #    table; gpu_bench's report.md and results.json also go to

@@ -14,6 +14,12 @@ are filtered out (KEEP_OPERATORS). A timeout counts as its own outcome.
 
     python scripts/mutate.py                   # every target
     python scripts/mutate.py --only masks,flash_rules
+    python scripts/mutate.py --planted         # the planted bugs only
+
+Besides cosmic-ray's operators, `PLANTED` holds bugs written by hand, the
+slips a kernel's author makes that no operator plants (a block visited
+twice, a wrong kv head, a table read at the wrong offset): each replaces
+one exact piece of text in the copy, and its tests must fail.
 
 Writes `<workdir>/summary.md` (counts per target and every survivor's diff)
 and prints it. Not part of `make test`: each mutant costs a pytest start
@@ -30,11 +36,6 @@ import re
 import shutil
 import subprocess
 import sys
-
-from cosmic_ray.work_db import use_db
-from cosmic_ray.work_db import WorkDB
-from cosmic_ray.work_item import TestOutcome
-from cosmic_ray.work_item import WorkerOutcome
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
@@ -140,6 +141,52 @@ TARGETS = {
                     "tests/training/test_text_tokens.py", True),
 }
 
+_PALLAS_GPU_TESTS = "tests/core/test_pallas_gpu.py"
+_PALLAS_GPU = "mha_jax/core/kernels/pallas_gpu.py"
+_PALLAS_GPU_PLAN = "mha_jax/core/kernels/pallas_gpu_plan.py"
+_PALLAS_GPU_KERNELS = "mha_jax/core/kernels/pallas_gpu_kernels.py"
+# name -> (module, exact text, its replacement, tests that must fail)
+PLANTED = {
+    # The full blocks also stay on the partial list: each is visited twice.
+    "pallas_gpu_block_visited_twice": (
+        _PALLAS_GPU_PLAN, '(("", visit & ~full, visit & full)',
+        '(("", visit, visit & full)', _PALLAS_GPU_TESTS),
+    # mask_mod evaluated on full blocks too: what the block mask says of a
+    # block is no longer trusted (FlexAttention trusts it).
+    "pallas_gpu_mask_on_full_blocks": (
+        _PALLAS_GPU_KERNELS,
+        "if spec.mask_mod is not None and not full:",
+        "if spec.mask_mod is not None:", _PALLAS_GPU_TESTS),
+    # mask_mod skipped on partial blocks (kept on full ones, where it
+    # allows every key anyway).
+    "pallas_gpu_mask_skipped_on_partial_blocks": (
+        _PALLAS_GPU_KERNELS,
+        "if spec.mask_mod is not None and not full:",
+        "if spec.mask_mod is not None and full:", _PALLAS_GPU_TESTS),
+    # The gradient of a rule's float array (a bias table) dropped.
+    "pallas_gpu_rule_array_gradient_dropped": (
+        _PALLAS_GPU, 'd_ex["floats"] = tuple(jnp.sum(s, (0, 1, 2))',
+        'd_ex["floats"] = tuple(0 * jnp.sum(s, (0, 1, 2))',
+        _PALLAS_GPU_TESTS),
+    # A rule's integer table (document ids [B, T]) read at the wrong flat
+    # offset: the strides of its shape dropped.
+    "pallas_gpu_table_read_at_wrong_offset": (
+        "mha_jax/core/kernels/pallas_gpu_tables.py",
+        "flat = flat + start * int(stride)", "flat = flat + start",
+        _PALLAS_GPU_TESTS),
+    # Segments skip the wrong blocks: a block whose queries and keys
+    # share a segment is skipped (one that shares none is visited).
+    "pallas_gpu_segment_skip_inverted": (
+        _PALLAS_GPU_KERNELS,
+        "return (jnp.min(q) <= jnp.max(k)) & (jnp.min(k) <= jnp.max(q))",
+        "return ~((jnp.min(q) <= jnp.max(k)) & (jnp.min(k) <= jnp.max(q)))",
+        _PALLAS_GPU_TESTS),
+    # GQA reading the wrong kv head (h % G instead of h // G).
+    "pallas_gpu_wrong_kv_head": (
+        _PALLAS_GPU, "  return h // groups\n", "  return h % groups\n",
+        _PALLAS_GPU_TESTS),
+}
+
 # The operators kept model slips one makes: + for -, * for /, < for <=,
 # == for !=, a sign or a `not` dropped or added, True for False, and for
 # or, a loop that never runs, a constant off by one. Replacing + by ** or
@@ -231,6 +278,11 @@ lines = {{ "{module}" = {toml_list(line_ranges(workdir / module, functions,
 
 
 def summarize(session: pathlib.Path) -> dict:
+  # Imported here: the planted bugs (`--planted`) run without cosmic-ray.
+  from cosmic_ray.work_db import use_db  # pylint: disable=g-import-not-at-top
+  from cosmic_ray.work_db import WorkDB  # pylint: disable=g-import-not-at-top
+  from cosmic_ray.work_item import TestOutcome  # pylint: disable=g-import-not-at-top
+  from cosmic_ray.work_item import WorkerOutcome  # pylint: disable=g-import-not-at-top
   counts = dict(generated=0, killed=0, survived=0, timeout=0, incompetent=0,
                 filtered=0)
   survivors = []
@@ -259,6 +311,34 @@ def summarize(session: pathlib.Path) -> dict:
   return counts
 
 
+def planted(workdir: pathlib.Path, timeout: float) -> list[str]:
+  """Plant each bug of `PLANTED` in turn in the copy at `workdir` and run
+  its tests; returns a table row per bug (killed: the tests failed)."""
+  rows = ["| planted bug | tests | outcome (the first test failed) |",
+          "|---|---|---|"]
+  for name, (module, old, new, tests) in PLANTED.items():
+    path = workdir / module
+    clean = path.read_text()
+    if clean.count(old) != 1:
+      raise SystemExit(f"{name}: {module} must contain {old!r} once, found "
+                       f"{clean.count(old)}")
+    path.write_text(clean.replace(old, new))
+    try:
+      done = subprocess.run(f"{PYTEST} -rf {tests}", cwd=workdir,
+                            shell=True, capture_output=True, text=True,
+                            timeout=timeout)
+      failed = re.findall(r"^FAILED (\S+)", done.stdout, re.M)
+      outcome = (f"killed by {failed[0]}" if failed else "killed") \
+          if done.returncode else "SURVIVED"
+    except subprocess.TimeoutExpired:
+      outcome = "timeout"
+    finally:
+      path.write_text(clean)
+    rows.append(f"| {name} | {tests} | {outcome} |")
+    print(rows[-1], flush=True)
+  return rows
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--only", default=",".join(TARGETS),
@@ -266,7 +346,18 @@ def main():
   parser.add_argument("--workdir", default=str(ROOT / "build" / "mutation"))
   parser.add_argument("--timeout", type=float, default=300.0,
                       help="seconds per mutant's test run")
+  parser.add_argument("--planted", action="store_true",
+                      help="run the hand-planted bugs (PLANTED) only")
   args = parser.parse_args()
+  if args.planted:
+    workdir = pathlib.Path(args.workdir).resolve()
+    copy_tree(workdir)
+    report = "\n".join(planted(workdir, args.timeout)) + "\n"
+    (workdir / "planted.md").write_text(report)
+    print(report)
+    if "SURVIVED" in report:
+      raise SystemExit(1)
+    return
   names = args.only.split(",")
   unknown = [n for n in names if n not in TARGETS]
   if unknown:

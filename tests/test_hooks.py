@@ -67,8 +67,10 @@ def test_site_names_follow_transformer_lens():
 
 
 # "pallas_tpu" needs lengths in whole blocks of 128; tests/core/test_pallas.py.
+# "pallas_gpu" takes no dense mask and runs interpreted off GPU;
+# tests/core/test_pallas_gpu.py.
 @pytest.mark.parametrize("implementation", sorted(
-    set(attention.PATHS) - {"pallas_tpu"}))
+    set(attention.PATHS) - {"pallas_tpu", "pallas_gpu"}))
 def test_capture_is_bit_identical_on_every_implementation(implementation):
   if implementation == "cudnn" and jax.default_backend() != "gpu":
     pytest.skip("'cudnn' needs a CUDA GPU (see mha_jax/core/kernels/xla.py)")

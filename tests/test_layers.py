@@ -640,9 +640,6 @@ def test_no_experiment_imports_another_experiments_folder():
 # the imported test modules' shared parts become helpers). Key: (the
 # importing file, the module it imports). Delete each when it is fixed.
 TEST_IMPORT_EXCEPTIONS = {
-    # test_score_mod.py is under another change now; its float64
-    # `reference` moves to a helper at tests/ once that change is in.
-    ("tests/core/test_span_walk.py", "tests/core/test_score_mod.py"),
     ("tests/interp/test_logit_lens.py", "tests/interp/test_fold.py"),
     ("tests/interp/test_fold.py", "tests/pretrained/gguf_models.py"),
     ("tests/real_models/test_real_decode.py", "tests/pretrained/compare.py"),

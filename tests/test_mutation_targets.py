@@ -10,16 +10,22 @@ import shlex
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _targets() -> dict:
+def _constants() -> dict:
   tree = ast.parse((ROOT / "scripts" / "mutate.py").read_text())
   env = {}
   for node in tree.body:  # the module's constant assignments, in order
     if (isinstance(node, ast.Assign) and len(node.targets) == 1
         and isinstance(node.targets[0], ast.Name)
-        and node.targets[0].id in ("_FLASH_K", "_FLASH_TESTS", "TARGETS")):
+        and (node.targets[0].id in ("_FLASH_K", "_FLASH_TESTS", "TARGETS",
+                                    "PLANTED")
+             or node.targets[0].id.startswith("_PALLAS_GPU"))):
       env[node.targets[0].id] = eval(compile(ast.Expression(node.value),  # pylint: disable=eval-used
                                              "mutate.py", "eval"), {}, env)
-  return env["TARGETS"]
+  return env
+
+
+def _targets() -> dict:
+  return _constants()["TARGETS"]
 
 
 def test_every_target_names_existing_functions_and_tests():
@@ -33,3 +39,16 @@ def test_every_target_names_existing_functions_and_tests():
     for word in shlex.split(tests):
       if word.startswith("tests/"):
         assert (ROOT / word).exists(), f"target {name!r}: no {word}"
+
+
+def test_every_planted_bug_finds_its_text_once():
+  # `mutate.py --planted` replaces an exact piece of text: if an edit of
+  # the module changed it, the bug would no longer be planted.
+  planted = _constants()["PLANTED"]
+  assert len(planted) >= 5
+  for name, (module, old, new, tests) in planted.items():
+    text = (ROOT / module).read_text()
+    assert text.count(old) == 1, f"planted bug {name!r}: {module}"
+    assert old != new
+    for word in shlex.split(tests):
+      assert (ROOT / word).exists(), f"planted bug {name!r}: no {word}"

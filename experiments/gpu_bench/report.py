@@ -265,6 +265,26 @@ def policy_tables(s) -> tuple[str, str]:
   return table, train
 
 
+def flex_table(s) -> str:
+  """Part e's rows as a table: a time, or why the contestant did not run."""
+  p, why = _part(s, "flex")
+  if p is None:
+    return why
+  lines = ["| Dh | n | rule | mode | contestant | ms | TFLOP/s | blocks "
+           "visited |", "|---|---|---|---|---|---|---|---|"]
+  for r in p["rows"]:
+    head = (f"| {r['Dh']} | {r['n']:,} | {r['rule']} | "
+            f"{'fwd' if r['mode'] == 'fwd' else 'fwd+bwd'} | "
+            f"{r['contestant']} |")
+    if "ms" in r:
+      seen = "-" if r["visited"] is None else f"{r['visited']:.0%}"
+      lines.append(f"{head} {r['ms']:.3g} | {r['tflops']:.3g} | {seen} |")
+    else:
+      lines.append(f"{head} {r.get('skipped') or r.get('error', '')[:120]}"
+                   " | | |")
+  return "\n".join(lines)
+
+
 def verdicts(s) -> str:
   """One line per finding, with the number it rests on."""
   lines = []
@@ -309,7 +329,31 @@ def verdicts(s) -> str:
                      f"{PRECISION_LABELS[r['precision']]} (relative error "
                      f"{base['error']['rel']:.1e} against "
                      f"{r['error']['rel']:.1e}).")
+  fx, _ = _part(s, "flex")
+  lines += flex_verdicts(fx)
   return "\n".join(lines) or "Nothing was measured."
+
+
+def flex_verdicts(fx) -> list[str]:
+  """Part e against issue 60's targets: the Pallas GPU kernel's time as a
+  multiple of cuDNN's (causal; target 1.3) and of FlexAttention's (every
+  rule; target 1), case by case."""
+  rows = (fx or {}).get("rows", [])
+  timed = {(r["Dh"], r["n"], r["rule"], r["mode"], r["contestant"]): r["ms"]
+           for r in rows if "ms" in r}
+  lines = []
+  for (dh, n, rule, mode, who), ms in timed.items():
+    if who != "pallas_gpu":
+      continue
+    peers = [f"{ms / timed[(dh, n, rule, mode, p)]:.2f}x {label}'s"
+             for p, label in (("cudnn", "cuDNN"), ("flex", "FlexAttention"),
+                              ("flash", "the blockwise path"))
+             if (dh, n, rule, mode, p) in timed]
+    if peers:
+      lines.append(f"- Rules, {rule}, Dh={dh}, n={n:,}, "
+                   f"{'fwd' if mode == 'fwd' else 'fwd+bwd'}: pallas_gpu "
+                   "takes " + ", ".join(peers) + " time.")
+  return lines
 
 
 def values(s) -> dict:
@@ -330,7 +374,10 @@ def values(s) -> dict:
   long_table, auto_table = long_tables(s)
   policy_table, policy_train = policy_tables(s)
   lc, po = c["long_context"], c["policy"]
+  fx = c.get("flex", {})
   return {
+      "flex_B": str(fx.get("B", "-")), "flex_H": str(fx.get("H", "-")),
+      "flex_block": str(fx.get("block", "-")), "flex_table": flex_table(s),
       "device": f["jax_device"], "date": f["date"],
       "backend": f["jax_backend"], "device_count": str(f["jax_device_count"]),
       "torch_device": torch_device,

@@ -1,4 +1,4 @@
-"""The GPU benchmark's measuring: the four parts in turn, within a budget.
+"""The GPU benchmark's measuring: the five parts in turn, within a budget.
 
 `config.parts` names the parts in run order (`PARTS`); part i gets the
 share `config.shares[i]` of the time left when it starts, renormalised
@@ -16,13 +16,15 @@ import time
 import traceback
 
 from experiments.gpu_bench import devices
+from experiments.gpu_bench import flex
 from experiments.gpu_bench import lms
 from experiments.gpu_bench import long_context
 from experiments.gpu_bench import policy
 from experiments.gpu_bench import train_steps
 
 PARTS = {"train_step": train_steps.measure, "lms": lms.measure,
-         "long_context": long_context.measure, "policy": policy.measure}
+         "long_context": long_context.measure, "policy": policy.measure,
+         "flex": flex.measure}
 
 
 def part_names(config) -> list[str]:

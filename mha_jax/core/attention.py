@@ -7,7 +7,8 @@ value width.
 `attend` validates a call, then runs the path named by `implementation`.
 Each path is one `attention_path.AttentionPath` record beside its
 function: the reference paths in `reference.py` ("vmap", "einsum"), the
-kernels in `kernels/` ("flash", "xla", "cudnn", "pallas_tpu"), and
+kernels in `kernels/` ("flash", "xla", "cudnn", "pallas_tpu",
+"pallas_gpu"), and
 "auto" below, which runs the one `kernels/auto.py` picks. `PATHS` lists
 the core's own; `register` adds a record from a layer above (the
 package's `__init__` registers the context-parallel paths). Validation, the refusals, the hook sites and the memory
@@ -30,6 +31,7 @@ from mha_jax.core.kernels import auto
 from mha_jax.core.kernels import call as call_lib
 from mha_jax.core.kernels import flash
 from mha_jax.core.kernels import pallas
+from mha_jax.core.kernels import pallas_gpu
 from mha_jax.core.kernels import xla
 
 
@@ -41,7 +43,7 @@ def choose_implementation(q, k, *, dropout=False, backend=None):
   Measured with `python -m experiments.benchmark` on CPU, the blockwise path
   is the fastest at every shape tried (it also never forms [Tq, Tk]).
   Dropout needs the weights, so it goes to "einsum". On GPU cuDNN's fused
-  kernel where it supports the call, on TPU (where an adapter exists) JAX's
+  kernel where it supports the call, then the Pallas GPU kernel, on TPU (where an adapter exists) JAX's
   Pallas kernel; otherwise XLA's fused attention while the float32 scores
   fit in 1 GiB, and the blockwise path beyond (not measured here).
   """
@@ -57,7 +59,7 @@ def _attend_auto(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
   chosen = PATHS[auto.select_for(q, k, v, mask=mask, bias=bias,
                                  is_causal=is_causal,
                                  dropout=keep is not None,
-                                 rules=rules.active()).implementation]
+                                 rules=rules).implementation]
   extra = {"hooks": hooks_lib.NO_HOOKS} if chosen.forms_weights else {}
   out, _ = chosen.fn(q, k, v, mask, bias, keep, is_causal=is_causal,
                      dropout_rate=dropout_rate, rules=rules, **extra)
@@ -70,7 +72,8 @@ AUTO = attention_path.AttentionPath(
     "mha_jax.explain_auto says which and why)")
 # The core's own paths, by name.
 PATHS = {p.name: p for p in (reference.VMAP, reference.EINSUM, flash.FLASH,
-                             xla.XLA, xla.CUDNN, pallas.PALLAS_TPU, AUTO)}
+                             xla.XLA, xla.CUDNN, pallas.PALLAS_TPU,
+                             pallas_gpu.PALLAS_GPU, AUTO)}
 # The library's default path (the pure functions, `AttentionSpec`,
 # `ModelConfig`): the reference, the seed's one head mapped over heads,
 # which every other path is tested against.

@@ -161,7 +161,7 @@ def test_a_new_path_is_one_record(new_path):
   with pytest.raises(ValueError, match=re.escape(
       "attend: implementation='scale_only' does not apply `soft_cap` "
       "(logit soft-capping); use one of ['all_to_all', 'auto', 'einsum', "
-      "'flash', 'pallas_tpu', 'ring', 'vmap']")):
+      "'flash', 'pallas_gpu', 'pallas_tpu', 'ring', 'vmap']")):
     mha_jax.attend(q, k, v, implementation="scale_only",
                    rules=score_rules.ScoreRules(soft_cap=2.0))
   with pytest.raises(ValueError, match=re.escape(

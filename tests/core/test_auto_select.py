@@ -71,43 +71,69 @@ CASES = [
     # A padding mask [B, 1, 1, Tk] joined with our causal mask spans [Tq, Tk].
     ("gpu-bf16-pad-causal", "gpu",
      _call(q_dtype=BF16, mask=(8, 1, 1, 512), is_causal=True), "cudnn", {}),
-    ("gpu-f32", "gpu", _call(q_dtype=F32), "xla",
+    # Where cuDNN refuses, the Pallas GPU kernel where Triton takes the
+    # shapes (one dtype, power-of-two widths of 16-256, no dense mask or
+    # bias), then xla.
+    ("gpu-f32", "gpu", _call(q_dtype=F32), "pallas_gpu",
      {"cudnn": "float16/bfloat16 only"}),
     ("gpu-mixed", "gpu", _call(q_dtype=BF16, v_dtype=F32), "flash",
-     {"cudnn": "one dtype", "xla": "one dtype"}),
+     {"cudnn": "one dtype", "pallas_gpu": "share one dtype",
+      "xla": "one dtype"}),
     ("gpu-dh-160-unknown", "gpu", _call(q_dtype=BF16, head_dim=160), "xla",
-     {"cudnn": "<= 128"}),
+     {"cudnn": "<= 128", "pallas_gpu": "Dh=160 must be a power of two"}),
     ("gpu-dh-160-ampere", "gpu",
      _call(q_dtype=BF16, head_dim=160, gpu_capability=(8, 0)), "xla",
-     {"cudnn": "<= 128"}),
+     {"cudnn": "<= 128", "pallas_gpu": "power of two in [16, 256]"}),
     ("gpu-dh-160-hopper", "gpu",
      _call(q_dtype=BF16, head_dim=160, gpu_capability=(9, 0)), "cudnn", {}),
     ("gpu-dh-512-hopper", "gpu",
      _call(q_dtype=BF16, head_dim=512, gpu_capability=(9, 0)), "xla",
-     {"cudnn": "<= 256"}),
+     {"cudnn": "<= 256", "pallas_gpu": "Dh=512"}),
     ("gpu-dh-36", "gpu", _call(q_dtype=BF16, head_dim=36), "xla",
-     {"cudnn": "multiple of 8"}),
-    ("gpu-dv-differs", "gpu", _call(q_dtype=BF16, value_dim=64), "flash",
-     {"cudnn": "Dv == Dh", "xla": "Dv == Dh"}),
+     {"cudnn": "multiple of 8", "pallas_gpu": "Dh=36"}),
+    ("gpu-dv-differs", "gpu", _call(q_dtype=BF16, value_dim=64),
+     "pallas_gpu", {"cudnn": "Dv == Dh"}),
     ("gpu-causal-tq-ne-tk", "gpu",
-     _call(q_dtype=BF16, q_len=128, is_causal=True), "xla",
+     _call(q_dtype=BF16, q_len=128, is_causal=True), "pallas_gpu",
      {"cudnn": "top-left"}),
     ("gpu-pad-mask", "gpu", _call(q_dtype=BF16, mask=(8, 1, 1, 512)), "xla",
-     {"cudnn": "span [Tq, Tk]"}),
+     {"cudnn": "span [Tq, Tk]", "pallas_gpu": "no dense `mask`"}),
     ("gpu-bias-odd", "gpu",
      _call(q_dtype=BF16, q_len=511, kv_len=511, bias=(1, 8, 511, 511)), "xla",
-     {"cudnn": "even Tq and Tk"}),
+     {"cudnn": "even Tq and Tk", "pallas_gpu": "no dense `bias`"}),
     ("gpu-no-cudnn", "gpu", _call(q_dtype=BF16, cudnn=False), "xla",
-     {"cudnn": "no cuDNN"}),
+     {"cudnn": "no cuDNN", "pallas_gpu": "not a CUDA device"}),
+    # User rules: cuDNN refuses them by name, the Pallas GPU kernel takes
+    # them unless one uses a primitive Triton lacks, or a dense mask
+    # comes too; then the blockwise path (xla takes no user rule).
+    ("gpu-score-mod", "gpu",
+     _call(q_dtype=BF16, rules=("score_mod", "block_mask")), "pallas_gpu",
+     {"cudnn": "does not take score_mod"}),
+    ("gpu-mask-mod-f32-window", "gpu",
+     _call(q_dtype=F32, rules=("local_window", "mask_mod")), "pallas_gpu",
+     {"cudnn": "mask_mod"}),
+    ("gpu-rule-gathers", "gpu",
+     _call(q_dtype=BF16, rules=("score_mod",),
+           rule_problem="`score_mod` uses `gather`"), "flash",
+     {"cudnn": "score_mod", "pallas_gpu": "uses `gather`",
+      "xla": "does not take score_mod"}),
+    ("gpu-rule-and-mask", "gpu",
+     _call(q_dtype=BF16, rules=("mask_mod",), mask=True), "flash",
+     {"cudnn": "mask_mod", "pallas_gpu": "no dense `mask`",
+      "xla": "does not take mask_mod"}),
+    ("gpu-alibi-dh-128", "gpu",
+     _call(q_dtype=BF16, head_dim=128, rules=("alibi_slopes",)),
+     "pallas_gpu", {"cudnn": "alibi_slopes"}),
     # 4 * 1 * 8 * 32768^2 bytes = 32 GiB of float32 scores: blockwise.
     ("gpu-long-f32", "gpu",
      _call(q_dtype=F32, batch=1, q_len=32768, kv_len=32768, is_causal=True),
-     "flash", {"cudnn": "float16/bfloat16", "xla": "32.0 GiB"}),
+     "pallas_gpu", {"cudnn": "float16/bfloat16"}),
     ("gpu-long-bf16", "gpu",
      _call(q_dtype=BF16, batch=1, q_len=32768, kv_len=32768, is_causal=True),
      "cudnn", {}),
     ("gpu-dropout", "gpu", _call(q_dtype=BF16, dropout=True), "einsum",
-     {"cudnn": "no dropout", "xla": "no dropout", "flash": "no dropout"}),
+     {"cudnn": "no dropout", "pallas_gpu": "no dropout", "xla": "no dropout",
+      "flash": "no dropout"}),
     # TPU: the splash kernel where its adapter takes the call (GQA and
     # bottom-right causality included), XLA or flash where it does not.
     ("tpu-bf16", "tpu", _call(q_dtype=BF16), "pallas_tpu", {}),
@@ -221,3 +247,46 @@ def test_errors_name_the_argument():
   q = jax.ShapeDtypeStruct((2, 8, 4, 8), jnp.float32)
   with pytest.raises(ValueError, match="`dropout_rate`"):
     mha_jax.explain_auto(q, q, dropout_rate=1.5)
+
+
+def test_auto_on_gpu_reads_whether_a_user_rule_can_be_lowered():
+  # `attend`'s dispatch hands `select_for` the ScoreRules itself: a rule
+  # that indexes a float table it closes over is one Triton cannot lower
+  # (its gradient is a scatter-add), so the call goes to the blockwise
+  # path; a rule of plain arithmetic, or one reading integer ids, goes to
+  # the Pallas GPU kernel.
+  from mha_jax.core import score_rules  # pylint: disable=g-import-not-at-top
+  q = jax.ShapeDtypeStruct((1, 256, 4, 64), jnp.bfloat16)
+  table = jnp.arange(8.0)
+  gathers = score_rules.ScoreRules(
+      score_mod=lambda s, b, h, qi, ki: s + table[(qi - ki) % 8])
+  choice = auto.select_for(q, q, q, backend="gpu", rules=gathers)
+  assert choice.implementation == "flash"
+  assert "indexing a float array" in dict(choice.ruled_out)["pallas_gpu"]
+  ids = jnp.arange(256) // 100
+  documents = score_rules.ScoreRules(
+      mask_mod=lambda b, h, qi, ki: ids[qi] == ids[ki])
+  assert auto.select_for(q, q, q, backend="gpu",
+                         rules=documents).implementation == "pallas_gpu"
+  plain = score_rules.ScoreRules(
+      score_mod=lambda s, b, h, qi, ki: s - 0.5 * jnp.abs(qi - ki),
+      mask_mod=lambda b, h, qi, ki: ki <= qi)
+  assert auto.select_for(q, q, q, backend="gpu",
+                         rules=plain).implementation == "pallas_gpu"
+  # A block mask on blocks Triton cannot tile (clipped to 40 queries)
+  # sends the call to the blockwise path too, naming it.
+  from mha_jax.core import block_mask  # pylint: disable=g-import-not-at-top
+  short = jax.ShapeDtypeStruct((1, 40, 4, 64), jnp.bfloat16)
+  bm = block_mask.create(plain.mask_mod, None, None, 40, 40, 64, 64)
+  choice = auto.select_for(short, short, short, backend="gpu",
+                           rules=plain.replace(block_mask=bm))
+  assert choice.implementation == "flash"
+  assert "`block_mask` was built on blocks of 40 x 40" in dict(
+      choice.ruled_out)["pallas_gpu"]
+  # explain_auto takes the rules as attend does, and says why.
+  said = str(mha_jax.explain_auto(q, q, backend="gpu", rules=documents))
+  assert said.startswith("auto -> 'pallas_gpu'")
+  assert "not 'cudnn': mha_jax's adapter to it does not take mask_mod" in said
+  # On CPU nothing changes: the kernel would run interpreted.
+  assert auto.select_for(q, q, q, backend="cpu",
+                         rules=plain).implementation == "flash"

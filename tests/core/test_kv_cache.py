@@ -127,8 +127,9 @@ CASES = ([("einsum", layout, base) for layout in sorted(HEAD_LAYOUTS)
           for base in (None, 10000.0)]
          # "pallas_tpu" needs lengths in whole blocks of 128: its cached
          # decoding equals einsum's by tests/core/test_pallas.py's agreement.
+         # "pallas_gpu" takes no dense mask (tests/core/test_pallas_gpu.py).
          + [(impl, "gqa", 10000.0) for impl in sorted(attention.PATHS)
-            if impl not in ("einsum", "pallas_tpu")]
+            if impl not in ("einsum", "pallas_tpu", "pallas_gpu")]
          + [("vmap", "mqa", None)])
 
 

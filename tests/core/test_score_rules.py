@@ -314,8 +314,8 @@ def test_xla_refuses_what_jax_nn_lacks_by_name(name, value, words, takers):
   value = jnp.asarray(value) if isinstance(value, np.ndarray) else value
   with pytest.raises(ValueError, match=re.escape(
       f"attend: implementation='xla' does not apply `{name}` ({words}); use "
-      f"one of ['all_to_all', 'auto', 'einsum', 'flash', {takers}, "
-      "'vmap']")):
+      f"one of ['all_to_all', 'auto', 'einsum', 'flash', 'pallas_gpu', "
+      f"{takers}, 'vmap']")):
     attention.attend(q, k, v, implementation="xla",
                      rules=score_rules.ScoreRules(**{name: value}))
 
@@ -325,8 +325,10 @@ def test_auto_sends_rules_jax_nn_lacks_to_the_blockwise_path():
   choice = auto.select_for(q, k, v, backend="gpu",
                                   rules=("soft_cap",))
   assert choice.implementation == "flash"
-  assert [n for n, _ in choice.ruled_out] == ["cudnn", "xla"]
+  # Dh = 4 is below the Pallas GPU kernel's Triton widths (16-256).
+  assert [n for n, _ in choice.ruled_out] == ["cudnn", "pallas_gpu", "xla"]
   assert "soft_cap" in choice.ruled_out[0][1]
+  assert "Dh=4" in choice.ruled_out[1][1]
   assert auto.select_for(q, k, v, backend="gpu",
                                 rules=("local_window",)).implementation == (
                                     "xla")
@@ -334,6 +336,9 @@ def test_auto_sends_rules_jax_nn_lacks_to_the_blockwise_path():
   half = [jnp.zeros((1, 8, 4, 64), jnp.bfloat16)] * 3
   assert auto.select_for(*half, backend="gpu",
                                 rules=("scale",)).implementation == "cudnn"
+  # The soft cap cuDNN lacks goes to the Pallas GPU kernel at that width.
+  assert auto.select_for(*half, backend="gpu",
+                         rules=("soft_cap",)).implementation == "pallas_gpu"
 
 
 def test_qk_norm_layer_matches_flax_normalize_qk_through_the_converter():

@@ -15,7 +15,7 @@ from mha_jax.core import masks
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
 from mha_jax.core.kernels import flash_schedule
-from tests.core import test_score_mod as score_mod_tests
+from tests.core.rule_reference import reference
 
 # A causal window of 6 keys on blocks of 4: query block i (rows 4i..4i+3)
 # sees keys 4i-5..4i+3, key blocks i-2..i.
@@ -173,7 +173,7 @@ def check_against_reference(b, t, h, kh, keep, with_sinks, seed):
     return jnp.sum(out * w), out
   (_, out), grads = jax.jit(jax.value_and_grad(
       loss, argnums=(0, 1, 2, 3), has_aux=True))(q, k, v, jnp.asarray(table))
-  want_out, *want_grads, dmod = score_mod_tests.reference(q, k, v, w, rule)
+  want_out, *want_grads, dmod = reference(q, k, v, w, rule)
   np.testing.assert_allclose(out, want_out, atol=2e-5)
   for got, want, what in zip(grads, want_grads, "qkv"):
     np.testing.assert_allclose(got, want, atol=5e-5, err_msg=f"d{what}")

@@ -99,8 +99,9 @@ def test_cases_cover_every_layout_position_and_implementation():
   layouts, positions, impls = (set(c) for c in zip(*CASES))
   assert layouts == set(LAYOUTS)
   assert positions == set(transformer.POSITIONS)
-  # "pallas_tpu" needs lengths in whole blocks of 128 (tests/core/test_pallas.py).
-  assert impls == set(attention.PATHS) - {"pallas_tpu"}
+  # "pallas_tpu" needs lengths in whole blocks of 128 (tests/core/test_pallas.py);
+  # "pallas_gpu" takes no dense mask (tests/core/test_pallas_gpu.py).
+  assert impls == set(attention.PATHS) - {"pallas_tpu", "pallas_gpu"}
 
 
 @pytest.mark.parametrize("layout,positions,implementation", CASES)

@@ -13,14 +13,23 @@ It walks the candidates of a backend from the fastest down and keeps, for
 each one it passes over, the reason in words:
 
   cpu  einsum (float32) -> flash once the float32 scores pass 32 MiB
-  gpu  cudnn -> xla, or flash once the float32 scores pass 1 GiB
+  gpu  cudnn (no user rule) -> pallas_gpu -> xla, or flash once the
+       float32 scores pass 1 GiB
   tpu  pallas_tpu -> xla, or flash once the float32 scores pass 1 GiB
 
 Dropout needs the weights, so every backend sends it to "einsum"; asking
 for the weights also means "einsum" (the faster of the two paths that form
 them). What each kernel can take is its record's `limits` (the same
 words `attend` refuses a call with): cuDNN's are JAX's own
-(`xla.cudnn_limits`), the splash adapter's `pallas.limits`.
+(`xla.cudnn_limits`), the splash adapter's `pallas.limits`, the Pallas
+GPU kernel's `pallas_gpu.limits` (what its Triton lowering takes: one
+dtype, power-of-two widths of 16-256, no dense mask or bias) and, for its
+user rules, the primitives Triton lowers and a block mask's blocks
+(`pallas_gpu_plan.rules_problem`, passed in as `Call.rule_problem`).
+That kernel is taken on a CUDA GPU whenever cuDNN cannot take the call
+(a user rule, float32, a head width or a causal alignment cuDNN lacks),
+ahead of xla and flash; its speed there is not yet measured
+(experiments/gpu_bench/flex.py is ready to).
 The score-rule options (`ScoreRules.active()`, passed as `rules`) each
 kernel's adapter takes are its record's (`attention_path.AttentionPath.
 rules_for_auto`); any other option sends the call to the blockwise path,
@@ -35,13 +44,16 @@ from mha_jax.core import reference
 from mha_jax.core.kernels import call as call_lib
 from mha_jax.core.kernels import flash
 from mha_jax.core.kernels import pallas
+from mha_jax.core.kernels import pallas_gpu
+from mha_jax.core.kernels import pallas_gpu_plan
 from mha_jax.core.kernels import xla
 
 # The paths `auto` may dispatch to, by name: what each takes (its rule
 # options, `rules_for_auto`) and what it computes is read from its record.
 # The order in which they are tried on each backend is `select`'s policy.
 CANDIDATES = {p.name: p for p in (reference.EINSUM, flash.FLASH, xla.XLA,
-                                  xla.CUDNN, pallas.PALLAS_TPU)}
+                                  xla.CUDNN, pallas.PALLAS_TPU,
+                                  pallas_gpu.PALLAS_GPU)}
 ADAPTED = frozenset(CANDIDATES)
 # The call's facts: public as `auto.Call`, the type `select` takes.
 Call = call_lib.Call
@@ -134,6 +146,15 @@ def _fallback(ruled_out, call: Call, device, available) -> AutoChoice:
   return AutoChoice("flash", flash.FLASH.computes, tuple(ruled_out))
 
 
+def _pallas_gpu_reason(call: Call, device) -> str | None:
+  """Why the Pallas GPU kernel cannot take the call (None: it can)."""
+  if not device.cudnn:
+    return ("it is written for Triton on CUDA GPUs (not tried elsewhere), "
+            "and this is not a CUDA device")
+  return (_rules_reason("pallas_gpu", call.rules)
+          or pallas_gpu.PALLAS_GPU.limits(call, device) or call.rule_problem)
+
+
 def select(backend: str, call: Call, *, gpu_capability=None,
            cudnn: bool = True, available=ADAPTED) -> AutoChoice:
   """The implementation `auto` uses for one call, and why.
@@ -156,7 +177,8 @@ def select(backend: str, call: Call, *, gpu_capability=None,
     raise TypeError(f"select: `call` must be an auto.Call, got "
                     f"{type(call).__name__}")
   # The weightless candidates of this backend, fastest first.
-  weightless = {"cpu": ["flash"], "gpu": ["cudnn", "xla", "flash"],
+  weightless = {"cpu": ["flash"],
+                "gpu": ["cudnn", "pallas_gpu", "xla", "flash"],
                 "tpu": ["pallas_tpu", "xla", "flash"]}.get(backend,
                                                            ["xla", "flash"])
   if call.weights or call.dropout:
@@ -182,6 +204,14 @@ def select(backend: str, call: Call, *, gpu_capability=None,
                         "call (dtype, head width, mask/bias, causal)")
     ruled_out.append(("cudnn", why or "not among the available "
                       "implementations"))
+    why = _pallas_gpu_reason(call, device)
+    if why is None and "pallas_gpu" in available:
+      return AutoChoice("pallas_gpu", "the Pallas GPU kernel takes the call "
+                        "cuDNN cannot (the user rules traced in, the block "
+                        "mask's empty blocks skipped; its GPU speed is not "
+                        "yet measured)", tuple(ruled_out))
+    ruled_out.append(("pallas_gpu", why or "not among the available "
+                      "implementations"))
   elif backend == "tpu":
     why = (_rules_reason("pallas_tpu", call.rules)
            or pallas.PALLAS_TPU.limits(call, device))
@@ -198,17 +228,26 @@ def select_for(q, k, v, *, mask=None, bias=None, is_causal=False,
                dropout=False, weights=False, backend=None,
                rules=()) -> AutoChoice:
   """`select` for arrays (or `jax.ShapeDtypeStruct`s) laid out as `attend`
-  takes them (see `Call.of`). `backend` defaults to JAX's default; on a
-  GPU the cuDNN facts are read from the device."""
-  call = Call.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                 dropout=dropout, weights=weights, rules=rules)
+  takes them (see `Call.of`). `rules`: the option names in use, or the
+  `score_rules.ScoreRules` itself (then, on a GPU, its user rules are
+  checked for the Pallas GPU kernel's lowering). `backend` defaults to
+  JAX's default; on a GPU the cuDNN facts are read from the device."""
   device = call_lib.this_device(backend)
+  problem = None
+  if hasattr(rules, "active"):  # a ScoreRules
+    if device.backend == "gpu":
+      problem = pallas_gpu_plan.rules_problem(rules)
+    rules = rules.active()
+  call = Call.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+                 dropout=dropout, weights=weights, rules=rules,
+                 rule_problem=problem)
   return select(device.backend, call, gpu_capability=device.capability,
                 cudnn=device.cudnn)
 
 
 def explain_auto(q, k, v=None, *, mask=None, bias=None, is_causal=False,
-                 dropout_rate=0.0, weights=False, backend=None) -> AutoChoice:
+                 dropout_rate=0.0, weights=False, backend=None,
+                 rules=()) -> AutoChoice:
   """What `attend(q, k, v, implementation="auto", ...)` would run, and why
   each faster kernel was ruled out. `print(explain_auto(...))` reads well.
 
@@ -217,11 +256,14 @@ def explain_auto(q, k, v=None, *, mask=None, bias=None, is_causal=False,
   broadcastable to `[B,H,Tq,Tk]`; `weights=True` asks which path forms the
   weights. `backend` ("cpu", "gpu", "tpu") defaults to JAX's; asked about a
   GPU from another machine, a CUDA GPU with cuDNN and an unknown compute
-  capability are assumed.
+  capability are assumed. `rules`: the call's `score_rules.ScoreRules`
+  (or the names of its options), as `attend` takes it: a user rule
+  changes the choice on a GPU (cuDNN takes none; the Pallas GPU kernel
+  takes those Triton can lower).
   """
   if not 0.0 <= dropout_rate < 1.0:
     raise ValueError(f"explain_auto: `dropout_rate` must be in [0, 1), got "
                      f"{dropout_rate}")
   return select_for(q, k, k if v is None else v, mask=mask, bias=bias,
                     is_causal=is_causal, dropout=dropout_rate > 0.0,
-                    weights=weights, backend=backend)
+                    weights=weights, backend=backend, rules=rules)

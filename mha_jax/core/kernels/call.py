@@ -66,6 +66,10 @@ class Call:
     rules: names of the `score_rules.ScoreRules` options in use
       (`ScoreRules.active()`); those jax.nn or Pallas cannot express send
       the call to the blockwise path.
+    rule_problem: why the call's user rules (or its block mask's blocks)
+      cannot be compiled into the Pallas GPU kernel
+      (`pallas_gpu_plan.rules_problem`); None when they can or there are
+      none.
   Every field is checked here, once; a bad one is an error naming it.
   """
   q_dtype: object
@@ -84,6 +88,7 @@ class Call:
   dropout: bool = False
   weights: bool = False
   rules: tuple[str, ...] = ()
+  rule_problem: str | None = None
 
   def __post_init__(self):
     for name in ("head_dim", "q_len", "kv_len", "batch", "num_heads"):
@@ -99,7 +104,8 @@ class Call:
 
   @classmethod
   def of(cls, q, k, v, *, mask=None, bias=None, is_causal=False,
-         dropout=False, weights=False, rules=()) -> "Call":
+         dropout=False, weights=False, rules=(),
+         rule_problem=None) -> "Call":
     """The call `attend` makes on q `[B,Tq,H,Dh]`, k `[B,Tk,K,Dh]`, v
     `[B,Tk,K,Dv]` (arrays, tracers or `jax.ShapeDtypeStruct`s), mask/bias
     broadcastable to `[B,H,Tq,Tk]`."""
@@ -114,7 +120,7 @@ class Call:
                kv_len=k.shape[1], batch=b, num_heads=h,
                num_kv_heads=k.shape[2], mask=_shape(mask), bias=_shape(bias),
                is_causal=is_causal, dropout=dropout, weights=weights,
-               rules=tuple(rules))
+               rules=tuple(rules), rule_problem=rule_problem)
 
   @property
   def kv_heads(self) -> int:
