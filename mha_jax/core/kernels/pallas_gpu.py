@@ -115,6 +115,22 @@ def _inputs(q, k, v, ex):
   return arrays
 
 
+def _query_grid_specs(bq, dh, dv, tq_pad, tk_pad, g) -> dict:
+  """The blocks a program of the (query block i, batch b, head h) grid
+  reads, shared by the forward and dq kernels: its q block, the whole of
+  its kv head's k and v (kv head h // G), and the position and segment
+  rows."""
+  kv = lambda i, b, h: (b, kv_head(h, g), 0, 0)
+  return {
+      "q": _block((None, None, bq, dh), lambda i, b, h: (b, h, i, 0)),
+      "k": _block((None, None, tk_pad, dh), kv),
+      "v": _block((None, None, tk_pad, dv), kv),
+      "q_pos": _block((None, tq_pad), lambda i, b, h: (b, 0)),
+      "q_seg": _block((None, tq_pad), lambda i, b, h: (b, 0)),
+      "k_seg": _block((None, tk_pad), lambda i, b, h: (b, 0)),
+  }
+
+
 def _forward(static, q, k, v, ex):
   """q `[B,H,Tq',Dh]`, k `[B,K,Tk',Dh]`, v `[B,K,Tk',Dv]` -> out
   `[B,H,Tq',Dv]`, lse `[B,H,Tq']` float32."""
@@ -122,16 +138,7 @@ def _forward(static, q, k, v, ex):
   b, h, tq_pad, dh = q.shape
   tk_pad, dv = k.shape[2], v.shape[3]
   g, bq = spec.groups, spec.bq
-  specs = {
-      "q": _block((None, None, bq, dh), lambda i, b, h: (b, h, i, 0)),
-      "k": _block((None, None, tk_pad, dh), lambda i, b, h: (b, kv_head(h, g),
-                                                            0, 0)),
-      "v": _block((None, None, tk_pad, dv), lambda i, b, h: (b, kv_head(h, g),
-                                                            0, 0)),
-      "q_pos": _block((None, tq_pad), lambda i, b, h: (b, 0)),
-      "q_seg": _block((None, tq_pad), lambda i, b, h: (b, 0)),
-      "k_seg": _block((None, tk_pad), lambda i, b, h: (b, 0)),
-  }
+  specs = _query_grid_specs(bq, dh, dv, tq_pad, tk_pad, g)
   outs = [(jax.ShapeDtypeStruct((b, h, tq_pad, dv), v.dtype),
            _block((None, None, bq, dv), lambda i, b, h: (b, h, i, 0))),
           (jax.ShapeDtypeStruct((b, h, tq_pad), jnp.float32),
@@ -169,17 +176,10 @@ def _attend_bwd(static, res, d_out):
   arrays.update(do=d_out, lse=lse, delta=delta)
   row = lambda i, b, h: (b, h, i)
   specs = {
-      "q": _block((None, None, bq, dh), lambda i, b, h: (b, h, i, 0)),
+      **_query_grid_specs(bq, dh, dv, tq_pad, tk_pad, g),
       "do": _block((None, None, bq, dv), lambda i, b, h: (b, h, i, 0)),
       "lse": _block((None, None, bq), row),
       "delta": _block((None, None, bq), row),
-      "k": _block((None, None, tk_pad, dh), lambda i, b, h: (b, kv_head(h, g),
-                                                            0, 0)),
-      "v": _block((None, None, tk_pad, dv), lambda i, b, h: (b, kv_head(h, g),
-                                                            0, 0)),
-      "q_pos": _block((None, tq_pad), lambda i, b, h: (b, 0)),
-      "q_seg": _block((None, tq_pad), lambda i, b, h: (b, 0)),
-      "k_seg": _block((None, tk_pad), lambda i, b, h: (b, 0)),
   }
   share = lambda n: (
       jax.ShapeDtypeStruct((nq, b, h, n), jnp.float32),
