@@ -87,6 +87,8 @@ BACKING = {
     "score_rules_bench": ["cases.*.paths.flash_all.x_skip.median",
                           "cases.*.paths.torch_flex.x_skip.median"],
     "kv_cache": ["summary.speedup_at_target"],
+    "benchmark": ["train_step.*.x_torch.median",
+                  "train_step.*.x_torch_compile.median"],
     "kv_behaviour": ["variants.*.eval_loss.mean",
                      "comparisons.*.eval_loss.ci95.*"],
 }

@@ -59,7 +59,8 @@ def _qkv(t=32, h=4, kv=2):
      "`q_positions`"),
     (dict(mesh=_mesh(sequence=4), rules=score_rules.ScoreRules(
         mask_mod=lambda b, h, q, kv: q >= kv)), "does not apply `mask_mod` "
-     "\\(user rules\\); use one of \\['auto', 'einsum', 'flash', 'vmap'\\]"),
+     "\\(user rules\\); use one of \\['auto', 'einsum', 'flash', "
+     "'pallas_gpu', 'vmap'\\]"),
     (dict(mesh=_mesh(sequence=4), mask=jnp.ones((32, 32), bool)),
      "`mask` of shape \\(32, 32\\) varies over queries"),
     (dict(mesh=_mesh(sequence=4, model=3)), "H=4 query heads do not split"),
