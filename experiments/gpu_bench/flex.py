@@ -137,17 +137,6 @@ def _flex_fn(torch, rule, n, cfg, dh, mode):
   return call, 1.0 - float(bm.sparsity()) / 100.0  # sparsity: % skipped
 
 
-def _time_torch(call, warmup, repeats):
-  for _ in range(1 + warmup):
-    call()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    call()
-    times.append(time.perf_counter() - start)
-  return times
-
-
 def measure(config, budget) -> dict:
   """Rows of (Dh, n, rule, mode, contestant) with times or the reason
   a contestant did not run."""
@@ -184,7 +173,8 @@ def measure(config, budget) -> dict:
             try:
               if who == "flex":
                 call, frac = _flex_fn(torch, rule, n, cfg, dh, mode)
-                times = _time_torch(call, cfg.warmup, cfg.repeats)
+                times, _ = timing.wall_times(call, (), warmup=1 + cfg.warmup,
+                                               repeats=cfg.repeats)
               else:
                 if built is None:
                   start = time.perf_counter()

@@ -67,19 +67,6 @@ def _torch_contestant(torch, device, base, batch, p, compiled: bool):
   return step, time.perf_counter() - start, loss
 
 
-def _block(step, count):
-  """A call running `count` steps after one untimed step (see the
-  train-step benchmark's docstring for why one is untimed); the timer
-  times the whole call, so it returns nothing it would wait for."""
-  def call():
-    step()
-    start = time.perf_counter()
-    for _ in range(count):
-      step()
-    return time.perf_counter() - start
-  return call
-
-
 def _ratio(a, b) -> dict:
   r = [x / y for x, y in zip(a, b)]
   return {"median": statistics.median(r), "min": min(r), "max": max(r)}
@@ -131,17 +118,13 @@ def measure_group(name, spec, base, p, ts, budget, torch, device) -> dict:
         else contextlib.nullcontext()):
     blocks = {}
     for label, step in steps.items():
-      for _ in range(ts.warmup):
-        step()
-      start = time.perf_counter()
-      step()
-      one = time.perf_counter() - start
+      (one,), _ = timing.wall_times(step, (), warmup=ts.warmup, repeats=1)
       blocks[label] = max(1, math.ceil(ts.min_block_s / max(one, 1e-9)))
-    calls = {label: _block(step, blocks[label])
-             for label, step in steps.items()}
-    rounds = _interleaved(calls, ts.rounds)
-  for label, times in rounds.items():
-    per_step = [t / blocks[label] for t in times]
+    # Each timing: one untimed step (the train-step benchmark's docstring
+    # says why), then a block of steps, kept as seconds per step.
+    rounds = timing.interleaved_times(steps, ts.rounds, setups=steps,
+                                      repeat=blocks)
+  for label, per_step in rounds.items():
     row["contestants"][label].update(
         block_steps=blocks[label], step_s=per_step,
         step_ms=1e3 * statistics.median(per_step))
@@ -152,16 +135,6 @@ def measure_group(name, spec, base, p, ts, budget, torch, device) -> dict:
                     row["contestants"][t]["step_s"]) for t in peers}
       for j in ours}
   return row
-
-
-def _interleaved(calls, rounds):
-  """`timing.interleaved_times`' rotation, keeping each call's own
-  measured seconds (its block, without the untimed step before it)."""
-  measured = {label: [] for label in calls}
-  wrapped = {label: (lambda label=label: measured[label].append(
-      calls[label]())) for label in calls}
-  timing.interleaved_times(wrapped, rounds)
-  return measured
 
 
 def measure(config, budget) -> dict:
