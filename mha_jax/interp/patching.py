@@ -92,8 +92,14 @@ def reference_metrics(model, clean, corrupted, metric):
   return metric(model(clean)), metric(model(corrupted))
 
 
+def _lead(x, like):
+  """`x` with leading axes to the rank of `like` (a reference `[B]`
+  against scores `[..., B]`: the rank promotion, made explicit)."""
+  return jnp.reshape(x, (1,) * (jnp.ndim(like) - jnp.ndim(x)) + jnp.shape(x))
+
+
 def _score(m, reference, noising):
-  m_clean, m_corrupt = reference
+  m_clean, m_corrupt = (_lead(x, m) for x in reference)
   diff = m_clean - m_corrupt
   return jnp.where(noising, m_clean - m, m - m_corrupt) / diff
 
@@ -275,8 +281,8 @@ def attribution_patching(model, clean, corrupted, metric: Metric,
     else:  # in [H, T, B] order, whatever the site's ([T, H] for z)
       order = "".join(sorted(letters, key="htb".index))
       est = jnp.einsum(f"{letters}->{order}", est)
-    out[site] = (_score(m_target + est, reference, noising) if normalise
-                 else m_target + est)
+    m = _lead(m_target, est) + est
+    out[site] = _score(m, reference, noising) if normalise else m
   return out
 
 
