@@ -38,11 +38,12 @@ Where a task's roles sit at different positions in each example,
 `positions [R, B, T]` (bool, `patch_positions.at_positions`,
 `patch_positions.role_masks`) patches each example at its own positions
 of role r: a patch is (site, head, role). `sender_positions [B, T]`
-restricts a path's sender change the same way. Nothing here is jitted: callers jit
-at the outside, with the metric's arrays as arguments. The many patches
-of a call run as one `jax.lax.map` over traced selectors (which site,
-head, position), so a program holds one patched forward pass, however
-many patches it scores.
+restricts a path's sender change the same way.
+
+Nothing here is jitted: callers jit at the outside, with the metric's
+arrays as arguments. The many patches of a call run as one `jax.lax.map`
+over traced selectors (which site, head, position), so a program holds
+one patched forward pass, however many patches it scores.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def activation_patching(model, clean, corrupted, metric: Metric,
     model: a `DecoderLM` (anything called as `model(inputs, capture=,
       patch=)` returning logits first).
     clean, corrupted: inputs of the same shape (`[B, T]` tokens).
-    metric: logits -> scalar.
+    metric: logits -> scalar (or `[B]`, one value per example).
     sites: hook site names, e.g. `"blocks.1.attn.z"`, `"blocks.0.resid_pre"`.
     per_position: patch one query position at a time as well.
     positions: `[R, B, T]` bool, or None: patch each example at its own

@@ -218,6 +218,30 @@ def test_attribution_at_a_set_sums_each_examples_per_position_estimate(
 
 
 @jax.jit
+def _per_example_shares(state, positions):
+  model = nnx.merge(GRAPHDEF, state)
+  return patching.activation_patching(model, CLEAN, CORRUPT,
+                                      _per_example(TARGETS), SITES,
+                                      positions=positions)
+
+
+def test_a_per_example_metric_normalised_is_each_examples_own_share():
+  """Normalised, a metric returning `[B]` scores each example against its
+  own clean and corrupted metric: the raw patched metric's share."""
+  positions = patch_positions.at_positions([[0, 3, 5], [2, 2, 1]], T)
+  shares = _per_example_shares(STATE, positions)
+  raw = _batched(STATE, CLEAN, CORRUPT, TARGETS, positions,
+                 jnp.asarray(False), fn="activation_patching",
+                 normalise=False)
+  m_c, m_x = (np.asarray(_target_metric(STATE, x, TARGETS), np.float64)
+              for x in (CLEAN, CORRUPT))
+  for site in SITES:
+    want = (np.asarray(raw[site], np.float64) - m_x) / (m_c - m_x)
+    np.testing.assert_allclose(shares[site], want, rtol=1e-4, atol=1e-5,
+                               err_msg=site)
+
+
+@jax.jit
 def _joint_vs_activation(state, routes, at, noising):
   model = nnx.merge(GRAPHDEF, state)
   metric = patching.logprob_metric(TARGETS, jnp.ones((B, T)))
