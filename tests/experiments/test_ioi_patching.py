@@ -69,15 +69,16 @@ def _loop(model, target, source, meta):
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_gemma3"])
 def test_ioi_patching_is_a_loop_of_hand_patched_heads(name):
-  """Noising (ABC into clean) and denoising, from the first block and
-  from a later one (`layers`)."""
+  """Noising (ABC into clean) and, on the 2-layer model, denoising; from
+  the first block and from a later one (`layers`)."""
   model, _, _ = models.load(name)
   graphdef, state = nnx.split(model)
   meta = run._meta(P)
   clean, abc = jnp.asarray(P["tokens"]), jnp.asarray(P["corrupted"])
   num_layers = model.config.num_layers
   masks = head_patching.role_masks(P, clean.shape[1], ROLES)
-  for target, source in ((clean, abc), (abc, clean)):
+  ways = ((clean, abc), (abc, clean))[:2 if num_layers == 2 else 1]
+  for target, source in ways:
     want = _loop(model, target, source, meta)
     got = np.asarray(_library(graphdef, state, target, source, meta, masks,
                               None))
