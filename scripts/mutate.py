@@ -145,6 +145,9 @@ _PALLAS_GPU_TESTS = "tests/core/test_pallas_gpu.py"
 _PALLAS_GPU = "mha_jax/core/kernels/pallas_gpu.py"
 _PALLAS_GPU_PLAN = "mha_jax/core/kernels/pallas_gpu_plan.py"
 _PALLAS_GPU_KERNELS = "mha_jax/core/kernels/pallas_gpu_kernels.py"
+_PATCHING = "mha_jax/interp/patching.py"
+_POSITIONS = "mha_jax/interp/patch_positions.py"
+_POSITIONS_TESTS = "tests/interp/test_patching_positions.py"
 # name -> (module, exact text, its replacement, tests that must fail)
 PLANTED = {
     # The full blocks also stay on the partial list: each is visited twice.
@@ -185,6 +188,42 @@ PLANTED = {
     "pallas_gpu_wrong_kv_head": (
         _PALLAS_GPU, "  return h // groups\n", "  return h % groups\n",
         _PALLAS_GPU_TESTS),
+    # Per-example positions (issue: roles at their own position in each
+    # example). The first example's positions applied to every example.
+    "positions_of_the_first_example": (
+        _POSITIONS, "  return mask.reshape(shape)\n",
+        "  return jnp.broadcast_to(mask[:1], mask.shape).reshape(shape)\n",
+        _POSITIONS_TESTS),
+    # A position set read transposed ([T, B] laid out as [B, T]).
+    "positions_transposed": (
+        _POSITIONS, "  return mask.reshape(shape)\n",
+        "  return mask.T.reshape(shape)\n", _POSITIONS_TESTS),
+    # Attribution summed over the first example's positions only.
+    "attribution_positions_of_the_first_example": (
+        _POSITIONS, "positions.astype(est.dtype))",
+        "jnp.broadcast_to(positions[:, :1], positions.shape).astype("
+        "est.dtype))", _POSITIONS_TESTS),
+    # The raw per-example metrics averaged over the examples.
+    "per_example_outputs_averaged": (
+        _PATCHING, "  if normalise:\n    m = _score(m, reference, noising)\n",
+        "  if normalise:\n    m = _score(m, reference, noising)\n  else:\n"
+        "    m = jnp.broadcast_to(m.mean(-1, keepdims=True), m.shape)\n",
+        _POSITIONS_TESTS),
+    "per_example_estimates_averaged": (
+        _PATCHING, "    m = _lead(m_target, est) + est\n",
+        "    m = _lead(m_target, est) + est\n    if per_example:\n"
+        "      m = jnp.broadcast_to(m.mean(-1, keepdims=True), m.shape)\n",
+        _POSITIONS_TESTS),
+    # A sender's change kept to the first example's positions.
+    "sender_positions_of_the_first_example": (
+        _PATCHING, "jnp.where(at[:, :, None, None], delta, 0.0)",
+        "jnp.where(at[:1, :, None, None], delta, 0.0)", _POSITIONS_TESTS),
+    # IOI's source run started late from the target's stream too.
+    "ioi_source_run_started_late": (
+        "experiments/ioi/head_patching.py",
+        'later = {} if patch is None else {"start": start,',
+        'later = {} if False else {"start": start,',
+        "tests/experiments/test_ioi_patching.py"),
 }
 
 # The operators kept model slips one makes: + for -, * for /, < for <=,

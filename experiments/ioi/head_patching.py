@@ -4,16 +4,16 @@ difference per prompt.
 Shape letters: N prompts, T tokens, L layers, H query heads, K kv heads,
 Dv per-head value width, D d_model, P patches, R roles.
 
-Why not `mha_jax.interp.patching` as it is: its per-position patches
-take one absolute position for the whole batch, and its scores are one
-normalised number; here each prompt's S1, IO, S2 and END sit at their
-own positions (eight templates, two orders), and every patched run's
-logit difference is kept per prompt, so that a head's effect gets a
-bootstrap interval over prompts (`stats.py`). The machinery is the
-same: all patches of a call run as one `jax.lax.map` over traced
-selectors (which layer, head, role), every layer's site patched with a
-selector that is False except at the one place, so one compiled program
-serves every head.
+Activation patching is the library's (`mha_jax.interp.patching`) at
+per-example positions: each prompt's S1, IO, S2 and END sit at their own
+positions (eight templates, two orders), so a patch is (layer, head,
+role) with the role's `[N, T]` mask, and every patched run's logit
+difference is kept per prompt (`normalise=False`), so that a head's
+effect gets a bootstrap interval over prompts (`stats.py`). The model it
+runs is the END-only forward pass (`forward.end_logits`). Path patching
+stays here: Wang et al.'s form (every other head frozen while the MLPs
+recompute) and receivers in several layers at once are not the
+library's.
 
 Direction. `source` activations are patched into the `target` run:
 noising (Wang et al.'s direction) is ABC into clean, and the drop of the
@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from experiments.ioi import forward
+from mha_jax.interp import patch_positions
+from mha_jax.interp import patching
 
 ROLES = ("all", "S1", "IO", "S2", "END", "rest")
 
@@ -43,21 +44,7 @@ def role_masks(meta: dict, length: int, roles=ROLES) -> jax.Array:
   position in each prompt)."""
   at = {"S1": meta["s1_pos"], "IO": meta["io_pos"], "S2": meta["s2_pos"],
         "END": meta["end"]}
-  n = len(meta["end"])
-  named = {r: np.arange(length)[None] == np.asarray(at[r])[:, None]
-           for r in at}
-  out = []
-  for r in roles:
-    if r == "all":
-      out.append(np.ones((n, length), bool))
-    elif r == "rest":
-      out.append(~np.any(np.stack(list(named.values())), 0))
-    elif r in at:
-      out.append(named[r])
-    else:
-      raise ValueError(f"role_masks: `roles` must be drawn from {ROLES}, "
-                       f"got {r!r}")
-  return jnp.asarray(np.stack(out))
+  return patch_positions.role_masks(at, length, roles)
 
 
 def z_sites(num_layers: int) -> tuple:
@@ -73,30 +60,26 @@ def activation_patching(model, target, source, meta, masks, *,
   the heads of those layers only (L' = stop - start; None: every layer),
   and each patched run starts at block `start` from the target run's
   stream there, so later layers cost fewer blocks."""
-  c = model.config
-  start, stop = layers or (0, c.num_layers)
-  sites = z_sites(c.num_layers)
+  start, stop = layers or (0, model.config.num_layers)
+  sites = z_sites(model.config.num_layers)[start:stop]
   end, io, s = (jnp.asarray(meta[k]) for k in ("end", "io", "s"))
-  _, src = forward.end_logits(model, source, end, capture=sites)
   entry = f"blocks.{start}.resid_pre"
   _, tgt = forward.end_logits(model, target, end, capture=(entry,))
-  grid = np.stack(np.meshgrid(np.arange(start, stop), np.arange(c.num_heads),
-                              np.arange(masks.shape[0]), indexing="ij"),
-                  -1).reshape(-1, 3)
-  sites = sites[start:stop]
 
-  def one(idx):
-    l, h, r = idx[0], idx[1], idx[2]
-    where = masks[r][:, :, None, None] & (jnp.arange(c.num_heads) == h)[
-        None, None, :, None]  # [N, T, H, 1]
-    patch = {site: (lambda x, v=src[site], on=(l == j + start) & where:
-                    jnp.where(on, v, x)) for j, site in enumerate(sites)}
-    logits, _ = forward.end_logits(model, target, end, patch=patch,
-                                   start=start, stream=tgt[entry])
-    return forward.logit_diff(logits, io, s)
+  def run(tokens, capture=(), patch=None):
+    # Called as the model: logits, with what it captured when asked. The
+    # library captures the source run (no patch: every block) and patches
+    # the target run, which starts at block `start` from the target's
+    # stream there.
+    later = {} if patch is None else {"start": start, "stream": tgt[entry]}
+    logits, got = forward.end_logits(model, tokens, end, capture=capture,
+                                     patch=patch, **later)
+    return (logits, got) if capture else logits
 
-  out = jax.lax.map(one, jnp.asarray(grid, jnp.int32), batch_size=batch_size)
-  return out.reshape(stop - start, c.num_heads, masks.shape[0], -1)
+  out = patching.activation_patching(
+      run, source, target, lambda logits: forward.logit_diff(logits, io, s),
+      sites, positions=masks, normalise=False, batch_size=batch_size)
+  return jnp.stack([out[site] for site in sites])  # [L', H, R, N]
 
 
 def head_deltas(model, target, source, end) -> jax.Array:

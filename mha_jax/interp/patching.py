@@ -29,11 +29,21 @@ once, a head's paths through later heads against its direct path), so an
 AND is measured rather than inferred from single paths.
 
 `reference=(m_c, m_x)` replaces the two normalising runs (to score runs
-against another pair's difference). Nothing here is jitted: callers jit
-at the outside, with the metric's arrays as arguments. The many patches
-of a call run as one `jax.lax.map` over traced selectors (which site,
-head, position), so a program holds one patched forward pass, however
-many patches it scores.
+against another pair's difference). `normalise=False` returns the raw
+metric of each patched run instead, skipping them; with a metric that
+returns one value per example (`per_example_logprob`), that is `[...,
+B]`, for a bootstrap over examples.
+
+Where a task's roles sit at different positions in each example,
+`positions [R, B, T]` (bool, `patch_positions.at_positions`,
+`patch_positions.role_masks`) patches each example at its own positions
+of role r: a patch is (site, head, role). `sender_positions [B, T]`
+restricts a path's sender change the same way.
+
+Nothing here is jitted: callers jit at the outside, with the metric's
+arrays as arguments. The many patches of a call run as one `jax.lax.map`
+over traced selectors (which site, head, position), so a program holds
+one patched forward pass, however many patches it scores.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ import numpy as np
 
 from mha_jax.core import precision
 from mha_jax import hooks as hooks_lib
+from mha_jax.interp import patch_positions
 
 Metric = Callable[[jax.Array], jax.Array]
 
@@ -82,8 +93,14 @@ def reference_metrics(model, clean, corrupted, metric):
   return metric(model(clean)), metric(model(corrupted))
 
 
+def _lead(x, like):
+  """`x` with leading axes to the rank of `like` (a reference `[B]`
+  against scores `[..., B]`: the rank promotion, made explicit)."""
+  return jnp.reshape(x, (1,) * (jnp.ndim(like) - jnp.ndim(x)) + jnp.shape(x))
+
+
 def _score(m, reference, noising):
-  m_clean, m_corrupt = reference
+  m_clean, m_corrupt = (_lead(x, m) for x in reference)
   diff = m_clean - m_corrupt
   return jnp.where(noising, m_clean - m, m - m_corrupt) / diff
 
@@ -93,13 +110,6 @@ def _swap(clean, corrupted, noising):
   `noising` may be traced, so one compiled program serves both ways."""
   return (jnp.where(noising, corrupted, clean),
           jnp.where(noising, clean, corrupted))
-
-
-def _runs(model, clean, corrupted, metric, noising, reference):
-  """(source inputs, target inputs, reference): noising swaps the runs."""
-  if reference is None:
-    reference = reference_metrics(model, clean, corrupted, metric)
-  return (*_swap(clean, corrupted, noising), reference)
 
 
 def _one_hot(index, axis, shape):
@@ -113,29 +123,33 @@ def _replace_at(value, sel):
   return lambda x: jnp.where(sel, value, x)
 
 
-def _patch_grid(values, sites, per_position):
+def _patch_grid(values, sites, per_position, sets):
   """Every patch of `activation_patching` as flat index arrays.
 
   Returns `(site, head, pos)` int arrays (one entry per patch; -1 where a
-  site has no head axis or positions are not split) and, per site, its
-  slice of them and the shape of its scores.
+  site has no head axis or positions are not split; pos is the position
+  set with `sets`, their number, not None) and, per site, its slice of
+  them and the shape of its scores.
   """
   rows, layout = [], {}
+  split = per_position or sets is not None
   for i, site in enumerate(sites):
     head_axis, pos_axis = hooks_lib.site_axes(site)
     heads = [-1] if head_axis is None else range(values[site].shape[head_axis])
-    poss = range(values[site].shape[pos_axis]) if per_position else [-1]
+    poss = (range(values[site].shape[pos_axis]) if per_position
+            else range(sets) if sets is not None else [-1])
     start = len(rows)
     rows += [(i, h, t) for h in heads for t in poss]
     layout[site] = (slice(start, len(rows)),
                     ((len(heads),) if head_axis is not None else ())
-                    + ((len(poss),) if per_position else ()))
+                    + ((len(poss),) if split else ()))
   return tuple(jnp.asarray(c, jnp.int32) for c in zip(*rows)), layout
 
 
 def activation_patching(model, clean, corrupted, metric: Metric,
                         sites: Sequence[str], *, per_position: bool = False,
-                        noising: bool = False, reference=None,
+                        positions=None, noising: bool = False,
+                        reference=None, normalise: bool = True,
                         batch_size: int | None = None) -> dict:
   """Patch every head (and position) of every site in turn.
 
@@ -143,12 +157,16 @@ def activation_patching(model, clean, corrupted, metric: Metric,
     model: a `DecoderLM` (anything called as `model(inputs, capture=,
       patch=)` returning logits first).
     clean, corrupted: inputs of the same shape (`[B, T]` tokens).
-    metric: logits -> scalar.
+    metric: logits -> scalar (or `[B]`, one value per example).
     sites: hook site names, e.g. `"blocks.1.attn.z"`, `"blocks.0.resid_pre"`.
     per_position: patch one query position at a time as well.
+    positions: `[R, B, T]` bool, or None: patch each example at its own
+      positions of set r (a role), one set at a time; not with
+      `per_position`.
     noising: patch corrupted into clean (see the module docstring); a
       bool, or a traced one (both ways then share one compiled program).
     reference: `(m_c, m_x)`, or None to run both.
+    normalise: False returns the raw metric of each patched run.
     batch_size: patched runs evaluated together (`jax.lax.map`); None
       runs them one after another.
 
@@ -156,19 +174,24 @@ def activation_patching(model, clean, corrupted, metric: Metric,
     `{site: score}`: `[H]` for a site with heads (`[K]` for k, v with
     fewer kv heads: entry j patches kv head j, so every query head of its
     group, `hooks.query_heads(j, H, K)`), a scalar for a block site; with
-    `per_position`, `[H, T]` and `[T]`. Score 1 = the whole
-    clean-minus-corrupted metric.
+    `per_position`, `[H, T]` and `[T]`; with `positions`, `[H, R]` and
+    `[R]`. Score 1 = the whole clean-minus-corrupted metric. A metric
+    returning an array (`[B]`) adds its axes last.
 
   All the patches run as ONE `jax.lax.map` over (site, head, position)
   indices: every site is patched in every run, with a selector that is
   False except at the one place patched, so the program holds a single
   patched forward pass however many sites there are.
   """
-  source, target, reference = _runs(model, clean, corrupted, metric,
-                                    noising, reference)
+  positions = patch_positions.checked(positions, per_position, clean,
+                                      "activation_patching")
+  source, target = _swap(clean, corrupted, noising)
+  if normalise and reference is None:
+    reference = reference_metrics(model, clean, corrupted, metric)
   sites = tuple(sites)
   _, src = model(source, capture=sites)
-  index, layout = _patch_grid(src, sites, per_position)
+  index, layout = _patch_grid(src, sites, per_position,
+                              None if positions is None else len(positions))
 
   def one(idx):
     i, h, t = idx
@@ -181,18 +204,23 @@ def activation_patching(model, clean, corrupted, metric: Metric,
         sel = sel & _one_hot(h, head_axis, value.shape)
       if per_position:
         sel = sel & _one_hot(t, pos_axis, value.shape)
+      elif positions is not None:
+        sel = sel & patch_positions.on_site(positions[t], value.ndim,
+                                            pos_axis)
       patch[site] = _replace_at(value, sel)
     return metric(model(target, patch=patch))
 
-  m = _score(jax.lax.map(one, index, batch_size=batch_size), reference,
-             noising)
-  return {site: m[part].reshape(shape) for site, (part, shape)
+  m = jax.lax.map(one, index, batch_size=batch_size)
+  if normalise:
+    m = _score(m, reference, noising)
+  return {site: m[part].reshape(shape + m.shape[1:]) for site, (part, shape)
           in layout.items()}
 
 
 def attribution_patching(model, clean, corrupted, metric: Metric,
                          sites: Sequence[str], *, per_position: bool = False,
-                         noising: bool = False, reference=None) -> dict:
+                         positions=None, noising: bool = False,
+                         reference=None, normalise: bool = True) -> dict:
   """The first-order estimate of `activation_patching`, every patch at once.
 
   The metric's change when `site`'s value a_t in the target run becomes
@@ -205,11 +233,16 @@ def attribution_patching(model, clean, corrupted, metric: Metric,
   layer's `z` without a final LayerNorm). Non-finite differences (the -inf
   of masked `scores`) count as 0.
 
-  Returns `{site: score}` with the shapes and normalisation of
-  `activation_patching`.
+  Returns `{site: score}` with the shapes, `positions` and normalisation
+  of `activation_patching`. A metric returning `[B]` gets each example's
+  own estimate (`[..., B]`), from the gradient of the metrics' sum: each
+  example's own gradient where examples do not interact in the model.
   """
-  source, target, reference = _runs(model, clean, corrupted, metric,
-                                    noising, reference)
+  positions = patch_positions.checked(positions, per_position, clean,
+                                      "attribution_patching")
+  source, target = _swap(clean, corrupted, noising)
+  if normalise and reference is None:
+    reference = reference_metrics(model, clean, corrupted, metric)
   sites = tuple(sites)
   _, src = model(source, capture=sites)
   _, tgt = model(target, capture=sites)
@@ -217,22 +250,40 @@ def attribution_patching(model, clean, corrupted, metric: Metric,
   def m_of(eps):
     # Adding eps = 0 changes nothing; its gradient is dm/d(activation).
     patch = {s: (lambda e: lambda x: x + e)(eps[s]) for s in sites}
-    return metric(model(target, patch=patch))
+    m = metric(model(target, patch=patch))
+    return jnp.sum(m), m
 
-  grads = jax.grad(m_of)({s: jnp.zeros_like(tgt[s]) for s in sites})
-  m_target = jnp.where(noising, reference[0], reference[1])
+  grads, m_target = jax.grad(m_of, has_aux=True)(
+      {s: jnp.zeros_like(tgt[s]) for s in sites})
+  batch = jnp.shape(clean)[0]
+  if jnp.shape(m_target) not in ((), (batch,)):
+    raise ValueError(f"attribution_patching: `metric` must return a scalar "
+                     f"or one value per example [{batch}], got shape "
+                     f"{jnp.shape(m_target)}")
+  per_example = jnp.ndim(m_target) == 1
+  if normalise:
+    m_target = jnp.where(noising, reference[0], reference[1])
   out = {}
   for site in sites:
     diff = src[site] - tgt[site]
     prod = jnp.where(jnp.isfinite(diff), grads[site] * diff, 0.0)
     head_axis, pos_axis = hooks_lib.site_axes(site)
-    keep = ([head_axis] if head_axis is not None else []) + (
-        [pos_axis] if per_position else [])
+    # The axes kept, named: heads, positions, and examples (batch first).
+    keep = {} if head_axis is None else {head_axis: "h"}
+    if per_position or positions is not None:
+      keep[pos_axis] = "t"
+    if per_example or positions is not None:
+      keep[0] = "b"
     est = jnp.sum(prod, axis=tuple(a for a in range(prod.ndim)
                                    if a not in keep))
-    if per_position and head_axis is not None and head_axis > pos_axis:
-      est = est.T  # the remaining axes are [T, H]; return [H, T]
-    out[site] = _score(m_target + est, reference, noising)
+    letters = "".join(keep[a] for a in sorted(keep))
+    if positions is not None:
+      est = patch_positions.contract(est, letters, positions, per_example)
+    else:  # in [H, T, B] order, whatever the site's ([T, H] for z)
+      order = "".join(sorted(letters, key="htb".index))
+      est = jnp.einsum(f"{letters}->{order}", est)
+    m = _lead(m_target, est) + est
+    out[site] = _score(m, reference, noising) if normalise else m
   return out
 
 
@@ -244,7 +295,7 @@ EMBED = "embed"  # the sender that is the token (and position) embedding
 
 
 def _path_runs(model, clean, corrupted, sender_layer, receiver_layer,
-               noising):
+               noising, at=None, fn="path_patching"):
   """What every sender -> receiver patch needs, from two captured runs.
 
   Returns `(target inputs, delta [B, T, H + 1, D], bases)`: delta is each
@@ -252,11 +303,15 @@ def _path_runs(model, clean, corrupted, sender_layer, receiver_layer,
   the embedding's (`blocks.0.resid_pre`); `bases` maps the last block's
   `resid_post` (the direct path to the logits) and, when `receiver_layer`
   is not None, that layer's `resid_pre` (`[B, T, D]`) and its q, k, v to
-  the target run's values.
+  the target run's values. `at [B, T]` (bool, `sender_positions`):
+  every sender's change at those positions of each example only.
   """
   if receiver_layer is not None and receiver_layer <= sender_layer:
     raise ValueError(f"path patching: the receiver layer ({receiver_layer})"
                      f" must come after the sender layer ({sender_layer})")
+  if at is not None:
+    at = patch_positions.check(at, *jnp.shape(clean)[:2], fn,
+                               arg="sender_positions", sets=False)
   source, target = _swap(clean, corrupted, noising)
   result, embed = f"blocks.{sender_layer}.attn.result", "blocks.0.resid_pre"
   bases = (f"blocks.{model.config.num_layers - 1}.resid_post",)
@@ -267,6 +322,8 @@ def _path_runs(model, clean, corrupted, sender_layer, receiver_layer,
   _, tgt = model(target, capture=(result, embed) + bases)
   delta = jnp.concatenate([src[result] - tgt[result],
                            (src[embed] - tgt[embed])[:, :, None]], axis=2)
+  if at is not None:
+    delta = jnp.where(at[:, :, None, None], delta, 0.0)
   return target, delta, {b: tgt[b] for b in bases}
 
 
@@ -331,7 +388,7 @@ def route(num_heads: int, paths) -> np.ndarray:
 def joint_path_patching(model, clean, corrupted, metric: Metric, routes, *,
                         sender_layer: int, receiver_layer: int,
                         noising: bool = False, reference=None,
-                        normalise: bool = True,
+                        normalise: bool = True, sender_positions=None,
                         batch_size: int | None = None) -> jax.Array:
   """Sets of paths patched together, one set per row of `routes`.
 
@@ -346,6 +403,9 @@ def joint_path_patching(model, clean, corrupted, metric: Metric, routes, *,
   routing every sender to all four is patching the receiver layer's
   `resid_pre`.
 
+  `sender_positions [B, T]` (bool): the senders' changes at those
+  positions of each example only (elsewhere their target-run values).
+
   Returns `[N]` scores (module docstring), or with `normalise=False` the
   raw metric of each patched run (`[N, ...]`: the metric may return an
   array, per example say).
@@ -359,7 +419,8 @@ def joint_path_patching(model, clean, corrupted, metric: Metric, routes, *,
                      f"{len(ROUTES)}, {n_s}] (routes, heads + embedding), "
                      f"got shape {routes.shape}")
   target, delta, bases = _path_runs(model, clean, corrupted, sender_layer,
-                                    receiver_layer, noising)
+                                    receiver_layer, noising, sender_positions,
+                                    "joint_path_patching")
   m = jax.lax.map(lambda w: _routed_metric(model, target, metric, delta,
                                            bases, receiver_layer, w, -1),
                   routes, batch_size=batch_size)
@@ -403,8 +464,8 @@ def _check_receiver_head(receiver, num_heads, num_kv_heads):
 
 
 def path_patching(model, clean, corrupted, metric: Metric, *,
-                  sender: tuple, receiver: tuple,
-                  noising: bool = False, reference=None) -> jax.Array:
+                  sender: tuple, receiver: tuple, noising: bool = False,
+                  reference=None, sender_positions=None) -> jax.Array:
   """One path: sender head -> one input of one receiver head.
 
   `sender = (layer, head)`, or `("embed",)` for the embedding's direct
@@ -417,8 +478,9 @@ def path_patching(model, clean, corrupted, metric: Metric, *,
   recomputed from the target run's residual stream plus the sender's
   change, while every other head, and the sender's effect on any layer in
   between, stay at the target run's values; everything downstream of the
-  receiver then runs normally. Returns the scalar score (denoising or
-  noising, as in the module docstring).
+  receiver then runs normally; `sender_positions [B, T]` (bool) keeps
+  the sender's change at those positions of each example only. Returns
+  the scalar score (denoising or noising, as in the module docstring).
   """
   direct = receiver[0] == "logits"
   if not direct and (len(receiver) != 3 or receiver[2] not in _INPUTS):
@@ -434,7 +496,8 @@ def path_patching(model, clean, corrupted, metric: Metric, *,
   if reference is None:
     reference = reference_metrics(model, clean, corrupted, metric)
   target, delta, bases = _path_runs(model, clean, corrupted, layer,
-                                    None if direct else receiver[0], noising)
+                                    None if direct else receiver[0], noising,
+                                    sender_positions)
   w = jnp.zeros((len(ROUTES), delta.shape[2])).at[
       ROUTES.index("logits" if direct else receiver[2]), s].set(1.0)
   m = _routed_metric(model, target, metric, delta, bases,
@@ -446,6 +509,7 @@ def path_patching(model, clean, corrupted, metric: Metric, *,
 def path_patching_grid(model, clean, corrupted, metric: Metric, *,
                        sender_layer: int, receiver_layer: int,
                        noising: bool = False, reference=None,
+                       sender_positions=None,
                        batch_size: int | None = None) -> dict:
   """`path_patching` from every head of one layer, and from the
   embedding, into every head and input of a later layer, plus each
@@ -457,12 +521,14 @@ def path_patching_grid(model, clean, corrupted, metric: Metric, *,
   that input of EVERY receiver head at once (where receivers back each
   other up, one at a time understates the path); the same for the
   embedding as a sender under `embed_<key>` (`[Hr]`, `[K]` or scalars).
-  One `jax.lax.map` runs every path.
+  One `jax.lax.map` runs every path; `sender_positions` as in
+  `path_patching`.
   """
   if reference is None:
     reference = reference_metrics(model, clean, corrupted, metric)
   target, delta, bases = _path_runs(model, clean, corrupted, sender_layer,
-                                    receiver_layer, noising)
+                                    receiver_layer, noising, sender_positions,
+                                    "path_patching_grid")
   n_s = delta.shape[2]  # the heads, then the embedding
   n_q = model.config.num_heads
   n_kv = model.config.num_kv_heads or n_q
