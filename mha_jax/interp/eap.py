@@ -273,7 +273,8 @@ def circuit_metric(model, clean, corrupted, metric: Metric, edge_mask, *,
 
 
 def faithfulness_curve(model, clean, corrupted, metric: Metric,
-                       scores: EdgeScores, *, counts: Sequence[int] | None = None,
+                       scores: EdgeScores, *,
+                       counts: Sequence[int] | None = None,
                        fractions: Sequence[float] | None = None,
                        ablation: str = "corrupted", mean_inputs=None,
                        batch_size: int | None = None) -> dict:

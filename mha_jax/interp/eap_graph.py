@@ -185,4 +185,4 @@ def top_edges(scores: EdgeScores, counts) -> jax.Array:
   rank = jnp.zeros(s * r, jnp.int32).at[
       jnp.argsort(-flat, stable=True)].set(jnp.arange(s * r, dtype=jnp.int32))
   keep = rank[None, :] < jnp.asarray(counts, jnp.int32)[:, None]
-  return keep.reshape(-1, s, r) & exists
+  return keep.reshape(-1, s, r) & exists[None]
