@@ -130,27 +130,29 @@ def _run(model, inputs, metric, graph, *, embed=None, drop=None, source=None,
       return x
     return fn
 
+  def computed(group, read, site):
+    """`site`'s patch: each receiver of `group` computes its part of it
+    from its own stream, read at `read` (an MLP's output is a sender)."""
+    def fn(_):
+      y = _own_inputs(model, inputs, read, site, streams(group, bases[read]))
+      return record(y)[:, :, 0] if group.kind == "mlp" else y
+    return fn
+
   patch = {}
   for l in range(c.num_layers):
     pre, mid = f"blocks.{l}.resid_pre", f"blocks.{l}.resid_mid"
     patch[pre] = keep_base(pre)
-    for g in graph.groups:
-      if g.layer != l:
-        continue
-      if g.kind == "mlp":
-        read = pre if c.parallel_block else mid
-        if not c.parallel_block:
-          patch[mid] = keep_base(mid)
-        site = f"blocks.{l}.mlp_out"
-        patch[site] = (lambda g, read, site: lambda _: record(_own_inputs(
-            model, inputs, read, site, streams(g, bases[read])))[:, :, 0])(
-                g, read, site)
-      else:
-        site = f"blocks.{l}.attn.{g.kind}"
-        patch[site] = (lambda g, site: lambda _: _own_inputs(
-            model, inputs, f"blocks.{g.layer}.resid_pre", site,
-            streams(g, bases[f"blocks.{g.layer}.resid_pre"])))(g, site)
     patch[f"blocks.{l}.attn.result"] = record
+    for g in graph.groups:
+      if g.layer == l and g.kind == "mlp":
+        # A sequential block's MLP reads resid_mid, a parallel one's the
+        # block's input.
+        read = pre if c.parallel_block else mid
+        patch[read] = keep_base(read)
+        patch[f"blocks.{l}.mlp_out"] = computed(g, read, f"blocks.{l}.mlp_out")
+      elif g.layer == l:
+        patch[f"blocks.{l}.attn.{g.kind}"] = computed(
+            g, pre, f"blocks.{l}.attn.{g.kind}")
   logits = graph.groups[-1]
   patch[f"blocks.{c.num_layers - 1}.resid_post"] = (
       lambda x: streams(logits, x)[:, :, 0])
