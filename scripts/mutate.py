@@ -198,8 +198,8 @@ PLANTED = {
     # The last sender's edges counted twice: its output added again to
     # the stream of the receivers after it, which already holds it.
     "eap_edges_counted_twice": (
-        _EAP, "streams(group, bases[read]))",
-        "streams(group, bases[read] + outs[-1].sum(2)))", _EAP_TESTS),
+        _EAP, "streams(group, base))",
+        "streams(group, base + outs[-1].sum(2)))", _EAP_TESTS),
     # Clean minus corrupted: every score's sign flipped.
     "eap_sign_flipped": (
         _EAP, '"btsd,btrd->sr", a_corrupt - a_clean, grad)',

@@ -28,9 +28,11 @@ own stream, the run's stream minus, for each sender not in the circuit
 for that receiver, (the sender's output in this run minus its output in
 the ablation source): the corrupted run, or (`ablation="mean"`) its mean
 over the batch of `mean_inputs` at each position. Each receiver head's
-q, k or v is recomputed from its own stream by the model itself (the
-stream patched in at its layer's input, a `vmap` over the layer's
+q, k or v (or MLP output) is recomputed from its own stream by the
+model's own block (the stream patched in at the block's input, or at
+`resid_mid` for a sequential block's MLP; a `vmap` over the layer's
 receivers), so norms, biases and rotary positions are the model's. The
+runs use the default positions 0..T-1. The
 full circuit is the clean run, the empty one the ablated run.
 
 Pure functions: callers jit at the outside (the metric's arrays as
@@ -46,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mha_jax import hooks as hooks_lib
 from mha_jax.core import precision
 from mha_jax.interp import eap_graph
 from mha_jax.interp.eap_graph import EdgeScores
@@ -76,18 +79,19 @@ def sender_outputs(model, inputs) -> jax.Array:
       :, :, None] for s in sites], axis=2)
 
 
-def _own_inputs(model, inputs, read_site, out_site, x):
+def _own_inputs(block, positions, read, out, x):
   """`x [B, T, n, D]`, one stream per receiver -> `[B, T, n, ...]`: entry
-  i is what receiver i computes from stream i, by the model itself with
-  `read_site` holding that stream: head i of `out_site` (q, k or v), or
-  the whole site (an MLP's output, n = 1). Only the path from `read_site`
-  to `out_site` survives XLA's dead-code elimination."""
-  per_head = out_site.rsplit(".", 1)[1] in ("q", "k", "v")
+  i is what receiver i computes from stream i, by the model's own `block`
+  with its site `read` ("resid_pre" or "resid_mid") holding that stream:
+  head i of the site `out` ("attn.q", "attn.k", "attn.v"), or all of it
+  (an MLP's output, n = 1). Only the path from `read` to `out` survives
+  XLA's dead-code elimination."""
+  per_head = out.startswith("attn.")
 
   def one(stream, i):
-    out = model(inputs, patch={read_site: stream}, capture=(out_site,))[1][
-        out_site]
-    return out[:, :, i] if per_head else out
+    hooks = hooks_lib.Hooks(capture=(out,), patch={read: stream})
+    block(stream, positions=positions, hooks=hooks)
+    return hooks.captured[out][:, :, i] if per_head else hooks.captured[out]
 
   return jax.vmap(one, in_axes=(2, 0), out_axes=2)(x, jnp.arange(x.shape[2]))
 
@@ -103,6 +107,9 @@ def _run(model, inputs, metric, graph, *, embed=None, drop=None, source=None,
   """
   c = model.config
   outs, bases = [], {}
+  # The model's default positions: the only ones these functions use.
+  b, t = jnp.shape(inputs)[:2]
+  positions = jnp.broadcast_to(jnp.arange(t), (b, t))
 
   def record(x):  # a sender's output in this run, [B, T, n, D]
     outs.append(x)
@@ -130,29 +137,32 @@ def _run(model, inputs, metric, graph, *, embed=None, drop=None, source=None,
       return x
     return fn
 
-  def computed(group, read, site):
-    """`site`'s patch: each receiver of `group` computes its part of it
-    from its own stream, read at `read` (an MLP's output is a sender)."""
+  def computed(group, read, out):
+    """The patch of block `group.layer`'s site `out`: each receiver of
+    `group` computes its part from its own stream, read at the block's
+    site `read` (an MLP's output is also a sender)."""
     def fn(_):
-      y = _own_inputs(model, inputs, read, site, streams(group, bases[read]))
+      base = bases[f"blocks.{group.layer}.{read}"]
+      y = _own_inputs(model.blocks[group.layer], positions, read, out,
+                      streams(group, base))
       return record(y)[:, :, 0] if group.kind == "mlp" else y
     return fn
 
   patch = {}
   for l in range(c.num_layers):
-    pre, mid = f"blocks.{l}.resid_pre", f"blocks.{l}.resid_mid"
+    pre = f"blocks.{l}.resid_pre"
     patch[pre] = keep_base(pre)
     patch[f"blocks.{l}.attn.result"] = record
     for g in graph.groups:
       if g.layer == l and g.kind == "mlp":
         # A sequential block's MLP reads resid_mid, a parallel one's the
         # block's input.
-        read = pre if c.parallel_block else mid
-        patch[read] = keep_base(read)
-        patch[f"blocks.{l}.mlp_out"] = computed(g, read, f"blocks.{l}.mlp_out")
+        read = "resid_pre" if c.parallel_block else "resid_mid"
+        patch[f"blocks.{l}.{read}"] = keep_base(f"blocks.{l}.{read}")
+        patch[f"blocks.{l}.mlp_out"] = computed(g, read, "mlp_out")
       elif g.layer == l:
-        patch[f"blocks.{l}.attn.{g.kind}"] = computed(
-            g, pre, f"blocks.{l}.attn.{g.kind}")
+        patch[f"blocks.{l}.attn.{g.kind}"] = computed(g, "resid_pre",
+                                                      f"attn.{g.kind}")
   logits = graph.groups[-1]
   patch[f"blocks.{c.num_layers - 1}.resid_post"] = (
       lambda x: streams(logits, x)[:, :, 0])

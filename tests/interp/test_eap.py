@@ -217,23 +217,25 @@ def _random_report(graphdef, state, clean, corrupted, targets, name):
   graph = eap_graph.graph(model)
   exists = jnp.asarray(graph.exists)
   edges = _path_edges(model.config)
+  every = [(graph.senders[s], graph.receivers[r])
+           for s, r in np.argwhere(graph.exists)]
+  estimated = name in _ESTIMATED  # then every edge is also removed alone
+  # One lax.map: the full and empty masks, the paths, every edge.
   removed = eap.circuit_metric(*args, jnp.concatenate(
-      [jnp.stack([exists, ~exists]), _removals(graph, edges)]))
+      [jnp.stack([exists, ~exists]), _removals(graph, edges)]
+      + ([_removals(graph, every)] if estimated else [])))
   ref = patching.reference_metrics(*args)
   mean_over = jnp.concatenate([clean, corrupted])
+  mean = eap.circuit_metric(model, clean, None, metric,
+                            jnp.stack([exists, ~exists]), ablation="mean",
+                            mean_inputs=mean_over)
   out = dict(
-      ref=ref, full_empty=removed[:2], path=removed[2:],
+      ref=ref, full_empty=removed[:2], path=removed[2:2 + len(edges)],
       grid=patching.path_patching_grid(*args, sender_layer=0,
                                        receiver_layer=1, noising=True),
-      mean_empty=eap.circuit_metric(model, clean, None, metric, ~exists,
-                                    ablation="mean", mean_inputs=mean_over),
-      mean_full=eap.circuit_metric(model, clean, None, metric, exists,
-                                   ablation="mean", mean_inputs=mean_over))
-  if name in _ESTIMATED:  # the estimates, and every edge removed alone
-    every = [(graph.senders[s], graph.receivers[r])
-             for s, r in np.argwhere(graph.exists)]
-    out.update(singles=eap.circuit_metric(*args, _removals(graph, every))
-               - ref[0],
+      mean_full=mean[0], mean_empty=mean[1])
+  if estimated:
+    out.update(singles=removed[2 + len(edges):] - ref[0],
                eap=eap.edge_scores(*args),
                ig1=eap.edge_scores(*args, method="eap-ig", steps=1),
                ig=eap.edge_scores(*args, method="eap-ig", steps=24))
