@@ -225,7 +225,9 @@ def _random_report(graphdef, state, clean, corrupted, targets, name):
       [jnp.stack([exists, ~exists]), _removals(graph, edges)]
       + ([_removals(graph, every)] if estimated else [])))
   ref = patching.reference_metrics(*args)
-  mean_over = jnp.concatenate([clean, corrupted])
+  # As many rows as the batch: averaged over the wrong axis, the means
+  # would still broadcast (and differ).
+  mean_over = jnp.concatenate([clean[:1], corrupted[1:]])
   mean = eap.circuit_metric(model, clean, None, metric,
                             jnp.stack([exists, ~exists]), ablation="mean",
                             mean_inputs=mean_over)
