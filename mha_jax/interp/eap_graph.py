@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import hooks as hooks_lib
+from mha_jax.models.transformer import DecoderLM
 
 EMBED, LOGITS = "embed", "logits"
 
@@ -92,11 +93,10 @@ def check_model(model, fn: str = "eap") -> None:
   """Raise naming the reason unless `model` is a decoder whose blocks
   decompose the residual stream into sender terms (see the module
   docstring)."""
-  config = getattr(model, "config", None)
-  if config is None or not hasattr(model, "blocks") or hasattr(
-      model, "encoder"):
-    raise TypeError(f"{fn}: `model` must be a DecoderLM (token or feature "
-                    f"inputs, one stack of blocks), got {type(model).__name__}")
+  if not isinstance(model, DecoderLM):
+    raise TypeError(f"{fn}: `model` must be a DecoderLM (one causal stack "
+                    f"of blocks, then the logits), got {type(model).__name__}")
+  config = model.config
   if config.norm_placement != "pre":
     raise ValueError(
         f"{fn}: the model's norm_placement={config.norm_placement!r}; edge "

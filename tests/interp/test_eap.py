@@ -27,6 +27,7 @@ from mha_jax.interp import eap_graph
 from mha_jax.interp import patching
 from mha_jax.models.model_config import ModelConfig
 from mha_jax.models.transformer import DecoderLM
+from mha_jax.models.transformer import Encoder
 
 import wired_circuit as wc
 
@@ -390,5 +391,7 @@ def test_bad_inputs_are_refused_by_name():
   scores = eap_graph.EdgeScores(jnp.zeros((5, 13)), eap_graph.graph(model))
   with pytest.raises(ValueError, match=r"`counts` must lie in \[0, 29\]"):
     eap.faithfulness_curve(model, x, x, metric, scores, counts=[30])
-  with pytest.raises(TypeError, match="must be a DecoderLM"):
-    eap_graph.graph(object())
+  for other in (object(), nnx.eval_shape(lambda: Encoder(
+      _config(vocab_size=10), rngs=nnx.Rngs(0)))):
+    with pytest.raises(TypeError, match="must be a DecoderLM"):
+      eap_graph.graph(other)
