@@ -148,6 +148,9 @@ _PALLAS_GPU_KERNELS = "mha_jax/core/kernels/pallas_gpu_kernels.py"
 _PATCHING = "mha_jax/interp/patching.py"
 _POSITIONS = "mha_jax/interp/patch_positions.py"
 _POSITIONS_TESTS = "tests/interp/test_patching_positions.py"
+_EAP = "mha_jax/interp/eap.py"
+_EAP_GRAPH = "mha_jax/interp/eap_graph.py"
+_EAP_TESTS = "tests/interp/test_eap.py"
 # name -> (module, exact text, its replacement, tests that must fail)
 PLANTED = {
     # The full blocks also stay on the partial list: each is visited twice.
@@ -224,6 +227,45 @@ PLANTED = {
         'later = {} if patch is None else {"start": start,',
         'later = {} if False else {"start": start,',
         "tests/experiments/test_ioi_patching.py"),
+    # Edge attribution patching. Each receiver's gradient taken at the
+    # stream its group shares (every query head of a layer, say) instead
+    # of its own input.
+    "eap_gradient_at_shared_stream": (
+        _EAP, "return x if eps is None else x + eps[:, :, cols]",
+        "return x if eps is None else x + jnp.sum(eps[:, :, cols], 2, "
+        "keepdims=True)", _EAP_TESTS),
+    # The last sender's edges counted twice: its output added again to
+    # the stream of the receivers after it, which already holds it.
+    "eap_edges_counted_twice": (
+        _EAP, "streams(group, base))",
+        "streams(group, base + outs[-1].sum(2)))", _EAP_TESTS),
+    # Clean minus corrupted: every score's sign flipped.
+    "eap_sign_flipped": (
+        _EAP, '"btsd,btrd->sr", a_corrupt - a_clean, grad)',
+        '"btsd,btrd->sr", a_clean - a_corrupt, grad)', _EAP_TESTS),
+    # A receiver also reads the senders of its own stage: edges from a head
+    # to the heads of its own layer, run backwards in the computation.
+    "eap_edge_runs_backwards": (
+        _EAP_GRAPH, "  return written_at < read_at",
+        "  return written_at <= read_at", _EAP_TESTS),
+    # EAP-IG's points from the corrupted end (k = 0..steps-1): never at
+    # the clean run, so one step is no longer EAP.
+    "eap_ig_points_start_at_corrupted": (
+        _EAP, "alphas = jnp.arange(1, steps + 1, dtype=a_clean.dtype) / steps",
+        "alphas = jnp.arange(0, steps, dtype=a_clean.dtype) / steps",
+        _EAP_TESTS),
+    # The circuit's own edges ablated instead of the others.
+    "eap_kept_edges_ablated": (
+        _EAP, "drop = (exists & ~m.astype(bool))",
+        "drop = (exists & m.astype(bool))", _EAP_TESTS),
+    # Mean ablation averaged over positions instead of over the batch.
+    "eap_mean_over_positions": (
+        _EAP, "jnp.mean(sender_outputs(model, mean_inputs), axis=0",
+        "jnp.mean(sender_outputs(model, mean_inputs), axis=1", _EAP_TESTS),
+    # Circuits of the largest signed scores, not the largest |score|.
+    "eap_top_edges_by_signed_score": (
+        _EAP_GRAPH, "jnp.where(exists, jnp.abs(scores.scores), -jnp.inf)",
+        "jnp.where(exists, scores.scores, -jnp.inf)", _EAP_TESTS),
 }
 
 # The operators kept model slips one makes: + for -, * for /, < for <=,

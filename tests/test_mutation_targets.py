@@ -18,7 +18,7 @@ def _constants() -> dict:
         and isinstance(node.targets[0], ast.Name)
         and (node.targets[0].id in ("_FLASH_K", "_FLASH_TESTS", "TARGETS",
                                     "PLANTED")
-             or node.targets[0].id.startswith("_PALLAS_GPU"))):
+             or node.targets[0].id.startswith(("_PALLAS_GPU", "_EAP")))):
       env[node.targets[0].id] = eval(compile(ast.Expression(node.value),  # pylint: disable=eval-used
                                              "mutate.py", "eval"), {}, env)
   return env
