@@ -10,6 +10,10 @@ import shlex
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+# The module constants the planted bugs' entries are written with.
+_PREFIXES = ("_PALLAS_GPU", "_EAP", "_PATCHING", "_POSITIONS")
+
+
 def _constants() -> dict:
   tree = ast.parse((ROOT / "scripts" / "mutate.py").read_text())
   env = {}
@@ -18,7 +22,7 @@ def _constants() -> dict:
         and isinstance(node.targets[0], ast.Name)
         and (node.targets[0].id in ("_FLASH_K", "_FLASH_TESTS", "TARGETS",
                                     "PLANTED")
-             or node.targets[0].id.startswith(("_PALLAS_GPU", "_EAP")))):
+             or node.targets[0].id.startswith(_PREFIXES))):
       env[node.targets[0].id] = eval(compile(ast.Expression(node.value),  # pylint: disable=eval-used
                                              "mutate.py", "eval"), {}, env)
   return env
