@@ -25,28 +25,21 @@ from scipy import stats as sp_stats
 from mha_jax.interp import eap
 from mha_jax.interp import eap_graph
 from mha_jax.interp import patching
-from mha_jax.models.model_config import ModelConfig
 from mha_jax.models.transformer import DecoderLM
 from mha_jax.models.transformer import Encoder
 
+import random_decoder
 import wired_circuit as wc
 
 
 def _config(**overrides):
-  kw = dict(vocab_size=10, d_model=16, num_layers=2, num_heads=2, max_len=5,
-            attention_only=True, implementation="einsum", mlp_dim=16)
-  return ModelConfig(**(kw | overrides))
+  return random_decoder.config(**({"max_len": 5, "mlp_dim": 16}
+                                  | overrides))
 
 
 def _random_model(seed=3, **overrides):
-  """A small random model, drawn with NumPy (as test_patching's)."""
-  graphdef, state = nnx.split(nnx.eval_shape(
-      lambda: DecoderLM(_config(**overrides), rngs=nnx.Rngs(0))))
-  rng = np.random.default_rng(seed)
-  state = jax.tree.map(lambda x: jnp.asarray(
-      rng.normal(size=x.shape) * (0.5 if len(x.shape) > 1 else 0.2)
-      + (len(x.shape) == 1), x.dtype), state)  # vectors (LN scales) ~ 1
-  return nnx.merge(graphdef, state)
+  return random_decoder.model(seed, **({"max_len": 5, "mlp_dim": 16}
+                                       | overrides))
 
 
 def _abstract(**overrides):

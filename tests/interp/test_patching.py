@@ -24,10 +24,9 @@ from mha_jax.interp import calibration
 from mha_jax.interp import corruption
 from mha_jax.interp import patching
 from mha_jax.training import tasks
-from mha_jax.models.model_config import ModelConfig
 from mha_jax.measure import stats
-from mha_jax.models.transformer import DecoderLM
 
+import random_decoder
 import wired_circuit as wc
 
 
@@ -178,17 +177,7 @@ def test_a_run_patched_into_itself_scores_1_clean_and_0_corrupted(wired):
 
 
 def _random_model(**overrides):
-  """A small random model, drawn with NumPy (no random init to compile)."""
-  kw = dict(vocab_size=10, d_model=16, num_layers=2, num_heads=2, max_len=6,
-            attention_only=True, implementation="einsum")
-  config = ModelConfig(**(kw | overrides))
-  graphdef, state = nnx.split(nnx.eval_shape(
-      lambda: DecoderLM(config, rngs=nnx.Rngs(0))))
-  rng = np.random.default_rng(3)
-  state = jax.tree.map(lambda x: jnp.asarray(
-      rng.normal(size=x.shape) * (0.5 if len(x.shape) > 1 else 0.2)
-      + (len(x.shape) == 1), x.dtype), state)  # vectors (LN scales) ~ 1
-  return nnx.merge(graphdef, state)
+  return random_decoder.model(3, **overrides)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))

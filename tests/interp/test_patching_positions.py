@@ -26,8 +26,8 @@ import pytest
 
 from mha_jax.interp import patch_positions
 from mha_jax.interp import patching
-from mha_jax.models.model_config import ModelConfig
-from mha_jax.models.transformer import DecoderLM
+
+import random_decoder
 
 B, T, H, V = 3, 6, 2, 10
 SITES = ("blocks.0.attn.z", "blocks.0.attn.v", "blocks.1.attn.pattern",
@@ -36,17 +36,9 @@ SITES = ("blocks.0.attn.z", "blocks.0.attn.v", "blocks.1.attn.pattern",
 
 def _model(**overrides):
   """A small random model with a final LayerNorm (the metric is not
-  linear in any site), drawn with NumPy."""
-  kw = dict(vocab_size=V, d_model=16, num_layers=2, num_heads=H, max_len=T,
-            attention_only=True, implementation="einsum")
-  config = ModelConfig(**(kw | overrides))
-  graphdef, state = nnx.split(nnx.eval_shape(
-      lambda: DecoderLM(config, rngs=nnx.Rngs(0))))
-  rng = np.random.default_rng(7)
-  state = jax.tree.map(lambda x: jnp.asarray(
-      rng.normal(size=x.shape) * (0.5 if len(x.shape) > 1 else 0.2)
-      + (len(x.shape) == 1), x.dtype), state)
-  return graphdef, state
+  linear in any site)."""
+  return random_decoder.split(7, **({"vocab_size": V, "num_heads": H,
+                                     "max_len": T} | overrides))
 
 
 GRAPHDEF, STATE = _model()
