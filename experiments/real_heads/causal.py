@@ -8,7 +8,8 @@ position: by zeros (zero ablation) or by its mean over the inputs at that
 position (mean ablation; `scores.measure` returns the mean). `loss`
 gives each input's mean next-token loss over the scored positions with
 the heads of `heads` ablated; `random_sets` the draws of k heads (without
-replacement within a set) that a top-k set is compared with. `attribution`
+replacement within a set, none of them a named head) that a top-k set is
+compared with. `attribution`
 is the first-order estimate of every single head's effect at once (the
 gradient of the loss with respect to the blend from clean to ablated,
 attribution patching): cheap, so it chooses which heads to ablate one at a
@@ -51,12 +52,21 @@ def loss(model, ids, positions, heads, replacement, *, chunk: int
 
 
 def random_sets(num_layers: int, num_heads: int, k: int, draws: int, *,
-                seed: int) -> list[list[tuple[int, int]]]:
-  """`draws` sets of k distinct (layer, head), uniform over all heads."""
+                seed: int, exclude=()) -> list[list[tuple[int, int]]]:
+  """`draws` sets of k distinct (layer, head), uniform over the heads not
+  in `exclude` (the named sets a draw is compared with: a control that
+  could hold a named head would measure part of that head's effect)."""
+  banned = {(int(l), int(h)) for l, h in exclude}
+  pool = [i for i in range(num_layers * num_heads)
+          if divmod(i, num_heads) not in banned]
+  if len(pool) < k:
+    raise ValueError(f"random_sets: `k`={k} heads must be drawn from the "
+                     f"{num_layers * num_heads} heads less the "
+                     f"{len(banned)} of `exclude`, leaving {len(pool)}")
   rng = np.random.default_rng(seed)
   out = []
   for _ in range(draws):
-    flat = rng.choice(num_layers * num_heads, k, replace=False)
+    flat = rng.choice(pool, k, replace=False)
     out.append([(int(i // num_heads), int(i % num_heads)) for i in flat])
   return out
 

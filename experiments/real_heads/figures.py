@@ -52,9 +52,18 @@ def _distance(path, r):
     axes[0].plot(x, ind[:, sel].max((1, 2)), marker="o",
                  label=f"best head, {kind}")
   axes[0].set_ylabel("induction score")
-  for k, v in d["loss"].items():
-    axes[1].plot(x, np.asarray(v).mean(1), marker="o",
-                 label=f"ablated: {k.replace('_', ' ')}")
+  loss = d["loss"]
+  lines = {"copy loss": loss["none"], "no copy": loss["no_copy"],
+           **{f"{a}: {k.replace('_', ' ')}": loss[a][k] for a in ("zero",
+                                                                  "mean")
+              for k in ("global_induction", "local_induction")},
+           **{f"{a}: random": np.mean([v for k, v in loss[a].items()
+                                       if k.startswith("random_")], 0)
+              for a in ("zero", "mean")},
+           "mean: global layers": loss["mean"]["global_layers"]}
+  for label, v in lines.items():
+    axes[1].plot(x, np.asarray(v).mean(1), marker="o", label=label,
+                 linestyle="--" if label.startswith("zero") else "-")
   axes[1].set_ylabel("copy loss (nats)")
   for ax in axes:
     ax.set_xscale("log", base=2)

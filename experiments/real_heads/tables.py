@@ -177,29 +177,57 @@ def kv(x: dict, e: dict) -> str:
       f"{'identical' if x['same_tokens'] else 'DIFFER'}.")
 
 
+def _heads(hs) -> str:
+  return ", ".join(head(lh) for lh in hs)
+
+
 def distance_values(r: dict, e: dict) -> dict:
   d = r["distance"]
-  rows = []
+  cell = lambda x: f"{x['mean']:.2f} {ci(x['ci'], 2)}"
+  rows, paired = [], []
   for g, dist in enumerate(d["distances"]):
     b = d["summary"][g]
+    loss = b["loss"]
     rows.append([dist,
                  f"{head(b['best_sliding'])} {b['best_sliding_score']:.3f}",
                  f"{head(b['best_global'])} {b['best_global_score']:.3f}",
-                 *(f"{b['loss'][k]['mean']:.2f} {ci(b['loss'][k]['ci'], 2)}"
-                   for k in ("none", "global_induction", "local_induction",
-                             "random"))])
+                 cell(loss["none"]), cell(loss["no_copy"]),
+                 *(cell(loss[a][k]) for a in ("zero", "mean")
+                   for k in ("global_induction", "local_induction",
+                             "random")),
+                 cell(loss["mean"]["global_layers"])])
+    mr = b["minus_random"]
+    paired.append([dist,
+                   *(change(mr[a][k]["mean"], mr[a][k]["ci"])
+                     for a in ("zero", "mean")
+                     for k in ("global_induction", "local_induction")),
+                   *(change(b["global_layers_minus"][k]["mean"],
+                            b["global_layers_minus"][k]["ci"])
+                     for k in ("none", "no_copy"))])
+  sets = d["sets"]
   return {
       "segment": e["segment"], "distance_inputs": e["distance_inputs"],
+      "draws": e["distance_draws"],
       "window": next(w for w in r["info"]["windows"] if w is not None),
-      "global_heads": ", ".join(head(lh)
-                                for lh in d["sets"]["global_induction"]),
-      "local_heads": ", ".join(head(lh)
-                               for lh in d["sets"]["local_induction"]),
-      "random_heads": ", ".join(head(lh) for lh in d["sets"]["random"]),
+      "global_heads": _heads(sets["global_induction"]),
+      "local_heads": _heads(sets["local_induction"]),
+      "random_heads": "; ".join(_heads(v) for k, v in sets.items()
+                                if k.startswith("random_")),
+      "global_layers": ", ".join(str(l) for l in sorted(
+          {lh[0] for lh in sets["global_layers"]})),
       "table": report_lib.md_table(
           ["distance", "best sliding-layer head", "best global-layer head",
-           "copy loss", "global induction heads zeroed",
-           "sliding induction heads zeroed", "random heads zeroed"], rows),
+           "copy loss", "no copy", "zero: global induction",
+           "zero: sliding induction", "zero: random", "mean: global "
+           "induction", "mean: sliding induction", "mean: random",
+           "mean: global layers"], rows),
+      "paired": report_lib.md_table(
+          ["distance", "zero: global induction - random",
+           "zero: sliding induction - random",
+           "mean: global induction - random",
+           "mean: sliding induction - random",
+           "mean: global layers - copy loss",
+           "mean: global layers - no copy"], paired),
       "name": r["info"]["name"]}
 
 
@@ -240,27 +268,24 @@ def findings(saved: dict) -> str:
   return "\n".join(out)
 
 
-def _apart(a: dict, b: dict) -> str:
-  """Whether two losses' intervals leave each other: "above", "below" or
-  "not resolved" (they overlap)."""
-  if a["ci"][0] > b["ci"][1]:
-    return "above"
-  if a["ci"][1] < b["ci"][0]:
-    return "below"
-  return "not resolved (the intervals overlap)"
-
-
 def _distance_finding(r: dict) -> str:
   d = r["distance"]
-  far = d["summary"][-1]
-  loss = far["loss"]
-  cell = lambda k: f"{loss[k]['mean']:.2f} {ci(loss[k]['ci'], 2)}"
+  near, far = d["summary"][0], d["summary"][-1]
+  window = next(w for w in r["info"]["windows"] if w is not None)
+  cell = lambda x: f"{x['mean']:.2f} {ci(x['ci'], 2)}"
+  g = lambda b, k: change(b["global_layers_minus"][k]["mean"],
+                          b["global_layers_minus"][k]["ci"])
+  mr = far["minus_random"]["mean"]["global_induction"]
   return (
-      f"At a repeat distance of {d['distances'][-1]} tokens the best "
-      f"sliding-layer head scores {far['best_sliding_score']:.3f} and the "
-      f"best global-layer head ({head(far['best_global'])}) "
-      f"{far['best_global_score']:.3f}; the copy loss is {cell('none')}, "
-      f"with the global induction heads zeroed {cell('global_induction')} "
-      f"({_apart(loss['global_induction'], loss['random'])} the random "
-      f"heads' {cell('random')}), with the sliding ones "
-      f"{cell('local_induction')}.")
+      f"At a repeat distance of {d['distances'][-1]} tokens (the sliding "
+      f"window is {window}) the best sliding-layer head scores "
+      f"{far['best_sliding_score']:.3f} and the best global-layer head "
+      f"({head(far['best_global'])}) {far['best_global_score']:.3f}; the "
+      f"copy loss is {cell(far['loss']['none'])} against "
+      f"{cell(far['loss']['no_copy'])} with nothing to copy. Mean-ablating "
+      f"the global induction heads there changes it by "
+      f"{change(mr['mean'], mr['ci'])} more than random heads do. "
+      f"Mean-ablating every head of the global layers leaves the loss "
+      f"{g(far, 'no_copy')} from the no-copy loss at {d['distances'][-1]}"
+      f" and {g(near, 'none')} from the copy loss at {d['distances'][0]}"
+      f" (where the sliding layers can see the copy).")

@@ -149,6 +149,18 @@ def test_mean_z_is_the_mean_over_inputs_and_mean_ablation_uses_it():
   assert (loss([(1, 1)]) < zero).all()
 
 
+def test_random_sets_never_hold_an_excluded_head():
+  named = [(0, 1), (2, 3), (1, 0)]
+  sets = causal.random_sets(3, 4, 3, 200, seed=0, exclude=named)
+  seen = {lh for s in sets for lh in s}
+  assert not seen & set(named)
+  assert seen == {(l, h) for l in range(3) for h in range(4)} - set(named)
+  with pytest.raises(ValueError, match=r"random_sets: `k`=3 heads must be "
+                     r"drawn from the 4 heads less the 2 of `exclude`, "
+                     r"leaving 2"):
+    causal.random_sets(1, 4, 3, 1, seed=0, exclude=[(0, 0), (0, 1)])
+
+
 def test_random_sets_are_distinct_heads():
   sets = causal.random_sets(3, 4, 3, 50, seed=0)
   assert all(len(set(s)) == 3 for s in sets)
@@ -249,7 +261,12 @@ def test_head_sets_by_layer_kind():
   sets = distance.head_sets(windows, 2, ind, 2, seed=0)
   assert sets["global_induction"] == [(2, 0), (2, 1)]
   assert sets["local_induction"] == [(0, 1), (1, 0)]
-  assert len(set(sets["random"])) == 2
+  # Two heads are in neither named set: the only draw of two is them.
+  assert set(sets["random_0"]) == {(0, 0), (1, 1)}
+  many = distance.head_sets(windows, 2, ind, 2, seed=0, draws=3)
+  assert [k for k in many if k.startswith("random_")] == [
+      "random_0", "random_1", "random_2"]
+  assert distance.global_layer_heads(windows, 2) == [(2, 0), (2, 1)]
   with pytest.raises(ValueError, match=r"head_sets: the model needs both "
                      r"sliding and global layers, got windows \[None, "
                      r"None\]"):
