@@ -62,7 +62,8 @@ text_induction: install
 
 # What the heads of the two real GGUF LMs do (docs/real_heads.md,
 # docs/ioi.md): the survey, ablations, repeat distance and KV cache
-# (13.5 min on 2 shared cores), then the IOI task and both models'
+# (42 min on 2 shared cores, 25 of them Gemma's repeat distance, 32
+# sequences per distance), then the IOI task and both models'
 # circuits (30 min wall at load 3-12, 18.6 CPU-minutes).
 real_lms: install
 	$(BIN)/python -m experiments.real_heads --workdir=runs/real_heads
@@ -95,7 +96,7 @@ experiments: install
 # hand; tests check the README's numbers against them). The first ten
 # took 95 minutes on 2 loaded cores; kv_cache adds 1.5 minutes and
 # context_parallel 4 (19 on loaded cores), text_induction about 60,
-# real_heads and ioi about 45 together; score_rules_bench 1 and
+# real_heads and ioi about 75 together; score_rules_bench 1 and
 # real_lm_bench 8 (on quiet cores).
 # RESULTS=induction limits it to one
 # experiment, and `make publish` copies finished runs without running
