@@ -604,7 +604,10 @@ CROSS_EXPERIMENT_EXCEPTIONS = {
 
 
 def experiment_folders(root: pathlib.Path = ROOT) -> set[str]:
-  return {p.parent.name for p in (root / "experiments").glob("*/__init__.py")}
+  """The folders under experiments/ that are run (`python -m
+  experiments.<name>` needs a `__main__.py`); a package without one is a
+  shared module, imported by experiments and never run (`ioi_task`)."""
+  return {p.parent.name for p in (root / "experiments").glob("*/__main__.py")}
 
 
 def cross_experiment_imports(root: pathlib.Path = ROOT) -> list[str]:
@@ -787,7 +790,8 @@ def planted_tree(tmp_path):
                         n.endswith(".py") or (pathlib.Path(d) / n).is_dir())
                         or n == "__pycache__"])
   (tmp_path / "experiments" / "sinks" / "planted.py").write_text(
-      '"""Planted."""\n\nfrom experiments.ioi import stats\n')
+      '"""Planted."""\n\nfrom experiments.ioi import tables\n'
+      'from experiments.ioi_task import stats\n')
   (tmp_path / "tests" / "measure" / "test_planted.py").write_text(
       '"""Planted."""\n\nfrom tests.core import test_masks\n')
   (tmp_path / "tests" / "models" / "test_planted_helper.py").write_text(
@@ -808,7 +812,7 @@ def test_planted_breaches_of_the_experiment_and_test_rules_fail(
   cross = new(cross_experiment_imports(planted_tree),
               cross_experiment_imports())
   assert len(cross) == 1 and cross[0].startswith(
-      "experiments/sinks/planted.py:3: `from experiments.ioi import stats` "
+      "experiments/sinks/planted.py:3: `from experiments.ioi import tables` "
       "imports the experiment folder ioi"), cross
   tests = new(test_import_violations(planted_tree), test_import_violations())
   assert tests == [

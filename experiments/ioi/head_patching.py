@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from experiments.ioi import forward
+from experiments.ioi_task import forward
 from mha_jax.interp import patch_positions
 from mha_jax.interp import patching
 

@@ -23,12 +23,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.ioi import detectors
-from experiments.ioi import forward
 from experiments.ioi import head_patching
-from experiments.ioi import models
-from experiments.ioi import prompts
-from experiments.ioi import stats
+from experiments.ioi_task import detectors
+from experiments.ioi_task import forward
+from experiments.ioi_task import models
+from experiments.ioi_task import prompts
+from experiments.ioi_task import stats
 from mha_jax.measure import bootstrap
 
 META = ("end", "io", "s", "io_pos", "s1_pos", "s2_pos")

@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 
 from experiments.ioi import figures
-from experiments.ioi import prompts
+from experiments.ioi_task import prompts
 from mha_jax.measure import report as report_lib
 
 TOP = 5  # heads listed per role and per path round

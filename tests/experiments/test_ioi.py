@@ -29,14 +29,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments.ioi import detectors
-from experiments.ioi import forward
 from experiments.ioi import head_patching
-from experiments.ioi import models
-from experiments.ioi import prompts
 from experiments.ioi import report
 from experiments.ioi import run
-from experiments.ioi import stats
+from experiments.ioi_task import detectors
+from experiments.ioi_task import forward
+from experiments.ioi_task import models
+from experiments.ioi_task import prompts
+from experiments.ioi_task import stats
 from mha_jax.measure import bootstrap
 from mha_jax.measure import report as report_lib
 from mha_jax.models.model_config import ModelConfig

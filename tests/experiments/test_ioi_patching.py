@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.ioi import forward
 from experiments.ioi import head_patching
-from experiments.ioi import models
-from experiments.ioi import prompts
 from experiments.ioi import run
+from experiments.ioi_task import forward
+from experiments.ioi_task import models
+from experiments.ioi_task import prompts
 
 TOK = models.word_tokenizer()
 P = prompts.subset(prompts.build(TOK, prompts.single_token_names(TOK),

@@ -6,9 +6,9 @@ probe, outside this code, found it does on 98% of templated prompts)."""
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.ioi import forward
-from experiments.ioi import models
-from experiments.ioi import prompts
+from experiments.ioi_task import forward
+from experiments.ioi_task import models
+from experiments.ioi_task import prompts
 
 
 def test_smollm2_prefers_the_indirect_object():

@@ -17,7 +17,7 @@ import numpy as np
 import tokenizers
 
 import mha_jax
-from experiments.ioi import prompts
+from experiments.ioi_task import prompts
 from mha_jax.pretrained import load as load_lib
 from mha_jax.pretrained import real_models
 

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.ioi import forward
+from experiments.ioi_task import forward
 from mha_jax import hooks as hooks_lib
 
 MEASURES = ("end_io", "end_s", "s2_s1", "s2_after_s1", "after_s1_s1",

@@ -1,0 +1,6 @@
+"""The IOI task, shared by the experiments that study it (`ioi`, and
+those that read its circuit from other angles): the prompts and their
+corruptions (`prompts`), the two real models and their tokenizers
+(`models`), the END-only forward pass (`forward`), the heads' attention,
+direct-effect and copying scores (`detectors`) and the bootstrap
+separation rule (`stats`). Imported, never run: it has no `__main__`."""
