@@ -31,7 +31,6 @@ a head spreading its weight evenly over the causal past.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
