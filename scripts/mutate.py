@@ -151,6 +151,9 @@ _POSITIONS_TESTS = "tests/interp/test_patching_positions.py"
 _EAP = "mha_jax/interp/eap.py"
 _EAP_GRAPH = "mha_jax/interp/eap_graph.py"
 _EAP_TESTS = "tests/interp/test_eap.py"
+_IOI_CIRCUIT = "experiments/ioi_circuit/knockout.py"
+_IOI_CIRCUIT_RUN = "experiments/ioi_circuit/run.py"
+_IOI_CIRCUIT_TESTS = "tests/experiments/test_ioi_circuit.py"
 # name -> (module, exact text, its replacement, tests that must fail)
 PLANTED = {
     # The full blocks also stay on the partial list: each is visited twice.
@@ -266,6 +269,30 @@ PLANTED = {
     "eap_top_edges_by_signed_score": (
         _EAP_GRAPH, "jnp.where(exists, jnp.abs(scores.scores), -jnp.inf)",
         "jnp.where(exists, scores.scores, -jnp.inf)", _EAP_TESTS),
+    # The knockout's mean taken over every prompt, not each template's.
+    "ioi_circuit_mean_over_all_templates": (
+        _IOI_CIRCUIT, "out[:, rows] = z[:, rows].mean(1, keepdims=True)",
+        "out[:, rows] = z.mean(1, keepdims=True)", _IOI_CIRCUIT_TESTS),
+    # A resampled prompt may read its own activations (a shift of 0).
+    "ioi_circuit_resample_self": (
+        _IOI_CIRCUIT, "np.roll(order, -int(rng.integers(1, len(rows))))",
+        "np.roll(order, -int(rng.integers(0, len(rows))))",
+        _IOI_CIRCUIT_TESTS),
+    # The kept heads replaced and the knocked ones left live.
+    "ioi_circuit_keep_inverted": (
+        _IOI_CIRCUIT,
+        "jnp.where(keep[None, None, :, None], z, replacement.astype(z.dtype))",
+        "jnp.where(keep[None, None, :, None], replacement.astype(z.dtype), z)",
+        _IOI_CIRCUIT_TESTS),
+    # Completeness compares F(C \ K) with the whole model, not F(M \ K).
+    "ioi_circuit_completeness_against_whole_model": (
+        _IOI_CIRCUIT_RUN, "without_m = f(knockout.keep_mask(shape, k))",
+        "without_m = f(knockout.keep_mask(shape, []))", _IOI_CIRCUIT_TESTS),
+    # Minimality's K holds v itself, so removing v changes nothing.
+    "ioi_circuit_minimality_k_holds_v": (
+        _IOI_CIRCUIT_RUN,
+        "rest = [tuple(x) for x in heads if tuple(x) != v]",
+        "rest = [tuple(x) for x in heads]", _IOI_CIRCUIT_TESTS),
 }
 
 # The operators kept model slips one makes: + for -, * for /, < for <=,

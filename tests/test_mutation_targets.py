@@ -11,7 +11,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 # The module constants the planted bugs' entries are written with.
-_PREFIXES = ("_PALLAS_GPU", "_EAP", "_PATCHING", "_POSITIONS")
+_PREFIXES = ("_PALLAS_GPU", "_EAP", "_PATCHING", "_POSITIONS",
+             "_IOI_CIRCUIT")
 
 
 def _constants() -> dict:

@@ -47,10 +47,11 @@ def _pick(pattern, query, key):
   return pattern[rows, :, query, key]
 
 
-def measure(model, tokens, meta, name_ids) -> dict:
+def measure(model, tokens, meta, name_ids, *, patch=None) -> dict:
   """`{measure: [N, L, H]}` (module docstring) on clean `tokens [N, T]`;
   `name_ids`: the token ids of every name in the pool (the copying
-  score's competitors)."""
+  score's competitors); `patch` as the model's call takes it (heads
+  knocked out: what the others do then)."""
   c = model.config
   end, io, s = (jnp.asarray(meta[k]) for k in ("end", "io", "s"))
   s1, s2, io_pos = (jnp.asarray(meta[k]) for k in ("s1_pos", "s2_pos",
@@ -59,7 +60,8 @@ def measure(model, tokens, meta, name_ids) -> dict:
   sites = [last]
   for l in range(c.num_layers):
     sites += [f"blocks.{l}.attn.{x}" for x in ("pattern", "z", "v")]
-  _, acts = forward.end_logits(model, tokens, end, capture=sites)
+  _, acts = forward.end_logits(model, tokens, end, capture=sites,
+                               patch=patch)
   rows = jnp.arange(tokens.shape[0])
   scale = forward.final_scale(model, acts[last][rows, end])  # [N, D]
   u = forward.unembed(model, name_ids)  # [M, D]

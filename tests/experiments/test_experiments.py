@@ -516,6 +516,8 @@ def test_every_entry_point_has_an_end_to_end_test():
             # real_heads, ioi: tests/experiments/test_real_heads.py and
             # test_ioi.py (tiny random GGUF models through the same code)
             "real_heads", "ioi",
+            # ioi_circuit: tests/experiments/test_ioi_circuit.py
+            "ioi_circuit",
             # score_rules_bench: tests/experiments/test_score_rules_bench.py
             "score_rules_bench",
             # real_lm_bench: tests/experiments/test_real_lm_bench.py

@@ -1,0 +1,185 @@
+"""Wang et al.'s criteria and the backup heads (experiments/ioi_circuit).
+
+Known answers: the knockout against the library's own patch through the
+model's own call; the criteria on an additive stand-in model, where
+F(S) is a sum of the kept heads' weights and every criterion has a value
+written down by hand; the backup search on a planted takeover; the
+classes the committed ioi run names. Then the smoke run end to end.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from experiments.ioi_circuit import knockout
+from experiments.ioi_circuit import report
+from experiments.ioi_circuit import run
+from experiments.ioi_task import forward
+from experiments.ioi_task import models
+from experiments.ioi_task import prompts
+from mha_jax import hooks
+from mha_jax.measure import bootstrap
+from mha_jax.measure import report as report_lib
+
+import entry_points
+
+TOK = models.word_tokenizer()
+PROMPTS = prompts.build(TOK, prompts.single_token_names(TOK),
+                        per_template_order=1, seed=5)
+
+
+def test_template_means_are_each_templates_own():
+  # z = the template's value + an offset summing to 0 within the template.
+  template = np.array([0, 0, 1, 1, 1, 2, 2])
+  offsets = np.array([1.0, -1.0, 2.0, -0.5, -1.5, 3.0, -3.0])
+  value = np.array([10.0, 20.0, 30.0])[template] + offsets
+  z = np.broadcast_to(value[None, :, None, None, None], (2, 7, 3, 2, 1))
+  means = knockout.template_means(z, template)
+  np.testing.assert_allclose(means[1, :, 2, 1, 0],
+                             [10, 10, 20, 20, 20, 30, 30], atol=1e-6)
+
+
+def test_resample_partners_are_other_prompts_of_the_same_template():
+  template = np.repeat(np.arange(4), [2, 3, 5, 8])
+  for seed in range(5):
+    partner = knockout.resample_partners(template, seed)
+    assert sorted(partner) == list(range(len(template)))  # a permutation
+    assert np.all(partner != np.arange(len(template)))
+    np.testing.assert_array_equal(template[partner], template)
+  with pytest.raises(ValueError, match="template 1 has 1 prompt"):
+    knockout.resample_partners(np.array([0, 0, 1]), 0)
+
+
+def test_knockout_is_the_librarys_patch_through_the_models_own_call():
+  model, _, _ = models.load("tiny_llama")
+  c = model.config
+  tokens = jnp.asarray(PROMPTS["tokens"][:6])
+  end, io, s = (jnp.asarray(PROMPTS[k][:6]) for k in ("end", "io", "s"))
+  rng = np.random.default_rng(0)
+  z = knockout.captured_z(model, tokens, end)
+  replacement = jnp.asarray(rng.normal(size=z.shape), jnp.float32)
+  knocked = [(0, 1), (1, 0), (1, 3)]
+  keep = knockout.keep_mask((c.num_layers, c.num_heads), knocked)
+  got = knockout.knocked_logit_diff(model, tokens, end, io, s, replacement,
+                                    jnp.asarray(keep))
+  patch = {}
+  for l in range(c.num_layers):
+    heads = [h for ll, h in knocked if ll == l]
+    patch |= hooks.replace(f"blocks.{l}.attn.z", replacement[l],
+                           heads=heads)
+  logits = model(tokens, patch=patch)[jnp.arange(6), end]
+  np.testing.assert_allclose(got, forward.logit_diff(logits, io, s),
+                             rtol=1e-5, atol=1e-5)
+  # Keeping every head is the unpatched model.
+  full = knockout.knocked_logit_diff(
+      model, tokens, end, io, s, replacement,
+      jnp.ones((c.num_layers, c.num_heads), bool))
+  np.testing.assert_allclose(
+      full, forward.logit_diff(model(tokens)[jnp.arange(6), end], io, s),
+      rtol=1e-5, atol=1e-5)
+
+
+# An additive stand-in: F(S) per prompt is a_n times the kept heads'
+# weights w plus, under resampling, the knocked heads' weights u.
+SHAPE = (3, 4)
+W = np.arange(1.0, 13.0).reshape(SHAPE)
+U = np.full(SHAPE, 0.5)
+A = np.array([1.0, 2.0, 3.0, 2.0])
+CLASSES = {"name movers": [[2, 1], [2, 3]], "S-inhibition": [[1, 0]]}
+
+
+def _additive(replacement, keep):
+  return A * ((keep * W).sum() + replacement * ((~keep) * U).sum())
+
+
+def _experiment(**kw):
+  return ml_collections.ConfigDict(dict(
+      random_circuits=6, random_subsets=3, seed=0, backup_top=2) | kw)
+
+
+def test_criteria_on_an_additive_model_have_their_known_values():
+  idx = bootstrap.draws(4, 20, 0)
+  weights, _ = bootstrap.group_weights([0, 0, 1, 1], resamples=20, seed=0)
+  got = run.criteria(_additive, {"mean": 0.0, "resample": 1.0}, CLASSES,
+                     SHAPE, _experiment(), idx, weights)
+  circuit = [(1, 0), (2, 1), (2, 3)]
+  w_c = sum(W[x] for x in circuit)
+  assert got["circuit"] == [list(x) for x in circuit] and got["size"] == 3
+  assert got["full"]["mean"] == pytest.approx(2.0 * W.sum())
+  assert got["empty"]["mean"] == pytest.approx(0.0)
+  assert got["mean"]["fraction"]["value"] == pytest.approx(w_c / W.sum())
+  # Resampling adds the 9 knocked heads' u = 0.5 each.
+  assert got["resample"]["circuit"]["mean"] == pytest.approx(
+      2.0 * (w_c + 4.5))
+  for draw in got["random"]["draws"]:
+    assert not set(map(tuple, draw["heads"])) & set(circuit)
+    assert draw["fraction"] == pytest.approx(
+        sum(W[tuple(x)] for x in draw["heads"]) / W.sum())
+  # Completeness: F(C \ K) - F(M \ K) = -(weights outside C), every K.
+  assert len(got["completeness"]) == 2 + 3
+  for c in got["completeness"]:
+    assert 0 < len(c["heads"]) < 3
+    assert c["difference"]["mean"] == pytest.approx(
+        -2.0 * (W.sum() - w_c))
+  assert got["completeness_worst"] == pytest.approx(
+      (W.sum() - w_c) / W.sum())
+  # Minimality: removing v changes F by its own weight, whatever K.
+  for row in got["minimality"]:
+    for k in row["k"]:
+      assert k["change"]["mean"] == pytest.approx(2.0 * W[tuple(row["head"])])
+  movers = next(r for r in got["minimality"] if r["head"] == [2, 1])
+  assert [k["heads"] for k in movers["k"]] == [[], [[2, 3]]]
+
+
+def test_backup_finds_the_planted_takeover_on_held_out_prompts():
+  rng = np.random.default_rng(1)
+  base = rng.normal(size=(10,) + SHAPE)
+  knocked = [(2, 1)]
+
+  def dla(keep):
+    out = base.copy()
+    if not keep[2, 1]:
+      out[:, 1, 2] += 2.0  # L1H2 takes over
+      out[:, 0, 0] += 0.5
+    return out
+
+  got = run.backup(dla, knocked, SHAPE, _experiment(),
+                   bootstrap.draws(5, 20, 0))
+  assert [r["head"] for r in got["heads"]] == [[1, 2], [0, 0]]
+  assert got["heads"][0]["change"]["mean"] == pytest.approx(2.0)
+  assert got["heads"][0]["change"]["ci95"] == pytest.approx([2.0, 2.0])
+  np.testing.assert_allclose(got["heads"][0]["before"]["per_prompt"],
+                             base[1::2, 1, 2])
+  np.testing.assert_allclose(got["knocked_direct_before"]["per_prompt"],
+                             base[1::2, 2, 1])
+  assert got["others_change"]["mean"] == pytest.approx(2.5)
+
+
+def test_classes_are_read_from_the_committed_ioi_run():
+  e = ml_collections.ConfigDict(dict(
+      models=("smollm2", "gemma3"),
+      circuit_results="docs/results/ioi/results.json",
+      circuits=ml_collections.ConfigDict()))
+  got = run.circuits_of(e)
+  # docs/results/ioi/report.md names these.
+  assert got["smollm2"]["name movers"] == [[23, 3], [29, 1]]
+  assert got["smollm2"]["previous-token"] == [[16, 0]]
+  assert "S-inhibition" not in got["gemma3"]  # that round found none
+  assert len(run.union(got["smollm2"])) == 9
+  e.circuits.smollm2 = {"name_mover": [[1, 1]]}
+  with pytest.raises(ValueError, match="`circuits.smollm2` may name"):
+    run.circuits_of(e)
+
+
+def test_smoke_run_end_to_end(tmp_path):
+  config = entry_points.config("ioi_circuit")
+  saved = entry_points.load("ioi_circuit").run(config, tmp_path)
+  m = saved["models"]["tiny_llama"]
+  assert m["num_prompts"] == 32 and m["size"] == 3
+  assert len(m["random"]["draws"]) == 3 and "backup" in m
+  text = (tmp_path / "report.md").read_text()
+  assert "Smoke run" in text
+  assert report_lib.regenerate(tmp_path, report.render) == text
