@@ -103,9 +103,19 @@ def claim(m: dict) -> str:
   baseline = (f", against {r['fraction_mean']:.2f} for random sets of its "
               f"size ({r['at_or_above_circuit']} of {len(r['draws'])} at or "
               "above it)")
-  worst = (f" Completeness fails by up to {m['completeness_worst']:.2f} of "
-           "F(M) over the subsets tried.")
-  return faith + baseline + "." + worst
+  w = m["completeness_worst"]
+  worst = (f" It is not complete by Wang et al.'s test: over the subsets K "
+           f"tried, F(C \\ K) and F(M \\ K) differ by up to "
+           f"{w['fraction']:.2f} of F(M) ({w['k']}), so heads outside the "
+           "circuit carry part of what is lost when K goes.")
+  b = m.get("backup")
+  repair = "" if b is None else (
+      f" Knocking out its name movers (direct effect "
+      f"{b['knocked_direct_before']['mean']:+.2f}) raises the other heads' "
+      f"summed direct effect by {b['others_change']['mean']:+.2f}, most in "
+      f"{head(b['heads'][0]['head'])} "
+      f"({b['heads'][0]['change']['mean']:+.2f} on held-out prompts).")
+  return faith + baseline + "." + worst + repair
 
 
 def values(saved: dict, command: str | None = None) -> dict:

@@ -143,14 +143,18 @@ def criteria(run, replacements, classes, shape, e, idx, weights) -> dict:
       "fraction_max": float(fractions.max()),
       "at_or_above_circuit": int(
           (fractions >= out["mean"]["fraction"]["value"]).sum())}
-  # Completeness: each class, then random halves of C.
+  # Completeness: each class, then random subsets of C (each head in with
+  # probability 1/2), neither empty nor all of C, each new.
   ks = [(f"class: {label}", heads) for label, heads in classes.items()]
-  for i in range(e.random_subsets):
-    half = np.zeros(len(circuit), bool)
-    while not 0 < half.sum() < len(circuit):  # neither empty nor all of C
-      half = rng.random(len(circuit)) < 0.5
-    ks.append((f"random half {i + 1}",
-               [circuit[j] for j in np.flatnonzero(half)]))
+  seen = {frozenset(map(tuple, heads)) for _, heads in ks}
+  left = 2 ** len(circuit) - 2 - len(seen - {frozenset(circuit)})
+  for i in range(min(e.random_subsets, left)):
+    half = frozenset()
+    while not 0 < len(half) < len(circuit) or half in seen:
+      half = frozenset(circuit[j] for j in np.flatnonzero(
+          rng.random(len(circuit)) < 0.5))
+    seen.add(half)
+    ks.append((f"random subset {i + 1}", sorted(half)))
   complete = []
   for label, k in ks:
     without_c = f(c_mask & knockout.keep_mask(shape, k))
@@ -161,8 +165,10 @@ def criteria(run, replacements, classes, shape, e, idx, weights) -> dict:
                      "difference": stats.summary(without_c - without_m,
                                                  idx)})
   out["completeness"] = complete
-  out["completeness_worst"] = max(
-      abs(c["difference"]["mean"]) for c in complete) / float(full.mean())
+  worst = max(complete, key=lambda c: abs(c["difference"]["mean"]))
+  out["completeness_worst"] = {
+      "k": worst["k"],
+      "fraction": abs(worst["difference"]["mean"]) / float(full.mean())}
   # Minimality: each head alone, and after the rest of its class.
   first_class = {}
   for label, heads in classes.items():

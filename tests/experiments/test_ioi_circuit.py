@@ -124,12 +124,18 @@ def test_criteria_on_an_additive_model_have_their_known_values():
     assert 0 < len(c["heads"]) < 3
     assert c["difference"]["mean"] == pytest.approx(
         -2.0 * (W.sum() - w_c))
-  assert got["completeness_worst"] == pytest.approx(
+  subsets = [frozenset(map(tuple, c["heads"])) for c in got["completeness"]]
+  assert len(set(subsets)) == len(subsets)  # each K tried once
+  assert got["completeness_worst"]["fraction"] == pytest.approx(
       (W.sum() - w_c) / W.sum())
   # Minimality: removing v changes F by its own weight, whatever K.
   for row in got["minimality"]:
     for k in row["k"]:
       assert k["change"]["mean"] == pytest.approx(2.0 * W[tuple(row["head"])])
+  # Of a 3-head circuit's 6 proper subsets, 2 are classes: 4 are left.
+  more = run.criteria(_additive, {"mean": 0.0, "resample": 1.0}, CLASSES,
+                      SHAPE, _experiment(random_subsets=10), idx, weights)
+  assert len(more["completeness"]) == 6
   movers = next(r for r in got["minimality"] if r["head"] == [2, 1])
   assert [k["heads"] for k in movers["k"]] == [[], [[2, 3]]]
 
