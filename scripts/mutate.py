@@ -154,6 +154,8 @@ _EAP_TESTS = "tests/interp/test_eap.py"
 _IOI_CIRCUIT = "experiments/ioi_circuit/knockout.py"
 _IOI_CIRCUIT_RUN = "experiments/ioi_circuit/run.py"
 _IOI_CIRCUIT_TESTS = "tests/experiments/test_ioi_circuit.py"
+_IOI_HEADS = "experiments/ioi_output_heads/"
+_IOI_HEADS_TESTS = "tests/experiments/test_ioi_output_heads.py"
 # name -> (module, exact text, its replacement, tests that must fail)
 PLANTED = {
     # The full blocks also stay on the partial list: each is visited twice.
@@ -293,6 +295,32 @@ PLANTED = {
         _IOI_CIRCUIT_RUN,
         "rest = [tuple(x) for x in heads if tuple(x) != v]",
         "rest = [tuple(x) for x in heads]", _IOI_CIRCUIT_TESTS),
+    # IOI output heads. The relative floor measured against the weakest
+    # admissible head instead of the strongest: every head joins.
+    "ioi_heads_floor_of_the_weakest": (
+        _IOI_HEADS + "groups.py", "  top = m[order[0]]\n",
+        "  top = m[order[-1]]\n", _IOI_HEADS_TESTS),
+    # Copy suppression in context: the head's attention read backwards.
+    "ioi_heads_attention_read_backwards": (
+        _IOI_HEADS + "head_effects.py",
+        'attends_io = m["end_io"] > m["end_s"]',
+        'attends_io = m["end_io"] < m["end_s"]', _IOI_HEADS_TESTS),
+    # The other-names baseline also averages IO and S.
+    "ioi_heads_baseline_includes_the_prompts_names": (
+        _IOI_HEADS + "head_effects.py",
+        "& (name_ids[None] != s[:, None])).astype(jnp.float32)",
+        "| True).astype(jnp.float32)", _IOI_HEADS_TESTS),
+    # OV ranks that count ties for the token: a head writing nothing
+    # suppresses every token most.
+    "ioi_heads_ties_count_as_suppressed": (
+        _IOI_HEADS + "ov_circuit.py", "vocab = jnp.sum(logits <= own, -1) - 1",
+        "vocab = jnp.sum(logits < own, -1)", _IOI_HEADS_TESTS),
+    # The interval "over templates" drawn over prompts.
+    "ioi_heads_templates_drawn_as_prompts": (
+        _IOI_HEADS + "halves.py",
+        "bootstrap.group_weights(template, resamples",
+        "bootstrap.group_weights(np.arange(len(template)), resamples",
+        _IOI_HEADS_TESTS),
 }
 
 # The operators kept model slips one makes: + for -, * for /, < for <=,

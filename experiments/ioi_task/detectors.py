@@ -77,10 +77,7 @@ def measure(model, tokens, meta, name_ids, *, patch=None) -> dict:
     out["s2_after_s1"].append(_pick(p, s2, s1 + 1))
     out["after_s1_s1"].append(_pick(p, s1 + 1, s1))
     z_end = acts[f"blocks.{l}.attn.z"][rows, end]  # [N, H, Dv]
-    # Both norms on the way out (a sandwich block's post-norm, the final
-    # norm) frozen at this run, so each head's share is linear.
-    frozen = (forward.post_scale(model, l, z_end) * scale)[:, None]
-    term = jnp.einsum("nhe,hed->nhd", z_end, w_o) * frozen
+    term, frozen = head_terms(model, l, z_end, scale)
     out["dla"].append(jnp.einsum("nhd,nd->nh", term, u_io - u_s))
     v_io = hooks_lib.expand_kv(acts[f"blocks.{l}.attn.v"][rows, io_pos],
                                c.num_heads)  # [N, H, Dv]
@@ -92,6 +89,19 @@ def measure(model, tokens, meta, name_ids, *, patch=None) -> dict:
     out["copy_top1"].append((jnp.argmax(names, -1) == jnp.argmax(
         is_io, -1)[:, None]).astype(jnp.float32))
   return {k: jnp.stack(v, axis=1) for k, v in out.items()}
+
+
+def head_terms(model, layer, z_end, scale):
+  """`(term [N, H, D], frozen [N, 1, D])`: what each head of `layer`
+  adds to the END stream, from its output there `z_end [N, H, Dv]`, times
+  both norms on the way out (a sandwich block's post-norm, the final norm
+  `scale [N, D]`, `forward.final_scale`) frozen at this run, so each
+  head's share is linear: its term dotted with a token's readout
+  direction is its direct effect on that token's logit. `frozen` is the
+  product of the two scales."""
+  w_o = model.blocks[layer].attn.w_o[...]  # [H, Dv, D]
+  frozen = (forward.post_scale(model, layer, z_end) * scale)[:, None]
+  return jnp.einsum("nhe,hed->nhd", z_end, w_o) * frozen, frozen
 
 
 def uniform_floors(meta) -> dict:

@@ -518,6 +518,8 @@ def test_every_entry_point_has_an_end_to_end_test():
             "real_heads", "ioi",
             # ioi_circuit: tests/experiments/test_ioi_circuit.py
             "ioi_circuit",
+            # ioi_output_heads: tests/experiments/test_ioi_output_heads.py
+            "ioi_output_heads",
             # score_rules_bench: tests/experiments/test_score_rules_bench.py
             "score_rules_bench",
             # real_lm_bench: tests/experiments/test_real_lm_bench.py
