@@ -8,7 +8,7 @@ class (chosen on that run's 16 patching prompts); they are judged here on
 128 fresh prompts (another seed, 8 per template and order), with every
 head outside the circuit knocked out by its mean over the ABC prompts of
 the same template (and, for the circuit itself, by resampling), against
-random head sets of the same size. Backup heads: the name movers knocked
+random head sets of the same size. Backup heads: the output heads knocked
 out, which heads' direct effects grow, chosen on half the prompts and
 measured on the other half.
 `--config=configs/ioi_circuit.py:smoke`: a tiny random Llama with a
@@ -28,7 +28,7 @@ def get_config(arg=None):
   c.experiment = e = ml_collections.ConfigDict()
   e.models = ("smollm2", "gemma3")
   # Where each model's circuit is read: the ioi experiment's committed
-  # classes (name movers, negative name movers, and the heads each path
+  # classes (output heads, negative output heads, and the heads each path
   # patching round found).
   e.circuit_results = "docs/results/ioi/results.json"
   # Classes given here instead ({model: {class: [[layer, head], ...]}}),

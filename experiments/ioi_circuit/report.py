@@ -41,11 +41,12 @@ def heads(pairs) -> str:
 
 def backup_text(b: dict | None) -> str:
   if b is None:
-    return "**Backup heads**: not measured (the circuit names no name mover)."
+    return ("**Backup heads**: not measured (the circuit names no output "
+            "head).")
   rows = [[head(r["head"]), cell(r["before"]), cell(r["after"]),
            cell(r["change"])] for r in b["heads"]]
   return "\n\n".join([
-      f"**Backup heads** (name movers {heads(b['knocked'])} knocked out; "
+      f"**Backup heads** (output heads {heads(b['knocked'])} knocked out; "
       "odd prompts):",
       report_lib.md_table(["head", "direct effect before", "after",
                            "change"], rows),
@@ -110,7 +111,7 @@ def claim(m: dict) -> str:
            "circuit carry part of what is lost when K goes.")
   b = m.get("backup")
   repair = "" if b is None else (
-      f" Knocking out its name movers (direct effect "
+      f" Knocking out its output heads (direct effect "
       f"{b['knocked_direct_before']['mean']:+.2f}) raises the other heads' "
       f"summed direct effect by {b['others_change']['mean']:+.2f}, most in "
       f"{head(b['heads'][0]['head'])} "

@@ -42,8 +42,8 @@ from mha_jax.measure import bootstrap
 # results.json's classes of the ioi experiment, in the order reported:
 # (where, key, label); "where" None: a top-level class, else a path
 # patching round.
-CLASSES = ((None, "name_movers", "name movers"),
-           (None, "negative_movers", "negative name movers"),
+CLASSES = ((None, "name_movers", "output heads"),
+           (None, "negative_movers", "negative output heads"),
            ("paths", "s_inhibition", "S-inhibition"),
            ("paths", "duplicate_induction", "induction / duplicate-token"),
            ("paths", "previous_token", "previous-token"),
@@ -190,7 +190,7 @@ def criteria(run, replacements, classes, shape, e, idx, weights) -> dict:
 
 
 def backup(dla, knocked, shape, e, idx_half_b) -> dict:
-  """Which heads take over when the name movers `knocked` are knocked
+  """Which heads take over when the output heads `knocked` are knocked
   out: `dla(keep [L, H]) -> [N, L, H]` direct effects. Heads are ranked by
   their mean change on the even prompts (half A) and measured on the odd
   ones (half B), so the choice does not inflate the measured change."""
@@ -254,7 +254,7 @@ def measure_model(name, classes, e) -> dict:
       {"template": int(t), "full": float(full[p["template"] == t].mean()),
        "circuit": float(circuit[p["template"] == t].mean())}
       for t in np.unique(p["template"])]
-  movers = classes.get("name movers", [])
+  movers = classes.get("output heads", [])
   if movers:
     meta = {k: jnp.asarray(p[k]) for k in ("end", "io", "s", "s1_pos",
                                            "s2_pos", "io_pos")}

@@ -88,7 +88,7 @@ SHAPE = (3, 4)
 W = np.arange(1.0, 13.0).reshape(SHAPE)
 U = np.full(SHAPE, 0.5)
 A = np.array([1.0, 2.0, 3.0, 2.0])
-CLASSES = {"name movers": [[2, 1], [2, 3]], "S-inhibition": [[1, 0]]}
+CLASSES = {"output heads": [[2, 1], [2, 3]], "S-inhibition": [[1, 0]]}
 
 
 def _additive(replacement, keep):
@@ -171,7 +171,7 @@ def test_classes_are_read_from_the_committed_ioi_run():
       circuits=ml_collections.ConfigDict()))
   got = run.circuits_of(e)
   # docs/results/ioi/report.md names these.
-  assert got["smollm2"]["name movers"] == [[23, 3], [29, 1]]
+  assert got["smollm2"]["output heads"] == [[23, 3], [29, 1]]
   assert got["smollm2"]["previous-token"] == [[16, 0]]
   assert "S-inhibition" not in got["gemma3"]  # that round found none
   assert len(run.union(got["smollm2"])) == 9
