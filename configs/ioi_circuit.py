@@ -41,11 +41,14 @@ def get_config(arg=None):
   e.random_circuits = 20  # random head sets of the circuit's size
   e.random_subsets = 10  # completeness: random halves of the circuit
   e.backup_top = 5  # heads listed as backups, by the change on half A
+  # Also knocked out for the backup measure: the name-mover group the
+  # ioi_output_heads run confirmed on held-out prompts ("": none).
+  e.name_mover_results = "docs/results/ioi_output_heads/results.json"
   e.resamples = 1000  # bootstrap resamples (prompts; templates alike)
   e.seed = 0  # random circuits and subsets, resample partners, bootstrap
   if smoke:
     e.models = ("tiny_llama",)
-    e.circuit_results = ""
+    e.circuit_results = e.name_mover_results = ""
     e.circuits.tiny_llama = {"name_movers": [[1, 0], [1, 2]],
                              "s_inhibition": [[0, 1]]}
     e.per_template_order = 2

@@ -39,14 +39,18 @@ def heads(pairs) -> str:
   return ", ".join(head(x) for x in pairs) or "none"
 
 
-def backup_text(b: dict | None) -> str:
-  if b is None:
+def backup_text(groups: list) -> str:
+  if not groups:
     return ("**Backup heads**: not measured (the circuit names no output "
             "head).")
+  return "\n\n".join(_backup(b) for b in groups)
+
+
+def _backup(b: dict) -> str:
   rows = [[head(r["head"]), cell(r["before"]), cell(r["after"]),
            cell(r["change"])] for r in b["heads"]]
   return "\n\n".join([
-      f"**Backup heads** (output heads {heads(b['knocked'])} knocked out; "
+      f"**Backup heads** ({b['group']} {heads(b['knocked'])} knocked out; "
       "odd prompts):",
       report_lib.md_table(["head", "direct effect before", "after",
                            "change"], rows),
@@ -86,7 +90,7 @@ def model_values(m: dict) -> dict:
           ["K", "heads", "F(C \\ K)", "F(M \\ K)", "difference"], complete),
       "minimal_table": report_lib.md_table(
           ["v", "class", "K empty", "K the rest of its class"], minimal),
-      "backup": backup_text(m.get("backup"))}
+      "backup": backup_text(m["backup"])}
 
 
 def claim(m: dict) -> str:
@@ -109,7 +113,7 @@ def claim(m: dict) -> str:
            f"tried, F(C \\ K) and F(M \\ K) differ by up to "
            f"{w['fraction']:.2f} of F(M) ({w['k']}), so heads outside the "
            "circuit carry part of what is lost when K goes.")
-  b = m.get("backup")
+  b = m["backup"][0] if m["backup"] else None
   repair = "" if b is None else (
       f" Knocking out its output heads (direct effect "
       f"{b['knocked_direct_before']['mean']:+.2f}) raises the other heads' "

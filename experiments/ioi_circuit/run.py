@@ -254,18 +254,37 @@ def measure_model(name, classes, e) -> dict:
       {"template": int(t), "full": float(full[p["template"] == t].mean()),
        "circuit": float(circuit[p["template"] == t].mean())}
       for t in np.unique(p["template"])]
-  movers = classes.get("output heads", [])
-  if movers:
+  groups = backup_groups(e, name, classes)
+  out["backup"] = []
+  if groups:
     meta = {k: jnp.asarray(p[k]) for k in ("end", "io", "s", "s1_pos",
                                            "s2_pos", "io_pos")}
     name_ids = jnp.asarray([names[x] for x in p["names"]])
     dla = lambda keep: _dla(graphdef, state, tokens, meta, name_ids,
                             replacements["mean"], jnp.asarray(keep))
     half_b = bootstrap.draws(len(full[1::2]), e.resamples, e.seed + 1)
-    out["backup"] = backup(dla, [tuple(x) for x in movers], shape, e,
-                           half_b)
+    for label, heads in groups:
+      out["backup"].append({"group": label} | backup(
+          dla, [tuple(x) for x in heads], shape, e, half_b))
   out["seconds"] = time.time() - t0
   return out
+
+
+def backup_groups(e, name: str, classes: dict) -> list:
+  """`[(label, heads)]` knocked out in turn for the backup measure: the
+  circuit's output heads, then the name-mover group that
+  `e.name_mover_results` (the ioi_output_heads run's results.json) holds
+  for `name`, where there is one."""
+  groups = []
+  if classes.get("output heads"):
+    groups.append(("output heads", classes["output heads"]))
+  if e.name_mover_results:
+    saved = json.loads(pathlib.Path(e.name_mover_results).read_text())
+    movers = saved["models"].get(name, {}).get("groups", {}).get(
+        "name_movers", {}).get("heads", [])
+    if movers:
+      groups.append(("name movers (ioi_output_heads)", movers))
+  return groups
 
 
 def circuits_of(e) -> dict:

@@ -175,6 +175,13 @@ def test_classes_are_read_from_the_committed_ioi_run():
   assert got["smollm2"]["previous-token"] == [[16, 0]]
   assert "S-inhibition" not in got["gemma3"]  # that round found none
   assert len(run.union(got["smollm2"])) == 9
+  # The name movers ioi_output_heads confirmed are knocked out too.
+  e.name_mover_results = "docs/results/ioi_output_heads/results.json"
+  assert run.backup_groups(e, "smollm2", got["smollm2"]) == [
+      ("output heads", [[23, 3], [29, 1]]),
+      ("name movers (ioi_output_heads)", [[23, 0], [23, 2], [23, 7]])]
+  assert run.backup_groups(e, "gemma3", got["gemma3"]) == [
+      ("output heads", [[11, 3]])]
   e.circuits.smollm2 = {"name_mover": [[1, 1]]}
   with pytest.raises(ValueError, match="`circuits.smollm2` may name"):
     run.circuits_of(e)
@@ -185,7 +192,8 @@ def test_smoke_run_end_to_end(tmp_path):
   saved = entry_points.load("ioi_circuit").run(config, tmp_path)
   m = saved["models"]["tiny_llama"]
   assert m["num_prompts"] == 32 and m["size"] == 3
-  assert len(m["random"]["draws"]) == 3 and "backup" in m
+  assert len(m["random"]["draws"]) == 3
+  assert [b["group"] for b in m["backup"]] == ["output heads"]
   text = (tmp_path / "report.md").read_text()
   assert "Smoke run" in text
   assert report_lib.regenerate(tmp_path, report.render) == text
