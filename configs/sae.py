@@ -85,7 +85,7 @@ def get_config(arg=None):
   e.collect_batch = 16  # text windows per forward pass (smollm2)
   # Induction features, on repeated random tokens [x, x] (+ BOS).
   e.repeat_len = 14  # n tokens per copy
-  e.repeat_inputs = 64
+  e.repeat_inputs = 256
   e.token_range = (3, 32)  # ids of the random tokens, [lo, hi)
   e.bos = -1  # a BOS id before the copies, -1 for none
   e.induction_threshold = 0.4  # a head is an induction head above this
@@ -94,6 +94,18 @@ def get_config(arg=None):
   e.head_share = 0.5  # its DFA there comes >= this much from induction heads
   e.source_share = 0.5  # ... and from the token after the earlier copy
   e.random_draws = 20  # random feature sets, baseline of the reconstruction
+  # The threshold sweep: each varied alone, the others at the values
+  # above; dfa_share sets head_share and source_share together.
+  e.sweep_second_rate = (0.01, 0.02, 0.05, 0.1, 0.2)
+  e.sweep_second_ratio = (1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+  e.sweep_dfa_share = (0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 0.9)
+  # Controls (experiments/sae/controls.py): the same SAEs and criterion on
+  # layer `control_layer` (no induction heads), on the claim's layer of
+  # the architecture re-initialised with `reinit_seed` and never trained,
+  # and the claim's SAEs before training ("untrained").
+  e.controls = ("layer0", "reinit", "untrained")
+  e.control_layer = 0
+  e.reinit_seed = 1000  # far from the trained model's seed 0
   e.top_contexts = 8  # contexts per feature in the viewer
   e.view_features = 12  # features on the viewer page
   # SmolLM2 (source smollm2).
@@ -105,6 +117,7 @@ def get_config(arg=None):
     e.layer = 17
     e.seeds = (0, 1, 2)
     e.resid_pre_kinds = ()  # the time goes to seeds of both kinds on z
+    e.controls = ()  # not run: the layer-17 claims lack these controls
     e.text_windows = 1600  # 1600 x 127 = 203k tokens
     e.eval_windows = 32
     e.drop_first = True  # the first token of a window is an attention sink

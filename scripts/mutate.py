@@ -156,8 +156,32 @@ _IOI_CIRCUIT_RUN = "experiments/ioi_circuit/run.py"
 _IOI_CIRCUIT_TESTS = "tests/experiments/test_ioi_circuit.py"
 _IOI_HEADS = "experiments/ioi_output_heads/"
 _IOI_HEADS_TESTS = "tests/experiments/test_ioi_output_heads.py"
+_SAE_INDUCTION = "experiments/sae/induction.py"
+_SAE_CONTROLS_TESTS = "tests/sae/test_induction_controls.py"
 # name -> (module, exact text, its replacement, tests that must fail)
 PLANTED = {
+    # SAE induction features. The second/first-copy ratio dropped: a
+    # feature that fires as much on the first copy counts as induction.
+    "sae_ratio_criterion_dropped": (
+        _SAE_INDUCTION, ">= second_ratio * stats[\"mean_first\"])",
+        ">= 0 * second_ratio * stats[\"mean_first\"])",
+        _SAE_CONTROLS_TESTS),
+    # The sweep's DFA share moves the source threshold only, leaving the
+    # head share at the claim's value.
+    "sae_sweep_dfa_share_source_only": (
+        _SAE_INDUCTION,
+        'names = ("head_share", "source_share") if name == "dfa_share"',
+        'names = ("source_share",) if name == "dfa_share"',
+        _SAE_CONTROLS_TESTS),
+    # The DFA at the induction source summed over every second-copy
+    # position, not only where the feature fires.
+    "sae_source_dfa_over_all_positions": (
+        _SAE_INDUCTION, '"dfa_src": jnp.sum(at_src * w, (0, 1))',
+        '"dfa_src": jnp.sum(at_src, (0, 1))', _SAE_CONTROLS_TESTS),
+    # A control whose best seed ties the claim's worst counts as separated.
+    "sae_separation_on_ties": (
+        "experiments/sae/report_controls.py", "      if low > high:",
+        "      if low >= high:", _SAE_CONTROLS_TESTS),
     # The full blocks also stay on the partial list: each is visited twice.
     "pallas_gpu_block_visited_twice": (
         _PALLAS_GPU_PLAN, '(("", visit & ~full, visit & full)',

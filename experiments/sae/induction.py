@@ -90,18 +90,56 @@ def detect(params, captured, layer: int, n: int, ind_heads, e, *, kind, k,
       z[:, first]) * scale, kind=kind, k=k)).reshape(-1, s["act_second"].size)
   positions = z.shape[0] * second.sum()
   mean_second = s["act_second"] / positions
-  mean_first = f_first.mean(0)
-  rate = s["fires_second"] / positions
   safe = np.where(s["dfa_all"] > 0, s["dfa_all"], np.inf)
-  head_share, src_share = s["dfa_ind"] / safe, s["dfa_src"] / safe
-  reads = ((mean_second > 0) & (rate >= e.second_rate)
-           & (head_share >= e.head_share) & (src_share >= e.source_share))
-  found = reads & (mean_second >= e.second_ratio * mean_first)
+  stats = {"second_rate": s["fires_second"] / positions,
+           "mean_second": mean_second, "mean_first": f_first.mean(0),
+           "head_share": s["dfa_ind"] / safe,
+           "source_share": s["dfa_src"] / safe}
+  found, reads = classify(stats, **thresholds(e))
   return {"features": [int(i) for i in np.flatnonzero(found)],
-          "copying": [int(i) for i in np.flatnonzero(reads)],
-          "second_rate": rate, "mean_second": mean_second,
-          "mean_first": mean_first, "head_share": head_share,
-          "source_share": src_share}
+          "copying": [int(i) for i in np.flatnonzero(reads)], **stats}
+
+
+THRESHOLDS = ("second_rate", "second_ratio", "head_share", "source_share")
+
+
+def thresholds(e) -> dict:
+  """The criterion's four thresholds from the experiment config."""
+  return {name: float(getattr(e, name)) for name in THRESHOLDS}
+
+
+def classify(stats, *, second_rate: float, second_ratio: float,
+             head_share: float, source_share: float):
+  """`(induction [F] bool, copying [F] bool)` from `detect`'s per-feature
+  statistics: copying passes the rate, head and source thresholds,
+  induction passes those and the second/first ratio too."""
+  reads = ((stats["mean_second"] > 0)
+           & (stats["second_rate"] >= second_rate)
+           & (stats["head_share"] >= head_share)
+           & (stats["source_share"] >= source_share))
+  found = reads & (stats["mean_second"]
+                   >= second_ratio * stats["mean_first"])
+  return found, reads
+
+
+def sweep(stats, base: dict, grid: dict) -> list:
+  """The counts of induction and copying features with one threshold
+  varied at a time, the others at `base` (`thresholds`). `grid` maps
+  "second_rate", "second_ratio" or "dfa_share" (head and source share
+  together, the two DFA thresholds) to the values tried. One row per
+  value: {"threshold", "value", "induction", "copying"}."""
+  rows = []
+  for name, values in grid.items():
+    names = ("head_share", "source_share") if name == "dfa_share" else (name,)
+    if not set(names) <= set(THRESHOLDS):
+      raise ValueError(f"sweep: `grid` key {name!r}: expected one of "
+                       f"{THRESHOLDS[:2] + ('dfa_share',)}")
+    for v in values:
+      found, reads = classify(stats, **{**base, **{n: float(v)
+                                                  for n in names}})
+      rows.append({"threshold": name, "value": float(v),
+                   "induction": int(found.sum()), "copying": int(reads.sum())})
+  return rows
 
 
 def reconstruction(params, z, n: int, ind_heads, features, *, kind, k,

@@ -12,10 +12,11 @@ import functools
 import pathlib
 
 from experiments.sae import figures
+from experiments.sae import report_controls
 from mha_jax.measure import report as report_lib
 
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
-KIND_NAMES = {"relu": "ReLU + L1", "topk": "TopK"}
+KIND_NAMES = report_controls.KIND_NAMES
 
 
 def write(config, results, workdir, command: str | None = None) -> dict:
@@ -109,6 +110,8 @@ def values(saved: dict, command: str | None = None) -> dict:
            "whole SAE: EV"],
           ind_rows),
       "criteria": _criteria(c["experiment"]),
+      "sweep_tables": report_controls.sweep_tables(saved),
+      "controls": report_controls.controls_section(saved),
       "findings": _findings(saved),
       "steps_note": _steps_note(c),
   }
@@ -133,13 +136,16 @@ def _loss_table(runs, which: str) -> str:
     lo = r[which]
     rows.append([KIND_NAMES[r["kind"]], str(r["seed"]),
                  f"{lo['clean']:.3f}", f"{lo['splice']:.3f}",
+                 f"{lo['splice'] / lo['clean'] - 1:+.0%}",
                  f"{lo['zero']:.3f}", f"{lo['mean']:.3f}",
+                 _num(lo.get("kl_splice")), _num(lo.get("kl_zero")),
                  f"{lo['recovered_zero']:.3f}",
                  f"{lo['recovered_mean']:.3f}", f"{r['l0']:.1f}",
                  f"{r['explained_variance']:.3f}"])
   return report_lib.md_table(
-      ["SAE", "seed", "CE clean", "CE splice", "CE zero", "CE mean",
-       "rec. (zero)", "rec. (mean)", "L0", "expl. var."], rows)
+      ["SAE", "seed", "CE clean", "CE splice", "splice vs clean",
+       "CE zero", "CE mean", "KL splice", "KL zero", "rec. (zero)",
+       "rec. (mean)", "L0", "expl. var."], rows)
 
 
 def _resid_pre(saved) -> str:
@@ -197,9 +203,18 @@ def _findings(saved) -> str:
             ": too small a cost for the ratio to say much (a value above 1 "
             "means the splice cost less than nothing, within noise)."
             if min(gap) < 0.1 else ".") +
+        f" In raw terms the splice raises the loss from "
+        f"{_list(_per_run(saved, kind, lambda r: r['loss']['clean']), 3)} "
+        f"to {_list(_per_run(saved, kind, lambda r: r['loss']['splice']), 3)}"
+        f" nats ({_list(_per_run(saved, kind, _rise), 0)}% per seed)"
+        + _kl(saved, kind, "loss") + "."
         f" On the repeats' second copy zeroing costs {_list(rgap, 3)} nats "
         f"and the splice recovers {_s(x['repeated_recovered_zero'])} of it "
-        f"({_s(x['repeated_recovered_mean'])} against mean ablation).")
+        f"({_s(x['repeated_recovered_mean'])} against mean ablation); the "
+        f"splice's loss there is "
+        f"{_list(_per_run(saved, kind, lambda r: r['loss_repeated']['splice']), 3)}"
+        f" against {saved['runs'][0]['loss_repeated']['clean']:.3f} clean"
+        + _kl(saved, kind, "loss_repeated") + ".")
   if saved["topk_minus_relu"]:
     d = saved["topk_minus_relu"]["explained_variance"]
     dr = saved["topk_minus_relu"]["repeated_recovered_zero"]
@@ -234,7 +249,23 @@ def _findings(saved) -> str:
                  + (": a random set's directions alone are worse than the "
                     "mean" if worse else "") + ").")
     out.append(line)
+  out += report_controls.controls_findings(saved)
   return "\n".join(out)
+
+
+def _rise(r) -> float:
+  """The splice's loss over the clean loss, minus 1, in percent."""
+  return 100 * (r["loss"]["splice"] / r["loss"]["clean"] - 1)
+
+
+def _kl(saved, kind, which) -> str:
+  """`, KL(clean || splice) ... nats per token (zero ablation ...)`, or
+  nothing for a run written before the KL was measured."""
+  runs = [r[which] for r in saved["runs"] if r["kind"] == kind]
+  if "kl_splice" not in runs[0]:
+    return ""
+  return (f", KL(clean || splice) {_list([r['kl_splice'] for r in runs], 3)}"
+          f" nats per token (zero ablation {runs[0]['kl_zero']:.3f})")
 
 
 def _list(values, digits=0) -> str:

@@ -32,6 +32,7 @@ from mha_jax.pretrained import real_models
 from mha_jax.sae import buffer
 from mha_jax.training import held_out
 from mha_jax.training import text_corpus
+from mha_jax.training import train_state
 
 
 class Source(NamedTuple):
@@ -69,6 +70,22 @@ def _induction(config, workdir) -> Source:
                 "seed 0)", train_tokens, evals,
                 lambda ids: [str(int(i)) for i in ids],
                 time.perf_counter() - start)
+
+
+def reinitialised(config, src: Source, seed: int) -> Source:
+  """`src` with its model replaced by the same architecture freshly
+  initialised and never trained (`train.seed` = `seed`, the training
+  code's own initialisation): the same tokens, the same hook sites, no
+  learned circuit. The induction model's control."""
+  if config.source != "induction":
+    raise ValueError(f"reinitialised: config.source: expected 'induction' "
+                     f"(a model this project initialises), got "
+                     f"{config.source!r}")
+  c = runs_lib.variant(config.model, **{"train.seed": seed})
+  model = train_state.create_train_state(c).model()
+  return src._replace(model=model, label=f"the same architecture, "
+                      f"re-initialised (seed {seed}) and untrained",
+                      model_wall_s=0.0)
 
 
 def _smollm2(config) -> Source:

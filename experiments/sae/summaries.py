@@ -23,12 +23,32 @@ def per_kind(runs: list) -> dict:
                 lambda r: r["loss_repeated"]["recovered_zero"],
             "repeated_recovered_mean":
                 lambda r: r["loss_repeated"]["recovered_mean"],
+            "ce_splice_repeated": lambda r: r["loss_repeated"]["splice"],
             "steps_per_s": lambda r: r["steps_per_s"]}
+    if any(r["steps_per_s"] is None for r in rs):  # untrained SAEs
+      del pick["steps_per_s"]
+    if "kl_splice" in rs[0]["loss"]:
+      pick["kl_splice"] = lambda r: r["loss"]["kl_splice"]
+      pick["kl_splice_repeated"] = lambda r: r["loss_repeated"]["kl_splice"]
     if "induction" in rs[0]:
       pick["induction_count"] = lambda r: r["induction"]["count"]
       pick["copying_count"] = lambda r: r["induction"]["copying_count"]
     out[kind] = {n: stats.summary([float(f(r)) for r in rs])
                  for n, f in pick.items()}
+  return out
+
+
+def sweep_per_kind(runs: list) -> dict:
+  """Per kind, the threshold sweep's counts summarised over seeds: a
+  list, in the runs' sweep order, of {"threshold", "value", "induction",
+  "copying"} with `stats.summary` of each count."""
+  out = {}
+  for kind in sorted({r["kind"] for r in runs}):
+    sweeps = [r["induction"]["sweep"] for r in runs if r["kind"] == kind]
+    out[kind] = [{"threshold": row["threshold"], "value": row["value"],
+                  **{n: stats.summary([float(s[i][n]) for s in sweeps])
+                     for n in ("induction", "copying")}}
+                 for i, row in enumerate(sweeps[0])]
   return out
 
 

@@ -32,11 +32,10 @@ from __future__ import annotations
 import json
 import pathlib
 
-import jax.numpy as jnp
 import numpy as np
 
 from experiments import cli
-from experiments.sae import run as run_lib
+from experiments.sae import per_sae
 from experiments.sae import sources
 from mha_jax import hooks
 from mha_jax.interp import explorer
@@ -47,13 +46,6 @@ from mha_jax.sae import train
 from mha_jax.sae import view
 
 CONTEXT = 56  # tokens shown before a context's top token
-
-
-def _capture(model, tokens, layer):
-  sites = [f"blocks.{layer}.attn.{s}" for s in ("z", "pattern", "v")]
-  caps = [model(jnp.asarray(tokens[a:a + 8]), capture=sites)[1]
-          for a in range(0, len(tokens), 8)]
-  return [jnp.concatenate([c[s] for c in caps]) for s in sites]
 
 
 def _pick(run, live, n, seed):
@@ -70,15 +62,6 @@ def _pick(run, live, n, seed):
                    for f in draw]
 
 
-def repeated(config) -> np.ndarray:
-  """`[N, 2 n (+1)]`: the run's repeated random tokens (as run.py draws
-  them for the induction test)."""
-  e = config.experiment
-  return buffer.repeated_tokens(e.repeat_inputs, e.repeat_len,
-                                tuple(e.token_range), seed=e.data_seed + 1,
-                                bos=None if e.bos < 0 else e.bos)
-
-
 def features(config, workdir, *, kind: str | None = None,
              src: sources.Source | None = None) -> list:
   """The viewer's feature dicts for the first seed's `kind` SAE (None:
@@ -90,16 +73,16 @@ def features(config, workdir, *, kind: str | None = None,
   seed = e.seeds[0]
   run = next(r for r in saved["runs"] if r["kind"] == kind
              and r["seed"] == seed)
-  cfg = run_lib.sae_config(config, kind, seed)
+  cfg = per_sae.sae_config(config, kind, seed)
   k = cfg.k if kind == "topk" else None
   width, scale = saved["model"]["width"], saved["data"]["scale"]
   params = train.load(cfg, width, workdir / f"{kind}_seed{seed}")["params"]
   src = src or sources.load(config, workdir)
   sets = [np.concatenate([b["inputs"] for b in src.eval_batches]),
-          repeated(config)]
+          per_sae.repeated_tokens(e)]
   caps, acts = [], []
   for tokens in sets:
-    z, pattern, v = _capture(src.model, tokens, e.layer)
+    z, pattern, v = per_sae.capture(src.model, tokens, e.layer).values()
     f = sae_lib.encode(params, buffer.flatten_site(z) * scale, kind=kind,
                        k=k).reshape(z.shape[0], z.shape[1], -1)
     if e.drop_first:  # the SAE never saw first tokens
@@ -165,7 +148,7 @@ def write(config, workdir, src: sources.Source | None = None
   feats = features(config, workdir, src=src)
   title = f"SAE features of layer {e.layer}'s z: {saved['model']['label']}"
   page = view.write_page(workdir / "view.html", feats, title=title)
-  tokens = repeated(config)
+  tokens = per_sae.repeated_tokens(e)
   write_explorer(
       workdir / "explorer.html", src.model, tokens, src.decode, feats,
       layer=e.layer, full=config.source == "induction",

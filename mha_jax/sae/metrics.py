@@ -11,7 +11,10 @@ reconstruction replaces the site through its patch hook, and
 
 1 when the splice costs nothing, 0 when it is as bad as removing the
 site. Two ablations are the baselines: zero (the site's output set to 0)
-and mean (to its mean over the buffer).
+and mean (to its mean over the buffer). A ratio near 1 can hide a raw
+change that matters, so `losses` reports the CE of every mode, and with
+`site_kl_fn` the KL of each patched model's next-token distribution from
+the clean one.
 """
 
 from __future__ import annotations
@@ -72,17 +75,14 @@ def cross_entropy(logits, targets, mask):
 MODES = ("clean", "splice", "zero", "mean")
 
 
-def site_loss_fn(model, site: str, *, kind: str, k: int | None = None,
-                 keep_first: bool = False):
-  """A jitted `(mode, params, scale, mean_site, tokens, targets, mask) ->
-  CE`, with the site left alone ("clean"), replaced by the SAE's
-  reconstruction ("splice"), zeroed ("zero") or set to `mean_site` (its
-  mean, shaped like the flattened site's row, "mean"). `mode` is static.
-  `keep_first`: position 0 keeps its clean value in every mode (for an
-  SAE trained without first tokens)."""
+def _site_logits(model, site: str, *, kind: str, k: int | None,
+                 keep_first: bool):
+  """An un-jitted `(mode, params, scale, mean_site, tokens) -> logits`
+  with the site patched as `mode` says (`site_loss_fn`): the one path
+  both the loss and the KL take."""
   graphdef, state = nnx.split(model)
 
-  def run(mode, params, scale, mean_site, tokens, targets, mask):
+  def run(mode, params, scale, mean_site, tokens):
     if mode not in MODES:
       raise ValueError(f"site_loss_fn: `mode` must be one of {MODES}, got "
                        f"{mode!r}")
@@ -96,8 +96,46 @@ def site_loss_fn(model, site: str, *, kind: str, k: int | None = None,
       patch = (lambda p: lambda z: jnp.concatenate([z[:, :1], p(z)[:, 1:]],
                                                    1))(patch)
     m = nnx.merge(graphdef, state)
-    logits = m(tokens, patch={site: patch} if patch else None)
-    return cross_entropy(logits, targets, mask)
+    return m(tokens, patch={site: patch} if patch else None)
+  return run
+
+
+def site_loss_fn(model, site: str, *, kind: str, k: int | None = None,
+                 keep_first: bool = False):
+  """A jitted `(mode, params, scale, mean_site, tokens, targets, mask) ->
+  CE`, with the site left alone ("clean"), replaced by the SAE's
+  reconstruction ("splice"), zeroed ("zero") or set to `mean_site` (its
+  mean, shaped like the flattened site's row, "mean"). `mode` is static.
+  `keep_first`: position 0 keeps its clean value in every mode (for an
+  SAE trained without first tokens)."""
+  logits = _site_logits(model, site, kind=kind, k=k, keep_first=keep_first)
+
+  def run(mode, params, scale, mean_site, tokens, targets, mask):
+    return cross_entropy(logits(mode, params, scale, mean_site, tokens),
+                         targets, mask)
+
+  jitted = jax.jit(run, static_argnums=0)
+  return lambda mode, *args: jitted(mode, *args)
+
+
+def site_kl_fn(model, site: str, *, kind: str, k: int | None = None,
+               keep_first: bool = False):
+  """Like `site_loss_fn`, but `-> KL(p_clean || p_mode)`: nats per
+  position, the mean over the positions where `mask` is 1 (the same
+  positions the loss is scored on; `targets` only fills the signature).
+  Unlike the loss it compares whole next-token distributions, so a
+  splice that keeps the right token's probability but moves the rest
+  still shows."""
+  logits = _site_logits(model, site, kind=kind, k=k, keep_first=keep_first)
+
+  def run(mode, params, scale, mean_site, tokens, targets, mask):
+    del targets
+    lp = jax.nn.log_softmax(logits("clean", params, scale, mean_site,
+                                   tokens).astype(jnp.float32), -1)
+    lq = jax.nn.log_softmax(logits(mode, params, scale, mean_site,
+                                   tokens).astype(jnp.float32), -1)
+    kl = jnp.sum(jnp.exp(lp) * (lp - lq), -1)  # [B, T]
+    return jnp.sum(kl * mask) / jnp.sum(mask)
 
   jitted = jax.jit(run, static_argnums=0)
   return lambda mode, *args: jitted(mode, *args)
@@ -115,27 +153,41 @@ def _mean_ce(loss_fn, mode, batches, params, scale, mean_site) -> float:
                         for b in batches]))
 
 
-def baselines(loss_fn, batches, params, scale, mean_site) -> dict:
+def baselines(loss_fn, batches, params, scale, mean_site, *,
+              kl_fn=None) -> dict:
   """Mean CE of the modes that do not involve the SAE ("clean", "zero",
-  "mean") over `batches`: the same for every SAE on one site, so a run
-  of several SAEs computes them once (`params` only fills the
-  signature)."""
-  return {mode: _mean_ce(loss_fn, mode, batches, params, scale, mean_site)
-          for mode in MODES if mode != "splice"}
+  "mean") over `batches`, and with `kl_fn` (`site_kl_fn`) the mean KL
+  from the clean distribution of the ablations ("kl_zero", "kl_mean"):
+  the same for every SAE on one site, so a run of several SAEs computes
+  them once (`params` only fills the signature)."""
+  out = {mode: _mean_ce(loss_fn, mode, batches, params, scale, mean_site)
+         for mode in MODES if mode != "splice"}
+  if kl_fn is not None:
+    out.update({f"kl_{mode}": _mean_ce(kl_fn, mode, batches, params, scale,
+                                       mean_site) for mode in ("zero",
+                                                               "mean")})
+  return out
 
 
 def losses(loss_fn, batches, params, scale, mean_site, *,
-           ablations: dict | None = None) -> dict:
+           ablations: dict | None = None, kl_fn=None) -> dict:
   """Mean CE per mode over `batches` (dicts of inputs, targets,
-  loss_mask), and loss recovered against both ablations. `ablations`:
-  `baselines` of this site and batches, if already computed."""
-  out = dict(ablations or baselines(loss_fn, batches, params, scale,
-                                    mean_site))
-  out["splice"] = _mean_ce(loss_fn, "splice", batches, params, scale,
-                           mean_site)
-  out = {mode: out[mode] for mode in MODES}
+  loss_mask), and loss recovered against both ablations; with `kl_fn`,
+  also the mean KL(clean || mode) of the splice and both ablations
+  ("kl_splice", "kl_zero", "kl_mean"). `ablations`: `baselines` of this
+  site and batches (with the same `kl_fn`), if already computed."""
+  base = dict(ablations or baselines(loss_fn, batches, params, scale,
+                                     mean_site, kl_fn=kl_fn))
+  base["splice"] = _mean_ce(loss_fn, "splice", batches, params, scale,
+                            mean_site)
+  out = {mode: base[mode] for mode in MODES}
   out["recovered_zero"] = loss_recovered(out["clean"], out["splice"],
                                          out["zero"])
   out["recovered_mean"] = loss_recovered(out["clean"], out["splice"],
                                          out["mean"])
+  if kl_fn is not None:
+    out["kl_splice"] = _mean_ce(kl_fn, "splice", batches, params, scale,
+                                mean_site)
+    out.update({f"kl_{mode}": base[f"kl_{mode}"] for mode in ("zero",
+                                                                "mean")})
   return out

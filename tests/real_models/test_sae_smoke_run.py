@@ -43,6 +43,21 @@ def test_smoke_run_end_to_end(tmp_path):
       (k, s) for k in e.resid_pre_kinds for s in e.seeds}
   assert (tmp_path / "resid_pre_topk_seed0").is_dir()
   assert saved["resid_pre"]["data"]["scale"] != saved["data"]["scale"]
+  # The controls: each has its own SAEs (the untrained one none), the
+  # sweep's counts, and the KL beside the loss.
+  assert set(saved["controls"]) == set(e.controls)
+  for name, c in saved["controls"].items():
+    assert {(r["kind"], r["seed"]) for r in c["runs"]} == {
+        (k, s) for k in e.kinds for s in e.seeds}
+    trained = name != "untrained"
+    assert (tmp_path / f"control_{name}_relu_seed0").is_dir() == trained
+    assert all((r["train_s"] is None) != trained for r in c["runs"])
+  assert saved["controls"]["layer0"]["layer"] == e.control_layer
+  for r in saved["runs"]:
+    assert len(r["induction"]["sweep"]) == sum(
+        len(e[f"sweep_{n}"]) for n in ("second_rate", "second_ratio",
+                                       "dfa_share"))
+    assert r["loss"]["kl_splice"] >= 0 and r["loss"]["kl_zero"] > 0
   assert "feature " in (tmp_path / "view.html").read_text()
   assert '"sae"' in (tmp_path / "explorer.html").read_text()
   # Again in the same folder: every SAE restores, nothing retrains, and
@@ -50,5 +65,7 @@ def test_smoke_run_end_to_end(tmp_path):
   second = entry.run(config, tmp_path)
   strip = lambda res: [{k: v for k, v in r.items()
                         if k not in ("train_s", "steps_per_s")}
-                       for r in res["runs"] + res["resid_pre"]["runs"]]
+                       for r in res["runs"] + res["resid_pre"]["runs"] + [
+                           r for c in res["controls"].values()
+                           for r in c["runs"]]]
   assert strip(second) == strip(first)

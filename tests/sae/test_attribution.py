@@ -70,6 +70,29 @@ def test_splice_equals_z_replaced_by_hand(setup, by_hand, kind):
   assert not np.allclose(spliced[kind], clean, atol=1e-3)  # it did change
 
 
+def test_kl_and_loss_of_the_splice_match_numpy(setup):
+  # KL(clean || splice) and the spliced CE from the logits above, in
+  # float64 NumPy, over a mask that leaves positions out.
+  model, tokens, params, clean, _, spliced = setup
+  targets = jnp.roll(tokens, -1, 1)
+  mask = np.ones(tokens.shape, np.float32)
+  mask[:, :2] = 0
+  args = (params, SCALE, jnp.zeros(H * DV), tokens, targets, mask)
+  kw = dict(kind="relu", k=None)
+  kl_fn = metrics.site_kl_fn(model, SITE, **kw)
+  loss_fn = metrics.site_loss_fn(model, SITE, **kw)
+  logp = lambda a: np.asarray(jax.nn.log_softmax(np.asarray(a, np.float64)))
+  lp, lq = logp(clean), logp(spliced["relu"])
+  kl = np.sum(np.exp(lp) * (lp - lq), -1)
+  want_kl = np.sum(kl * mask) / mask.sum()
+  nll = -np.take_along_axis(lq, np.asarray(targets)[..., None], -1)[..., 0]
+  assert float(kl_fn("splice", *args)) == pytest.approx(want_kl, rel=1e-4)
+  assert want_kl > 1e-3  # the splice moved the distribution
+  assert float(kl_fn("clean", *args)) == pytest.approx(0.0, abs=1e-6)
+  assert float(loss_fn("splice", *args)) == pytest.approx(
+      np.sum(nll * mask) / mask.sum(), rel=1e-5)
+
+
 def test_dfa_by_source_sums_to_the_pre_activation(setup):
   _, _, params, _, cap, _ = setup
   feats = np.array([0, 5, 23])

@@ -22,7 +22,7 @@ def test_repeated_loss_batches_score_only_the_predictable_copy():
   # [BOS a b c a b c], repeat_len 3: targets are tokens 1..6; the second
   # copy starts at token 4, whose "a" no rule predicts; "b" and "c"
   # (tokens 5 and 6, targets 4 and 5) are what induction predicts.
-  from experiments.sae import run
+  from experiments.sae import per_sae as run
   e = type("E", (), {"bos": 0, "repeat_len": 3})()
   tokens = np.array([[0, 5, 6, 7, 5, 6, 7]] * 3, np.int32)
   batches = run.repeated_batches(tokens, e, size=2)
