@@ -64,10 +64,13 @@ text_induction: install
 # docs/ioi.md): the survey, ablations, repeat distance and KV cache
 # (42 min on 2 shared cores, 25 of them Gemma's repeat distance, 32
 # sequences per distance), then the IOI task and both models'
-# circuits (30 min wall at load 3-12, 18.6 CPU-minutes).
+# circuits (30 min wall at load 3-12, 18.6 CPU-minutes), then the
+# automatic circuit discovery (EAP, EAP-IG) on IOI in SmolLM2 beside
+# that hand-built circuit (docs/ioi.md, "Automatic discovery").
 real_lms: install
 	$(BIN)/python -m experiments.real_heads --workdir=runs/real_heads
 	$(BIN)/python -m experiments.ioi --workdir=runs/ioi
+	$(BIN)/python -m experiments.eap_ioi --workdir=runs/eap_ioi
 
 # Sparse autoencoders on attention outputs (docs/sae.md): the induction
 # model (9 min on 2 quiet cores), SmolLM2's layer 17 (45 min: 12 to collect,
@@ -84,7 +87,7 @@ sae: install
 	cp runs/sae_bench/bench.json docs/results/sae/
 
 # The head experiments, each writing runs/<name>/report.md.
-EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits text_heads sinks pretrained_heads text_induction real_heads ioi
+EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits text_heads sinks pretrained_heads text_induction real_heads ioi eap_ioi
 experiments: install
 	for e in $(EXPERIMENTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \
@@ -101,7 +104,7 @@ experiments: install
 # RESULTS=induction limits it to one
 # experiment, and `make publish` copies finished runs without running
 # them again.
-RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads kv_cache context_parallel text_induction real_heads ioi score_rules_bench real_lm_bench
+RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads kv_cache context_parallel text_induction real_heads ioi eap_ioi score_rules_bench real_lm_bench
 results: install
 	for e in $(RESULTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \

@@ -598,9 +598,13 @@ def test_an_experiment_measures_without_its_report():
 # workers, torch models and the real-LM calls); the decoder peers it
 # shared with pretrained_bench now live in experiments/torch_peers.py,
 # and what else it reads moves to a shared module likewise when it is
-# next changed.
+# next changed. experiments/eap_ioi finds the circuit of experiments/ioi
+# automatically: it must run on the same prompts, models and metric, and
+# compares with that experiment's hand-built circuit, so it imports them
+# rather than keeping a copy that could drift.
 CROSS_EXPERIMENT_EXCEPTIONS = {
-    ("gpu_bench", "benchmark"), ("gpu_bench", "real_lm_bench")}
+    ("gpu_bench", "benchmark"), ("gpu_bench", "real_lm_bench"),
+    ("eap_ioi", "ioi")}
 
 
 def experiment_folders(root: pathlib.Path = ROOT) -> set[str]:

@@ -516,6 +516,8 @@ def test_every_entry_point_has_an_end_to_end_test():
             # real_heads, ioi: tests/experiments/test_real_heads.py and
             # test_ioi.py (tiny random GGUF models through the same code)
             "real_heads", "ioi",
+            # eap_ioi: tests/experiments/test_eap_ioi.py
+            "eap_ioi",
             # score_rules_bench: tests/experiments/test_score_rules_bench.py
             "score_rules_bench",
             # real_lm_bench: tests/experiments/test_real_lm_bench.py
