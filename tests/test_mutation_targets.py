@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 # The module constants the planted bugs' entries are written with.
-_PREFIXES = ("_PALLAS_GPU", "_EAP", "_PATCHING", "_POSITIONS")
+_PREFIXES = ("_PALLAS_GPU", "_EAP", "_EAP_IOI", "_PATCHING", "_POSITIONS")
 
 
 def _constants() -> dict:
