@@ -158,18 +158,18 @@ def _shows(saved) -> str:
   out = []
   for a, c in cur.items():
     ig, ea = c["methods"]["eap-ig"], c["methods"]["eap"]
-    rnd = max(r["cpr"] for r in c["random"])
-    better = ("above" if ig["cpr_ci95"][0] > ea["cpr_ci95"][1] else
-              "below" if ig["cpr_ci95"][1] < ea["cpr_ci95"][0] else
-              "with an interval overlapping")
-    out.append(f"Under {ABLATION[a]} ablation EAP-IG's circuits keep more of "
-               f"the held-out logit difference than random circuits of the "
-               f"same sizes where CPR {ig['cpr']:.3f} "
-               f"{report_lib.interval(ig['cpr_ci95'])} clears the best random "
-               f"draw's {rnd:.3f} ({'it does' if ig['cpr_ci95'][0] > rnd else 'it does not'}); "
-               f"EAP's CPR is {ea['cpr']:.3f} "
-               f"{report_lib.interval(ea['cpr_ci95'])}, EAP-IG's interval "
-               f"{better} it.")
+    rnd = [r["cpr"] for r in c["random"]]
+    above = ("its interval above every draw" if ig["cpr_ci95"][0] > max(rnd)
+             else "its interval not above every draw")
+    vs = ("above" if ig["cpr_ci95"][0] > ea["cpr_ci95"][1] else
+          "below" if ig["cpr_ci95"][1] < ea["cpr_ci95"][0] else
+          "overlapping")
+    out.append(f"Under {ABLATION[a]} ablation, EAP-IG's CPR on held-out "
+               f"prompts is {ig['cpr']:.3f} "
+               f"{report_lib.interval(ig['cpr_ci95'])}, {above} of "
+               f"random circuits' CPR ({min(rnd):.3f} to {max(rnd):.3f}); EAP's "
+               f"is {ea['cpr']:.3f} {report_lib.interval(ea['cpr_ci95'])}, "
+               f"the two intervals {vs if vs == 'overlapping' else 'with EAP-IG ' + vs}.")
   corrupted = cur.get("corrupted", next(iter(cur.values())))
   fr = [f for f in QUOTED if f in saved["sizes"]["fractions"]]
   if fr:
@@ -179,13 +179,14 @@ def _shows(saved) -> str:
   h = saved["hand_built"]
   o = h["overlap"][0]
   d = corrupted["at_hand"]["eap-ig_minus_hand"]
-  word = ("more" if d[1] > 0 else "less" if d[2] < 0 else
-          "no resolvable difference in")
+  word = ("is more faithful than" if d[1] > 0 else
+          "is less faithful than" if d[2] < 0 else
+          "differs by no resolvable amount from")
   out.append(f"Of the {len(h['heads'])} hand-built heads, EAP-IG's top "
              f"{o['k']} heads hold {len(o['found'])}. At the hand-built "
-             f"circuit's size ({h['edges']:,} edges), EAP-IG's circuit keeps "
-             f"{word} faithfulness than the hand-built heads' "
-             f"(difference {_triple(d)}, corrupted ablation).")
+             f"circuit's size ({h['edges']:,} edges), EAP-IG's circuit "
+             f"{word} the hand-built heads' (EAP-IG minus hand-built "
+             f"{_triple(d)}, corrupted ablation).")
   return " ".join(out)
 
 
