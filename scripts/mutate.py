@@ -158,6 +158,8 @@ _IOI_HEADS = "experiments/ioi_output_heads/"
 _IOI_HEADS_TESTS = "tests/experiments/test_ioi_output_heads.py"
 _SAE_INDUCTION = "experiments/sae/induction.py"
 _SAE_CONTROLS_TESTS = "tests/sae/test_induction_controls.py"
+_EAP_IOI = "experiments/eap_ioi/circuits.py"
+_EAP_IOI_TESTS = "tests/experiments/test_eap_ioi.py"
 # name -> (module, exact text, its replacement, tests that must fail)
 PLANTED = {
     # SAE induction features. The second/first-copy ratio dropped: a
@@ -345,6 +347,33 @@ PLANTED = {
         "bootstrap.group_weights(template, resamples",
         "bootstrap.group_weights(np.arange(len(template)), resamples",
         _IOI_HEADS_TESTS),
+    # The EAP-on-IOI experiment. The held-out prompts start one early:
+    # the first of them was also scored.
+    "eap_ioi_split_overlaps": (
+        _EAP_IOI, "np.sort(order[score:score + held_out])",
+        "np.sort(order[score - 1:score - 1 + held_out])", _EAP_IOI_TESTS),
+    # A kv head's k and v taken to serve only the query head of its own
+    # index, not its whole group.
+    "eap_ioi_kv_serves_one_head": (
+        _EAP_IOI, "{(g.layer, h) for h in range(i * per, (i + 1) * per)}",
+        "{(g.layer, i)}", _EAP_IOI_TESTS),
+    # The hand-built circuit without the path-patching rounds' heads.
+    "eap_ioi_hand_built_skips_paths": (
+        _EAP_IOI, 'for name, rnd in circuit["paths"].items():',
+        "for name, rnd in {}.items():", _EAP_IOI_TESTS),
+    # Random circuits drawn with replacement: fewer edges than their size.
+    "eap_ioi_random_with_replacement": (
+        _EAP_IOI, "size=int(k), replace=False)", "size=int(k), replace=True)",
+        _EAP_IOI_TESTS),
+    # Heads ranked by their edges' signed scores, which cancel.
+    "eap_ioi_heads_by_signed_score": (
+        _EAP_IOI, "values = np.abs(np.asarray(scores.scores)) * scores.exists",
+        "values = np.asarray(scores.scores) * scores.exists", _EAP_IOI_TESTS),
+    # The curve's area without the full circuit's point (1 at fraction 1).
+    "eap_ioi_curve_drops_full_circuit": (
+        _EAP_IOI, "full = np.concatenate([0 * ones, faith, ones], -1)",
+        "full = np.concatenate([0 * ones, faith, 0 * ones], -1)",
+        _EAP_IOI_TESTS),
 }
 
 # The operators kept model slips one makes: + for -, * for /, < for <=,
