@@ -33,7 +33,10 @@ def get_config(arg=None):
   e.circuit_results = "docs/results/ioi/results.json"
   # Classes given here instead ({model: {class: [[layer, head], ...]}}),
   # for models the file does not hold (the smoke run's).
+  # (the smoke run's tiny Llama; read only when `models` holds it).
   e.circuits = ml_collections.ConfigDict()
+  e.circuits.tiny_llama = {"name_movers": [[1, 0], [1, 2]],
+                           "s_inhibition": [[0, 1]]}
   e.per_template_order = 8  # 8 templates x 2 orders x 8 = 128 prompts
   # Names and ABC prompts drawn with a seed the ioi experiment never used
   # (it used 0 and 1), so these prompts are held out from its selection.
@@ -49,8 +52,6 @@ def get_config(arg=None):
   if smoke:
     e.models = ("tiny_llama",)
     e.circuit_results = e.name_mover_results = ""
-    e.circuits.tiny_llama = {"name_movers": [[1, 0], [1, 2]],
-                             "s_inhibition": [[0, 1]]}
     e.per_template_order = 2
     e.random_circuits, e.random_subsets, e.backup_top = 3, 2, 2
     e.resamples = 50
