@@ -151,7 +151,7 @@ _POSITIONS_TESTS = "tests/interp/test_patching_positions.py"
 _EAP = "mha_jax/interp/eap.py"
 _EAP_GRAPH = "mha_jax/interp/eap_graph.py"
 _EAP_TESTS = "tests/interp/test_eap.py"
-_IOI_CIRCUIT = "experiments/ioi_circuit/knockout.py"
+_IOI_CIRCUIT = "experiments/ioi_task/knockout.py"
 _IOI_CIRCUIT_RUN = "experiments/ioi_circuit/run.py"
 _IOI_CIRCUIT_TESTS = "tests/experiments/test_ioi_circuit.py"
 _IOI_HEADS = "experiments/ioi_output_heads/"
@@ -357,10 +357,12 @@ PLANTED = {
     "eap_ioi_kv_serves_one_head": (
         _EAP_IOI, "{(g.layer, h) for h in range(i * per, (i + 1) * per)}",
         "{(g.layer, i)}", _EAP_IOI_TESTS),
-    # The hand-built circuit without the path-patching rounds' heads.
+    # The hand-built circuit without the path-patching rounds' heads (the
+    # classes are read by the shared IOI task's circuit module).
     "eap_ioi_hand_built_skips_paths": (
-        _EAP_IOI, 'for name, rnd in circuit["paths"].items():',
-        "for name, rnd in {}.items():", _EAP_IOI_TESTS),
+        "experiments/ioi_task/circuit.py",
+        "(entry if where is None else entry.get(where, {}))",
+        "(entry if where is None else {})", _EAP_IOI_TESTS),
     # Random circuits drawn with replacement: fewer edges than their size.
     "eap_ioi_random_with_replacement": (
         _EAP_IOI, "size=int(k), replace=False)", "size=int(k), replace=True)",

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from experiments.ioi_task import circuit as circuit_lib
 from mha_jax import hooks as hooks_lib
 from mha_jax.interp import eap_graph
 from mha_jax.measure import bootstrap
-
-# The IOI experiment's classes that name heads of its circuit, and its
-# path-patching rounds (each round's separated senders).
-CLASSES = ("name_movers", "negative_movers")
 
 
 def split(n: int, score: int, held_out: int, seed: int):
@@ -37,13 +34,7 @@ def hand_built_heads(circuit: dict) -> list[list[int]]:
   circuit (one model's entry of its results.json "circuits") names: its
   output heads, the heads whose direct path lowers the difference, and
   the senders each path-patching round separated."""
-  heads = set()
-  for cls in CLASSES:
-    heads |= {tuple(h) for h in circuit[cls]["heads"]}
-  for name, rnd in circuit["paths"].items():
-    if isinstance(rnd, dict):
-      heads |= {tuple(h) for h in rnd.get("heads", [])}
-  return [list(h) for h in sorted(heads)]
+  return [list(h) for h in circuit_lib.union(circuit_lib.classes(circuit))]
 
 
 def _receiver_nodes(graph: eap_graph.Graph, num_heads: int):

@@ -31,24 +31,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.ioi_circuit import knockout
+from experiments.ioi_task import circuit as circuit_lib
 from experiments.ioi_task import detectors
 from experiments.ioi_task import forward
+from experiments.ioi_task import knockout
 from experiments.ioi_task import models
 from experiments.ioi_task import prompts
 from experiments.ioi_task import stats
 from mha_jax.measure import bootstrap
-
-# results.json's classes of the ioi experiment, in the order reported:
-# (where, key, label); "where" None: a top-level class, else a path
-# patching round.
-CLASSES = ((None, "name_movers", "output heads"),
-           (None, "negative_movers", "negative output heads"),
-           ("paths", "s_inhibition", "S-inhibition"),
-           ("paths", "duplicate_induction", "induction / duplicate-token"),
-           ("paths", "previous_token", "previous-token"),
-           ("paths", "output_kv", "into the output heads' keys and values"))
-
 
 def classes_from(results: dict, model: str) -> dict:
   """`{label: [[layer, head], ...]}`: the ioi run's non-empty classes of
@@ -56,19 +46,7 @@ def classes_from(results: dict, model: str) -> dict:
   if model not in results.get("circuits", {}):
     raise ValueError(f"classes_from: the ioi results hold circuits for "
                      f"{sorted(results.get('circuits', {}))}, not {model!r}")
-  c = results["circuits"][model]
-  out = {}
-  for where, key, label in CLASSES:
-    heads = (c if where is None else c.get(where, {})).get(key, {}).get(
-        "heads", [])
-    if heads:
-      out[label] = [[int(l), int(h)] for l, h in heads]
-  return out
-
-
-def union(classes: dict) -> list:
-  """The circuit: every head of any class, sorted, each once."""
-  return sorted({(l, h) for heads in classes.values() for l, h in heads})
+  return circuit_lib.classes(results["circuits"][model])
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -113,7 +91,7 @@ def criteria(run, replacements, classes, shape, e, idx, weights) -> dict:
   `replacements`: `{"mean": ..., "resample": ...}`, each `[L, N, T, H,
   Dv]`; the mean one serves every criterion, the resampled one the
   circuit's faithfulness too."""
-  circuit = union(classes)
+  circuit = circuit_lib.union(classes)
   f = lambda keep, rep="mean": run(replacements[rep], keep)
   full = f(np.ones(shape, bool))
   c_mask = knockout.circuit_mask(shape, circuit)
@@ -189,13 +167,14 @@ def criteria(run, replacements, classes, shape, e, idx, weights) -> dict:
   return out
 
 
-def backup(dla, knocked, shape, e, idx_half_b) -> dict:
+def backup(dla, knocked, shape, e, idx_half_b, before=None) -> dict:
   """Which heads take over when the output heads `knocked` are knocked
   out: `dla(keep [L, H]) -> [N, L, H]` direct effects. Heads are ranked by
   their mean change on the even prompts (half A) and measured on the odd
   ones (half B), so the choice does not inflate the measured change."""
   keep = knockout.keep_mask(shape, knocked)
-  before = np.asarray(dla(np.ones(shape, bool)), np.float64)
+  if before is None:  # the intact model's, shared by every group
+    before = np.asarray(dla(np.ones(shape, bool)), np.float64)
   after = np.asarray(dla(keep), np.float64)
   change = after - before  # [N, L, H]
   a, b = change[0::2], change[1::2]
@@ -263,9 +242,10 @@ def measure_model(name, classes, e) -> dict:
     dla = lambda keep: _dla(graphdef, state, tokens, meta, name_ids,
                             replacements["mean"], jnp.asarray(keep))
     half_b = bootstrap.draws(len(full[1::2]), e.resamples, e.seed + 1)
+    before = np.asarray(dla(np.ones(shape, bool)), np.float64)
     for label, heads in groups:
       out["backup"].append({"group": label} | backup(
-          dla, [tuple(x) for x in heads], shape, e, half_b))
+          dla, [tuple(x) for x in heads], shape, e, half_b, before))
   out["seconds"] = time.time() - t0
   return out
 
@@ -297,12 +277,12 @@ def circuits_of(e) -> dict:
   for name in e.models:
     given = e.circuits.get(name)
     if given is not None:
-      known = [key for _, key, _ in CLASSES]
+      known = [key for _, key, _ in circuit_lib.CLASSES]
       if set(given) - set(known):
         raise ValueError(f"circuits_of: `circuits.{name}` may name the "
                          f"classes {known}, got {sorted(given)}")
       entry = {}
-      for where, key, _ in CLASSES:
+      for where, key, _ in circuit_lib.CLASSES:
         if key in given:
           (entry if where is None else entry.setdefault(where, {}))[key] = {
               "heads": list(given[key])}
@@ -317,7 +297,7 @@ def measure(config) -> dict:
   out = {"models": {}}
   for name, classes in circuits_of(e).items():
     logging.info("ioi_circuit: %s, circuit of %d heads", name,
-                 len(union(classes)))
+                 len(circuit_lib.union(classes)))
     out["models"][name] = measure_model(name, classes, e)
   out["wall_s"] = time.time() - t_start
   out["cpu_s"] = time.process_time()

@@ -18,18 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.ioi_task import forward
+from experiments.ioi_task import knockout
 
 
 def template_means(z, template) -> np.ndarray:
   """`[N, T, H, Dv]`: for each prompt, the mean of `z [N, T, H, Dv]` (one
   layer's head outputs on the ABC prompts) over the prompts of its
-  template."""
-  z, template = np.asarray(z, np.float32), np.asarray(template)
-  out = np.empty_like(z)
-  for t in np.unique(template):
-    at = template == t
-    out[at] = z[at].mean(0)
-  return out
+  template (`knockout.template_means` of one layer)."""
+  return knockout.template_means(np.asarray(z)[None], template)[0]
 
 
 def abc_means(model, corrupted, template, *, chunk: int) -> list:
@@ -50,11 +46,7 @@ def abc_means(model, corrupted, template, *, chunk: int) -> list:
 def ablated_logit_diff(model, tokens, meta, means, mask):
   """`[N]`: logit(IO) - logit(S) at END with the heads of `mask [L, H]`
   (bool) given their ABC mean output `means` (`[L] x [N, T, H, Dv]`, the
-  prompts' own rows of `abc_means`) at every position."""
-  patch = {}
-  for l, mean in enumerate(means):
-    on = mask[l][None, None, :, None]
-    patch[f"blocks.{l}.attn.z"] = (lambda x, on=on, mean=mean:
-                                   jnp.where(on, mean.astype(x.dtype), x))
-  logits, _ = forward.end_logits(model, tokens, meta["end"], patch=patch)
-  return forward.logit_diff(logits, meta["io"], meta["s"])
+  prompts' own rows of `abc_means`) at every position: the shared
+  knockout, keeping the heads outside `mask`."""
+  return knockout.knocked_logit_diff(model, tokens, meta["end"], meta["io"],
+                                     meta["s"], jnp.stack(means), ~mask)

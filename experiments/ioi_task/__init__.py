@@ -2,5 +2,7 @@
 those that read its circuit from other angles): the prompts and their
 corruptions (`prompts`), the two real models and their tokenizers
 (`models`), the END-only forward pass (`forward`), the heads' attention,
-direct-effect and copying scores (`detectors`) and the bootstrap
-separation rule (`stats`). Imported, never run: it has no `__main__`."""
+direct-effect and copying scores (`detectors`), the bootstrap
+separation rule (`stats`), heads knocked out by their ABC means
+(`knockout`) and the classes the ioi run's circuit names (`circuit`).
+Imported, never run: it has no `__main__`."""

@@ -14,10 +14,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments.ioi_circuit import knockout
 from experiments.ioi_circuit import report
 from experiments.ioi_circuit import run
+from experiments.ioi_task import circuit as circuit_lib
 from experiments.ioi_task import forward
+from experiments.ioi_task import knockout
 from experiments.ioi_task import models
 from experiments.ioi_task import prompts
 from mha_jax import hooks
@@ -174,7 +175,7 @@ def test_classes_are_read_from_the_committed_ioi_run():
   assert got["smollm2"]["output heads"] == [[23, 3], [29, 1]]
   assert got["smollm2"]["previous-token"] == [[16, 0]]
   assert "S-inhibition" not in got["gemma3"]  # that round found none
-  assert len(run.union(got["smollm2"])) == 9
+  assert len(circuit_lib.union(got["smollm2"])) == 9
   # The name movers ioi_output_heads confirmed are knocked out too.
   e.name_mover_results = "docs/results/ioi_output_heads/results.json"
   assert run.backup_groups(e, "smollm2", got["smollm2"]) == [

@@ -104,7 +104,4 @@ def keep_mask(shape, knocked) -> np.ndarray:
 def circuit_mask(shape, heads) -> np.ndarray:
   """`[L, H]` bool: True at the circuit's `heads` only (the rest knocked
   out)."""
-  keep = np.zeros(shape, bool)
-  for l, h in heads:
-    keep[l, h] = True
-  return keep
+  return ~keep_mask(shape, heads)
