@@ -34,7 +34,7 @@ def get_config(arg=None):
   e.models = ("smollm2", "gemma3")  # experiments.ioi_task.models names
   e.per_template_order = 8  # 8 templates x 2 orders x 8 = 128 prompts
   e.selection_share = 0.5  # of each template and order, for selection
-  # The group rule (experiments/ioi_output_heads/groups.py): a head of
+  # The group rule (experiments/ioi_task/groups.py): a head of
   # the kind joins where its selection-half direct effect's interval
   # excludes 0 and its mean is at least this share of the group's
   # strongest member's ("similar heads", not one head and its tail).

@@ -156,6 +156,8 @@ _IOI_CIRCUIT_RUN = "experiments/ioi_circuit/run.py"
 _IOI_CIRCUIT_TESTS = "tests/experiments/test_ioi_circuit.py"
 _IOI_HEADS = "experiments/ioi_output_heads/"
 _IOI_HEADS_TESTS = "tests/experiments/test_ioi_output_heads.py"
+_IOI_CLASSES = "experiments/ioi_classes/run.py"
+_IOI_CLASSES_TESTS = "tests/experiments/test_ioi_classes.py"
 _SAE_INDUCTION = "experiments/sae/induction.py"
 _SAE_CONTROLS_TESTS = "tests/sae/test_induction_controls.py"
 _EAP_IOI = "experiments/eap_ioi/circuits.py"
@@ -324,7 +326,7 @@ PLANTED = {
     # IOI output heads. The relative floor measured against the weakest
     # admissible head instead of the strongest: every head joins.
     "ioi_heads_floor_of_the_weakest": (
-        _IOI_HEADS + "groups.py", "  top = m[order[0]]\n",
+        "experiments/ioi_task/groups.py", "  top = m[order[0]]\n",
         "  top = m[order[-1]]\n", _IOI_HEADS_TESTS),
     # Copy suppression in context: the head's attention read backwards.
     "ioi_heads_attention_read_backwards": (
@@ -343,10 +345,36 @@ PLANTED = {
         "vocab = jnp.sum(logits < own, -1)", _IOI_HEADS_TESTS),
     # The interval "over templates" drawn over prompts.
     "ioi_heads_templates_drawn_as_prompts": (
-        _IOI_HEADS + "halves.py",
+        "experiments/ioi_task/halves.py",
         "bootstrap.group_weights(template, resamples",
         "bootstrap.group_weights(np.arange(len(template)), resamples",
         _IOI_HEADS_TESTS),
+    # IOI upstream classes. The random sets drawn from every sender, the
+    # class's own heads included.
+    "ioi_classes_random_sets_hold_the_class": (
+        _IOI_CLASSES,
+        "pool = np.setdiff1d(senders, sorted(set(named) | set(members)))",
+        "pool = senders", _IOI_CLASSES_TESTS),
+    # The held-out test run on the selection prompts.
+    "ioi_classes_confirmed_on_the_selection_half": (
+        _IOI_CLASSES, "got = path_effects(model, p, held, receivers, sets,",
+        "got = path_effects(model, p, sel, receivers, sets,",
+        _IOI_CLASSES_TESTS),
+    # A class that failed its held-out test still receives the next round.
+    "ioi_classes_unconfirmed_class_feeds_the_next_round": (
+        _IOI_CLASSES, 'heads_of[rname] = r["heads"] if ok else []',
+        'heads_of[rname] = r["heads"]', _IOI_CLASSES_TESTS),
+    # Under GQA a query head's keys and values taken at the kv head of its
+    # own index, not its group's.
+    "ioi_classes_kv_head_of_the_query_index": (
+        _IOI_CLASSES, "return tuple(sorted({(int(l), int(h) // per, x)",
+        "return tuple(sorted({(int(l), min(int(h), n_kv - 1), x)",
+        _IOI_CLASSES_TESTS),
+    # A set of senders sends only its first layer's heads.
+    "ioi_paths_set_sends_one_layer": (
+        "experiments/ioi_task/paths.py", "        on = sender[j]\n",
+        "        on = sender[j] & (j == jnp.argmax(sender.any(-1)))\n",
+        _IOI_CLASSES_TESTS),
     # The EAP-on-IOI experiment. The held-out prompts start one early:
     # the first of them was also scored.
     "eap_ioi_split_overlaps": (

@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # The module constants the planted bugs' entries are written with.
 _PREFIXES = ("_PALLAS_GPU", "_EAP", "_PATCHING", "_POSITIONS",
-             "_IOI_CIRCUIT", "_IOI_HEADS", "_SAE")
+             "_IOI_CIRCUIT", "_IOI_HEADS", "_IOI_CLASSES", "_SAE")
 
 
 def _constants() -> dict:

@@ -26,6 +26,7 @@ import numpy as np
 from experiments.ioi import head_patching
 from experiments.ioi_task import detectors
 from experiments.ioi_task import forward
+from experiments.ioi_task import paths
 from experiments.ioi_task import models
 from experiments.ioi_task import prompts
 from experiments.ioi_task import stats
@@ -125,7 +126,7 @@ def _direct(graphdef, state, target, source, meta):
 @functools.partial(jax.jit, static_argnums=(0, 5, 7, 8))
 def _path(graphdef, state, target, source, meta, receivers, senders, batch,
           through_mlps):
-  return head_patching.path_patching(nnx.merge(graphdef, state), target,
+  return paths.path_patching(nnx.merge(graphdef, state), target,
                                      source, meta, receivers, senders,
                                      through_mlps=through_mlps,
                                      batch_size=batch)

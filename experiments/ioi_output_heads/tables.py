@@ -3,52 +3,18 @@ on the numbers, each from results.json's contents (`saved`) alone."""
 
 from __future__ import annotations
 
+from experiments.ioi_task import formats
 from experiments.ioi_task import prompts
 from experiments.ioi_output_heads import figures
 from mha_jax.measure import report as report_lib
 
-LABELS = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M",
-          "tiny_llama": "tiny random Llama", "tiny_gemma3":
-          "tiny random Gemma 3"}
 KIND = figures.LABEL
 
 
-def _ci(mean, ci, digits=2) -> str:
-  return f"{mean:+.{digits}f} {report_lib.interval(ci, spec=f'+.{digits}f')}"
-
-
-def _summ(s, digits=2) -> str:
-  return _ci(s["mean"], s["ci95"], digits)
-
-
-def _both(s, digits=2, sign="+") -> str:
-  """Mean, interval over prompts, then over templates (`sign` "": a
-  share, written without a sign)."""
-  spec = f"{sign}.{digits}f"
-  return (f"{s['mean']:{spec}} {report_lib.interval(s['ci95'], spec=spec)}"
-          f"; templates {report_lib.interval(s['ci95_templates'], spec=spec)}")
-
-
-def _triple(x, digits=2) -> str:
-  return _ci(x[0], x[1:], digits)
-
-
-def _head(h) -> str:
-  return report_lib.head_name(h[0], h[1])
-
-
-def _heads(hs) -> str:
-  return ", ".join(_head(h) for h in hs) if hs else "none"
-
-
-def _model(name) -> str:
-  return LABELS.get(name, name)
-
-
 def task_table(models: dict) -> str:
-  rows = [[_model(n), r["num_prompts"], r["num_names"],
-           f"{len(r['selection'])}: {_both(r['task']['selection'])}",
-           f"{len(r['held_out'])}: {_both(r['task']['held_out'])}"]
+  rows = [[formats.model(n), r["num_prompts"], r["num_names"],
+           f"{len(r['selection'])}: {formats.both(r['task']['selection'])}",
+           f"{len(r['held_out'])}: {formats.both(r['task']['held_out'])}"]
           for n, r in models.items()]
   return report_lib.md_table(
       ["model", "prompts", "names", "selection half: prompts, logit diff.",
@@ -59,9 +25,10 @@ def ranked_table(models: dict) -> str:
   rows = []
   for n, r in models.items():
     for h in r["top_positive"][:6] + r["top_negative"][:3]:
-      rows.append([_model(n), _head(h["head"]), _triple(h["effect"]),
-                   _triple(h["io"]), _triple(h["s"]), _triple(h["other"]),
-                   _triple(h["attention"]), _triple(h["copy"]),
+      rows.append([formats.model(n), formats.head(h["head"]),
+                   formats.triple(h["effect"]), formats.triple(h["io"]),
+                   formats.triple(h["s"]), formats.triple(h["other"]),
+                   formats.triple(h["attention"]), formats.triple(h["copy"]),
                    f"{h['held_out_effect']:+.2f}"])
   return report_lib.md_table(
       ["model", "head", "direct effect", "on logit(IO)", "on logit(S)",
@@ -74,15 +41,17 @@ def group_table(models: dict) -> str:
   for n, r in models.items():
     for kind, g in r["groups"].items():
       if not g["size"]:
-        rows.append([_model(n), KIND[kind], "none", "", "", "", "", "", ""])
+        rows.append([formats.model(n), KIND[kind], "none", "", "", "", "",
+                     "", ""])
         continue
       j, rnd, t = g["joint"], g["random"], g["test"]
       rows.append([
-          _model(n), KIND[kind], _heads(g["heads"]), _both(j["effect"]),
+          formats.model(n), KIND[kind], formats.heads(g["heads"]),
+          formats.both(j["effect"]),
           f"{j['io']['mean']:+.2f} / {j['s']['mean']:+.2f} / "
           f"{j['other']['mean']:+.2f}",
           f"{rnd['mean']:+.2f} {report_lib.interval(rnd['range95'], spec='+.2f')}",
-          _both(g["minus_random"]),
+          formats.both(g["minus_random"]),
           f"{t['as_far']} of {len(rnd['per_group'])} (p = {t['p']:.2f})",
           "yes" if g["confirmed"] else "no"])
   return report_lib.md_table(
@@ -100,11 +69,11 @@ def ablation_table(models: dict) -> str:
       if not g["size"] or "ablation" not in g:
         continue
       a = g["ablation"]
-      rows.append([_model(n), KIND[kind], _heads(g["heads"]),
-                   _both(a["joint"]),
+      rows.append([formats.model(n), KIND[kind], formats.heads(g["heads"]),
+                   formats.both(a["joint"]),
                    f"{a['random']['mean']:+.2f} "
                    f"{report_lib.interval(a['random']['range95'], spec='+.2f')}",
-                   _both(a["minus_random"]),
+                   formats.both(a["minus_random"]),
                    f"{a['test']['as_far']} of {len(a['random']['per_group'])}"
                    f" (p = {a['test']['p']:.2f})"])
   if not rows:
@@ -121,10 +90,11 @@ def member_table(models: dict) -> str:
     for kind, g in r["groups"].items():
       for mem in g.get("members", []):
         s = mem["selection"]
-        rows.append([_model(n), KIND[kind], _head(mem["head"]),
-                     _triple(s["effect"]), _triple(s["attention"]),
-                     _triple(s["copy"]), _triple(s["s_specific"]),
-                     _both(mem["held_out"])])
+        rows.append([formats.model(n), KIND[kind], formats.head(mem["head"]),
+                     formats.triple(s["effect"]),
+                     formats.triple(s["attention"]),
+                     formats.triple(s["copy"]), formats.triple(s["s_specific"]),
+                     formats.both(mem["held_out"])])
   if not rows:
     return "No group has a member."
   return report_lib.md_table(
@@ -137,14 +107,14 @@ def template_table(models: dict) -> str:
   n_t = len(prompts.TEMPLATES)
   rows = []
   for n, r in models.items():
-    rows.append([_model(n), "task (logit difference)"] + [
+    rows.append([formats.model(n), "task (logit difference)"] + [
         f"{x:+.2f}" for x in r["task"]["held_out_by_template"]])
     for kind, g in r["groups"].items():
       if g["size"]:
-        rows.append([_model(n), f"{KIND[kind]}: direct"] + [
+        rows.append([formats.model(n), f"{KIND[kind]}: direct"] + [
             f"{x:+.2f}" for x in g["by_template"]])
         if "ablation" in g:
-          rows.append([_model(n), f"{KIND[kind]}: ablation"] + [
+          rows.append([formats.model(n), f"{KIND[kind]}: ablation"] + [
               f"{x:+.2f}" for x in g["ablation"]["by_template"]])
   return report_lib.md_table(["model", "held-out mean"]
                              + [f"T{t}" for t in range(n_t)], rows)
@@ -165,8 +135,8 @@ def cs_table(models: dict) -> str:
     k = cs["criterion"]["top_k"]
     for h in cs["heads"]:
       rows.append([
-          _model(n), _head(h["head"]), _group_of(r, h["head"]),
-          _both(h["context"], sign=""),
+          formats.model(n), formats.head(h["head"]), _group_of(r, h["head"]),
+          formats.both(h["context"], sign=""),
           f"{b['agree_median']:.2f} / {b['agree_p95']:.2f}",
           f"{h['ov_top_k_share'][0]:.2f} "
           f"{report_lib.interval(h['ov_top_k_share'][1:], spec='.2f')}",
@@ -188,7 +158,7 @@ def cs_table(models: dict) -> str:
 
 
 def cs_template_table(models: dict) -> str:
-  rows = [[_model(n), _head(h["head"])] + [
+  rows = [[formats.model(n), formats.head(h["head"])] + [
       f"{x:.2f}" for x in h["context_by_template"]]
           for n, r in models.items()
           for h in r["copy_suppression"]["heads"]]
@@ -205,7 +175,7 @@ def _ablation_clause(g, max_p: float) -> str:
   a = g["ablation"]
   where = ("beyond the random groups" if a["test"]["p"] <= max_p else
            "no further than random groups reach")
-  return (f"; mean-ablating it loses {_summ(a['joint'])} of the logit "
+  return (f"; mean-ablating it loses {formats.summ(a['joint'])} of the logit "
           f"difference, {where} (random groups {a['random']['mean']:+.2f}, "
           f"{a['test']['as_far']} of {len(a['random']['per_group'])} as "
           "far)")
@@ -220,8 +190,9 @@ def _group_sentence(kind, g, max_p: float) -> str:
   verdict = ("holds on the held-out prompts" if g["confirmed"] else
              "is not confirmed on the held-out prompts")
   return (
-      f"The group of {KIND[kind]} ({_heads(g['heads'])}) {verdict}: joint "
-      f"direct effect {_summ(j['effect'])} against random groups' "
+      f"The group of {KIND[kind]} ({formats.heads(g['heads'])}) {verdict}: "
+      "joint "
+      f"direct effect {formats.summ(j['effect'])} against random groups' "
       f"{g['random']['mean']:+.2f}, {g['test']['as_far']} of "
       f"{len(g['random']['per_group'])} as far; on logit(IO) "
       f"{j['io']['mean']:+.2f}, on logit(S) {j['s']['mean']:+.2f}, on the "
@@ -233,14 +204,14 @@ def _cs_sentence(cs) -> str:
   fail."""
   if not cs:
     return ""
-  passed = [_head(h["head"]) for h in cs if h["passes"]]
+  passed = [formats.head(h["head"]) for h in cs if h["passes"]]
   why = {(True, False): "the OV test only", (False, True):
          "the in-context test only", (False, False): "both tests"}
   failed = {}
   for h in cs:
     if not h["passes"]:
       failed.setdefault(why[h["context_pass"], h["ov_pass"]], []).append(
-          _head(h["head"]))
+          formats.head(h["head"]))
   text = ("Copy suppression (both tests, criterion above): "
           + (f"{', '.join(passed)} pass" if passed else
              "no tested head passes"))
@@ -259,7 +230,7 @@ def claims(models: dict, config: dict) -> str:
     said = [_group_sentence(kind, g, e["max_p"])
             for kind, g in r["groups"].items()]
     said.append(_cs_sentence(r["copy_suppression"]["heads"]))
-    out.append(f"**{_model(n)}.** " + " ".join(x for x in said if x))
+    out.append(f"**{formats.model(n)}.** " + " ".join(x for x in said if x))
   out.append(
       f"Each group was chosen on {e['selection_share']:.0%} of the prompts "
       "and tested on the rest; a group of heads that each carry a small "
@@ -276,20 +247,8 @@ def values(saved: dict, command: str | None = None) -> dict:
   models = saved["models"]
   has_fig = any(g["size"] for r in models.values()
                 for g in r["groups"].values())
-  return {
-      "command": report_lib.command("experiments.ioi_output_heads",
-                                    command),
-      "wall": f"{saved['wall_s'] / 60:.1f} min wall, "
-              f"{saved['cpu_s'] / 60:.1f} CPU-min",
-      "backend": saved["backend"],
-      "per_template_order": str(e["per_template_order"]),
-      "num_templates": str(len(prompts.TEMPLATES)),
-      "selection_share": f"{e['selection_share']:.0%}",
-      "relative_floor": f"{e['relative_floor']:.2f}",
-      "max_group": str(e["max_group"]),
-      "random_groups": str(e["random_groups"]),
-      "max_p": f"{e['max_p']:.2f}",
-      "resamples": str(e["resamples"]),
+  return formats.split_values(
+      saved, "experiments.ioi_output_heads", command) | {
       "cs_context_floor": f"{e['cs_context_floor']:.2f}",
       "cs_ov_share": f"{e['cs_ov_share']:.2f}",
       "cs_top_k": str(e["cs_top_k"]),

@@ -4,5 +4,7 @@ corruptions (`prompts`), the two real models and their tokenizers
 (`models`), the END-only forward pass (`forward`), the heads' attention,
 direct-effect and copying scores (`detectors`), the bootstrap
 separation rule (`stats`), heads knocked out by their ABC means
-(`knockout`) and the classes the ioi run's circuit names (`circuit`).
+(`knockout`), path patching (`paths`), the selection and held-out
+halves (`halves`), the group rule (`groups`) and the classes the ioi
+run's circuit names (`circuit`).
 Imported, never run: it has no `__main__`."""

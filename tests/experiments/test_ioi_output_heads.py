@@ -33,8 +33,8 @@ from experiments.ioi_task import forward
 from experiments.ioi_task import models
 from experiments.ioi_task import prompts
 from experiments.ioi_output_heads import ablation
-from experiments.ioi_output_heads import groups
-from experiments.ioi_output_heads import halves
+from experiments.ioi_task import groups
+from experiments.ioi_task import halves
 from experiments.ioi_output_heads import head_effects
 from experiments.ioi_output_heads import ov_circuit
 from experiments.ioi_output_heads import report

@@ -17,6 +17,7 @@ import pytest
 from experiments.ioi import head_patching
 from experiments.ioi import run
 from experiments.ioi_task import forward
+from experiments.ioi_task import paths
 from experiments.ioi_task import models
 from experiments.ioi_task import prompts
 
@@ -55,7 +56,7 @@ def _loop(model, target, source, meta):
   """`[L, H, R, N]`, a patched run per layer, head and role."""
   graphdef, state = nnx.split(model)
   c = model.config
-  sites = head_patching.z_sites(c.num_layers)
+  sites = paths.z_sites(c.num_layers)
   _, src = model(source, capture=sites)
   masks = np.asarray(head_patching.role_masks(P, target.shape[1], ROLES))
   out = np.zeros((c.num_layers, c.num_heads, len(ROLES), len(meta["end"])))
