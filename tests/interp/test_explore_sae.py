@@ -20,6 +20,7 @@ import pytest
 from configs import sae as sae_config
 from experiments.sae import view as sae_view
 from mha_jax.interp import explorer
+from mha_jax.sae import attribution
 from mha_jax.training import config as config_lib
 
 import chromium
@@ -164,6 +165,42 @@ def test_bad_features_are_refused_before_anything_is_measured(
   batch = {"inputs": TOKENS}
   with pytest.raises(ValueError, match=r"^explore: " + message):
     explorer.explore(model, batch, sae_features=features, sae_layer=layer)
+
+
+# A decoder of 5 features over 2 heads of Dh = 3 columns: `[F, H * Dh]`.
+W_DEC = np.array([
+    [1, 0, 0, 0, 0, 0],  # 0: all in head 0
+    [1, 1, 0, 1, 1, 0],  # 1: half in each
+    [0, 0, 0, 0, 2, 0],  # 2: all in head 1
+    [1, 0, 0, 1, 1, 1],  # 3: 1/4 in head 0, 3/4 in head 1
+    [0, 0, 0, 5, 0, 0],  # 4: all in head 1, but dead
+], np.float32)
+
+
+def test_each_heads_top_features_by_hand():
+  shares = attribution.head_shares(W_DEC, 2)
+  tops = attribution.head_top_features(shares, live=[0, 1, 2, 3], k=2)
+  # By hand: head 0 holds all of 0 and half of 1; head 1 all of 2 and
+  # 3/4 of 3 (feature 4, dead, is not listed though it is all head 1's).
+  want = [[(0, 1.0), (1, 0.5)], [(2, 1.0), (3, 0.75)]]
+  # The same in NumPy, each head's block sliced out of the rows.
+  dh = 3
+  sq = np.stack([(W_DEC[:, h * dh:(h + 1) * dh] ** 2).sum(1)
+                 for h in range(2)], 1)
+  share = sq / sq.sum(1, keepdims=True)
+  by_numpy = [sorted(((f, share[f, h]) for f in range(4)),
+                     key=lambda p: -p[1])[:2] for h in range(2)]
+  for got in (want, by_numpy):
+    assert [[f for f, _ in h] for h in tops] == [[f for f, _ in h]
+                                                 for h in got]
+    np.testing.assert_allclose([[s for _, s in h] for h in tops],
+                               [[s for _, s in h] for h in got], atol=1e-6)
+  # Without `live`, the dead feature 4 ties feature 2: the lower first.
+  assert [f for f, _ in attribution.head_top_features(shares, k=3)[1]] == [
+      2, 4, 3]
+  with pytest.raises(ValueError, match=r"`k` must be a positive integer, "
+                     r"got 0"):
+    attribution.head_top_features(shares, k=0)
 
 
 def _rgba(style: str) -> tuple[float, ...]:
