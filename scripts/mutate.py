@@ -160,6 +160,9 @@ _IOI_CLASSES = "experiments/ioi_classes/run.py"
 _IOI_CLASSES_TESTS = "tests/experiments/test_ioi_classes.py"
 _SAE_INDUCTION = "experiments/sae/induction.py"
 _SAE_CONTROLS_TESTS = "tests/sae/test_induction_controls.py"
+_SAE_ATTRIBUTION = "mha_jax/sae/attribution.py"
+_SAE_PAGE_JS = "mha_jax/interp/explorer_static/page.js"
+_SAE_EXPLORER_TESTS = "tests/interp/test_explore_sae.py"
 _EAP_IOI = "experiments/eap_ioi/circuits.py"
 _EAP_IOI_TESTS = "tests/experiments/test_eap_ioi.py"
 # name -> (module, exact text, its replacement, tests that must fail)
@@ -186,6 +189,27 @@ PLANTED = {
     "sae_separation_on_ties": (
         "experiments/sae/report_controls.py", "      if low > high:",
         "      if low >= high:", _SAE_CONTROLS_TESTS),
+    # The features a head writes most (the explorer's head panel). A
+    # head's block read across the heads: columns h, h + H, ... taken as
+    # head h's part of z, as if z were laid out head-minor.
+    "sae_head_share_wrong_axis": (
+        _SAE_ATTRIBUTION,
+        "sq = jnp.sum(w_dec.reshape(f, num_heads, -1) ** 2, -1)",
+        "sq = jnp.sum(w_dec.reshape(f, -1, num_heads) ** 2, 1)",
+        _SAE_EXPLORER_TESTS),
+    # The features a head writes least listed first.
+    "sae_head_tops_ascending": (
+        _SAE_ATTRIBUTION, "np.argsort(-sub, axis=0, kind=\"stable\")",
+        "np.argsort(sub, axis=0, kind=\"stable\")", _SAE_EXPLORER_TESTS),
+    # A head's feature button opens the feature at its position in the
+    # head's list, not the feature's index in the panel.
+    "sae_head_feature_button_opens_list_position": (
+        _SAE_PAGE_JS, "selectFeature(t.feature);",
+        "selectFeature(row.features.indexOf(t));", _SAE_EXPLORER_TESTS),
+    # ... or the feature's id taken for its index in the panel.
+    "sae_head_feature_button_opens_id_as_index": (
+        _SAE_PAGE_JS, "selectFeature(t.feature);", "selectFeature(t.id);",
+        _SAE_EXPLORER_TESTS),
     # The full blocks also stay on the partial list: each is visited twice.
     "pallas_gpu_block_visited_twice": (
         _PALLAS_GPU_PLAN, '(("", visit & ~full, visit & full)',

@@ -10,7 +10,9 @@ writes view.html there (mha_jax/sae/view.py): the induction features
 found (then the copying ones) and as many features drawn at random among
 the live ones, each with its top contexts among the held-out inputs and
 the repeated random tokens, per-token activation, and the DFA of the top
-token by source token and by head. `__main__` writes it after the report.
+token by source token and by head; then, among the live features, the
+PER_HEAD each head of the layer writes most (by decoder share) that are
+not already there. `__main__` writes it after the report.
 
 Beside it, explorer.html: the head explorer (mha_jax/interp/explorer.py)
 of the run's model with the same features in its features panel. Its
@@ -20,7 +22,10 @@ after the earlier copy, and its induction score over the batch means the
 same for both models, while on held-out text (SmolLM2's) or task batches
 (one segment repeated at a random place) the pattern of one example shows
 it only in part. The features the page lists are the SAE's induction
-features first, so the heads they read are then seen doing it. For the
+features first, so the heads they read are then seen doing it. A head
+of the SAE's layer, selected, lists the features it writes most with
+their shares, each a button that opens the feature (every one is in the
+panel: the list above adds those not picked). For the
 induction model the table also has each head's ablation effect on the
 next-token loss and the page Treescope's raw-array panel; for SmolLM2
 (30 layers x 9 heads) both are left out: 270 ablations take minutes on a
@@ -46,6 +51,7 @@ from mha_jax.sae import train
 from mha_jax.sae import view
 
 CONTEXT = 56  # tokens shown before a context's top token
+PER_HEAD = 5  # features listed per head: those it writes most
 
 
 def _pick(run, live, n, seed):
@@ -62,10 +68,33 @@ def _pick(run, live, n, seed):
                    for f in draw]
 
 
+def with_head_tops(picked, tops) -> list:
+  """`picked` `[(feature, title)]`, then every feature of `tops` (`{head
+  name: [(feature, share)]}`) not among them, titled by the heads that
+  list it, in order of first listing: the page opens each listed
+  feature, so each needs its dict."""
+  shown = {f for f, _ in picked}
+  writers = {}  # feature -> the heads that list it
+  for name, listed in tops.items():
+    for feat, _ in listed:
+      if feat not in shown:
+        writers.setdefault(feat, []).append(name)
+  return list(picked) + [(f, f"written most by {', '.join(heads)}")
+                         for f, heads in writers.items()]
+
+
 def features(config, workdir, *, kind: str | None = None,
-             src: sources.Source | None = None) -> list:
+             src: sources.Source | None = None,
+             per_head: int = PER_HEAD) -> tuple[list, dict]:
   """The viewer's feature dicts for the first seed's `kind` SAE (None:
-  the config's first kind); `src`: the run's source if already loaded."""
+  the config's first kind), and the features each head of the layer
+  writes most: `{head name: [(feature, decoder share)]}`, the `per_head`
+  live features of largest share (`attribution.head_top_features`).
+
+  The dicts are the picked features (`_pick`), then each head's listed
+  features not among them, so that every listed feature opens in the
+  explorer's panel. `src`: the run's source if already loaded.
+  """
   e = config.experiment
   kind = kind or e.kinds[0]
   workdir = pathlib.Path(workdir)
@@ -93,8 +122,11 @@ def features(config, workdir, *, kind: str | None = None,
   shares = np.asarray(attribution.head_shares(params["w_dec"],
                                               saved["model"]["heads"]))
   names = [hooks.head_name(e.layer, h) for h in range(shares.shape[1])]
+  head_tops = dict(zip(names, attribution.head_top_features(
+      shares, live=live, k=per_head)))
   out = []
-  for feat, title in _pick(run, live, e.view_features, seed):
+  for feat, title in with_head_tops(_pick(run, live, e.view_features, seed),
+                                    head_tops):
     tops = sorted(((v, s, row, pos) for s, a in enumerate(acts)
                    for row, pos, v in attribution.top_contexts(
                        a[..., feat], e.top_contexts)), reverse=True)
@@ -115,13 +147,16 @@ def features(config, workdir, *, kind: str | None = None,
     out.append({"id": feat, "title": f"{title}; {kind} SAE, seed {seed}",
                 "heads": list(zip(names, (float(x) for x in shares[feat]))),
                 "contexts": contexts})
-  return out
+  return out, head_tops
 
 
 def write_explorer(path, model, tokens, decode, feats, *, layer: int,
-                   full: bool, title: str, info=()) -> pathlib.Path:
+                   full: bool, title: str, info=(),
+                   head_features=None) -> pathlib.Path:
   """The head explorer of `model` on `tokens [N, T]` (example 0 shown,
-  labelled by `decode`) with `feats` in its features panel, at `path`.
+  labelled by `decode`) with `feats` in its features panel, at `path`;
+  `head_features` (`features`' second value): the features each head
+  writes most, listed in the selected head's panel.
 
   `full`: the table's ablation column (each head's increase of the
   next-token loss, every position but the last) and Treescope's panel.
@@ -134,7 +169,8 @@ def write_explorer(path, model, tokens, decode, feats, *, layer: int,
   return explorer.write_explorer(
       model, batch, path, loss="xent" if full else None,
       labels={"inputs": decode(tokens[0])}, specials=False, title=title,
-      info=info, raw_arrays=full, sae_features=feats, sae_layer=layer)
+      info=info, raw_arrays=full, sae_features=feats, sae_layer=layer,
+      sae_head_features=head_features)
 
 
 def write(config, workdir, src: sources.Source | None = None
@@ -145,13 +181,13 @@ def write(config, workdir, src: sources.Source | None = None
   workdir = pathlib.Path(workdir)
   saved = json.loads((workdir / "results.json").read_text())
   src = src or sources.load(config, workdir)
-  feats = features(config, workdir, src=src)
+  feats, tops = features(config, workdir, src=src)
   title = f"SAE features of layer {e.layer}'s z: {saved['model']['label']}"
   page = view.write_page(workdir / "view.html", feats, title=title)
   tokens = per_sae.repeated_tokens(e)
   write_explorer(
       workdir / "explorer.html", src.model, tokens, src.decode, feats,
-      layer=e.layer, full=config.source == "induction",
+      layer=e.layer, full=config.source == "induction", head_features=tops,
       title=f"Heads and SAE features: {saved['model']['label']}",
       info=[("run", str(workdir)), ("model", saved["model"]["label"]),
             ("input", f"repeated random tokens: {len(tokens)} rows, "

@@ -24,7 +24,11 @@ documents, and `sae_layer=`, the layer whose z it reads), the page also
 has a features panel: the feature list, the chosen feature's top contexts
 shaded by activation, its decoder share by head, and for a chosen context
 the DFA of its top token by source token and by head; a head's bar
-selects that head in the grid.
+selects that head in the grid. Given `sae_head_features=` (each head's
+top features by decoder share, `mha_jax.sae.attribution.
+head_top_features`), the selected head of that layer lists the features
+it writes most, each a button that opens the feature in the panel; every
+listed feature must be one of `sae_features`, so each one opens.
 
 An encoder-decoder has three kinds of attention, each its own view:
 encoder self-attention (source x source), decoder self-attention (target
@@ -84,18 +88,20 @@ def write_explorer(model, batch, path, *, loss: str | None = None,
                    init_model=None, example: int = 0, title: str = "",
                    info=(), circuits=None, labels: dict | None = None,
                    specials: bool = True, raw_arrays: bool = True,
-                   sae_features=None,
-                   sae_layer: int | None = None) -> pathlib.Path:
+                   sae_features=None, sae_layer: int | None = None,
+                   sae_head_features=None) -> pathlib.Path:
   """Measure `model` on `batch` (`explore`) and write the page to `path`.
 
   For an experiment's report: `write_explorer(model, batch,
   workdir / "explorer.html", loss=task.loss, init_model=...)` with the
   batch its analysis used. `sae_features` and `sae_layer` add the SAE
-  features panel (see `explore`). Returns the path written.
+  features panel, `sae_head_features` the features each head writes most
+  (see `explore`). Returns the path written.
   """
   data = explore(model, batch, loss=loss, init_model=init_model,
                  example=example, labels=labels, specials=specials,
-                 sae_features=sae_features, sae_layer=sae_layer)
+                 sae_features=sae_features, sae_layer=sae_layer,
+                 sae_head_features=sae_head_features)
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(render(data, title=title or "Attention explorer",

@@ -126,7 +126,7 @@ def _weights_model(model):
 def explore(model, batch, *, loss: str | None = None, init_model=None,
             example: int = 0, labels: dict | None = None,
             specials: bool = True, sae_features=None,
-            sae_layer: int | None = None) -> dict:
+            sae_layer: int | None = None, sae_head_features=None) -> dict:
   """The page's data for `model` on `batch` (a task batch dict).
 
   Patterns are example `example`'s; scores are over the whole batch.
@@ -136,7 +136,11 @@ def explore(model, batch, *, loss: str | None = None, init_model=None,
   ids' labels (for example a text model's characters); `specials`: name
   PAD/BOS/SEP. `sae_features`: feature dicts of an SAE on layer
   `sae_layer`'s z (`mha_jax/sae/view.py` documents them; head names
-  `head_name(sae_layer, h)` of this model) for the page's features panel.
+  `head_name(sae_layer, h)` of this model) for the page's features panel;
+  `sae_head_features`: `{head name: [(feature id, decoder share)]}`, the
+  features each head of `sae_layer` writes most, largest first, every id
+  one of `sae_features`' (`explorer_sae.sae_panel`), which the selected
+  head's panel lists.
 
   Returns {"kinds": one dict per attention kind (`kinds_of`): "key",
   "title", "causal", "weights" `[L, H, Tq, Tk]` float32 (example
@@ -153,8 +157,10 @@ def explore(model, batch, *, loss: str | None = None, init_model=None,
   """
   c = model.config
   # Bad features fail before anything is computed.
-  sae = (None if sae_features is None and sae_layer is None else
+  sae = (None if sae_features is None and sae_layer is None
+         and sae_head_features is None else
          sae_panel(sae_features, layer=sae_layer, num_layers=c.num_layers,
+                   head_features=sae_head_features,
                    num_heads=c.num_heads, fn="explore"))
   model = _weights_model(model)
   b = int(np.shape(batch["inputs"])[0])

@@ -148,7 +148,7 @@ def page_json(data: dict, *, title: str = "", info=(),
 
 def render(data: dict, *, title: str = "Attention explorer", info=(),
            circuits=None, raw_arrays: bool = True, sae_features=None,
-           sae_layer: int | None = None) -> str:
+           sae_layer: int | None = None, sae_head_features=None) -> str:
   """The self-contained HTML page of `explore`'s `data`.
 
   `info`: (label, value) pairs shown under the title (the run, its
@@ -156,15 +156,18 @@ def render(data: dict, *, title: str = "Attention explorer", info=(),
   extra per-head columns (e.g. `experiments.saved_patching.beside`);
   `raw_arrays`: add the Treescope panel of every view; `sae_features`
   (with `sae_layer`, the layer whose z the SAE reads): the SAE features
-  panel (`explorer_sae.sae_panel`), in place of any `explore` was given.
+  panel (`explorer_sae.sae_panel`), in place of any `explore` was given;
+  `sae_head_features`: with them, the features each head writes most.
   """
-  if sae_features is not None or sae_layer is not None:
+  if (sae_features is not None or sae_layer is not None
+      or sae_head_features is not None):
     self_kind = next((k for k in data["kinds"] if k["key"] == "self"),
                      data["kinds"][0])
     num_layers, num_heads = self_kind["weights"].shape[:2]
     data = dict(data, sae=explorer_sae.sae_panel(
         sae_features, layer=sae_layer, num_layers=num_layers,
-        num_heads=num_heads, fn="render"))
+        num_heads=num_heads, head_features=sae_head_features,
+        fn="render"))
   raw = ""
   if raw_arrays:
     raw = "\n".join(

@@ -350,7 +350,7 @@ def heads_bar(values, *, name: str = "Values per head",
 
 
 def sae_features(features, *, layer: int | None = None,
-                 title: str = "SAE features") -> View:
+                 head_features=None, title: str = "SAE features") -> View:
   """An SAE's features, as the explorer's features panel shows them: the
   feature list; for the chosen one its decoder share by head and its top
   contexts, each token shaded by the feature's activation; for the chosen
@@ -358,13 +358,19 @@ def sae_features(features, *, layer: int | None = None,
 
   `features`: the feature dicts `mha_jax/sae/view.py` documents (as
   `experiments/sae/view.py` builds them); `layer`: the layer whose z the
-  SAE reads, which every head name must then belong to (`L{layer}H{h}`).
+  SAE reads, which every head name must then belong to (`L{layer}H{h}`);
+  `head_features`: `{head name: [(feature id, decoder share)]}`, the
+  features each head writes most (as `explorer.write_explorer`'s
+  `sae_head_features`), listed per head above the features, each a
+  button that opens its feature.
   Raises ValueError naming the entry at fault (`features[2]['contexts']
   [0]['acts'] has 5 values for 6 tokens`).
   """
   panel = explorer_sae.sae_panel(features, layer=layer,
                                   fn="show.sae_features", arg="features",
-                                  layer_arg="layer")
+                                  layer_arg="layer",
+                                  head_features=head_features,
+                                  head_arg="head_features")
   # The panel's own heading names the features: no title above it.
   return _view("sae_features", title,
                {"kinds": [], "info": [], "sae": panel,

@@ -8,7 +8,8 @@ F' chosen features, N examples.
   (columns h * Dv .. (h + 1) * Dv) is what it writes into head h's part
   of z. Rows have unit norm, so the squared block norms are shares that
   sum to 1 (Kissane et al. 2024 attribute features to heads by these
-  decoder blocks).
+  decoder blocks). Read per head, the same shares rank the features a
+  head writes most (`head_top_features`).
 * Direct feature attribution (DFA): an attention head's output is a
   weighted sum of values, `z_{h,t} = sum_s pattern_{h,t,s} v_{h,s}`, and
   the encoder is linear before its ReLU, so a feature's pre-activation
@@ -39,6 +40,30 @@ def head_shares(w_dec, num_heads: int):
                      f"decoder's width {d}")
   sq = jnp.sum(w_dec.reshape(f, num_heads, -1) ** 2, -1)
   return sq / jnp.sum(sq, -1, keepdims=True)
+
+
+def head_top_features(shares, *, live=None, k: int = 5
+                      ) -> list[list[tuple[int, float]]]:
+  """`shares [F, H]` (`head_shares`') -> for each head h (H lists), the
+  `k` features among `live` whose decoder writes most into head h's
+  block: `[(feature, share)]`, largest share first, ties in `live`'s
+  order.
+
+  `live`: feature indices `[F']` (None: all F). A dead feature's decoder
+  row is whatever training left it, so a dead feature can top a head
+  without ever being written: pass the live ones.
+  """
+  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    raise ValueError(f"head_top_features: `k` must be a positive integer, "
+                     f"got {k!r}")
+  shares = np.asarray(shares)
+  feats = (np.arange(shares.shape[0]) if live is None
+           else np.asarray(live, np.int64).reshape(-1))  # [F']
+  sub = shares[feats]  # [F', H]
+  # Stable on the negated shares: largest first, ties in `feats`' order.
+  order = np.argsort(-sub, axis=0, kind="stable")[:k]  # [k', H]
+  return [[(int(feats[i]), float(sub[i, h])) for i in order[:, h]]
+          for h in range(shares.shape[1])]
 
 
 def _enc_blocks(params, num_heads: int, features=None):

@@ -19,6 +19,12 @@ Each feature is a dict:
      position shown), "source": [float] (DFA of that position's
      pre-activation by source token, summed over heads), "by_head":
      [(head name, float)] (the same DFA by head, summed over sources)}].
+
+Beside the list, the explorer (`sae_head_features=`) and the notebook view
+(`head_features=`) take the features each head writes most: `{head name:
+[(feature id, decoder share)]}`, largest share first
+(`attribution.head_top_features`), every id one of the list's, so that
+each opens.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@
 // or "head_values" (show.heads_bar); sections with no data stay hidden.
 // Either page may carry "sae" (explorer_sae.sae_panel): an SAE's
 // features, shown in their own panel, whose head names select the head.
+// With "sae.head_features", the selected head of the SAE's layer lists
+// the features it writes most (the notebook view, having no heads to
+// select, lists every head's), each a button that opens its feature.
 "use strict";
 (function () {
   const DATA = JSON.parse(document.getElementById("data").textContent);
@@ -341,6 +344,7 @@
     drawHeatmap();
     drawHeadview();
     markTableRow();
+    drawHeadFeatures();
   }
 
   function selectQuery(q) {
@@ -592,6 +596,7 @@
     for (const b of $("sae-list").children) {
       b.setAttribute("aria-pressed", Number(b.dataset.feature) === i);
     }
+    markFeatureButtons();
     $("sae-title").textContent =
         `Feature ${f.id}` + (f.title ? `: ${f.title}` : "");
     headBars($("sae-heads"), f.heads);
@@ -623,6 +628,74 @@
     drawSaeContext();
   }
 
+  // ---------------------------------------- the features a head writes
+  // One button per listed feature: its id and decoder share; it opens the
+  // feature in the panel below, as the feature list does. Every listed
+  // feature is in the panel (sae_panel refuses one that is not), and
+  // `feature` is its index there.
+  function featureButtons(list, row) {
+    list.replaceChildren();
+    for (const t of row.features) {
+      const b = el("button", {"data-feature": t.feature, "data-id": t.id,
+                              title: `open feature ${t.id} below`},
+                   [el("b", {text: `feature ${t.id}`}), el("span", {
+                       cls: "num", text: ` ${fmt(t.share, 3)}`})]);
+      b.addEventListener("click", () => {
+        selectFeature(t.feature);
+        $("sae-feature").scrollIntoView({block: "nearest"});
+      });
+      list.appendChild(el("li", {}, [b]));
+    }
+    markFeatureButtons();
+  }
+
+  function markFeatureButtons() {
+    for (const b of document.querySelectorAll(".feature-buttons button")) {
+      b.setAttribute("aria-pressed",
+                     Number(b.dataset.feature) === state.feature);
+    }
+  }
+
+  // The head panel's list for the selected head: only heads of the
+  // SAE's layer write into its z; any other head says so in one line.
+  function drawHeadFeatures() {
+    const box = $("head-features");
+    const tops = DATA.sae && DATA.sae.head_features;
+    box.hidden = !tops || state.kind !== selfKind();
+    if (box.hidden) return;
+    const list = $("head-features-list");
+    const name = headName(state.layer, state.head);
+    const row = state.layer === DATA.sae.layer ?
+        tops.find((r) => r.head === state.head) : null;
+    $("head-features-title").textContent =
+        `SAE features ${row ? row.name : name} writes most`;
+    if (state.layer !== DATA.sae.layer) {
+      list.replaceChildren();
+      $("head-features-note").textContent = `The SAE reads layer ` +
+          `${DATA.sae.layer}'s z; this head is in layer ${state.layer}.`;
+    } else if (!row) {
+      list.replaceChildren();
+      $("head-features-note").textContent = "None given for this head.";
+    } else {
+      $("head-features-note").textContent = "Decoder share: how much of " +
+          "the feature's decoder direction this head's part of z holds; " +
+          "largest first. Choose one to open it below.";
+      featureButtons(list, row);
+    }
+  }
+
+  // A notebook view has no head to select: every head's list, in a row.
+  function buildHeadTops() {
+    $("sae-head-tops").hidden = false;
+    const box = $("sae-head-tops-rows");
+    for (const row of DATA.sae.head_features) {
+      const list = el("ol", {cls: "feature-buttons"});
+      featureButtons(list, row);
+      box.appendChild(el("div", {cls: "head-tops-row", "data-name": row.name},
+                         [el("span", {text: row.name}), list]));
+    }
+  }
+
   function buildSae() {
     $("sae-section").hidden = false;
     if (DATA.sae.layer !== null) {
@@ -634,6 +707,7 @@
           "an attention layer's z. Choose a feature, then one of its top " +
           "contexts.";
     }
+    if (DATA.sae.head_features && !DATA.kinds.length) buildHeadTops();
     const list = $("sae-list");
     DATA.sae.features.forEach((f, i) => {
       const b = el("button", {"data-feature": i, title: f.title},
