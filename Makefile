@@ -67,13 +67,15 @@ text_induction: install
 # circuits (30 min wall at load 3-12, 18.6 CPU-minutes), then Wang et
 # al.'s criteria and backup heads for those circuits (ioi_circuit), and
 # the output heads on held-out prompts (ioi_output_heads, 25 min wall
-# at load 7-11, 11.7 CPU-minutes); then automatic circuit discovery
+# at load 7-11, 11.7 CPU-minutes) and the classes upstream of them on
+# the same held-out prompts (ioi_classes); then automatic circuit discovery
 # (EAP, EAP-IG) on IOI in SmolLM2 (docs/ioi.md, "Automatic discovery").
 real_lms: install
 	$(BIN)/python -m experiments.real_heads --workdir=runs/real_heads
 	$(BIN)/python -m experiments.ioi --workdir=runs/ioi
 	$(BIN)/python -m experiments.ioi_circuit --workdir=runs/ioi_circuit
 	$(BIN)/python -m experiments.ioi_output_heads --workdir=runs/ioi_output_heads
+	$(BIN)/python -m experiments.ioi_classes --workdir=runs/ioi_classes
 	$(BIN)/python -m experiments.eap_ioi --workdir=runs/eap_ioi
 
 # Sparse autoencoders on attention outputs (docs/sae.md): the induction
@@ -91,7 +93,7 @@ sae: install
 	cp runs/sae_bench/bench.json docs/results/sae/
 
 # The head experiments, each writing runs/<name>/report.md.
-EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits text_heads sinks pretrained_heads text_induction real_heads ioi ioi_circuit eap_ioi ioi_output_heads
+EXPERIMENTS := induction two_offsets head_dim cross_attention pruning circuits text_heads sinks pretrained_heads text_induction real_heads ioi ioi_circuit eap_ioi ioi_output_heads ioi_classes
 experiments: install
 	for e in $(EXPERIMENTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \
@@ -108,7 +110,7 @@ experiments: install
 # RESULTS=induction limits it to one
 # experiment, and `make publish` copies finished runs without running
 # them again.
-RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads kv_cache context_parallel text_induction real_heads ioi ioi_circuit eap_ioi ioi_output_heads score_rules_bench real_lm_bench
+RESULTS ?= induction two_offsets head_dim cross_attention pruning kv_behaviour circuits text_heads sinks pretrained_heads kv_cache context_parallel text_induction real_heads ioi ioi_circuit eap_ioi ioi_output_heads ioi_classes score_rules_bench real_lm_bench
 results: install
 	for e in $(RESULTS); do \
 	  $(BIN)/python -m experiments.$$e --workdir=runs/$$e || exit 1; \

@@ -520,6 +520,8 @@ def test_every_entry_point_has_an_end_to_end_test():
             "ioi_circuit",
             # ioi_output_heads: tests/experiments/test_ioi_output_heads.py
             "ioi_output_heads",
+            # ioi_classes: tests/experiments/test_ioi_classes.py
+            "ioi_classes",
             # eap_ioi: tests/experiments/test_eap_ioi.py
             "eap_ioi",
             # score_rules_bench: tests/experiments/test_score_rules_bench.py
