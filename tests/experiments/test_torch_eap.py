@@ -19,6 +19,7 @@ tests/pretrained/test_pretrained_agreement.py.
 from __future__ import annotations
 
 import copy
+import json
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +30,13 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import mha_jax  # pylint: disable=g-import-not-at-top
+from configs import eap_ioi_bench as configs_bench  # pylint: disable=g-import-not-at-top
+from experiments.eap_ioi import bench  # pylint: disable=g-import-not-at-top
+from experiments.eap_ioi import bench_report  # pylint: disable=g-import-not-at-top
 from experiments.eap_ioi import torch_eap  # pylint: disable=g-import-not-at-top
 from mha_jax.interp import eap  # pylint: disable=g-import-not-at-top
 from mha_jax.interp import eap_graph  # pylint: disable=g-import-not-at-top
+from mha_jax.measure import report as report_lib  # pylint: disable=g-import-not-at-top
 
 import hf_models  # pylint: disable=g-import-not-at-top
 
@@ -118,3 +123,22 @@ def test_scores_equal_mha_jax_within_twice_the_peers_own_error(tiny, method):
   err = rel(ours[edges], t64[edges])
   assert err <= 2 * floor, (err, floor)
   assert (ours[~edges] == 0).all() and (t32[~edges] == 0).all()
+
+
+def test_the_benchmarks_smoke_run_runs_end_to_end(tmp_path):
+  """configs/eap_ioi_bench.py:smoke: a tiny random Llama written by
+  transformers, 8 IOI prompts, 2 rounds. Its report regenerates from
+  results.json; the two libraries' float32 scores there differ by
+  1.8e-6 and 1.2e-6 in norm (a bug errs by O(1))."""
+  config = configs_bench.get_config("smoke")
+  config.experiment.threads = 1  # the suite's workers: a core each
+  results = bench.run(config, tmp_path)
+  assert json.loads((tmp_path / "results.json").read_text()) == results
+  assert report_lib.regenerate(tmp_path, bench_report.render) == (
+      tmp_path / "report.md").read_text()
+  assert results["edges"] == 82 and results["prompts"] == 8
+  for method in eap.METHODS:
+    r = results["methods"][method]
+    assert len(r["ratio"]["rounds"]) == config.experiment.rounds
+    assert r["agree"]["rel_norm"] < 1e-5, r["agree"]
+    assert r["agree"]["top_k_shared"] == r["agree"]["top_k"]
