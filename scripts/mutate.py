@@ -165,6 +165,8 @@ _SAE_PAGE_JS = "mha_jax/interp/explorer_static/page.js"
 _SAE_EXPLORER_TESTS = "tests/interp/test_explore_sae.py"
 _EAP_IOI = "experiments/eap_ioi/circuits.py"
 _EAP_IOI_TESTS = "tests/experiments/test_eap_ioi.py"
+_EAP_TORCH = "experiments/eap_ioi/torch_eap.py"
+_EAP_TORCH_TESTS = "tests/experiments/test_torch_eap.py"
 # name -> (module, exact text, its replacement, tests that must fail)
 PLANTED = {
     # SAE induction features. The second/first-copy ratio dropped: a
@@ -428,6 +430,37 @@ PLANTED = {
         _EAP_IOI, "full = np.concatenate([0 * ones, faith, ones], -1)",
         "full = np.concatenate([0 * ones, faith, 0 * ones], -1)",
         _EAP_IOI_TESTS),
+    # The torch peer of EAP (checked against mha_jax's scores). Each
+    # receiver's gradient taken at the stream its group shares (every
+    # query head of a layer, say) instead of its own copy.
+    "eap_torch_gradient_at_shared_stream": (
+        _EAP_TORCH, "copies if groups is None else copies + next(groups)",
+        "copies if groups is None else copies + next(groups).sum(2, "
+        "keepdim=True)", _EAP_TORCH_TESTS),
+    # Clean minus corrupted: every score's sign flipped.
+    "eap_torch_sign_flipped": (
+        _EAP_TORCH, "delta = a_corrupt - a_clean",
+        "delta = a_clean - a_corrupt", _EAP_TORCH_TESTS),
+    # Query head h read with kv head h % K instead of h // (H / K): the
+    # k and v receivers serve the wrong query heads.
+    "eap_torch_kv_head_by_query_head": (
+        _EAP_TORCH, "kv_of = torch.arange(h) // (h // k)",
+        "kv_of = torch.arange(h) % k", _EAP_TORCH_TESTS),
+    # Values computed before keys: they take the k receivers' copies of
+    # the stream, so the k and v scores trade places (the forward is
+    # unchanged).
+    "eap_torch_k_and_v_receivers_swapped": (
+        _EAP_TORCH,
+        "    key = _rotate(_per_head(attn.k_proj, _rms(norm, own(k)), k), cos, "
+        "sin)\n    value = _per_head(attn.v_proj, _rms(norm, own(k)), k)",
+        "    value = _per_head(attn.v_proj, _rms(norm, own(k)), k)\n    key = "
+        "_rotate(_per_head(attn.k_proj, _rms(norm, own(k)), k), cos, sin)",
+        _EAP_TORCH_TESTS),
+    # EAP-IG's points from the corrupted end (k = 0..steps-1), not
+    # eap.py's k = 1..steps.
+    "eap_torch_ig_points_start_at_corrupted": (
+        _EAP_TORCH, "for i in range(1, steps + 1)]", "for i in range(steps)]",
+        _EAP_TORCH_TESTS),
 }
 
 # The operators kept model slips one makes: + for -, * for /, < for <=,

