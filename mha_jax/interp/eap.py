@@ -216,13 +216,22 @@ def edge_scores(model, clean, corrupted, metric: Metric, *,
     return jax.grad(lambda eps: _run(model, clean, metric, graph,
                                      embed=embed, eps=eps))(zero)
 
+  delta = a_corrupt - a_clean
+
+  def score_at(alpha):
+    return precision.einsum("btsd,btrd->sr", delta, grad_at(alpha))
+
   if method == "eap":
-    grad = grad_at(None)
+    scores = score_at(None)
   else:
+    # The score is linear in the gradient, so the mean of the points'
+    # scores [S, R] is the score of their mean gradient; mapping to scores
+    # keeps one [B, T, R, D] gradient alive per point evaluated together,
+    # not all `steps` of them (SmolLM2, 70,651 edges, 128 prompts: XLA's
+    # scratch 10.3 GB with 5 points, as plain EAP's 10.2, instead of 20.9).
     alphas = jnp.arange(1, steps + 1, dtype=a_clean.dtype) / steps
-    grad = jnp.mean(jax.lax.map(grad_at, alphas, batch_size=batch_size),
-                    axis=0)
-  scores = precision.einsum("btsd,btrd->sr", a_corrupt - a_clean, grad)
+    scores = jnp.mean(jax.lax.map(score_at, alphas, batch_size=batch_size),
+                      axis=0)
   return EdgeScores(jnp.where(jnp.asarray(graph.exists), scores, 0.0), graph)
 
 
