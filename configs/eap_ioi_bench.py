@@ -6,7 +6,7 @@ torch implementation of the same attribution, timed in one run.
 Reads SmolLM2-135M-Instruct's GGUF file with both libraries (float32),
 builds the IOI prompts of experiments/eap_ioi (the same templates, names,
 seed and ABC corruptions) and scores all 70,651 edges on `prompts` of
-them by EAP and by EAP-IG with eap_ioi's IG steps: mha_jax's
+them (64) by EAP and by EAP-IG with eap_ioi's IG steps: mha_jax's
 `eap.edge_scores` (jitted, compiled first and timed apart) and
 experiments/eap_ioi/torch_eap.py on transformers' model (torch at
 `threads` threads), in `rounds` interleaved rounds. Checks that the two
@@ -31,7 +31,11 @@ def get_config(arg=None):
   c.experiment = e = ml_collections.ConfigDict()
   e.model = ioi.model  # smollm2 | tiny_llama (random, saved by transformers)
   e.per_template_order = ioi.per_template_order  # 128 prompts built
-  e.prompts = 128  # scored together: the first of eap_ioi's seeded order
+  # Scored together: the first of eap_ioi's seeded order (64: its scoring
+  # prompts). At 128 mha_jax's EAP-IG alone fits (XLA scratch 10.3 GB),
+  # but with the torch peer's autograd graph in the same process the run
+  # was killed at this machine's 24 GB.
+  e.prompts = 64
   e.seed = ioi.seed  # names drawn, which prompts
   e.ig_steps = ioi.ig_steps  # EAP-IG's points, as eap_ioi scores them
   e.rounds = 3  # timed rounds, each timing every contestant once

@@ -300,8 +300,8 @@ PLANTED = {
         "streams(group, base + outs[-1].sum(2)))", _EAP_TESTS),
     # Clean minus corrupted: every score's sign flipped.
     "eap_sign_flipped": (
-        _EAP, '"btsd,btrd->sr", a_corrupt - a_clean, grad)',
-        '"btsd,btrd->sr", a_clean - a_corrupt, grad)', _EAP_TESTS),
+        _EAP, "delta = a_corrupt - a_clean\n",
+        "delta = a_clean - a_corrupt\n", _EAP_TESTS),
     # A receiver also reads the senders of its own stage: edges from a head
     # to the heads of its own layer, run backwards in the computation.
     "eap_edge_runs_backwards": (

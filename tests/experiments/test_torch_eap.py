@@ -19,7 +19,9 @@ tests/pretrained/test_pretrained_agreement.py.
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -142,3 +144,15 @@ def test_the_benchmarks_smoke_run_runs_end_to_end(tmp_path):
     assert len(r["ratio"]["rounds"]) == config.experiment.rounds
     assert r["agree"]["rel_norm"] < 1e-5, r["agree"]
     assert r["agree"]["top_k_shared"] == r["agree"]["top_k"]
+
+
+def test_the_committed_benchmark_report_regenerates():
+  """docs/results/eap_ioi_bench, written by `make real_lms`: its report
+  renders again from its results.json, with the command it names."""
+  folder = pathlib.Path(__file__).resolve().parents[2] / (
+      "docs/results/eap_ioi_bench")
+  command = report_lib.command_line(["", "--workdir=runs/eap_ioi_bench"],
+                                    "experiments.eap_ioi.bench")
+  assert report_lib.regenerate(
+      folder, functools.partial(bench_report.render, command=command)) == (
+          folder / "report.md").read_text()
