@@ -37,6 +37,9 @@ def get_config(arg=None):
   # was killed at this machine's 24 GB.
   e.prompts = 64
   e.seed = ioi.seed  # names drawn, which prompts
+  # Time torch's peer beside mha_jax; False: mha_jax alone (at 128
+  # prompts, where the two together do not fit 24 GB).
+  e.peer = True
   e.ig_steps = ioi.ig_steps  # EAP-IG's points, as eap_ioi scores them
   e.rounds = 3  # timed rounds, each timing every contestant once
   e.threads = 2  # torch's intra-op threads (the machine's 2 cores)

@@ -22,7 +22,8 @@ falls on all alike); a ratio is mha_jax's seconds over torch's in the
 same round. Agreement on the real model: the relative difference in norm
 over the edges, the largest difference relative to the largest |score|,
 Spearman's rank correlation of |score| (the ranking EAP's circuits are
-cut from) and the overlap of the `top_k` edges.
+cut from) and the overlap of the `top_k` edges. With `peer` False only
+mha_jax runs (torch's model is still read, to check the edges agree).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def torch_metric(end, io, s):
 
 def contestants(model, hf, p, e) -> tuple[dict, dict]:
   """`({name: zero-argument call}, {name: compile seconds})`: mha_jax's
-  compiled scores of each method and torch's."""
+  compiled scores of each method and, unless `hf` is None, torch's."""
   import torch  # pylint: disable=import-outside-toplevel
   graphdef, state = nnx.split(model)
   args = tuple(jnp.asarray(p[k]) for k in ("tokens", "corrupted", "end",
@@ -122,10 +123,11 @@ def contestants(model, hf, p, e) -> tuple[dict, dict]:
     compile_s[method] = time.perf_counter() - start
     calls[f"mha_jax {method}"] = (
         lambda c=compiled: c(state, *args).scores)
-    calls[f"torch {method}"] = (
-        lambda m=method: torch_eap.edge_scores(
-            hf, t_clean, t_corrupt, metric, method=m,
-            steps=e.ig_steps).detach())
+    if hf is not None:
+      calls[f"torch {method}"] = (
+          lambda m=method: torch_eap.edge_scores(
+              hf, t_clean, t_corrupt, metric, method=m,
+              steps=e.ig_steps).detach())
   return calls, compile_s
 
 
@@ -156,7 +158,9 @@ def measure(config, workdir) -> dict:
   p = chosen_prompts(tok, prefix, e)
   torch.set_num_threads(e.threads)
   setup = lambda: torch.set_num_threads(e.threads)
-  calls, compile_s = contestants(model, hf, p, e)
+  # Without the peer only mha_jax runs: the size where both libraries in
+  # one process do not fit the machine's memory (SmolLM2 at 128 prompts).
+  calls, compile_s = contestants(model, hf if e.peer else None, p, e)
   first, scores = {}, {}
   for name, call in calls.items():
     first[name], scores[name] = timing.timed_call(setup, call)
@@ -166,7 +170,15 @@ def measure(config, workdir) -> dict:
       on_round=lambda r: load_avg.append(os.getloadavg()[0]))
   methods = {}
   for m in eap.METHODS:
-    ours, theirs = times[f"mha_jax {m}"], times[f"torch {m}"]
+    ours = times[f"mha_jax {m}"]
+    if not e.peer:
+      methods[m] = {"mha_jax_s": {"median": float(np.median(ours)),
+                                  "min": float(np.min(ours)),
+                                  "rounds": ours},
+                    "compile_s": compile_s[m],
+                    "first_s": {"mha_jax": first[f"mha_jax {m}"]}}
+      continue
+    theirs = times[f"torch {m}"]
     ratios = np.asarray(ours) / np.asarray(theirs)
     methods[m] = {
         "mha_jax_s": {"median": float(np.median(ours)),
@@ -187,7 +199,8 @@ def measure(config, workdir) -> dict:
       "tokens": int(np.shape(p["tokens"])[1]),
       "edges": graph.num_edges, "senders": len(graph.senders),
       "receivers": len(graph.receivers), "ig_steps": e.ig_steps,
-      "rounds": e.rounds, "threads": e.threads, "methods": methods,
+      "rounds": e.rounds, "threads": e.threads, "peer": e.peer,
+      "methods": methods,
       "loadavg_rounds": load_avg,
       # Both libraries in one process: the peak of the larger one.
       "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,

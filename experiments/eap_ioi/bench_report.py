@@ -29,10 +29,40 @@ def _seconds(t) -> str:
   return f"{t['median']:.3g} / {t['min']:.3g}"
 
 
+PEER = """torch: an independent
+implementation of the same definition on transformers' model
+(experiments/eap_ioi/torch_eap.py, shown equal to mha_jax's on a tiny
+Llama in tests/experiments/test_torch_eap.py), at {threads} threads. Both
+float32, in one process"""
+ALONE = """torch's peer not run
+(`peer` False: mha_jax alone, at a size where both libraries in one
+process do not fit the machine's memory). float32"""
+AGREEMENT = """A ratio below 1: mha_jax is faster. Each ratio is taken within a round.
+
+## Agreement
+
+The two libraries' scores over the edges, from the first calls (scores
+by magnitude: |score|, the order circuits are cut from; the top edges:
+the strongest by |score| in each, counted in both):
+
+"""
+
+
+def _alone(s: dict) -> str:
+  """The speed table of a run without the peer."""
+  rows = [[LABELS[m], _seconds(r["mha_jax_s"]),
+           f"{r['first_s']['mha_jax']:.3g}", f"{r['compile_s']:.1f}"]
+          for m, r in s["methods"].items()]
+  return report_lib.md_table(
+      ["method", "mha_jax s (median / min)", "first call s",
+       "mha_jax compile s"], rows)
+
+
 def render(s: dict, command: str | None = None) -> str:
-  """report.md from the saved results `s`."""
+  """report.md from the saved results `s` (with or without the peer)."""
+  peer = s.get("peer", True)
   speed, agree = [], []
-  for m, r in s["methods"].items():
+  for m, r in (s["methods"].items() if peer else ()):
     ratio = r["ratio"]
     speed.append([LABELS[m], _seconds(r["mha_jax_s"]), _seconds(r["torch_s"]),
                   f"{ratio['median']:.2f} [{ratio['min']:.2f}, "
@@ -42,6 +72,18 @@ def render(s: dict, command: str | None = None) -> str:
                   f"{a['spearman_abs']:.6f}",
                   f"{a['top_k_shared']} / {a['top_k']}"])
   loads = ", ".join(f"{x:.1f}" for x in s["loadavg_rounds"])
+  if peer:
+    tables = (report_lib.md_table(
+        ["method", "mha_jax s (median / min)", "torch s (median / min)",
+         "mha_jax / torch (median [min, max] over rounds)",
+         "mha_jax compile s"], speed) + "\n\n" + AGREEMENT
+              + report_lib.md_table(
+                  ["method", "difference in norm / norm",
+                   "largest difference / largest score",
+                   "Spearman (ranks by magnitude)", "top edges shared"],
+                  agree))
+  else:
+    tables = _alone(s)
   return report_lib.fill(TEMPLATE, {
       "command": report_lib.command(MODULE, command),
       "model": s["model"], "prompts": str(s["prompts"]),
@@ -50,15 +92,9 @@ def render(s: dict, command: str | None = None) -> str:
       "ig_steps": str(s["ig_steps"]),
       "rounds_text": ("1 timed round" if s["rounds"] == 1 else
                       f"{s['rounds']} interleaved rounds"),
-      "threads": str(s["threads"]),
-      "speed_table": report_lib.md_table(
-          ["method", "mha_jax s (median / min)", "torch s (median / min)",
-           "mha_jax / torch (median [min, max] over rounds)",
-           "mha_jax compile s"], speed),
-      "agree_table": report_lib.md_table(
-          ["method", "difference in norm / norm",
-           "largest difference / largest score",
-           "Spearman (ranks by magnitude)", "top edges shared"], agree),
+      "peer_text": (PEER.format(threads=s["threads"]) if peer else ALONE),
+      "speed_and_agreement": tables,
+      "resident": "both libraries" if peer else "mha_jax; torch's model read",
       "cores": str(s["cores"]), "cpu": s["cpu"].get("model", "unknown"),
       "loads": loads, "peak_rss_gb": f"{s['peak_rss_gb']:.1f}",
       "jax": s["jax"], "torch": s["torch"],

@@ -156,3 +156,19 @@ def test_the_committed_benchmark_report_regenerates():
   assert report_lib.regenerate(
       folder, functools.partial(bench_report.render, command=command)) == (
           folder / "report.md").read_text()
+
+
+def test_the_benchmark_without_the_peer_times_mha_jax_alone(tmp_path):
+  """`peer` False (the size where both libraries do not fit together):
+  only mha_jax's calls are timed, and the report says torch was not run."""
+  config = configs_bench.get_config("smoke")
+  config.experiment.threads, config.experiment.peer = 1, False
+  config.experiment.rounds = 1
+  results = bench.run(config, tmp_path)
+  for method in eap.METHODS:
+    r = results["methods"][method]
+    assert set(r) == {"mha_jax_s", "compile_s", "first_s"}
+    assert len(r["mha_jax_s"]["rounds"]) == 1
+  text = (tmp_path / "report.md").read_text()
+  assert "torch's peer not run" in text and "## Agreement" not in text
+  assert report_lib.regenerate(tmp_path, bench_report.render) == text
