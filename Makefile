@@ -71,7 +71,7 @@ text_induction: install
 # the same held-out prompts (ioi_classes); then automatic circuit discovery
 # (EAP, EAP-IG) on IOI in SmolLM2 (docs/ioi.md, "Automatic discovery")
 # and its speed against a torch implementation of the same scores (16
-# min; copied into docs/results/eap_ioi_bench).
+# min; copied into docs/results/eap_ioi/bench).
 real_lms: install
 	$(BIN)/python -m experiments.real_heads --workdir=runs/real_heads
 	$(BIN)/python -m experiments.ioi --workdir=runs/ioi
@@ -80,8 +80,8 @@ real_lms: install
 	$(BIN)/python -m experiments.ioi_classes --workdir=runs/ioi_classes
 	$(BIN)/python -m experiments.eap_ioi --workdir=runs/eap_ioi
 	$(BIN)/python -m experiments.eap_ioi.bench --workdir=runs/eap_ioi_bench
-	mkdir -p docs/results/eap_ioi_bench
-	cp runs/eap_ioi_bench/report.md runs/eap_ioi_bench/results.json docs/results/eap_ioi_bench/
+	mkdir -p docs/results/eap_ioi/bench
+	cp runs/eap_ioi_bench/report.md runs/eap_ioi_bench/results.json docs/results/eap_ioi/bench/
 
 # Sparse autoencoders on attention outputs (docs/sae.md): the induction
 # model (9 min on 2 quiet cores), SmolLM2's layer 17 (45 min: 12 to collect,

@@ -34,8 +34,11 @@ def get_config(arg=None):
   # confirmed, chosen on the same selection half (checked) ...
   e.output_heads_results = "docs/results/ioi_output_heads/results.json"
   # ... or given here ({model: [[layer, head], ...]}) for a model the
-  # file does not hold (the smoke run's).
+  # file does not hold (the smoke run's tiny models; read only when
+  # `models` holds them, so both variants have the same fields).
   e.output_heads = ml_collections.ConfigDict()
+  e.output_heads.tiny_llama = [[1, 0], [1, 2]]
+  e.output_heads.tiny_gemma3 = [[5, 1]]
   # Wang et al.'s path patching: the sender's change reaches the
   # receivers directly and through the MLPs between (other heads frozen).
   e.path_through_mlps = True
@@ -54,8 +57,6 @@ def get_config(arg=None):
   if smoke:
     e.models = ("tiny_llama", "tiny_gemma3")
     e.output_heads_results = ""
-    e.output_heads.tiny_llama = [[1, 0], [1, 2]]
-    e.output_heads.tiny_gemma3 = [[5, 1]]
     e.per_template_order = 2
     e.random_groups, e.resamples, e.max_group = 8, 50, 2
   return c

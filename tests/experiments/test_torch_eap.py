@@ -147,10 +147,10 @@ def test_the_benchmarks_smoke_run_runs_end_to_end(tmp_path):
 
 
 def test_the_committed_benchmark_report_regenerates():
-  """docs/results/eap_ioi_bench, written by `make real_lms`: its report
+  """docs/results/eap_ioi/bench, written by `make real_lms`: its report
   renders again from its results.json, with the command it names."""
   folder = pathlib.Path(__file__).resolve().parents[2] / (
-      "docs/results/eap_ioi_bench")
+      "docs/results/eap_ioi/bench")
   command = report_lib.command_line(["", "--workdir=runs/eap_ioi_bench"],
                                     "experiments.eap_ioi.bench")
   assert report_lib.regenerate(
