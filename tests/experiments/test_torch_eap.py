@@ -146,29 +146,20 @@ def test_the_benchmarks_smoke_run_runs_end_to_end(tmp_path):
     assert r["agree"]["top_k_shared"] == r["agree"]["top_k"]
 
 
-def test_the_committed_benchmark_report_regenerates():
-  """docs/results/eap_ioi/bench, written by `make real_lms`: its report
-  renders again from its results.json, with the command it names."""
-  folder = pathlib.Path(__file__).resolve().parents[2] / (
-      "docs/results/eap_ioi/bench")
-  command = report_lib.command_line(["", "--workdir=runs/eap_ioi_bench"],
+@pytest.mark.parametrize("folder,flags", [
+    ("bench", ()),
+    ("bench_128", ("--config.experiment.prompts=128",
+                   "--config.experiment.peer=False",
+                   "--config.experiment.rounds=1"))])
+def test_the_committed_benchmark_reports_regenerate(folder, flags):
+  """docs/results/eap_ioi/bench (against torch, 64 prompts) and bench_128
+  (mha_jax alone): each report renders again from its results.json, with
+  the command it names."""
+  path = pathlib.Path(__file__).resolve().parents[2] / (
+      f"docs/results/eap_ioi/{folder}")
+  workdir = "runs/eap_ioi_bench" + ("_128" if folder == "bench_128" else "")
+  command = report_lib.command_line(["", f"--workdir={workdir}", *flags],
                                     "experiments.eap_ioi.bench")
   assert report_lib.regenerate(
-      folder, functools.partial(bench_report.render, command=command)) == (
-          folder / "report.md").read_text()
-
-
-def test_the_benchmark_without_the_peer_times_mha_jax_alone(tmp_path):
-  """`peer` False (the size where both libraries do not fit together):
-  only mha_jax's calls are timed, and the report says torch was not run."""
-  config = configs_bench.get_config("smoke")
-  config.experiment.threads, config.experiment.peer = 1, False
-  config.experiment.rounds = 1
-  results = bench.run(config, tmp_path)
-  for method in eap.METHODS:
-    r = results["methods"][method]
-    assert set(r) == {"mha_jax_s", "compile_s", "first_s"}
-    assert len(r["mha_jax_s"]["rounds"]) == 1
-  text = (tmp_path / "report.md").read_text()
-  assert "torch's peer not run" in text and "## Agreement" not in text
-  assert report_lib.regenerate(tmp_path, bench_report.render) == text
+      path, functools.partial(bench_report.render, command=command)) == (
+          path / "report.md").read_text()
