@@ -353,10 +353,8 @@ def _kind(det, l, h, idx) -> dict:
   to the token after S1 (induction): the paired interval of the two."""
   d = det["s2_s1"][:, l, h] - det["s2_after_s1"][:, l, h]
   ci = bootstrap.interval(bootstrap.resampled_means(d, idx)).tolist()
-  kind = ("duplicate-token" if ci[0] > 0 else "induction" if ci[1] < 0
-          else "not resolved")
   return {"head": [l, h], "s2_s1_minus_after": [float(d.mean()), *ci],
-          "kind": kind}
+          "kind": detectors.repeat_kind(ci)}
 
 
 def measure(config) -> dict:

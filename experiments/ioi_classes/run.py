@@ -113,10 +113,8 @@ def kind_of(det, rows, flat, n_h, draws) -> dict:
   l, h = _head(flat, n_h)
   d = det["s2_s1"][rows, l, h] - det["s2_after_s1"][rows, l, h]
   ci = draws.ci(d)
-  kind = ("duplicate-token" if ci[0] > 0 else "induction" if ci[1] < 0
-          else "not resolved")
   return {"s2_s1_minus_after": [float(d.mean()), *map(float, ci)],
-          "kind": kind}
+          "kind": detectors.repeat_kind(ci)}
 
 
 def previous_of(det, rows, flat, n_h, floor, draws) -> dict:

@@ -113,3 +113,11 @@ def uniform_floors(meta) -> dict:
   return {"end_io": 1 / (end + 1), "end_s": 2 / (end + 1),
           "s2_s1": 1 / (s2 + 1), "s2_after_s1": 1 / (s2 + 1),
           "after_s1_s1": 1 / (s1 + 2)}
+
+
+def repeat_kind(ci) -> str:
+  """The kind of a head that marks S2 as a repeat, from the interval `ci`
+  of its attention from S2 to S1 minus to the token after S1:
+  "duplicate-token" above 0, "induction" below, else "not resolved"."""
+  return ("duplicate-token" if ci[0] > 0 else "induction" if ci[1] < 0
+          else "not resolved")
