@@ -298,6 +298,11 @@ PLANTED = {
     "eap_edges_counted_twice": (
         _EAP, "streams(group, base))",
         "streams(group, base + outs[-1].sum(2)))", _EAP_TESTS),
+    # A key or value receiver cut to the head its query mapping names
+    # (query head i's key/value head), not to key/value head i.
+    "eap_head_inputs_kv_by_query": (
+        _EAP, "else (index * group, index))",
+        "else (index, index // group))", _EAP_TESTS),
     # Clean minus corrupted: every score's sign flipped.
     "eap_sign_flipped": (
         _EAP, "delta = a_corrupt - a_clean\n",

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha_jax import hooks as hooks_lib
+from mha_jax.core import multi_head
 from mha_jax.core import precision
 from mha_jax.interp import eap_graph
 from mha_jax.interp.eap_graph import EdgeScores
@@ -81,19 +82,66 @@ def sender_outputs(model, inputs) -> jax.Array:
 
 def _own_inputs(block, positions, read, out, x):
   """`x [B, T, n, D]`, one stream per receiver -> `[B, T, n, ...]`: entry
-  i is what receiver i computes from stream i, by the model's own `block`
-  with its site `read` ("resid_pre" or "resid_mid") holding that stream:
-  head i of the site `out` ("attn.q", "attn.k", "attn.v"), or all of it
-  (an MLP's output, n = 1). Only the path from `read` to `out` survives
-  XLA's dead-code elimination."""
-  per_head = out.startswith("attn.")
+  i is what receiver i computes from stream i: head i of the site `out`
+  ("attn.q", "attn.k", "attn.v"; `_head_inputs`), or all of an MLP's
+  output (n = 1), by the model's own `block` with its site `read`
+  ("resid_pre" or "resid_mid") holding that stream. Only the path from
+  `read` to `out` survives XLA's dead-code elimination."""
+  if out.startswith("attn."):
+    return _head_inputs(block, positions, out.split(".")[1], x)
 
-  def one(stream, i):
+  def one(stream):
     hooks = hooks_lib.Hooks(capture=(out,), patch={read: stream})
     block(stream, positions=positions, hooks=hooks)
-    return hooks.captured[out][:, :, i] if per_head else hooks.captured[out]
+    return hooks.captured[out]
 
-  return jax.vmap(one, in_axes=(2, 0), out_axes=2)(x, jnp.arange(x.shape[2]))
+  return jax.vmap(one, in_axes=2, out_axes=2)(x)
+
+
+# The spec fields that act only on scores, weights and outputs: cleared in
+# the one-head layer that computes a receiver's q, k or v.
+_SCORE_FIELDS = dict(alibi=False, sinks=False, score_mod=None, mask_mod=None,
+                     block_mask=None, local_window=None, soft_cap=None,
+                     implementation="einsum")
+
+
+def _head_inputs(block, positions, site, x):
+  """`x [B, T, n, D]` -> `[B, T, n, Dh]`: head i's `site` ("q", "k" or
+  "v", after QK-norm and rotary positions) computed from stream i by the
+  layer's own `attention_layer`, with the block's pre-norm, the layer's
+  dtype and its parameters cut to that head (for "q" query head i and
+  its key/value head; for "k", "v" key/value head i). Running the whole
+  layer on each stream and keeping one head would pay every head's
+  projection per stream: on SmolLM2 that doubled the FLOPs of EAP's
+  backward pass."""
+  attn = block.attn
+  spec, params = attn.spec, attn.core_params()
+  group = spec.num_heads // spec.num_kv_heads
+  index = jnp.arange(x.shape[2])
+  q_head, kv_head = ((index, index // group) if site == "q"
+                     else (index * group, index))
+  one_spec = spec.replace(num_heads=1, num_kv_heads=1,
+                          head_dim=spec.head_dim, **_SCORE_FIELDS)
+  params.pop("sinks", None)
+  by_head = {"w_q": 1, "b_q": 0, "w_o": 0, "w_k": 1, "b_k": 0, "w_v": 1,
+             "b_v": 0}
+
+  def one(stream, qh, kh):
+    cut = {}
+    for name, arr in params.items():
+      if name in by_head:
+        head = qh if name in ("w_q", "b_q", "w_o") else kh
+        arr = jax.lax.dynamic_slice_in_dim(arr, head, 1, axis=by_head[name])
+      cut[name] = arr
+    xs = block.ln_attn(stream)
+    if attn.dtype is not None:
+      xs = xs.astype(attn.dtype)
+    hooks = hooks_lib.Hooks(capture=(site,))
+    multi_head.attention_layer(cut, xs, spec=one_spec, positions=positions,
+                               hooks=hooks)
+    return hooks.captured[site][:, :, 0]
+
+  return jax.vmap(one, in_axes=(2, 0, 0), out_axes=2)(x, q_head, kv_head)
 
 
 def _run(model, inputs, metric, graph, *, embed=None, drop=None, source=None,
