@@ -28,11 +28,12 @@ own stream, the run's stream minus, for each sender not in the circuit
 for that receiver, (the sender's output in this run minus its output in
 the ablation source): the corrupted run, or (`ablation="mean"`) its mean
 over the batch of `mean_inputs` at each position. Each receiver head's
-q, k or v (or MLP output) is recomputed from its own stream by the
-model's own block (the stream patched in at the block's input, or at
-`resid_mid` for a sequential block's MLP; a `vmap` over the layer's
-receivers), so norms, biases and rotary positions are the model's. The
-runs use the default positions 0..T-1. The
+q, k or v is recomputed from its own stream by the block's pre-norm and
+the layer's own `attention_layer` with its parameters cut to that head,
+and an MLP's output by the model's own block (the stream patched in at
+`resid_mid`, or at the block's input for a parallel block); a `vmap`
+over the layer's receivers, so norms, biases, QK-norm and rotary
+positions are the model's. The runs use the default positions 0..T-1. The
 full circuit is the clean run, the empty one the ablated run.
 
 Pure functions: callers jit at the outside (the metric's arrays as
