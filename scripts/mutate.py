@@ -435,6 +435,11 @@ PLANTED = {
         _EAP_IOI, "full = np.concatenate([0 * ones, faith, ones], -1)",
         "full = np.concatenate([0 * ones, faith, 0 * ones], -1)",
         _EAP_IOI_TESTS),
+    # The benchmark's torch chunks weighted by the full chunk size: a
+    # short last chunk counts as a full one.
+    "eap_torch_chunk_weight": (
+        "experiments/eap_ioi/bench.py", "* (len(rows) / n)",
+        "* (size / n)", _EAP_TORCH_TESTS),
     # The torch peer of EAP (checked against mha_jax's scores). Each
     # receiver's gradient taken at the stream its group shares (every
     # query head of a layer, say) instead of its own copy.

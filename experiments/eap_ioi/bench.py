@@ -105,16 +105,45 @@ def torch_metric(end, io, s):
   return metric
 
 
+def chunk_size(e, n: int) -> int:
+  """Prompts per torch call: `e.peer_chunk`, or all `n` where it is 0."""
+  if (isinstance(e.peer_chunk, bool) or not isinstance(e.peer_chunk, int)
+      or e.peer_chunk < 0):
+    raise ValueError(f"config.experiment.peer_chunk: expected an int >= 0 "
+                     f"(prompts per torch call; 0: all), got {e.peer_chunk!r}")
+  return e.peer_chunk or n
+
+
+def torch_scores(hf, p, method: str, e):
+  """torch's `[S, R]` scores of every prompt of `p`, in calls of
+  `e.peer_chunk` prompts (0: one call). The metric is the mean over the
+  prompts and no prompt reads another, so the whole set's scores are the
+  chunks' scores weighted by their share of the prompts: a chunk bounds
+  the memory of torch's autograd graph (about 0.26 GB per SmolLM2
+  prompt), not what is computed."""
+  import torch  # pylint: disable=import-outside-toplevel
+  n = len(p["end"])
+  size = chunk_size(e, n)
+  total = 0.0
+  for start in range(0, n, size):
+    rows = np.arange(start, min(start + size, n))
+    clean, corrupt = (torch.as_tensor(np.asarray(p[k])[rows],
+                                      dtype=torch.long)
+                      for k in ("tokens", "corrupted"))
+    metric = torch_metric(*(np.asarray(p[k])[rows] for k in ("end", "io",
+                                                              "s")))
+    scores = torch_eap.edge_scores(hf, clean, corrupt, metric,
+                                   method=method, steps=e.ig_steps)
+    total = total + scores.detach() * (len(rows) / n)
+  return total
+
+
 def contestants(model, hf, p, e) -> tuple[dict, dict]:
   """`({name: zero-argument call}, {name: compile seconds})`: mha_jax's
   compiled scores of each method and, unless `hf` is None, torch's."""
-  import torch  # pylint: disable=import-outside-toplevel
   graphdef, state = nnx.split(model)
   args = tuple(jnp.asarray(p[k]) for k in ("tokens", "corrupted", "end",
                                             "io", "s"))
-  t_clean, t_corrupt = (torch.as_tensor(np.asarray(p[k]), dtype=torch.long)
-                        for k in ("tokens", "corrupted"))
-  metric = torch_metric(p["end"], p["io"], p["s"])
   calls, compile_s = {}, {}
   for method in eap.METHODS:
     start = time.perf_counter()
@@ -124,10 +153,7 @@ def contestants(model, hf, p, e) -> tuple[dict, dict]:
     calls[f"mha_jax {method}"] = (
         lambda c=compiled: c(state, *args).scores)
     if hf is not None:
-      calls[f"torch {method}"] = (
-          lambda m=method: torch_eap.edge_scores(
-              hf, t_clean, t_corrupt, metric, method=m,
-              steps=e.ig_steps).detach())
+      calls[f"torch {method}"] = lambda m=method: torch_scores(hf, p, m, e)
   return calls, compile_s
 
 
@@ -156,6 +182,7 @@ def measure(config, workdir) -> dict:
     raise ValueError("eap_ioi.bench: the torch peer's edges are not "
                      "eap_graph's")
   p = chosen_prompts(tok, prefix, e)
+  chunk_size(e, e.prompts)  # a bad chunk is refused before compiling
   torch.set_num_threads(e.threads)
   setup = lambda: torch.set_num_threads(e.threads)
   # Without the peer only mha_jax runs: the size where both libraries in
@@ -200,6 +227,7 @@ def measure(config, workdir) -> dict:
       "edges": graph.num_edges, "senders": len(graph.senders),
       "receivers": len(graph.receivers), "ig_steps": e.ig_steps,
       "rounds": e.rounds, "threads": e.threads, "peer": e.peer,
+      "peer_chunk": e.peer_chunk,
       "methods": methods,
       "loadavg_rounds": load_avg,
       # Both libraries in one process: the peak of the larger one.

@@ -32,8 +32,12 @@ def _seconds(t) -> str:
 PEER = """torch: an independent
 implementation of the same definition on transformers' model
 (experiments/eap_ioi/torch_eap.py, shown equal to mha_jax's on a tiny
-Llama in tests/experiments/test_torch_eap.py), at {threads} threads. Both
+Llama in tests/experiments/test_torch_eap.py), at {threads} threads{chunk}. Both
 float32, in one process"""
+CHUNK = """, its
+prompts scored in calls of {size} (its autograd graph holds about 0.26 GB
+per prompt; the calls' scores, weighted by their share of the prompts,
+are the whole set's, since the metric is a mean over prompts)"""
 ALONE = """torch's peer not run
 (`peer` False: mha_jax alone, at a size where both libraries in one
 process do not fit the machine's memory). float32"""
@@ -92,7 +96,9 @@ def render(s: dict, command: str | None = None) -> str:
       "ig_steps": str(s["ig_steps"]),
       "rounds_text": ("1 timed round" if s["rounds"] == 1 else
                       f"{s['rounds']} interleaved rounds"),
-      "peer_text": (PEER.format(threads=s["threads"]) if peer else ALONE),
+      "peer_text": (PEER.format(threads=s["threads"], chunk=(
+          CHUNK.format(size=s["peer_chunk"]) if s.get("peer_chunk") else ""))
+                    if peer else ALONE),
       "speed_and_agreement": tables,
       "resident": "both libraries" if peer else "mha_jax; torch's model read",
       "cores": str(s["cores"]), "cpu": s["cpu"].get("model", "unknown"),

@@ -25,6 +25,7 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -125,6 +126,25 @@ def test_scores_equal_mha_jax_within_twice_the_peers_own_error(tiny, method):
   err = rel(ours[edges], t64[edges])
   assert err <= 2 * floor, (err, floor)
   assert (ours[~edges] == 0).all() and (t32[~edges] == 0).all()
+
+
+def test_the_benchmarks_chunks_of_prompts_give_the_whole_sets_scores(tiny):
+  """The benchmark scores torch's prompts in chunks where their autograd
+  graph would not fit: chunks of 2 and 1 (of 3 prompts, so one chunk is
+  short), weighted by their share, against one call, in float64."""
+  _, hf64, _, batch = tiny
+  p = dict(tokens=batch["clean"], corrupted=batch["corrupted"],
+           end=batch["end"], io=batch["io"], s=batch["s"])
+  for method in eap.METHODS:
+    whole = _torch_scores(hf64, batch, method)
+    for size in (2, 1):
+      e = ml_collections.ConfigDict(dict(peer_chunk=size, ig_steps=STEPS))
+      got = bench.torch_scores(hf64, p, method, e).numpy()
+      assert rel(got, whole) < 1e-13, (method, size, rel(got, whole))
+  for bad in (-1, 1.5, True):
+    e = ml_collections.ConfigDict(dict(peer_chunk=bad, ig_steps=STEPS))
+    with pytest.raises(ValueError, match="peer_chunk: expected an int >= 0"):
+      bench.torch_scores(hf64, p, "eap", e)
 
 
 def test_the_benchmarks_smoke_run_runs_end_to_end(tmp_path):
