@@ -123,8 +123,31 @@ def claim(m: dict) -> str:
   return faith + baseline + "." + worst + repair
 
 
+# Where the circuit's classes come from, and what its output heads are,
+# by `experiment.circuit_source`.
+SOURCE = {
+    "held_out": (
+        "The circuits are the classes chosen on one half of 128 prompts "
+        "(8 templates, ABBA and BABA, names drawn with seed 0) and "
+        "confirmed on the other half against random groups: the output "
+        "heads and negative output heads of the ioi_output_heads run "
+        "(docs/results/ioi_output_heads), the S-inhibition, induction / "
+        "duplicate-token and previous-token heads of the ioi_classes run "
+        "(docs/results/ioi_classes); a group or round not confirmed there "
+        "is left out.",
+        "the name movers and S suppressors that ioi_output_heads confirmed "
+        "on the direct path to the logits"),
+    "ioi": (
+        "The circuits are the heads that the ioi experiment named in each "
+        "class (docs/results/ioi), chosen there on 16 patching prompts.",
+        "the class the ioi run separated on the direct path to the logits: "
+        "in SmolLM2 an S suppressor and a copying head, in Gemma an S "
+        "suppressor")}
+
+
 def values(saved: dict, command: str | None = None) -> dict:
   e = saved["config"]["experiment"]
+  source, output_heads = SOURCE[e["circuit_source"]]
   models = saved["models"]
   first = next(iter(models.values()))
   return {
@@ -132,6 +155,7 @@ def values(saved: dict, command: str | None = None) -> dict:
       "wall": report_lib.wall_time(saved["wall_s"], False),
       "cpu": f"; {saved['cpu_s'] / 60:.1f} CPU-minutes of the process",
       "backend": saved["backend"], "num_prompts": first["num_prompts"],
+      "source": source, "output_heads": output_heads,
       "per_template_order": e["per_template_order"],
       "prompt_seed": e["prompt_seed"], "resamples": e["resamples"],
       "random_circuits": e["random_circuits"],

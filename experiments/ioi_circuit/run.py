@@ -267,12 +267,22 @@ def backup_groups(e, name: str, classes: dict) -> list:
   return groups
 
 
+SOURCES = ("held_out", "ioi")
+
+
 def circuits_of(e) -> dict:
   """`{model: classes}` for every model of the run: `e.circuits[model]`
-  (keyed as the ioi results' classes, `name_movers` ...) where given, else
-  the ioi run's results.json."""
-  saved = (json.loads(pathlib.Path(e.circuit_results).read_text())
-           if e.circuit_results else {"circuits": {}})
+  (keyed as the ioi results' classes, `name_movers` ...) where given;
+  else, by `e.circuit_source`, the classes chosen on one half of 128
+  prompts and confirmed on the other ("held_out": `e.name_mover_results`
+  and `e.classes_results`) or the ioi run's 16-prompt classes ("ioi":
+  `e.circuit_results`)."""
+  if e.circuit_source not in SOURCES:
+    raise ValueError(f"circuits_of: `circuit_source` must be one of "
+                     f"{SOURCES}, got {e.circuit_source!r}")
+  read = lambda path: (json.loads(pathlib.Path(path).read_text())
+                       if path else {"circuits": {}, "models": {}})
+  saved = read(e.circuit_results if e.circuit_source == "ioi" else "")
   out = {}
   for name in e.models:
     given = e.circuits.get(name)
@@ -286,8 +296,12 @@ def circuits_of(e) -> dict:
         if key in given:
           (entry if where is None else entry.setdefault(where, {}))[key] = {
               "heads": list(given[key])}
-      saved["circuits"][name] = entry
-    out[name] = classes_from(saved, name)
+      out[name] = circuit_lib.classes(entry)
+    elif e.circuit_source == "held_out":
+      out[name] = circuit_lib.held_out_classes(
+          read(e.name_mover_results), read(e.classes_results), name)
+    else:
+      out[name] = classes_from(saved, name)
   return out
 
 

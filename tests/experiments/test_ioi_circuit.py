@@ -9,6 +9,10 @@ classes the committed ioi run names. Then the smoke run end to end.
 
 from __future__ import annotations
 
+import functools
+import json
+import pathlib
+
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -167,7 +171,7 @@ def test_backup_finds_the_planted_takeover_on_held_out_prompts():
 
 def test_classes_are_read_from_the_committed_ioi_run():
   e = ml_collections.ConfigDict(dict(
-      models=("smollm2", "gemma3"),
+      models=("smollm2", "gemma3"), circuit_source="ioi",
       circuit_results="docs/results/ioi/results.json",
       circuits=ml_collections.ConfigDict()))
   got = run.circuits_of(e)
@@ -186,6 +190,45 @@ def test_classes_are_read_from_the_committed_ioi_run():
   e.circuits.smollm2 = {"name_mover": [[1, 1]]}
   with pytest.raises(ValueError, match="`circuits.smollm2` may name"):
     run.circuits_of(e)
+  e.circuit_source = "16 prompts"
+  with pytest.raises(ValueError, match="`circuit_source` must be one of"):
+    run.circuits_of(e)
+
+
+def test_held_out_classes_are_the_confirmed_groups_of_both_runs():
+  e = ml_collections.ConfigDict(dict(
+      models=("smollm2", "gemma3"), circuit_source="held_out",
+      name_mover_results="docs/results/ioi_output_heads/results.json",
+      classes_results="docs/results/ioi_classes/results.json",
+      circuits=ml_collections.ConfigDict()))
+  got = run.circuits_of(e)
+  # docs/results/ioi_output_heads/report.md and ioi_classes/report.md
+  # name these; Gemma's name-mover group is empty, so its output heads
+  # are its S suppressor alone.
+  assert got["smollm2"] == {
+      "output heads": [[23, 0], [23, 2], [23, 7], [23, 3]],
+      "negative output heads": [[29, 0], [24, 4], [24, 5]],
+      "S-inhibition": [[20, 0], [19, 2]],
+      "induction / duplicate-token": [[17, 4]],
+      "previous-token": [[16, 0]]}
+  assert got["gemma3"]["output heads"] == [[11, 3]]
+  assert got["gemma3"]["S-inhibition"] == [[9, 3], [10, 0], [9, 2],
+                                           [10, 1], [10, 2]]
+  assert len(circuit_lib.union(got["gemma3"])) == 12
+
+
+def test_a_group_not_confirmed_is_left_out_of_the_held_out_circuit():
+  output = {"models": {"m": {"groups": {
+      "name_movers": {"heads": [[3, 1]], "confirmed": False},
+      "s_suppressors": {"heads": [[3, 2]], "confirmed": True},
+      "negative": {"heads": [], "confirmed": None}}}}}
+  upstream = {"models": {"m": {"rounds": {
+      "s_inhibition": {"heads": [[2, 0]], "confirmed": True},
+      "induction_duplicate": {"heads": [[1, 1]], "confirmed": False}}}}}
+  assert circuit_lib.held_out_classes(output, upstream, "m") == {
+      "output heads": [[3, 2]], "S-inhibition": [[2, 0]]}
+  with pytest.raises(ValueError, match=r"classes results hold \[\], not 'm'"):
+    circuit_lib.held_out_classes(output, {"models": {}}, "m")
 
 
 def test_smoke_run_end_to_end(tmp_path):
@@ -198,3 +241,19 @@ def test_smoke_run_end_to_end(tmp_path):
   text = (tmp_path / "report.md").read_text()
   assert "Smoke run" in text
   assert report_lib.regenerate(tmp_path, report.render) == text
+
+
+def test_the_committed_run_on_the_16_prompt_circuit_regenerates():
+  """docs/results/ioi_circuit/ioi16 (the ioi run's classes, beside the
+  main run's held-out classes) renders again from its results.json, with
+  the command it names."""
+  folder = pathlib.Path(__file__).resolve().parents[2] / (
+      "docs/results/ioi_circuit/ioi16")
+  saved = json.loads((folder / "results.json").read_text())
+  assert saved["config"]["experiment"]["circuit_source"] == "ioi"
+  command = report_lib.command_line(
+      ["", "--workdir=runs/ioi_circuit_ioi16",
+       "--config.experiment.circuit_source=ioi"], "experiments.ioi_circuit")
+  assert report_lib.regenerate(
+      folder, functools.partial(report.render, command=command)) == (
+          folder / "report.md").read_text()
