@@ -32,13 +32,11 @@ def get_config(arg=None):
   e.model = ioi.model  # smollm2 | tiny_llama (random, saved by transformers)
   e.per_template_order = ioi.per_template_order  # 128 prompts built
   # Scored together: the first of eap_ioi's seeded order (64: its scoring
-  # prompts). At 128 mha_jax's EAP-IG alone fits (XLA scratch 10.3 GB),
-  # but with the torch peer's autograd graph in the same process the run
-  # was killed at this machine's 24 GB.
+  # prompts). At 128 torch needs `peer_chunk` (below): its run is
+  # docs/results/eap_ioi/bench_128.
   e.prompts = 64
   e.seed = ioi.seed  # names drawn, which prompts
-  # Time torch's peer beside mha_jax; False: mha_jax alone (at 128
-  # prompts, where the two together do not fit 24 GB).
+  # Time torch's peer beside mha_jax; False: mha_jax alone.
   e.peer = True
   # Prompts per torch call (0: all in one). torch's autograd graph holds
   # about 0.26 GB per SmolLM2 prompt (EAP-IG), so 128 prompts fit only in
