@@ -10,7 +10,8 @@ same SAE settings and seeds, where the layer holds no learned induction.
     dictionary, no learning.
 
 Each control's SAEs are trained on its own z from the same token batches
-(the untrained one trains none). The criterion counts DFA from the heads
+(the untrained one trains none), for the seeds of
+`experiment.control_seeds` (the untrained one: every seed of the claim). The criterion counts DFA from the heads
 the claim's layer calls induction heads, by index, in every control: on
 the claim's layer every head is one, so "from the induction heads" holds
 of every feature there, and counting the same heads in the controls keeps
@@ -64,8 +65,10 @@ def measure(config, src, workdir, main: dict, tokens) -> dict:
         data["captured"][f"blocks.{data['layer']}.attn.pattern"], tokens,
         e.induction_threshold)
     runs = []
+    # The untrained control costs no training, so it keeps every seed.
+    seeds = e.seeds if name == "untrained" else e.control_seeds
     for kind in e.kinds:
-      for seed in e.seeds:
+      for seed in seeds:
         made = (per_sae.untrained(config, kind, seed, data["acts"])
                 if name == "untrained" else
                 per_sae.trained(config, kind, seed, data["acts"], workdir,

@@ -157,7 +157,10 @@ def _resid_pre(saved) -> str:
     return ("None trained in this run (`experiment.resid_pre_kinds` is "
             "empty); the induction model's run has them.")
   d = r["data"]
-  return (f"The same SAE settings on `blocks.{m['layer']}.resid_pre`, the "
+  seeds = sorted({x["seed"] for x in r["runs"]})
+  which = ("" if seeds == sorted({x["seed"] for x in saved["runs"]}) else
+           f" (seed {', '.join(map(str, seeds))} only)")
+  return (f"The same SAE settings{which} on `blocks.{m['layer']}.resid_pre`, the "
           f"residual stream entering layer {m['layer']} "
           f"({d['train_tokens']:,} training tokens, collected in "
           f"{d['collect_s']:.0f} s), each with its own scale; the splice "

@@ -99,9 +99,16 @@ def controls_section(saved) -> str:
              + ", ".join(report_lib.head_name(layer, h) for h in heads) + ")"
              if heads else "no head (the claim's layer has no induction "
              "head, so no feature can pass)")
-  text = ("The same criterion, thresholds and SAE settings (kinds, seeds, "
-          "size, steps) where no learned induction is: the trained model's "
-          "layer 0, the claim's layer of the same architecture freshly "
+  claim_seeds = sorted({r["seed"] for r in saved["runs"]})
+  trained = sorted({r["seed"] for n, c in ctrl.items() if n != "untrained"
+                    for r in c["runs"]})
+  same = ("kinds, seeds, size, steps" if trained in ([], claim_seeds)
+          else "kinds, size, steps; the trained controls with seed(s) "
+          + ", ".join(map(str, trained)) + " only, the untrained one with "
+          "every seed")
+  text = (f"The same criterion, thresholds and SAE settings ({same}) "
+          "where no learned induction is: the trained model's "
+          f"layer {ctrl.get('layer0', {}).get('layer', 0)}, the claim's layer of the same architecture freshly "
           "initialised and never trained (each with its own SAEs, trained "
           "on its own z from the same token batches), and the claim's own "
           "SAEs before training (a random dictionary on the claim's z). "

@@ -16,7 +16,7 @@ induction features and how much of the induction heads' output they
 reconstruct, the criterion's counts over a threshold sweep, with
 summaries over seeds per kind; then the controls (`controls.py`): the
 same criterion on SAEs where no learned induction is. With
-`experiment.resid_pre_kinds`, `resid_pre` holds the second site's data,
+`experiment.resid_pre_kinds` (and `resid_pre_seeds`), `resid_pre` holds the second site's data,
 runs (the same measures but the z-only induction ones) and summaries.
 """
 
@@ -53,7 +53,7 @@ def measure(config, workdir, src: sources.Source | None = None) -> dict:
                               layer=e.layer, prefix="resid_pre_")
     rruns = [per_sae.standard(config, src, rdata, *per_sae.trained(
         config, kind, seed, rdata["acts"], workdir, "resid_pre_"))
-             for kind in e.resid_pre_kinds for seed in e.seeds]
+             for kind in e.resid_pre_kinds for seed in e.resid_pre_seeds]
     out["resid_pre"] = {"data": per_sae.data_summary(rdata), "runs": rruns,
                         "summary": summaries.per_kind(rruns)}
   if e.controls:

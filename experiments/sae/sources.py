@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
+from flax import nnx
 import jax
 import numpy as np
 
@@ -74,15 +75,19 @@ def _induction(config, workdir) -> Source:
 
 def reinitialised(config, src: Source, seed: int) -> Source:
   """`src` with its model replaced by the same architecture freshly
-  initialised and never trained (`train.seed` = `seed`, the training
-  code's own initialisation): the same tokens, the same hook sites, no
-  learned circuit. The induction model's control."""
-  if config.source != "induction":
+  initialised and never trained: the same tokens, the same hook sites, no
+  learned circuit. The induction model is re-made by the training code
+  (`train.seed` = `seed`); a loaded model (SmolLM2) by the model class's
+  own initialiser on its config (`nnx.Rngs(seed)`), not by the original
+  training recipe's, which the weights file does not record."""
+  if config.source == "induction":
+    c = runs_lib.variant(config.model, **{"train.seed": seed})
+    model = train_state.create_train_state(c).model()
+  elif config.source == "smollm2":
+    model = type(src.model)(src.model.config, rngs=nnx.Rngs(seed))
+  else:
     raise ValueError(f"reinitialised: config.source: expected 'induction' "
-                     f"(a model this project initialises), got "
-                     f"{config.source!r}")
-  c = runs_lib.variant(config.model, **{"train.seed": seed})
-  model = train_state.create_train_state(c).model()
+                     f"or 'smollm2', got {config.source!r}")
   return src._replace(model=model, label=f"the same architecture, "
                       f"re-initialised (seed {seed}) and untrained",
                       model_wall_s=0.0)

@@ -40,16 +40,17 @@ def test_smoke_run_end_to_end(tmp_path):
       (k, s) for k in e.kinds for s in e.seeds}
   # The second site: its own SAEs, not the z ones measured again.
   assert {(r["kind"], r["seed"]) for r in saved["resid_pre"]["runs"]} == {
-      (k, s) for k in e.resid_pre_kinds for s in e.seeds}
-  assert (tmp_path / "resid_pre_topk_seed0").is_dir()
+      (k, s) for k in e.resid_pre_kinds for s in e.resid_pre_seeds}
+  assert (tmp_path / f"resid_pre_topk_seed{e.resid_pre_seeds[0]}").is_dir()
   assert saved["resid_pre"]["data"]["scale"] != saved["data"]["scale"]
   # The controls: each has its own SAEs (the untrained one none), the
   # sweep's counts, and the KL beside the loss.
   assert set(saved["controls"]) == set(e.controls)
   for name, c in saved["controls"].items():
-    assert {(r["kind"], r["seed"]) for r in c["runs"]} == {
-        (k, s) for k in e.kinds for s in e.seeds}
     trained = name != "untrained"
+    assert {(r["kind"], r["seed"]) for r in c["runs"]} == {
+        (k, s) for k in e.kinds
+        for s in (e.control_seeds if trained else e.seeds)}
     assert (tmp_path / f"control_{name}_relu_seed0").is_dir() == trained
     assert all((r["train_s"] is None) != trained for r in c["runs"])
   assert saved["controls"]["layer0"]["layer"] == e.control_layer

@@ -180,3 +180,28 @@ def test_committed_reports_render_from_their_results():
                                   .read_text()))
   assert "No controls were run for this model" in text
   assert "| control |" not in text
+
+
+def test_reinitialised_loaded_model_keeps_config_and_redraws_weights():
+  """The SmolLM2 control: the loaded model's class and config with its
+  own initialiser's weights (not the loaded ones, not shared between
+  seeds); an unknown source is refused by name."""
+  import jax
+  from flax import nnx
+  from experiments.sae import sources
+  from tests import random_decoder
+  loaded = random_decoder.model(0)
+  src = sources.Source(loaded, "loaded", [], [], None, 1.0)
+  cfg = type("C", (), {"source": "smollm2"})()
+  made = [sources.reinitialised(cfg, src, s).model for s in (7, 7, 8)]
+  assert all(type(m) is type(loaded) and m.config == loaded.config
+             for m in made)
+  leaves = [jax.tree.leaves(nnx.state(m, nnx.Param)) for m in
+            (loaded, *made)]
+  differs = lambda a, b: any(not np.array_equal(x, y) for x, y in zip(a, b))
+  assert differs(leaves[0], leaves[1]) and differs(leaves[1], leaves[3])
+  assert not differs(leaves[1], leaves[2])  # one seed, one draw
+  tokens = jnp.asarray([[1, 2, 3, 4]])
+  assert made[0](tokens).shape == loaded(tokens).shape
+  with pytest.raises(ValueError, match="config.source.*'tiny'"):
+    sources.reinitialised(type("C", (), {"source": "tiny"})(), src, 1)
