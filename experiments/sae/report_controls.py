@@ -55,17 +55,18 @@ def sweep_tables(saved) -> str:
   return "\n\n".join(out)
 
 
-def separated(saved) -> list:
+def separated(saved, count: str = "copying") -> list:
   """`(threshold, value, kind)` where every seed of the claim counts more
-  copying features than every seed of every control of that kind."""
+  `count` features ("copying" or "induction") than every seed of every
+  control of that kind."""
   sets = settings(saved)
   if len(sets) < 2:
     return []
   out = []
   for kind, rows in saved["sweep"].items():
     for i, row in enumerate(rows):
-      low = min(row["copying"]["values"])
-      high = max(max(sw[kind][i]["copying"]["values"]) for _, sw, _ in sets[1:])
+      low = min(row[count]["values"])
+      high = max(max(sw[kind][i][count]["values"]) for _, sw, _ in sets[1:])
       if low > high:
         out.append((row["threshold"], row["value"], kind))
   return out
@@ -127,14 +128,14 @@ def controls_section(saved) -> str:
 
 def controls_findings(saved) -> list:
   """Lines for "What this shows": the controls' counts beside the claim's
-  and the thresholds at which the copying count separates them."""
+  and the thresholds at which each count separates them (a count the
+  claim's layer has at no threshold is not tested)."""
   ctrl = saved.get("controls")
   if not ctrl:
     return []
   out = []
   for kind in saved["summary"]:
-    claim = [r["induction"]["copying_count"] for r in saved["runs"]
-             if r["kind"] == kind]
+    mine = [r["induction"] for r in saved["runs"] if r["kind"] == kind]
     parts = []
     for name, c in ctrl.items():
       runs = [r for r in c["runs"] if r["kind"] == kind]
@@ -145,18 +146,24 @@ def controls_findings(saved) -> list:
                    " induction")
     out.append(f"- Controls, {KIND_NAMES[kind]}, at the criterion's "
                f"thresholds: the claim's layer has "
-               f"{', '.join(str(v) for v in claim)} copying features per "
-               f"seed; {'; '.join(parts)}.")
-  sep = separated(saved)
+               f"{', '.join(str(r['copying_count']) for r in mine)} copying"
+               f" and {', '.join(str(r['count']) for r in mine)} induction "
+               f"features per seed; {'; '.join(parts)}.")
   tried = sum(len(rows) for rows in saved["sweep"].values())
-  if sep:
-    where = ", ".join(f"{SWEEP_NAMES[t]} {v:g} ({KIND_NAMES[k]})"
-                      for t, v, k in sep)
-    out.append(f"- The copying count separates the claim's layer from every "
-               f"control (every claim seed above every control seed) at "
-               f"{len(sep)} of the {tried} sweep settings: {where}.")
-  else:
-    out.append("- At no sweep setting does the claim's layer count more "
-               "copying features than every control in every seed: the "
-               "criterion does not separate them.")
+  for count in ("copying", "induction"):
+    if not any(row[count]["values"] and max(row[count]["values"]) > 0
+               for rows in saved["sweep"].values() for row in rows):
+      continue  # the claim has none at any setting: nothing to separate
+    sep = separated(saved, count)
+    if sep:
+      where = ", ".join(f"{SWEEP_NAMES[t]} {v:g} ({KIND_NAMES[k]})"
+                        for t, v, k in sep)
+      out.append(f"- The {count} count separates the claim's layer from "
+                 f"every control (every claim seed above every control "
+                 f"seed) at {len(sep)} of the {tried} sweep settings: "
+                 f"{where}.")
+    else:
+      out.append(f"- At no sweep setting does the claim's layer count more "
+                 f"{count} features than every control in every seed: the "
+                 "criterion does not separate them.")
   return out

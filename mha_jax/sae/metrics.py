@@ -77,12 +77,15 @@ MODES = ("clean", "splice", "zero", "mean")
 
 def _site_logits(model, site: str, *, kind: str, k: int | None,
                  keep_first: bool):
-  """An un-jitted `(mode, params, scale, mean_site, tokens) -> logits`
-  with the site patched as `mode` says (`site_loss_fn`): the one path
-  both the loss and the KL take."""
+  """`(state, run)`: the model's weights and an un-jitted `run(mode,
+  state, params, scale, mean_site, tokens) -> logits` with the site
+  patched as `mode` says (`site_loss_fn`): the one path both the loss and
+  the KL take. The weights are an argument, not a closure, so that a jit
+  of `run` does not embed them as constants (which XLA would then try to
+  fold, seconds per compile at SmolLM2's size)."""
   graphdef, state = nnx.split(model)
 
-  def run(mode, params, scale, mean_site, tokens):
+  def run(mode, state, params, scale, mean_site, tokens):
     if mode not in MODES:
       raise ValueError(f"site_loss_fn: `mode` must be one of {MODES}, got "
                        f"{mode!r}")
@@ -97,7 +100,7 @@ def _site_logits(model, site: str, *, kind: str, k: int | None,
                                                    1))(patch)
     m = nnx.merge(graphdef, state)
     return m(tokens, patch={site: patch} if patch else None)
-  return run
+  return state, run
 
 
 def site_loss_fn(model, site: str, *, kind: str, k: int | None = None,
@@ -108,14 +111,15 @@ def site_loss_fn(model, site: str, *, kind: str, k: int | None = None,
   mean, shaped like the flattened site's row, "mean"). `mode` is static.
   `keep_first`: position 0 keeps its clean value in every mode (for an
   SAE trained without first tokens)."""
-  logits = _site_logits(model, site, kind=kind, k=k, keep_first=keep_first)
+  state, logits = _site_logits(model, site, kind=kind, k=k,
+                               keep_first=keep_first)
 
-  def run(mode, params, scale, mean_site, tokens, targets, mask):
-    return cross_entropy(logits(mode, params, scale, mean_site, tokens),
-                         targets, mask)
+  def run(mode, state, params, scale, mean_site, tokens, targets, mask):
+    return cross_entropy(logits(mode, state, params, scale, mean_site,
+                                tokens), targets, mask)
 
   jitted = jax.jit(run, static_argnums=0)
-  return lambda mode, *args: jitted(mode, *args)
+  return lambda mode, *args: jitted(mode, state, *args)
 
 
 def site_kl_fn(model, site: str, *, kind: str, k: int | None = None,
@@ -126,19 +130,20 @@ def site_kl_fn(model, site: str, *, kind: str, k: int | None = None,
   Unlike the loss it compares whole next-token distributions, so a
   splice that keeps the right token's probability but moves the rest
   still shows."""
-  logits = _site_logits(model, site, kind=kind, k=k, keep_first=keep_first)
+  state, logits = _site_logits(model, site, kind=kind, k=k,
+                               keep_first=keep_first)
 
-  def run(mode, params, scale, mean_site, tokens, targets, mask):
+  def run(mode, state, params, scale, mean_site, tokens, targets, mask):
     del targets
-    lp = jax.nn.log_softmax(logits("clean", params, scale, mean_site,
+    lp = jax.nn.log_softmax(logits("clean", state, params, scale, mean_site,
                                    tokens).astype(jnp.float32), -1)
-    lq = jax.nn.log_softmax(logits(mode, params, scale, mean_site,
+    lq = jax.nn.log_softmax(logits(mode, state, params, scale, mean_site,
                                    tokens).astype(jnp.float32), -1)
     kl = jnp.sum(jnp.exp(lp) * (lp - lq), -1)  # [B, T]
     return jnp.sum(kl * mask) / jnp.sum(mask)
 
   jitted = jax.jit(run, static_argnums=0)
-  return lambda mode, *args: jitted(mode, *args)
+  return lambda mode, *args: jitted(mode, state, *args)
 
 
 def loss_recovered(ce_clean: float, ce_splice: float, ce_ablated: float

@@ -159,6 +159,13 @@ def test_sweep_summary_and_separation():
   control[1]["induction"]["sweep"][0]["copying"] = 9
   saved["controls"]["reinit"]["sweep"] = summaries.sweep_per_kind(control)
   assert report_controls.separated(saved) == [("second_ratio", 5.0, "topk")]
+  # The induction count on its own: claim 1, 2, 3 against a control's
+  # 0, 0, 0 separates; a control seed at 1 ties the claim's lowest.
+  assert report_controls.separated(saved, "induction") == [
+      ("second_ratio", 5.0, "topk")]
+  control[2]["induction"]["sweep"][0]["induction"] = 1
+  saved["controls"]["reinit"]["sweep"] = summaries.sweep_per_kind(control)
+  assert report_controls.separated(saved, "induction") == []
 
 
 def test_committed_reports_render_from_their_results():
