@@ -88,6 +88,7 @@ def get_config(arg=None):
   # Induction features, on repeated random tokens [x, x] (+ BOS).
   e.repeat_len = 14  # n tokens per copy
   e.repeat_inputs = 256
+  e.loss_repeats = 0  # of them, the first ... for the loss on repeats (0: all)
   e.token_range = (3, 32)  # ids of the random tokens, [lo, hi)
   e.bos = -1  # a BOS id before the copies, -1 for none
   e.induction_threshold = 0.4  # a head is an induction head above this
@@ -128,7 +129,9 @@ def get_config(arg=None):
     e.text_windows = 1600  # 1600 x 127 = 203k tokens
     e.eval_windows = 32
     e.drop_first = True  # the first token of a window is an attention sink
-    e.repeat_len, e.repeat_inputs = 50, 256
+    # 256 inputs for the induction criterion; the loss and KL on repeats
+    # (three SmolLM2 forwards per batch per SAE) on the first 64.
+    e.repeat_len, e.repeat_inputs, e.loss_repeats = 50, 256, 64
     e.token_range, e.bos = (1000, 32000), -1
     e.random_draws = 20
     e.top_contexts = 6
@@ -152,6 +155,7 @@ def get_config(arg=None):
     e.seeds, e.control_seeds, e.resid_pre_seeds = (0, 1), (0,), (1,)
     e.train_batches, e.eval_batches = 8, 2
     e.repeat_len, e.repeat_inputs, e.token_range = 4, 8, (3, 8)
+    e.loss_repeats = 4
     e.random_draws, e.top_contexts, e.view_features = 3, 3, 3
     s = c.sae
     s.d_sae, s.k, s.aux_k, s.batch_size, s.num_steps = 32, 4, 8, 16, 12

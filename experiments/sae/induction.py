@@ -159,11 +159,15 @@ def reconstruction(params, z, n: int, ind_heads, features, *, kind, k,
   x_i = np.asarray(x)[:, cols]
   denom = np.sum((x_i - x_i.mean(0)) ** 2)
 
+  w_dec = np.asarray(params["w_dec"])[:, cols]  # [F, D_i]
+  b_dec = np.asarray(params["b_dec"])[cols]
+
   def ev(keep):
-    mask = np.zeros(f.shape[1])
-    mask[list(keep)] = 1.0
-    x_hat = np.asarray(sae_lib.decode(params, jnp.asarray(f * mask)))
-    return float(1 - np.sum((x_i - x_hat[:, cols]) ** 2) / denom)
+    # The decoder restricted to the kept features and the heads' columns:
+    # the other features' zeros and columns add nothing to x_hat there.
+    keep = np.asarray(sorted(keep), int)
+    x_hat = f[:, keep] @ w_dec[keep] + b_dec
+    return float(1 - np.sum((x_i - x_hat) ** 2) / denom)
 
   live = np.flatnonzero((f > 0).any(0))
   rng = np.random.default_rng(seed)

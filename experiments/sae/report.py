@@ -103,6 +103,8 @@ def values(saved: dict, command: str | None = None) -> dict:
       "induction_heads": ind_heads, "induction_scores": scores,
       "repeat_len": str(c["experiment"]["repeat_len"]),
       "repeat_inputs": str(c["experiment"]["repeat_inputs"]),
+      "loss_repeats": str(c["experiment"].get("loss_repeats")
+                          or c["experiment"]["repeat_inputs"]),
       "induction_table": report_lib.md_table(
           ["SAE", "seed", "induction features", "their top decoder head",
            "their EV", "random sets of as many: EV (mean [min, max])",

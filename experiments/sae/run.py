@@ -38,7 +38,9 @@ def measure(config, workdir, src: sources.Source | None = None) -> dict:
   src = src or sources.load(config, workdir)
   tokens = per_sae.repeated_tokens(e)
   captured = per_sae.capture(src.model, tokens, e.layer)
-  repeats = per_sae.repeated_batches(tokens, e)
+  # The loss on repeats reads the first `loss_repeats` inputs (0: all);
+  # the induction criterion reads them all.
+  repeats = per_sae.repeated_batches(tokens[:e.loss_repeats or None], e)
   data = per_sae.site_data(config, src, workdir, "z", repeats, layer=e.layer)
   ind_scores, ind_heads = sources.induction_heads_of(
       captured[f"blocks.{e.layer}.attn.pattern"], tokens,
