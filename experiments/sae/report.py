@@ -116,7 +116,23 @@ def values(saved: dict, command: str | None = None) -> dict:
       "controls": report_controls.controls_section(saved),
       "findings": _findings(saved),
       "steps_note": _steps_note(c),
+      "dead_note": _dead_note(saved),
   }
+
+
+def _dead_note(saved) -> str:
+  """How many held-out tokens a feature at the average firing rate fires
+  on: where that is small, "dead" on held-out tokens includes features
+  that are only rare (16x on 4,064 tokens: about 14)."""
+  s, d = saved["config"]["sae"], saved["data"]
+  l0 = [r["l0"] for r in saved["runs"]]
+  per = [d["eval_tokens"] * x / s["d_sae"] for x in (min(l0), max(l0))]
+  return (f"At this run's L0 ({min(l0):.0f}-{max(l0):.0f} of {s['d_sae']:,} "
+          f"features) a feature at the average firing rate fires on about "
+          f"{per[0]:.0f}-{per[1]:.0f} of the {d['eval_tokens']:,} held-out "
+          "tokens, so a rare feature can count as dead here; training "
+          f"resamples only features silent for {s['dead_steps']} steps of "
+          f"{s['batch_size']} tokens.")
 
 
 def _summary_table(summary) -> str:
@@ -138,7 +154,7 @@ def _loss_table(runs, which: str) -> str:
     lo = r[which]
     rows.append([KIND_NAMES[r["kind"]], str(r["seed"]),
                  f"{lo['clean']:.3f}", f"{lo['splice']:.3f}",
-                 f"{lo['splice'] / lo['clean'] - 1:+.0%}",
+                 f"{lo['splice'] / lo['clean'] - 1:+.1%}",
                  f"{lo['zero']:.3f}", f"{lo['mean']:.3f}",
                  _num(lo.get("kl_splice")), _num(lo.get("kl_zero")),
                  f"{lo['recovered_zero']:.3f}",
@@ -208,10 +224,10 @@ def _findings(saved) -> str:
             ": too small a cost for the ratio to say much (a value above 1 "
             "means the splice cost less than nothing, within noise)."
             if min(gap) < 0.1 else ".") +
-        f" In raw terms the splice raises the loss from "
+        f" In raw terms the splice takes the loss from "
         f"{_list(_per_run(saved, kind, lambda r: r['loss']['clean']), 3)} "
         f"to {_list(_per_run(saved, kind, lambda r: r['loss']['splice']), 3)}"
-        f" nats ({_list(_per_run(saved, kind, _rise), 0)}% per seed)"
+        f" nats ({_list(_per_run(saved, kind, _rise), 1)}% per seed)"
         + _kl(saved, kind, "loss") + "."
         f" On the repeats' second copy zeroing costs {_list(rgap, 3)} nats "
         f"and the splice recovers {_s(x['repeated_recovered_zero'])} of it "

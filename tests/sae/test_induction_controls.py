@@ -169,10 +169,8 @@ def test_sweep_summary_and_separation():
 
 
 def test_committed_reports_render_from_their_results():
-  # The induction run's report regenerates from its results.json, with
-  # the controls; SmolLM2's, written before the controls, still renders
-  # and says it has none.
-  import json
+  # Both committed reports (the induction model's and SmolLM2's)
+  # regenerate from their results.json, each with its controls section.
   import pathlib
 
   from experiments.sae import report
@@ -180,11 +178,15 @@ def test_committed_reports_render_from_their_results():
   root = pathlib.Path(__file__).resolve().parents[2] / "docs/results/sae"
   # The command line is not in results.json, so it is left out here.
   drop = lambda t: [x for x in t.splitlines() if not x.startswith("Command:")]
-  assert drop(report_lib.regenerate(root, report.render)) == drop(
-      (root / "report.md").read_text())
-  assert "| control |" in (root / "report.md").read_text()
-  text = report.render(json.loads((root / "smollm2/results.json")
-                                  .read_text()))
+  for folder in (root, root / "smollm2"):
+    text = (folder / "report.md").read_text()
+    assert drop(report_lib.regenerate(folder, report.render)) == drop(text)
+    assert "| control |" in text
+  # A run without controls says so instead of a table.
+  import json
+  saved = json.loads((root / "smollm2/results.json").read_text())
+  saved.pop("controls")
+  text = report.render(saved)
   assert "No controls were run for this model" in text
   assert "| control |" not in text
 
