@@ -214,3 +214,17 @@ def test_reinitialised_loaded_model_keeps_config_and_redraws_weights():
   assert made[0](tokens).shape == loaded(tokens).shape
   with pytest.raises(ValueError, match="config.source.*'tiny'"):
     sources.reinitialised(type("C", (), {"source": "tiny"})(), src, 1)
+
+
+def test_dead_note_gives_the_average_features_firings_on_held_out():
+  # 4,096 held-out tokens x L0 32 / 8,192 features = 16 firings of a
+  # feature at the average rate; L0 48 gives 24.
+  from experiments.sae import report
+  saved = {"config": {"sae": {"d_sae": 8192, "dead_steps": 300,
+                              "batch_size": 1024}},
+           "data": {"eval_tokens": 4096},
+           "runs": [{"l0": 48.0}, {"l0": 32.0}]}
+  note = report._dead_note(saved)
+  assert "L0 (32-48 of 8,192 features)" in note
+  assert "fires on about 16-24 of the 4,096 held-out tokens" in note
+  assert "silent for 300 steps of 1024 tokens" in note
