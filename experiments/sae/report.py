@@ -154,7 +154,7 @@ def _loss_table(runs, which: str) -> str:
     lo = r[which]
     rows.append([KIND_NAMES[r["kind"]], str(r["seed"]),
                  f"{lo['clean']:.3f}", f"{lo['splice']:.3f}",
-                 f"{lo['splice'] / lo['clean'] - 1:+.1%}",
+                 f"{_rise(lo):+.1f}%",
                  f"{lo['zero']:.3f}", f"{lo['mean']:.3f}",
                  _num(lo.get("kl_splice")), _num(lo.get("kl_zero")),
                  f"{lo['recovered_zero']:.3f}",
@@ -227,7 +227,7 @@ def _findings(saved) -> str:
         f" In raw terms the splice takes the loss from "
         f"{_list(_per_run(saved, kind, lambda r: r['loss']['clean']), 3)} "
         f"to {_list(_per_run(saved, kind, lambda r: r['loss']['splice']), 3)}"
-        f" nats ({_list(_per_run(saved, kind, _rise), 1)}% per seed)"
+        f" nats ({_list(_per_run(saved, kind, lambda r: _rise(r['loss'])), 1)}% per seed)"
         + _kl(saved, kind, "loss") + "."
         f" On the repeats' second copy zeroing costs {_list(rgap, 3)} nats "
         f"and the splice recovers {_s(x['repeated_recovered_zero'])} of it "
@@ -274,9 +274,10 @@ def _findings(saved) -> str:
   return "\n".join(out)
 
 
-def _rise(r) -> float:
-  """The splice's loss over the clean loss, minus 1, in percent."""
-  return 100 * (r["loss"]["splice"] / r["loss"]["clean"] - 1)
+def _rise(lo) -> float:
+  """The splice's loss over the clean loss, minus 1, in percent (`lo`: a
+  run's "loss" or "loss_repeated")."""
+  return 100 * (lo["splice"] / lo["clean"] - 1)
 
 
 def _kl(saved, kind, which) -> str:
