@@ -110,6 +110,7 @@ def get_config(arg=None):
   e.controls = ("layer0", "reinit", "untrained")
   e.control_layer = 0
   e.control_seeds = (0, 1, 2)  # SAE seeds of the trained controls
+  e.control_kinds = ("relu", "topk")  # ... and their kinds (of `kinds`)
   e.reinit_seed = 1000  # far from the trained model's seed 0
   e.top_contexts = 8  # contexts per feature in the viewer
   e.view_features = 12  # features on the viewer page
@@ -121,14 +122,13 @@ def get_config(arg=None):
   if arg == "smollm2":
     e.layer = 17
     e.seeds = (0, 1, 2)
-    # The committed run has the untrained control only: with the six 16x
-    # SAEs it took the time there was. `experiment.controls=("layer0",
-    # "reinit", "untrained")` and `resid_pre_kinds=("topk",)` add the
-    # trained controls (one seed per kind: three would add eight more 16x
-    # SAEs) and one resid_pre SAE, reusing the SAEs already trained.
-    e.resid_pre_kinds, e.resid_pre_seeds = (), (0,)
-    e.controls = ("untrained",)
-    e.control_seeds = (0,)
+    # The trained controls and the second site have one TopK SAE each
+    # (seed 0): TopK's strict-DFA count is the one the untrained control
+    # leaves standing, and every 16x TopK SAE costs 12 min here. A resumed
+    # run reuses every SAE already trained.
+    e.resid_pre_kinds, e.resid_pre_seeds = ("topk",), (0,)
+    e.controls = ("layer0", "reinit", "untrained")
+    e.control_seeds, e.control_kinds = (0,), ("topk",)
     e.text_windows = 1600  # 1600 x 127 = 203k tokens
     e.eval_windows = 32
     e.drop_first = True  # the first token of a window is an attention sink
@@ -156,6 +156,7 @@ def get_config(arg=None):
     # Fewer seeds on the second site and the trained controls, as the
     # SmolLM2 run has, so that their own seed lists are exercised.
     e.seeds, e.control_seeds, e.resid_pre_seeds = (0, 1), (0,), (1,)
+    e.control_kinds = ("topk",)
     e.train_batches, e.eval_batches = 8, 2
     e.repeat_len, e.repeat_inputs, e.token_range = 4, 8, (3, 8)
     e.loss_repeats = 4

@@ -11,7 +11,8 @@ same SAE settings and seeds, where the layer holds no learned induction.
 
 Each control's SAEs are trained on its own z from the same token batches
 (the untrained one trains none), for the seeds of
-`experiment.control_seeds` (the untrained one: every seed of the claim). The criterion counts DFA from the heads
+`experiment.control_seeds` and kinds of `experiment.control_kinds` (the
+untrained one: every seed and kind of the claim). The criterion counts DFA from the heads
 the claim's layer calls induction heads, by index, in every control: on
 the claim's layer every head is one, so "from the induction heads" holds
 of every feature there, and counting the same heads in the controls keeps
@@ -52,6 +53,9 @@ def measure(config, src, workdir, main: dict, tokens) -> dict:
   included. `main`: the claim's site data (`per_sae.site_data`, with
   its captures and induction heads)."""
   e = config.experiment
+  if not set(e.control_kinds) <= set(e.kinds):
+    raise ValueError(f"experiment.control_kinds: expected kinds the claim "
+                     f"trains ({tuple(e.kinds)}), got {tuple(e.control_kinds)}")
   out = {}
   for name in e.controls:
     if name not in CONTROLS:
@@ -67,7 +71,7 @@ def measure(config, src, workdir, main: dict, tokens) -> dict:
     runs = []
     # The untrained control costs no training, so it keeps every seed.
     seeds = e.seeds if name == "untrained" else e.control_seeds
-    for kind in e.kinds:
+    for kind in e.kinds if name == "untrained" else e.control_kinds:
       for seed in seeds:
         made = (per_sae.untrained(config, kind, seed, data["acts"])
                 if name == "untrained" else

@@ -167,15 +167,15 @@ def standard(config, src, data, params, cfg, train_s) -> dict:
     kw = dict(kind=kind, k=k, keep_first=config.experiment.drop_first)
     data["loss_fns"][kind] = (
         metrics.site_loss_fn(src.model, data["site"], **kw),
-        metrics.site_kl_fn(src.model, data["site"], **kw))
-  loss_fn, kl_fn = data["loss_fns"][kind]
+        metrics.site_ce_kl_fn(src.model, data["site"], **kw))
+  loss_fn, ce_kl_fn = data["loss_fns"][kind]
   args = (params, data["scale"], jnp.asarray(data["mean_site"]))
 
   def ce(name, batches):
     if name not in data["ablations"]:
       data["ablations"][name] = metrics.baselines(loss_fn, batches, *args,
-                                                  kl_fn=kl_fn)
-    return metrics.losses(loss_fn, batches, *args, kl_fn=kl_fn,
+                                                  ce_kl_fn=ce_kl_fn)
+    return metrics.losses(loss_fn, batches, *args, ce_kl_fn=ce_kl_fn,
                           ablations=data["ablations"][name])
   return {"kind": kind, "seed": cfg.seed, "train_s": train_s,
           "steps_per_s": cfg.num_steps / train_s if train_s else None,

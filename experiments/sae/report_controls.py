@@ -39,16 +39,18 @@ def sweep_tables(saved) -> str:
     return ("Not run: this run's results predate the sweep (and the "
             "controls), so its counts are at the criterion's thresholds "
             "only.")
-  sets = settings(saved)
-  kinds = list(saved["sweep"])
+  # A column per setting and kind it has (the trained controls may have
+  # fewer kinds than the claim).
+  cols = [(label, sweep, k) for label, sweep, _ in settings(saved)
+          for k in saved["sweep"] if k in sweep]
   head = ["threshold varied", "value"] + [
-      f"{label}: {KIND_NAMES[k]}" for label, _, _ in sets for k in kinds]
+      f"{label}: {KIND_NAMES[k]}" for label, _, k in cols]
   out = []
   for count in ("induction", "copying"):
     rows = []
-    for i, row in enumerate(saved["sweep"][kinds[0]]):
+    for i, row in enumerate(next(iter(saved["sweep"].values()))):
       rows.append([SWEEP_NAMES[row["threshold"]], f"{row['value']:g}"] + [
-          _cell(sweep[k][i][count]) for _, sweep, _ in sets for k in kinds])
+          _cell(sweep[k][i][count]) for _, sweep, k in cols])
     out.append(f"{count.capitalize()} features per SAE (mean ± sample std "
                "over seeds, each seed's count in brackets):\n\n"
                + report_lib.md_table(head, rows))
@@ -58,15 +60,18 @@ def sweep_tables(saved) -> str:
 def separated(saved, count: str = "copying") -> list:
   """`(threshold, value, kind)` where every seed of the claim counts more
   `count` features ("copying" or "induction") than every seed of every
-  control of that kind."""
+  control that has SAEs of that kind."""
   sets = settings(saved)
   if len(sets) < 2:
     return []
   out = []
   for kind, rows in saved["sweep"].items():
+    others = [sw[kind] for _, sw, _ in sets[1:] if kind in sw]
+    if not others:
+      continue
     for i, row in enumerate(rows):
       low = min(row[count]["values"])
-      high = max(max(sw[kind][i][count]["values"]) for _, sw, _ in sets[1:])
+      high = max(max(sw[i][count]["values"]) for sw in others)
       if low > high:
         out.append((row["threshold"], row["value"], kind))
   return out
@@ -103,10 +108,17 @@ def controls_section(saved) -> str:
   claim_seeds = sorted({r["seed"] for r in saved["runs"]})
   trained = sorted({r["seed"] for n, c in ctrl.items() if n != "untrained"
                     for r in c["runs"]})
+  trained_kinds = [k for k in saved["summary"]
+                   if any(k in c["summary"] for n, c in ctrl.items()
+                          if n != "untrained")]
   same = ("kinds, seeds, size, steps" if trained in ([], claim_seeds)
           else "kinds, size, steps; the trained controls with seed(s) "
           + ", ".join(map(str, trained)) + " only, the untrained one with "
           "every seed")
+  if trained and trained_kinds != list(saved["summary"]):
+    same += ("; the trained controls train "
+             + " and ".join(KIND_NAMES[k] for k in trained_kinds)
+             + " SAEs only")
   text = (f"The same criterion, thresholds and SAE settings ({same}) "
           "where no learned induction is: the trained model's "
           f"layer {ctrl.get('layer0', {}).get('layer', 0)}, the claim's layer of the same architecture freshly "
@@ -139,6 +151,8 @@ def controls_findings(saved) -> list:
     parts = []
     for name, c in ctrl.items():
       runs = [r for r in c["runs"] if r["kind"] == kind]
+      if not runs:
+        continue
       parts.append(f"{CONTROL_NAMES[name]} "
                    f"{', '.join(str(r['induction']['copying_count']) for r in runs)}"
                    f" copying and "

@@ -13,8 +13,8 @@ reconstruction replaces the site through its patch hook, and
 site. Two ablations are the baselines: zero (the site's output set to 0)
 and mean (to its mean over the buffer). A ratio near 1 can hide a raw
 change that matters, so `losses` reports the CE of every mode, and with
-`site_kl_fn` the KL of each patched model's next-token distribution from
-the clean one.
+`site_ce_kl_fn` the KL of each patched model's next-token distribution
+from the clean one.
 """
 
 from __future__ import annotations
@@ -122,25 +122,26 @@ def site_loss_fn(model, site: str, *, kind: str, k: int | None = None,
   return lambda mode, *args: jitted(mode, state, *args)
 
 
-def site_kl_fn(model, site: str, *, kind: str, k: int | None = None,
-               keep_first: bool = False):
-  """Like `site_loss_fn`, but `-> KL(p_clean || p_mode)`: nats per
-  position, the mean over the positions where `mask` is 1 (the same
-  positions the loss is scored on; `targets` only fills the signature).
-  Unlike the loss it compares whole next-token distributions, so a
-  splice that keeps the right token's probability but moves the rest
-  still shows."""
+def site_ce_kl_fn(model, site: str, *, kind: str, k: int | None = None,
+                  keep_first: bool = False):
+  """Like `site_loss_fn`, but `-> (CE, KL(p_clean || p_mode))`: the
+  mode's loss and the KL of its next-token distribution from the clean
+  one, in nats per position, both the mean over the positions where
+  `mask` is 1, from one clean and one patched forward (the loss alone
+  and the KL alone would take three). Unlike the loss the KL compares
+  whole distributions, so a splice that keeps the right token's
+  probability but moves the rest still shows."""
   state, logits = _site_logits(model, site, kind=kind, k=k,
                                keep_first=keep_first)
 
   def run(mode, state, params, scale, mean_site, tokens, targets, mask):
-    del targets
-    lp = jax.nn.log_softmax(logits("clean", state, params, scale, mean_site,
-                                   tokens).astype(jnp.float32), -1)
-    lq = jax.nn.log_softmax(logits(mode, state, params, scale, mean_site,
-                                   tokens).astype(jnp.float32), -1)
+    clean = logits("clean", state, params, scale, mean_site, tokens)
+    patched = logits(mode, state, params, scale, mean_site, tokens)
+    lp = jax.nn.log_softmax(clean.astype(jnp.float32), -1)
+    lq = jax.nn.log_softmax(patched.astype(jnp.float32), -1)
     kl = jnp.sum(jnp.exp(lp) * (lp - lq), -1)  # [B, T]
-    return jnp.sum(kl * mask) / jnp.sum(mask)
+    return (cross_entropy(patched, targets, mask),
+            jnp.sum(kl * mask) / jnp.sum(mask))
 
   jitted = jax.jit(run, static_argnums=0)
   return lambda mode, *args: jitted(mode, state, *args)
@@ -152,47 +153,56 @@ def loss_recovered(ce_clean: float, ce_splice: float, ce_ablated: float
   return (ce_ablated - ce_splice) / (ce_ablated - ce_clean)
 
 
-def _mean_ce(loss_fn, mode, batches, params, scale, mean_site) -> float:
-  return float(np.mean([loss_fn(mode, params, scale, mean_site,
-                                b["inputs"], b["targets"], b["loss_mask"])
-                        for b in batches]))
+def _mean(fn, mode, batches, params, scale, mean_site):
+  """The mean over `batches` of `fn(mode, ...)` (a scalar or a tuple of
+  them, as a float or a tuple of floats)."""
+  out = [fn(mode, params, scale, mean_site, b["inputs"], b["targets"],
+            b["loss_mask"]) for b in batches]
+  mean = np.mean(np.asarray(out, np.float64), 0)
+  return float(mean) if mean.ndim == 0 else tuple(float(m) for m in mean)
 
 
 def baselines(loss_fn, batches, params, scale, mean_site, *,
-              kl_fn=None) -> dict:
+              ce_kl_fn=None) -> dict:
   """Mean CE of the modes that do not involve the SAE ("clean", "zero",
-  "mean") over `batches`, and with `kl_fn` (`site_kl_fn`) the mean KL
-  from the clean distribution of the ablations ("kl_zero", "kl_mean"):
+  "mean") over `batches`, and with `ce_kl_fn` (`site_ce_kl_fn`) the
+  ablations' mean KL from the clean distribution ("kl_zero", "kl_mean"):
   the same for every SAE on one site, so a run of several SAEs computes
   them once (`params` only fills the signature)."""
-  out = {mode: _mean_ce(loss_fn, mode, batches, params, scale, mean_site)
-         for mode in MODES if mode != "splice"}
-  if kl_fn is not None:
-    out.update({f"kl_{mode}": _mean_ce(kl_fn, mode, batches, params, scale,
-                                       mean_site) for mode in ("zero",
-                                                               "mean")})
+  out = {"clean": _mean(loss_fn, "clean", batches, params, scale,
+                        mean_site)}
+  for mode in ("zero", "mean"):
+    if ce_kl_fn is None:
+      out[mode] = _mean(loss_fn, mode, batches, params, scale, mean_site)
+    else:
+      out[mode], out[f"kl_{mode}"] = _mean(ce_kl_fn, mode, batches, params,
+                                           scale, mean_site)
   return out
 
 
 def losses(loss_fn, batches, params, scale, mean_site, *,
-           ablations: dict | None = None, kl_fn=None) -> dict:
+           ablations: dict | None = None, ce_kl_fn=None) -> dict:
   """Mean CE per mode over `batches` (dicts of inputs, targets,
-  loss_mask), and loss recovered against both ablations; with `kl_fn`,
-  also the mean KL(clean || mode) of the splice and both ablations
-  ("kl_splice", "kl_zero", "kl_mean"). `ablations`: `baselines` of this
-  site and batches (with the same `kl_fn`), if already computed."""
+  loss_mask), and loss recovered against both ablations; with
+  `ce_kl_fn`, also the mean KL(clean || mode) of the splice and both
+  ablations ("kl_splice", "kl_zero", "kl_mean"). `ablations`: `baselines`
+  of this site and batches (with the same `ce_kl_fn`), if already
+  computed."""
   base = dict(ablations or baselines(loss_fn, batches, params, scale,
-                                     mean_site, kl_fn=kl_fn))
-  base["splice"] = _mean_ce(loss_fn, "splice", batches, params, scale,
-                            mean_site)
+                                     mean_site, ce_kl_fn=ce_kl_fn))
+  if ce_kl_fn is None:
+    base["splice"] = _mean(loss_fn, "splice", batches, params, scale,
+                           mean_site)
+  else:
+    base["splice"], base["kl_splice"] = _mean(ce_kl_fn, "splice", batches,
+                                              params, scale, mean_site)
   out = {mode: base[mode] for mode in MODES}
   out["recovered_zero"] = loss_recovered(out["clean"], out["splice"],
                                          out["zero"])
   out["recovered_mean"] = loss_recovered(out["clean"], out["splice"],
                                          out["mean"])
-  if kl_fn is not None:
-    out["kl_splice"] = _mean_ce(kl_fn, "splice", batches, params, scale,
-                                mean_site)
-    out.update({f"kl_{mode}": base[f"kl_{mode}"] for mode in ("zero",
+  if ce_kl_fn is not None:
+    out.update({f"kl_{mode}": base[f"kl_{mode}"] for mode in ("splice",
+                                                                "zero",
                                                                 "mean")})
   return out

@@ -49,9 +49,10 @@ def test_smoke_run_end_to_end(tmp_path):
   for name, c in saved["controls"].items():
     trained = name != "untrained"
     assert {(r["kind"], r["seed"]) for r in c["runs"]} == {
-        (k, s) for k in e.kinds
+        (k, s) for k in (e.control_kinds if trained else e.kinds)
         for s in (e.control_seeds if trained else e.seeds)}
-    assert (tmp_path / f"control_{name}_relu_seed0").is_dir() == trained
+    assert (tmp_path / f"control_{name}_topk_seed0").is_dir() == trained
+    assert not (tmp_path / f"control_{name}_relu_seed0").exists()
     assert all((r["train_s"] is None) != trained for r in c["runs"])
   assert saved["controls"]["layer0"]["layer"] == e.control_layer
   for r in saved["runs"]:

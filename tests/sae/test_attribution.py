@@ -79,18 +79,20 @@ def test_kl_and_loss_of_the_splice_match_numpy(setup):
   mask[:, :2] = 0
   args = (params, SCALE, jnp.zeros(H * DV), tokens, targets, mask)
   kw = dict(kind="relu", k=None)
-  kl_fn = metrics.site_kl_fn(model, SITE, **kw)
+  ce_kl_fn = metrics.site_ce_kl_fn(model, SITE, **kw)
   loss_fn = metrics.site_loss_fn(model, SITE, **kw)
   logp = lambda a: np.asarray(jax.nn.log_softmax(np.asarray(a, np.float64)))
   lp, lq = logp(clean), logp(spliced["relu"])
   kl = np.sum(np.exp(lp) * (lp - lq), -1)
   want_kl = np.sum(kl * mask) / mask.sum()
   nll = -np.take_along_axis(lq, np.asarray(targets)[..., None], -1)[..., 0]
-  assert float(kl_fn("splice", *args)) == pytest.approx(want_kl, rel=1e-4)
+  want_ce = np.sum(nll * mask) / mask.sum()
+  ce, kl = ce_kl_fn("splice", *args)
+  assert float(kl) == pytest.approx(want_kl, rel=1e-4)
   assert want_kl > 1e-3  # the splice moved the distribution
-  assert float(kl_fn("clean", *args)) == pytest.approx(0.0, abs=1e-6)
-  assert float(loss_fn("splice", *args)) == pytest.approx(
-      np.sum(nll * mask) / mask.sum(), rel=1e-5)
+  assert float(ce) == pytest.approx(want_ce, rel=1e-5)
+  assert float(ce_kl_fn("clean", *args)[1]) == pytest.approx(0.0, abs=1e-6)
+  assert float(loss_fn("splice", *args)) == pytest.approx(want_ce, rel=1e-5)
 
 
 def test_dfa_by_source_sums_to_the_pre_activation(setup):
@@ -134,3 +136,40 @@ def test_head_shares_and_top_contexts():
                                                (0, 2, 1.0)]
   with pytest.raises(ValueError, match="`num_heads`=3 must divide"):
     attribution.head_shares(jnp.asarray(w), 3)
+
+
+def test_losses_over_batches_match_each_batch_by_hand(setup):
+  # `losses` over two batches: each mode's CE and KL the mean of the
+  # batches' own values (NumPy float64 from the logits of the test above
+  # for the splice, the jitted functions for the ablations), and loss
+  # recovered the ratio of those means.
+  model, tokens, params, clean, _, spliced = setup
+  targets = jnp.roll(tokens, -1, 1)
+  mask = np.ones(tokens.shape, np.float32)
+  batches = [{"inputs": tokens[i:i + 1], "targets": targets[i:i + 1],
+              "loss_mask": mask[i:i + 1]} for i in range(2)]
+  kw = dict(kind="relu", k=None)
+  loss_fn = metrics.site_loss_fn(model, SITE, **kw)
+  ce_kl_fn = metrics.site_ce_kl_fn(model, SITE, **kw)
+  args = (params, SCALE, jnp.zeros(H * DV))
+  got = metrics.losses(loss_fn, batches, *args, ce_kl_fn=ce_kl_fn)
+  logp = lambda a: np.asarray(jax.nn.log_softmax(np.asarray(a, np.float64)))
+  lp, lq = logp(clean), logp(spliced["relu"])
+  t = np.asarray(targets)[..., None]
+  nll = lambda l: -np.take_along_axis(l, t, -1)[..., 0].mean(-1)  # [B]
+  kl = np.sum(np.exp(lp) * (lp - lq), -1).mean(-1)  # [B]
+  assert got["clean"] == pytest.approx(nll(lp).mean(), rel=1e-5)
+  assert got["splice"] == pytest.approx(nll(lq).mean(), rel=1e-5)
+  assert got["kl_splice"] == pytest.approx(kl.mean(), rel=1e-4)
+  for mode in ("zero", "mean"):
+    each = [ce_kl_fn(mode, *args, b["inputs"], b["targets"], b["loss_mask"])
+            for b in batches]
+    assert got[mode] == pytest.approx(np.mean([float(c) for c, _ in each]))
+    assert got[f"kl_{mode}"] == pytest.approx(
+        np.mean([float(k) for _, k in each]))
+  assert got["recovered_zero"] == pytest.approx(
+      (got["zero"] - got["splice"]) / (got["zero"] - got["clean"]))
+  # Without the KL function the CEs are the same and no KL is reported.
+  plain = metrics.losses(loss_fn, batches, *args)
+  assert plain["splice"] == pytest.approx(got["splice"], rel=1e-6)
+  assert "kl_splice" not in plain

@@ -168,6 +168,35 @@ def test_sweep_summary_and_separation():
   assert report_controls.separated(saved, "induction") == []
 
 
+def test_controls_with_fewer_kinds_than_the_claim():
+  # Trained controls of TopK only (SmolLM2's): a ReLU claim is compared
+  # with the untrained control alone, the sweep table has no column for
+  # a kind a control lacks, and the findings name only the runs there are.
+  def runs(kind, counts):
+    return [{"kind": kind, "seed": s, "induction": {
+        "count": c, "copying_count": c, "sweep": [
+            {"threshold": "dfa_share", "value": 0.9, "induction": c,
+             "copying": c}]}} for s, c in enumerate(counts)]
+  claim = runs("relu", (5, 6)) + runs("topk", (20, 25))
+  untrained = runs("relu", (1, 2)) + runs("topk", (1, 3))
+  layer0 = runs("topk", (30,))
+  ctrl = lambda rs: {"sweep": summaries.sweep_per_kind(rs), "runs": rs}
+  saved = {"model": {"layer": 17}, "runs": claim,
+           "summary": {"relu": {}, "topk": {}},
+           "sweep": summaries.sweep_per_kind(claim),
+           "controls": {"layer0": ctrl(layer0), "untrained": ctrl(untrained)}}
+  # ReLU: 5, 6 against the untrained 1, 2; TopK: 20, 25 against layer 0's 30.
+  assert report_controls.separated(saved, "induction") == [
+      ("dfa_share", 0.9, "relu")]
+  table = report_controls.sweep_tables(saved)
+  head = table.splitlines()[2]
+  assert head.count("ReLU") == 2 and head.count("TopK") == 3
+  lines = report_controls.controls_findings(saved)
+  relu = next(x for x in lines if x.startswith("- Controls, ReLU"))
+  assert "layer 0" not in relu and "SAEs before training 2, 1" not in relu
+  assert "SAEs before training 1, 2 copying" in relu
+
+
 def test_committed_reports_render_from_their_results():
   # Both committed reports (the induction model's and SmolLM2's)
   # regenerate from their results.json, each with its controls section.
