@@ -164,6 +164,12 @@ def controls_findings(saved) -> list:
                f" and {', '.join(str(r['count']) for r in mine)} induction "
                f"features per seed; {'; '.join(parts)}.")
   tried = sum(len(rows) for rows in saved["sweep"].values())
+  # A kind some control has no SAEs of is compared with the others only.
+  partial = {k: [CONTROL_NAMES[n] for n, c in ctrl.items() if k in c["sweep"]]
+             for k in saved["sweep"]
+             if not all(k in c["sweep"] for c in ctrl.values())}
+  against = "".join(f" ({KIND_NAMES[k]}: against {', '.join(names)} only)"
+                    for k, names in partial.items())
   for count in ("copying", "induction"):
     if not any(row[count]["values"] and max(row[count]["values"]) > 0
                for rows in saved["sweep"].values() for row in rows):
@@ -174,10 +180,10 @@ def controls_findings(saved) -> list:
                         for t, v, k in sep)
       out.append(f"- The {count} count separates the claim's layer from "
                  f"every control (every claim seed above every control "
-                 f"seed) at {len(sep)} of the {tried} sweep settings: "
-                 f"{where}.")
+                 f"seed) at {len(sep)} of the {tried} sweep settings"
+                 f"{against}: {where}.")
     else:
       out.append(f"- At no sweep setting does the claim's layer count more "
-                 f"{count} features than every control in every seed: the "
-                 "criterion does not separate them.")
+                 f"{count} features than every control in every seed"
+                 f"{against}: the criterion does not separate them.")
   return out

@@ -195,6 +195,9 @@ def test_controls_with_fewer_kinds_than_the_claim():
   relu = next(x for x in lines if x.startswith("- Controls, ReLU"))
   assert "layer 0" not in relu and "SAEs before training 2, 1" not in relu
   assert "SAEs before training 1, 2 copying" in relu
+  sep = next(x for x in lines if x.startswith("- The induction count"))
+  assert "(ReLU + L1: against SAEs before training only)" in sep
+  assert "DFA shares (heads, source) >= 0.9 (ReLU + L1)" in sep
 
 
 def test_committed_reports_render_from_their_results():
