@@ -98,6 +98,11 @@ def get_config(arg=None):
   e.head_share = 0.5  # its DFA there comes >= this much from induction heads
   e.source_share = 0.5  # ... and from the token after the earlier copy
   e.random_draws = 20  # random feature sets, baseline of the reconstruction
+  # The matched-direction null (induction.matched_null): each copying
+  # feature's second-copy excess against `null_draws` random directions
+  # with its norm on every head, on the first `null_inputs` inputs; a
+  # feature is selective at p <= null_alpha.
+  e.null_draws, e.null_inputs, e.null_alpha = 99, 64, 0.05
   # The threshold sweep: each varied alone, the others at the values
   # above; dfa_share sets head_share and source_share together.
   e.sweep_second_rate = (0.01, 0.02, 0.05, 0.1, 0.2)
@@ -161,6 +166,7 @@ def get_config(arg=None):
     e.repeat_len, e.repeat_inputs, e.token_range = 4, 8, (3, 8)
     e.loss_repeats = 4
     e.random_draws, e.top_contexts, e.view_features = 3, 3, 3
+    e.null_draws, e.null_inputs = 19, 4
     s = c.sae
     s.d_sae, s.k, s.aux_k, s.batch_size, s.num_steps = 32, 4, 8, 16, 12
     s.topk_steps = 0

@@ -178,3 +178,67 @@ def reconstruction(params, z, n: int, ind_heads, features, *, kind, k,
           "all_features": ev(range(f.shape[1])), "random": random,
           "random_mean": float(np.mean(random)) if random else None,
           "none": ev([]), "count": m}
+
+
+def matched_directions(w_enc, features, num_heads: int, draws: int,
+                       seed: int) -> np.ndarray:
+  """`[M, draws, D]`: for each of the M `features`, `draws` random
+  encoder columns with the same norm on every head's block of
+  `w_enc [D, F]` as the feature's own (uniform directions within each
+  block). They read the same heads as much as the feature does; what
+  they read there is chance."""
+  w = np.asarray(w_enc, np.float64)[:, np.asarray(features, int)]  # [D, M]
+  d, m = w.shape
+  norms = np.linalg.norm(w.T.reshape(m, num_heads, d // num_heads), axis=-1)
+  g = np.random.default_rng(seed).normal(
+      size=(m, draws, num_heads, d // num_heads))
+  g /= np.linalg.norm(g, axis=-1, keepdims=True)
+  return (g * norms[:, None, :, None]).reshape(m, draws, d)
+
+
+def second_copy_excess(params, x, first, second, columns, bias):
+  """`[K]`: mean ReLU(pre-activation) on the second copy minus that on
+  the first, of encoder `columns [D, K]` with `bias [K]` on the SAE's
+  inputs `x [N, T, D]` (b_dec removed first, as the encoder does)."""
+  pre = (jnp.einsum("ntd,dk->ntk", x - params["b_dec"][None, None],
+                    columns) + bias[None, None])
+  act = jax.nn.relu(pre)
+  return (jnp.mean(act[:, second], (0, 1)) - jnp.mean(act[:, first], (0, 1)))
+
+
+def matched_null(params, z, n: int, features, *, draws: int, seed: int,
+                 scale: float, alpha: float, chunk: int = 8192) -> dict:
+  """Whether each of `features` reads what the layer writes on the second
+  copy more than directions reading the same heads by chance: its
+  second-copy excess (`second_copy_excess`, from the ReLU of its
+  pre-activation, TopK's competition left out on both sides) against
+  `draws` `matched_directions` with its bias; `p = (1 + #draws at or
+  above) / (1 + draws)`. A random dictionary's features are such
+  directions, so about `alpha` of them get p <= alpha; "selective" counts
+  the features that do. `z [N, T, H, Dv]`: repeated inputs (`layout`)."""
+  m = len(features)
+  if not m:
+    return {"draws": draws, "alpha": alpha, "p": [], "excess": [],
+            "null_mean": [], "selective": 0}
+  first, second, _ = layout(z.shape[1], n)
+  x = buffer.flatten_site(z).reshape(*z.shape[:2], -1) * scale  # [N, T, D]
+  feats = np.asarray(features, int)
+  dirs = matched_directions(params["w_enc"], feats, z.shape[2], draws, seed)
+  cols = np.concatenate([np.asarray(params["w_enc"])[:, feats].T[:, None],
+                         dirs], 1).reshape(m * (draws + 1), -1).T
+  bias = np.repeat(np.asarray(params["b_enc"])[feats], draws + 1)
+  # The masks are static (numpy); params and x are arguments, not
+  # constants XLA would fold into the program.
+  fn = jax.jit(lambda p, x, c, b: second_copy_excess(p, x, first, second,
+                                                     c, b))
+  excess = np.concatenate([
+      np.asarray(fn(params, x, jnp.asarray(cols[:, a:a + chunk],
+                                           jnp.float32),
+                    jnp.asarray(bias[a:a + chunk], jnp.float32)))
+      for a in range(0, cols.shape[1], chunk)]).reshape(m, draws + 1)
+  own, null = excess[:, 0], excess[:, 1:]
+  p = (1 + np.sum(null >= own[:, None], 1)) / (1 + draws)
+  return {"draws": draws, "alpha": alpha, "p": [float(v) for v in p],
+          "excess": [float(v) for v in own],
+          "null_mean": [float(v) for v in null.mean(1)],
+          "selective": int(np.sum(p <= alpha))}

@@ -205,6 +205,13 @@ def measure_sae(config, src, data, params, cfg, train_s) -> dict:
   shares = np.asarray(attribution.head_shares(params["w_dec"],
                                               z.shape[2]))
   found = det["features"]
+  # The matched-direction null of every copying feature (the induction
+  # features are among them), on the first `null_inputs` inputs.
+  null = induction.matched_null(
+      params, z[:e.null_inputs], e.repeat_len, det["copying"],
+      draws=e.null_draws, seed=cfg.seed, scale=data["scale"],
+      alpha=e.null_alpha)
+  p_of = dict(zip(det["copying"], null["p"]))
   out["induction"] = {
       "count": len(found), "features": found,
       "top_head": [int(np.argmax(shares[f])) for f in found],
@@ -219,7 +226,10 @@ def measure_sae(config, src, data, params, cfg, train_s) -> dict:
       "sweep": induction.sweep(det, induction.thresholds(e),
                                sweep_grid(e)),
       "reconstruction": rec["features"],
-      "copying_reconstruction": rec["copying"]}
+      "copying_reconstruction": rec["copying"],
+      "null": {**null, "features": det["copying"],
+               "selective_induction": int(sum(p_of[f] <= e.null_alpha
+                                              for f in found))}}
   return out
 
 

@@ -113,6 +113,7 @@ def values(saved: dict, command: str | None = None) -> dict:
           ind_rows),
       "criteria": _criteria(c["experiment"]),
       "sweep_tables": report_controls.sweep_tables(saved),
+      "null": report_controls.null_section(saved),
       "controls": report_controls.controls_section(saved),
       "findings": _findings(saved),
       "steps_note": _steps_note(c),
@@ -271,6 +272,7 @@ def _findings(saved) -> str:
                     "mean" if worse else "") + ").")
     out.append(line)
   out += report_controls.controls_findings(saved)
+  out += report_controls.null_findings(saved)
   return "\n".join(out)
 
 

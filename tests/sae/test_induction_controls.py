@@ -260,3 +260,98 @@ def test_dead_note_gives_the_average_features_firings_on_held_out():
   assert "L0 (32-48 of 8,192 features)" in note
   assert "fires on about 16-24 of the 4,096 held-out tokens" in note
   assert "silent for 300 steps of 1024 tokens" in note
+
+
+def test_matched_directions_keep_each_heads_norm():
+  rng = np.random.default_rng(3)
+  w_enc = rng.normal(size=(H * DV, 10))
+  w_enc[DV:, 4] = 0.0  # feature 4 reads head 0 only
+  dirs = induction.matched_directions(w_enc, [4, 7], H, 50, seed=0)
+  assert dirs.shape == (2, 50, H * DV)
+  for i, f in enumerate((4, 7)):
+    for h in range(H):
+      block = slice(h * DV, (h + 1) * DV)
+      np.testing.assert_allclose(np.linalg.norm(dirs[i, :, block], axis=-1),
+                                 np.linalg.norm(w_enc[block, f]), atol=1e-12)
+  assert np.all(dirs[0, :, DV:] == 0)
+  # Different draws point different ways; one seed, one draw.
+  assert np.abs(dirs[1, 0] - dirs[1, 1]).max() > 0.1
+  np.testing.assert_array_equal(
+      dirs, induction.matched_directions(w_enc, [4, 7], H, 50, seed=0))
+
+
+def test_second_copy_excess_matches_numpy(tokens):
+  cap = _layer(tokens, induction_head=True)
+  z = np.asarray(cap["blocks.1.attn.z"], np.float64)
+  params = _planted()
+  params["b_dec"] = jnp.asarray(np.linspace(-0.2, 0.3, H * DV), jnp.float32)
+  cols = np.random.default_rng(4).normal(size=(H * DV, 5))
+  bias = np.array([0.0, -0.3, 0.2, -1.0, 0.5])
+  first, second, _ = induction.layout(z.shape[1], NREP)
+  x = z.reshape(*z.shape[:2], -1) * 2.0
+  got = induction.second_copy_excess(params, jnp.asarray(x, jnp.float32),
+                                     first, second,
+                                     jnp.asarray(cols, jnp.float32),
+                                     jnp.asarray(bias, jnp.float32))
+  act = np.maximum((x - np.asarray(params["b_dec"], np.float64)) @ cols
+                   + bias, 0)
+  want = act[:, second].mean((0, 1)) - act[:, first].mean((0, 1))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_matched_null_on_planted_features(tokens):
+  # A reads u, all the induction head writes on the second copy beyond
+  # g_t: no direction of its norm on head 0 reads more, p = 1 / 100. B
+  # also reads u' (BOS's value, the first copy) and D reads mostly g_t,
+  # the token-dependent part: many directions of their norms on head 0
+  # read more of u than they do, so neither is selective.
+  z = _layer(tokens, induction_head=True)["blocks.1.attn.z"]
+  got = induction.matched_null(_planted(), z, NREP, [0, 1, 3], draws=99,
+                               seed=0, scale=1.0, alpha=0.05)
+  assert got["p"][0] == pytest.approx(0.01)
+  assert got["p"][1] > 0.5 and got["p"][2] > 0.2
+  assert got["selective"] == 1
+  assert got["excess"][0] == pytest.approx(0.5, abs=1e-6)  # 1 - 0.5 bias
+  assert induction.matched_null(_planted(), z, NREP, [], draws=9, seed=0,
+                                scale=1.0, alpha=0.05)["selective"] == 0
+
+
+def test_matched_null_of_a_random_dictionary_is_calibrated(tokens):
+  # A random dictionary's columns are themselves draws of the null, so
+  # p is uniform on {1/20, ..., 1}: 5% get p <= 0.05 in expectation (256
+  # features: 12.8, sd 3.5), on the induction layer as on the null one.
+  rng = np.random.default_rng(5)
+  params = _dictionary(rng.normal(size=(256, H * DV)), np.zeros(256))
+  for induction_head in (True, False):
+    z = _layer(tokens, induction_head)["blocks.1.attn.z"]
+    got = induction.matched_null(params, z, NREP, list(range(256)),
+                                 draws=19, seed=1, scale=1.0, alpha=0.05)
+    assert 3 <= got["selective"] <= 26, got["selective"]
+    assert 0.35 < np.mean(got["p"]) < 0.65
+
+
+def test_null_section_and_findings_from_results():
+  def run(kind, seed, cop, sel, ind, sel_ind):
+    return {"kind": kind, "seed": seed, "induction": {
+        "count": ind, "copying_count": cop, "sweep": [],
+        "null": {"draws": 99, "alpha": 0.05, "selective": sel,
+                 "selective_induction": sel_ind}}}
+  claim = [run("topk", 0, 80, 40, 70, 35), run("topk", 1, 90, 45, 75, 38)]
+  untrained = [run("topk", 0, 120, 7, 100, 5), run("topk", 1, 110, 4, 95, 3)]
+  saved = {"model": {"layer": 17}, "runs": claim,
+           "sweep": summaries.sweep_per_kind(claim),
+           "controls": {"untrained": {
+               "sweep": summaries.sweep_per_kind(untrained),
+               "runs": untrained}}}
+  text = report_controls.null_section(saved)
+  assert "against 99 random directions" in text
+  assert "| claim (layer 17) | TopK | 1 | 90 | 45 | 4.5 | 75 | 38 |" in text
+  assert "| SAEs before training | TopK | 0 | 120 | 7 | 6.0 | 100 | 5 |" in text
+  assert report_controls.null_findings(saved) == [
+      "- Matched-direction null, TopK: selective features per seed: "
+      "claim (layer 17) 35, 38 induction and 40, 45 copying; SAEs before "
+      "training 5, 3 induction and 7, 4 copying."]
+  # Results written before the null: the section says so, no finding.
+  del untrained[1]["induction"]["null"]
+  assert "Not measured" in report_controls.null_section(saved)
+  assert report_controls.null_findings(saved) == []
