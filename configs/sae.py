@@ -16,9 +16,12 @@ wall on 2 loaded cores.
 "smollm2": a ReLU and a TopK SAE per seed, 3 seeds, on layer 17 of
 SmolLM2-135M (the layer holding three of its four strongest induction
 heads in docs/results/real_heads), text of the standard library, 16x
-dictionaries, with the untrained-dictionary control: 84 min on 2 quiet
-Intel Xeon cores (2 to collect, 8 per ReLU and 12 per TopK SAE, about
-2.5 to measure each SAE and each control).
+dictionaries, with the untrained-dictionary control, one TopK SAE on
+layer 0, one on the re-initialised model and one on layer 17's
+resid_pre: about 2.5 h on 2 quiet Intel Xeon cores from nothing (2 min
+to collect each site, 8 per ReLU and 12 per TopK SAE, 1.5 to 2 to
+measure each SAE and each control); committed in two runs, 84 and 73
+min, the second resuming the first.
 "smoke": a tiny induction model and tiny SAEs: 1 to 5 minutes (68 s
 wall, 50 CPU s, on 2 AVX-512 AMD EPYC cores at load 2-3, 2026-12-04;
 4 min 39 s on a loaded AVX2 machine).

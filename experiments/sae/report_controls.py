@@ -205,7 +205,6 @@ def null_section(saved) -> str:
       ind, n = r["induction"], r["induction"]["null"]
       rows.append([label, KIND_NAMES[r["kind"]], str(r["seed"]),
                    str(ind["copying_count"]), str(n["selective"]),
-                   f"{n['alpha'] * ind['copying_count']:.1f}",
                    str(ind["count"]), str(n["selective_induction"])])
   return (
       "The criterion counts any direction that reads the induction heads' "
@@ -217,14 +216,17 @@ def null_section(saved) -> str:
       "on the first; TopK's competition left out on both sides) against "
       "theirs, p = (1 + draws at or above it) / (1 + draws). A feature is "
       f"selective at p <= {first['alpha']:g}: it reads what the heads "
-      "write on the second copy more than a direction reading the same "
-      "heads as much does by chance. A random dictionary's features are "
-      f"such directions, so about {first['alpha']:.0%} of them pass (the "
-      "column expected by chance).\n\n"
+      "write on the second copy, on average over the copy, more than a "
+      "direction reading the same heads as much does by chance. A random "
+      "dictionary's features are draws of this null, so about "
+      f"{first['alpha']:.0%} of all of them pass; but the criterion selects "
+      "the ones that happen to read the heads' output most, so of those "
+      f"many more than {first['alpha']:.0%} can pass. A feature that fires "
+      "on few of the copy's tokens (one copied token, say) has a small "
+      "mean excess and is not selective by this test.\n\n"
       + report_lib.md_table(
           ["setting", "SAE", "seed", "copying features", "of them selective",
-           "expected by chance", "induction features",
-           "of them selective"], rows))
+           "induction features", "of them selective"], rows))
 
 
 def null_findings(saved) -> list:

@@ -345,8 +345,8 @@ def test_null_section_and_findings_from_results():
                "runs": untrained}}}
   text = report_controls.null_section(saved)
   assert "against 99 random directions" in text
-  assert "| claim (layer 17) | TopK | 1 | 90 | 45 | 4.5 | 75 | 38 |" in text
-  assert "| SAEs before training | TopK | 0 | 120 | 7 | 6.0 | 100 | 5 |" in text
+  assert "| claim (layer 17) | TopK | 1 | 90 | 45 | 75 | 38 |" in text
+  assert "| SAEs before training | TopK | 0 | 120 | 7 | 100 | 5 |" in text
   assert report_controls.null_findings(saved) == [
       "- Matched-direction null, TopK: selective features per seed: "
       "claim (layer 17) 35, 38 induction and 40, 45 copying; SAEs before "
