@@ -12,12 +12,13 @@ same SAE settings and seeds, where the layer holds no learned induction.
 Each control's SAEs are trained on its own z from the same token batches
 (the untrained one trains none), for the seeds of
 `experiment.control_seeds` and kinds of `experiment.control_kinds` (the
-untrained one: every seed and kind of the claim). The criterion counts DFA from the heads
-the claim's layer calls induction heads, by index, in every control: on
-the claim's layer every head is one, so "from the induction heads" holds
-of every feature there, and counting the same heads in the controls keeps
-the other three criteria (the rate, the second/first ratio and the
-induction source) the only ones that can separate them. The layer's own
+untrained one: every seed and kind of the claim). The criterion counts
+DFA from the heads the claim's layer calls induction heads, by index, in
+every control: on the induction model's layer 1 every head is one, so
+"from the induction heads" holds of every feature there, and counting
+the same heads in the controls keeps the other three criteria (the rate,
+the second/first ratio and the induction source) the only ones that can
+separate them. The layer's own
 induction heads by the threshold are reported too; where there are none,
 the criterion with them finds nothing by construction.
 """
@@ -55,7 +56,7 @@ def measure(config, src, workdir, main: dict, tokens) -> dict:
   e = config.experiment
   if not set(e.control_kinds) <= set(e.kinds):
     raise ValueError(f"experiment.control_kinds: expected kinds the claim "
-                     f"trains ({tuple(e.kinds)}), got {tuple(e.control_kinds)}")
+                     f"trains {tuple(e.kinds)}, got {tuple(e.control_kinds)}")
   out = {}
   for name in e.controls:
     if name not in CONTROLS:

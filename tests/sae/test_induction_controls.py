@@ -355,3 +355,14 @@ def test_null_section_and_findings_from_results():
   del untrained[1]["induction"]["null"]
   assert "Not measured" in report_controls.null_section(saved)
   assert report_controls.null_findings(saved) == []
+
+
+def test_control_kinds_outside_the_claims_are_refused():
+  from configs import sae as sae_config
+  from experiments.sae import controls
+  config = sae_config.get_config("smoke")
+  config.experiment.kinds = ("topk",)
+  config.experiment.control_kinds = ("relu",)
+  with pytest.raises(ValueError, match=r"control_kinds: expected kinds the "
+                     r"claim trains \('topk',\), got \('relu',\)"):
+    controls.measure(config, None, None, {}, None)
