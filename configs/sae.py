@@ -11,8 +11,8 @@ and a TopK SAE (32x the 64-wide z of layer 1) per seed, 3 seeds: L0,
 dead and dense features, explained variance, loss recovered against zero
 and mean ablation, and the induction features found on repeated random
 tokens; then a TopK SAE per seed on the layer's resid_pre, and the
-controls of the induction-feature count. The committed run took 59 min
-wall on 2 loaded cores.
+controls of the induction-feature count. The committed run took 19.2
+min on 2 quiet Intel Xeon cores (59 min on 2 cores loaded by other jobs).
 "smollm2": a ReLU and a TopK SAE per seed, 3 seeds, on layer 17 of
 SmolLM2-135M (the layer holding three of its four strongest induction
 heads in docs/results/real_heads), text of the standard library, 16x
