@@ -214,8 +214,10 @@ def matched_null(params, z, n: int, features, *, draws: int, seed: int,
   pre-activation, TopK's competition left out on both sides) against
   `draws` `matched_directions` with its bias; `p = (1 + #draws at or
   above) / (1 + draws)`. A random dictionary's features are such
-  directions, so about `alpha` of them get p <= alpha; "selective" counts
-  the features that do. `z [N, T, H, Dv]`: repeated inputs (`layout`)."""
+  directions, so about `alpha` of all of them get p <= alpha (not of a
+  subset chosen by what they read, as the criterion's copying features
+  are); "selective" counts the features that do. `z [N, T, H, Dv]`:
+  repeated inputs (`layout`)."""
   m = len(features)
   if not m:
     return {"draws": draws, "alpha": alpha, "p": [], "excess": [],
