@@ -119,6 +119,8 @@ def get_config(arg=None):
   e.control_layer = 0
   e.control_seeds = (0, 1, 2)  # SAE seeds of the trained controls
   e.control_kinds = ("relu", "topk")  # ... and their kinds (of `kinds`)
+  # The re-initialised model's, where they differ (None: as above).
+  e.reinit_seeds, e.reinit_kinds = None, None
   e.reinit_seed = 1000  # far from the trained model's seed 0
   e.top_contexts = 8  # contexts per feature in the viewer
   e.view_features = 12  # features on the viewer page
@@ -130,13 +132,15 @@ def get_config(arg=None):
   if arg == "smollm2":
     e.layer = 17
     e.seeds = (0, 1, 2)
-    # The trained controls and the second site have one TopK SAE each
-    # (seed 0): TopK's strict-DFA count is the one the untrained control
-    # leaves standing, and every 16x TopK SAE costs 12 min here. A resumed
-    # run reuses every SAE already trained.
+    # Layer 0, the layer without induction heads, has both kinds at 3
+    # seeds as layer 17 has; the re-initialised model and the second site
+    # have one TopK SAE each (seed 0): TopK's strict-DFA count is the one
+    # the untrained control leaves standing, and every 16x TopK SAE costs
+    # 12 min here. A resumed run reuses every SAE already trained.
     e.resid_pre_kinds, e.resid_pre_seeds = ("topk",), (0,)
     e.controls = ("layer0", "reinit", "untrained")
-    e.control_seeds, e.control_kinds = (0,), ("topk",)
+    e.control_seeds, e.control_kinds = (0, 1, 2), ("relu", "topk")
+    e.reinit_seeds, e.reinit_kinds = (0,), ("topk",)
     e.text_windows = 1600  # 1600 x 127 = 203k tokens
     e.eval_windows = 32
     e.drop_first = True  # the first token of a window is an attention sink
@@ -165,6 +169,7 @@ def get_config(arg=None):
     # SmolLM2 run has, so that their own seed lists are exercised.
     e.seeds, e.control_seeds, e.resid_pre_seeds = (0, 1), (0,), (1,)
     e.control_kinds = ("topk",)
+    e.reinit_seeds = (1,)  # the re-initialised model's own list
     e.train_batches, e.eval_batches = 8, 2
     e.repeat_len, e.repeat_inputs, e.token_range = 4, 8, (3, 8)
     e.loss_repeats = 4

@@ -11,8 +11,10 @@ same SAE settings and seeds, where the layer holds no learned induction.
 
 Each control's SAEs are trained on its own z from the same token batches
 (the untrained one trains none), for the seeds of
-`experiment.control_seeds` and kinds of `experiment.control_kinds` (the
-untrained one: every seed and kind of the claim). The criterion counts
+`experiment.control_seeds` and kinds of `experiment.control_kinds`; the
+re-initialised model's for `reinit_seeds` and `reinit_kinds` where they
+are set (None: the same as the others); the untrained one for every seed
+and kind of the claim. The criterion counts
 DFA from the heads the claim's layer calls induction heads, by index, in
 every control: on the induction model's layer 1 every head is one, so
 "from the induction heads" holds of every feature there, and counting
@@ -47,6 +49,18 @@ def _setting(name, config, src, workdir, main):
   return csrc, data
 
 
+def trained_sets(name: str, e) -> tuple[tuple, tuple]:
+  """`(kinds, seeds)` of control `name`'s SAEs (`e`: the experiment
+  config). The untrained control costs no training, so it keeps every
+  seed and kind of the claim."""
+  if name == "untrained":
+    return tuple(e.kinds), tuple(e.seeds)
+  if name == "reinit":
+    return (tuple(e.get("reinit_kinds") or e.control_kinds),
+            tuple(e.get("reinit_seeds") or e.control_seeds))
+  return tuple(e.control_kinds), tuple(e.control_seeds)
+
+
 def measure(config, src, workdir, main: dict, tokens) -> dict:
   """Per control of `experiment.controls`: its model and layer, that
   layer's induction scores on the repeated `tokens`, its SAEs' runs
@@ -54,9 +68,10 @@ def measure(config, src, workdir, main: dict, tokens) -> dict:
   included. `main`: the claim's site data (`per_sae.site_data`, with
   its captures and induction heads)."""
   e = config.experiment
-  if not set(e.control_kinds) <= set(e.kinds):
-    raise ValueError(f"experiment.control_kinds: expected kinds the claim "
-                     f"trains {tuple(e.kinds)}, got {tuple(e.control_kinds)}")
+  for field in ("control_kinds", "reinit_kinds"):
+    if not set(e.get(field) or ()) <= set(e.kinds):
+      raise ValueError(f"experiment.{field}: expected kinds the claim "
+                       f"trains {tuple(e.kinds)}, got {tuple(e[field])}")
   out = {}
   for name in e.controls:
     if name not in CONTROLS:
@@ -70,9 +85,8 @@ def measure(config, src, workdir, main: dict, tokens) -> dict:
         data["captured"][f"blocks.{data['layer']}.attn.pattern"], tokens,
         e.induction_threshold)
     runs = []
-    # The untrained control costs no training, so it keeps every seed.
-    seeds = e.seeds if name == "untrained" else e.control_seeds
-    for kind in e.kinds if name == "untrained" else e.control_kinds:
+    kinds, seeds = trained_sets(name, e)
+    for kind in kinds:
       for seed in seeds:
         made = (per_sae.untrained(config, kind, seed, data["acts"])
                 if name == "untrained" else

@@ -46,12 +46,19 @@ def test_smoke_run_end_to_end(tmp_path):
   # The controls: each has its own SAEs (the untrained one none), the
   # sweep's counts, and the KL beside the loss.
   assert set(saved["controls"]) == set(e.controls)
+  # The smoke config gives the re-initialised model its own seed list.
+  assert tuple(e.reinit_seeds) != tuple(e.control_seeds)
+  sets = {"layer0": (e.control_kinds, e.control_seeds),
+          "reinit": (e.control_kinds, e.reinit_seeds),
+          "untrained": (e.kinds, e.seeds)}
   for name, c in saved["controls"].items():
     trained = name != "untrained"
+    kinds, seeds = sets[name]
     assert {(r["kind"], r["seed"]) for r in c["runs"]} == {
-        (k, s) for k in (e.control_kinds if trained else e.kinds)
-        for s in (e.control_seeds if trained else e.seeds)}
-    assert (tmp_path / f"control_{name}_topk_seed0").is_dir() == trained
+        (k, s) for k in kinds for s in seeds}
+    for s in (0, 1):
+      assert (tmp_path / f"control_{name}_topk_seed{s}").is_dir() == (
+          trained and s in seeds)
     assert not (tmp_path / f"control_{name}_relu_seed0").exists()
     assert all((r["train_s"] is None) != trained for r in c["runs"])
   assert saved["controls"]["layer0"]["layer"] == e.control_layer

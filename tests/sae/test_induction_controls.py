@@ -366,3 +366,13 @@ def test_control_kinds_outside_the_claims_are_refused():
   with pytest.raises(ValueError, match=r"control_kinds: expected kinds the "
                      r"claim trains \('topk',\), got \('relu',\)"):
     controls.measure(config, None, None, {}, None)
+
+
+def test_reinit_kinds_outside_the_claims_are_refused():
+  from configs import sae as sae_config
+  from experiments.sae import controls
+  config = sae_config.get_config("smoke")
+  config.experiment.reinit_kinds = ("jumprelu",)
+  with pytest.raises(ValueError, match=r"reinit_kinds: expected kinds the "
+                     r"claim trains \('relu', 'topk'\), got \('jumprelu',\)"):
+    controls.measure(config, None, None, {}, None)
