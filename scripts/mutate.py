@@ -167,8 +167,35 @@ _EAP_IOI = "experiments/eap_ioi/circuits.py"
 _EAP_IOI_TESTS = "tests/experiments/test_eap_ioi.py"
 _EAP_TORCH = "experiments/eap_ioi/torch_eap.py"
 _EAP_TORCH_TESTS = "tests/experiments/test_torch_eap.py"
+_SAE_LIB = "mha_jax/sae/sae.py"
+_SAE_TRAIN = "mha_jax/sae/train.py"
+_SAE_BATCHTOPK_TESTS = "tests/sae/test_batchtopk.py"
 # name -> (module, exact text, its replacement, tests that must fail)
 PLANTED = {
+    # BatchTopK keeps k over the whole batch instead of k per token on
+    # average.
+    "sae_batchtopk_keeps_k_not_k_times_n": (
+        _SAE_LIB, "jax.lax.top_k(f.reshape(-1), k * f.shape[0])",
+        "jax.lax.top_k(f.reshape(-1), k)", _SAE_BATCHTOPK_TESTS),
+    # The jump lets a pre-activation equal to its threshold through.
+    "sae_jump_at_the_threshold": (
+        _SAE_LIB, "jnp.where(pre > threshold[None], jax.nn.relu(pre), 0.0)",
+        "jnp.where(pre >= threshold[None], jax.nn.relu(pre), 0.0)",
+        _SAE_BATCHTOPK_TESTS),
+    # The threshold's moving average weighted the wrong way round.
+    "sae_threshold_average_swapped": (
+        _SAE_TRAIN,
+        "new = (1 - hp.threshold_lr) * old + hp.threshold_lr * kept_min",
+        "new = hp.threshold_lr * old + (1 - hp.threshold_lr) * kept_min",
+        _SAE_BATCHTOPK_TESTS),
+    # SAELens's JumpReLU read without its threshold tensor's values: each
+    # feature's threshold taken as the first one's.
+    "saelens_threshold_first_only": (
+        "mha_jax/sae/saelens.py",
+        "    arrays = {ours: f.get_tensor(theirs)",
+        "    arrays = {ours: (f.get_tensor(theirs) if ours != 'threshold' "
+        "else np.full_like(f.get_tensor(theirs), f.get_tensor(theirs)[0]))",
+        "tests/sae/test_saelens.py"),
     # SAE induction features. The second/first-copy ratio dropped: a
     # feature that fires as much on the first copy counts as induction.
     "sae_ratio_criterion_dropped": (

@@ -33,11 +33,15 @@ SITES = ("z", "resid_pre")
 
 
 def sae_config(config, kind: str, seed: int) -> ml_collections.ConfigDict:
-  """One SAE's settings; a TopK SAE's `l1` is 0, since it has no L1 term
-  (so its saved config does not change with the ReLU coefficient)."""
+  """One SAE's settings; a TopK or BatchTopK SAE's `l1` is 0, since it has
+  no L1 term (so its saved config does not change with the ReLU
+  coefficient), and only BatchTopK's holds `threshold_lr` (so the saved
+  configs of the other kinds, and their resumed runs, are as before)."""
   c = ml_collections.ConfigDict(config.sae.to_dict())
   c.kind, c.seed = kind, seed
-  if kind == "topk":
+  if kind != "batchtopk" and "threshold_lr" in c:
+    del c.threshold_lr
+  if kind in ("topk", "batchtopk"):
     c.l1 = 0.0
     if c.topk_steps:
       c.num_steps = c.topk_steps

@@ -116,7 +116,7 @@ def values(saved: dict, command: str | None = None) -> dict:
       "null": report_controls.null_section(saved),
       "controls": report_controls.controls_section(saved),
       "findings": _findings(saved),
-      "steps_note": _steps_note(c),
+      "steps_note": _steps_note(c), "batchtopk_note": _batchtopk_note(c),
       "dead_note": _dead_note(saved),
   }
 
@@ -194,11 +194,26 @@ def _resid_pre(saved) -> str:
 
 
 def _steps_note(c) -> str:
-  s = c["sae"]
-  if "topk" in c["experiment"]["kinds"] and s.get("topk_steps"):
-    return (f" (TopK: {s['topk_steps']} steps; its training loss was flat "
-            "by then)")
+  s, kinds = c["sae"], c["experiment"]["kinds"]
+  topks = [KIND_NAMES[k] for k in ("topk", "batchtopk") if k in kinds]
+  if topks and s.get("topk_steps"):
+    whose = "its" if topks == ["TopK"] else "TopK's"
+    return (f" ({' and '.join(topks)}: {s['topk_steps']} steps; {whose} "
+            "training loss was flat by then)")
   return ""
+
+
+def _batchtopk_note(c) -> str:
+  """The BatchTopK sentence of "What was measured", where it ran."""
+  if "batchtopk" not in c["experiment"]["kinds"]:
+    return ""
+  s = c["sae"]
+  return (f"; BatchTopK keeps the {s['k']} x {s['batch_size']} largest "
+          "activations of each training batch, so a token's count varies "
+          "while the batch averages k, and encodes one token at a time by "
+          "its threshold, the moving average (weight "
+          f"{s['threshold_lr']:g}) of the smallest activation each batch "
+          "kept: the L0 below is that encoder's")
 
 
 def _per_run(saved, kind, fn):

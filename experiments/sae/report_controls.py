@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from mha_jax.measure import report as report_lib
 
-KIND_NAMES = {"relu": "ReLU + L1", "topk": "TopK"}
+KIND_NAMES = {"relu": "ReLU + L1", "topk": "TopK", "batchtopk": "BatchTopK",
+              "jumprelu": "JumpReLU"}
 CONTROL_NAMES = {"layer0": "layer 0 of the trained model",
                  "reinit": "re-initialised model, untrained",
                  "untrained": "SAEs before training"}

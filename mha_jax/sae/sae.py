@@ -16,7 +16,18 @@ Kinds:
     al. 2024); loss = |x - x_hat|^2 + aux_coef * AuxK, where AuxK asks the
     `aux_k` largest pre-activations of the dead features to reconstruct
     what the live ones missed (Gao et al.'s remedy for dead latents).
-Both are means over the N examples of sums over D (or F).
+  "batchtopk": in training, f keeps the k * N largest of ReLU(pre) over
+    the whole batch (Bussmann et al. 2024), so a token may use more or
+    fewer than k features while the batch averages k; the loss is TopK's.
+    A batch is not there at inference, so the SAE carries a threshold,
+    `params["threshold"] [F]` (one value, repeated), the moving average of
+    the smallest activation each training batch kept; encoding is then
+    JumpReLU with it, f = ReLU(pre) * [pre > threshold], token by token.
+  "jumprelu": f = ReLU(pre) * [pre > threshold_f], a threshold per feature
+    (Rajamanoharan et al. 2024; Gemma Scope's SAEs). Encoded only: such
+    SAEs come from SAELens (`saelens.load`); training one here is refused,
+    since its straight-through threshold gradients are not implemented.
+Losses are means over the N examples of sums over D (or F).
 """
 
 from __future__ import annotations
@@ -26,15 +37,19 @@ import jax.numpy as jnp
 
 from mha_jax.core import precision
 
-KINDS = ("relu", "topk")
+KINDS = ("relu", "topk", "batchtopk", "jumprelu")
+TRAINABLE = ("relu", "topk", "batchtopk")
+# Kinds whose encoding reads `params["threshold"]`.
+THRESHOLDED = ("batchtopk", "jumprelu")
 
 
 def check_kind(kind: str, k: int | None = None) -> None:
-  """Raise naming `kind` (and `k` for TopK) when they are not usable."""
+  """Raise naming `kind` (and `k` for the TopK kinds) when they are not
+  usable."""
   if kind not in KINDS:
     raise ValueError(f"sae kind: expected one of {KINDS}, got {kind!r}")
-  if kind == "topk" and (not isinstance(k, int) or k < 1):
-    raise ValueError(f"sae kind 'topk': `k` must be a positive int, got "
+  if kind in ("topk", "batchtopk") and (not isinstance(k, int) or k < 1):
+    raise ValueError(f"sae kind {kind!r}: `k` must be a positive int, got "
                      f"{k!r}")
 
 
@@ -56,8 +71,17 @@ def pre_acts(params, x):
   return pre + params["b_enc"][None]
 
 
-def activate(pre, *, kind: str, k: int | None = None):
-  """`[N, F] -> [N, F]`: the features from their pre-activations."""
+def activate(pre, *, kind: str, k: int | None = None, threshold=None):
+  """`[N, F] -> [N, F]`: the features from their pre-activations, as an
+  encoder uses them (a "batchtopk" SAE by its threshold, `batch_topk` is
+  its training form). `threshold [F]`: the thresholded kinds'."""
+  if kind in THRESHOLDED:
+    if threshold is None:
+      raise ValueError(f"sae kind {kind!r}: the params need a "
+                       f"'threshold' [F], got none")
+    # ReLU and the jump both, as SAELens encodes (the two agree wherever
+    # the threshold is >= 0, as trained thresholds are).
+    return jnp.where(pre > threshold[None], jax.nn.relu(pre), 0.0)
   f = jax.nn.relu(pre)
   if kind == "relu":
     return f
@@ -67,9 +91,18 @@ def activate(pre, *, kind: str, k: int | None = None):
   return jnp.zeros_like(f).at[rows, idx].set(vals)
 
 
+def batch_topk(pre, k: int):
+  """`[N, F] -> [N, F]`: the k * N largest of ReLU(pre) over the whole
+  batch kept, the rest zero (BatchTopK's training activation)."""
+  f = jax.nn.relu(pre)
+  vals, idx = jax.lax.top_k(f.reshape(-1), k * f.shape[0])
+  return jnp.zeros(f.size, f.dtype).at[idx].set(vals).reshape(f.shape)
+
+
 def encode(params, x, *, kind: str, k: int | None = None):
   """`[N, D] -> [N, F]`."""
-  return activate(pre_acts(params, x), kind=kind, k=k)
+  return activate(pre_acts(params, x), kind=kind, k=k,
+                  threshold=params.get("threshold"))
 
 
 def decode(params, f):
@@ -84,20 +117,25 @@ def reconstruct(params, x, *, kind: str, k: int | None = None):
 
 def loss(params, x, *, kind: str, l1: float = 0.0, k: int | None = None,
          dead=None, aux_k: int = 0, aux_coef: float = 0.0):
-  """`(loss, {"mse", "sparsity", "aux", "l0", "fired" [F]})` of a batch
-  `x [N, D]` ("fired": which features were active on any example).
+  """`(loss, {"mse", "sparsity", "aux", "l0", "fired" [F], "kept_min"})`
+  of a batch `x [N, D]` ("fired": which features were active on any
+  example; "kept_min": the smallest activation kept, inf if none).
 
   `dead [F]` bool marks the features that have not fired for a while
   (TopK's AuxK uses them; ignored by "relu" and when aux_k is 0).
   """
+  if kind not in TRAINABLE:
+    raise ValueError(f"sae loss: kind {kind!r} is not trained here; "
+                     f"expected one of {TRAINABLE}")
   pre = pre_acts(params, x)
-  f = activate(pre, kind=kind, k=k)
+  f = (batch_topk(pre, k) if kind == "batchtopk"
+       else activate(pre, kind=kind, k=k))
   err = x - decode(params, f)  # [N, D]
   mse = jnp.mean(jnp.sum(err ** 2, -1))
   dec_norm = jnp.linalg.norm(params["w_dec"], axis=1)  # [F], 1 after renorm
   sparsity = jnp.mean(jnp.sum(f * dec_norm[None], -1))
   aux = jnp.zeros((), jnp.float32)
-  if kind == "topk" and aux_k and dead is not None:
+  if kind in ("topk", "batchtopk") and aux_k and dead is not None:
     def aux_loss(_):
       # The dead features' largest pre-activations reconstruct the error
       # (no decoder bias: it is the live features' residual).
@@ -110,9 +148,12 @@ def loss(params, x, *, kind: str, l1: float = 0.0, k: int | None = None,
     # top-k, the slowest part of a TopK step on a CPU, in that case.
     aux = jax.lax.cond(jnp.any(dead), aux_loss, lambda _: aux, None)
   total = mse + (l1 * sparsity if kind == "relu" else aux_coef * aux)
+  # The smallest activation kept (BatchTopK's threshold follows it; inf
+  # when nothing fired).
+  kept_min = jnp.min(jnp.where(f > 0, f, jnp.inf))
   return total, {"mse": mse, "sparsity": sparsity, "aux": aux,
                  "l0": jnp.mean(jnp.sum(f > 0, -1)),
-                 "fired": jnp.any(f > 0, axis=0)}
+                 "fired": jnp.any(f > 0, axis=0), "kept_min": kept_min}
 
 
 def normalize_decoder(params) -> dict:

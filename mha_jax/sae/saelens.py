@@ -35,7 +35,12 @@ The mapping (docs/sae.md has the table):
     `fold_activation_norm_scaling_factor` does, so that SAELens reads the
     raw activations: the same features, the reconstruction in raw units.
 
-Refused, by name: other architectures (jumprelu, gated, ...), sites whose
+  - A "batchtopk" SAE is written as their "jumprelu" with its threshold
+    on every feature (SAELens's own BatchTopK SAEs are saved so), and a
+    "jumprelu" folder (Gemma Scope's, say) loads as our "jumprelu", an
+    SAE that encodes but is not trained here.
+
+Refused, by name: other architectures (gated, matryoshka, ...), sites whose
 heads SAELens does not flatten (q, k, v, scores, pattern, result), one-head
 SAEs (`hook_head_index`), per-input normalisation, decoder-norm rescaling,
 dtypes other than float32, and configs from before SAELens 6.
@@ -60,11 +65,22 @@ WEIGHTS = "sae_weights.safetensors"
 # config without a version as the older layout (hook_name at the top,
 # activation_fn strings), so the version must be there.
 FORMAT_VERSION = "6.0.0"
-ARCHITECTURES = {"relu": "standard", "topk": "topk"}  # our kind -> theirs
-KINDS = {v: k for k, v in ARCHITECTURES.items()}
+# Our kind -> theirs. A BatchTopK SAE is written in its inference form,
+# JumpReLU with its one threshold on every feature, as SAELens writes its
+# own BatchTopK SAEs; it loads back as "jumprelu" (same params, same
+# encoding; the training-time k is not part of that form).
+ARCHITECTURES = {"relu": "standard", "topk": "topk", "batchtopk": "jumprelu",
+                 "jumprelu": "jumprelu"}
+KINDS = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}
 # Our param name -> theirs, with its shape in (D, F).
 TENSORS = {"w_enc": ("W_enc", "DF"), "b_enc": ("b_enc", "F"),
            "w_dec": ("W_dec", "FD"), "b_dec": ("b_dec", "D")}
+THRESHOLD = {"threshold": ("threshold", "F")}  # ... and the jump's
+
+
+def _tensors(kind: str) -> dict:
+  """The tensors of an SAE of `kind`, ours -> (theirs, dims)."""
+  return {**TENSORS, **THRESHOLD} if kind in sae_lib.THRESHOLDED else TENSORS
 # Sites read one row per token whose TransformerLens hook SAELens can take
 # as it comes: the residual stream and the block outputs, and z (whose
 # heads SAELens flattens). q/k/v/result are per head too, but SAELens
@@ -108,16 +124,18 @@ def save_saelens(path, params, *, kind: str, site: str,
                  metadata: dict | None = None) -> pathlib.Path:
   """Write the SAE `params` (sae.py's dict) as SAELens's folder `path`.
 
-  `site` is the hook site it reads (`blocks.1.attn.z`); `k` TopK's k.
-  `scale`: the SAE reads `scale * x` (experiments/sae's E|x|^2 = D); it is
-  folded in (w_enc * scale, w_dec / scale, b_dec / scale) so that SAELens
-  reads raw activations. At 1 the tensors are written bit for bit.
+  `site` is the hook site it reads (`blocks.1.attn.z`); `k` TopK's (and
+  BatchTopK's) k. `scale`: the SAE reads `scale * x` (experiments/sae's
+  E|x|^2 = D); it is folded in (w_enc * scale, w_dec / scale, b_dec /
+  scale: the pre-activations, so the threshold, do not change) so that
+  SAELens reads raw activations. At 1 the tensors are written bit for
+  bit.
   `metadata`: more of SAELens's metadata fields, JSON values (e.g.
   `model_name`, `context_size`, `prepend_bos`, `dataset_path`,
   `neuronpedia_id`). Returns the folder.
   """
   sae_lib.check_kind(kind, k)
-  arrays = _checked_params(params)
+  arrays = _checked_params(params, _tensors(kind))
   if not (isinstance(scale, (int, float)) and math.isfinite(scale)
           and scale > 0):
     raise ValueError(f"save_saelens: `scale` must be a positive finite "
@@ -144,6 +162,8 @@ def save_saelens(path, params, *, kind: str, site: str,
                       "sae_lens_training_version": None}}
   if kind == "topk":
     cfg.update(k=k, rescale_acts_by_decoder_norm=False)
+  if kind == "batchtopk":  # where it came from, for a reader; not loaded
+    cfg["metadata"].setdefault("mha_jax_trained_as", f"batchtopk k={k}")
   try:  # before writing anything: a bad `metadata` leaves no half folder
     text = json.dumps(cfg, indent=1)
   except TypeError as e:
@@ -153,7 +173,7 @@ def save_saelens(path, params, *, kind: str, site: str,
   path.mkdir(parents=True, exist_ok=True)
   safetensors.numpy.save_file(
       {theirs: np.ascontiguousarray(arrays[ours])
-       for ours, (theirs, _) in TENSORS.items()}, path / WEIGHTS)
+       for ours, (theirs, _) in _tensors(kind).items()}, path / WEIGHTS)
   (path / CFG).write_text(text)
   return path
 
@@ -180,7 +200,7 @@ def load_saelens(path) -> tuple[dict, dict]:
   arch = cfg.get("architecture")
   if arch not in KINDS:
     raise ValueError(f"{where} `architecture`: expected 'standard' (our "
-                     f"'relu') or 'topk', got {arch!r}")
+                     f"'relu'), 'topk' or 'jumprelu', got {arch!r}")
   kind, k = KINDS[arch], cfg.get("k")
   if kind == "topk":
     sae_lib.check_kind(kind, k)
@@ -204,13 +224,14 @@ def load_saelens(path) -> tuple[dict, dict]:
                      f"{allowed} for hook {name}, got {reshape!r}")
   with safetensors.safe_open(path / WEIGHTS, framework="numpy") as f:
     names = sorted(f.keys())
-    want = sorted(t for t, _ in TENSORS.values())
+    want = sorted(t for t, _ in _tensors(kind).values())
     if names != want:
       raise ValueError(f"load_saelens: {path / WEIGHTS}: expected the "
                        f"tensors {want}, got {names}")
     arrays = {ours: f.get_tensor(theirs)
-              for ours, (theirs, _) in TENSORS.items()}
-  params = _checked_params(arrays, where=f"load_saelens: {path / WEIGHTS}",
+              for ours, (theirs, _) in _tensors(kind).items()}
+  params = _checked_params(arrays, _tensors(kind),
+                           where=f"load_saelens: {path / WEIGHTS}",
                            d_in=cfg.get("d_in"), d_sae=cfg.get("d_sae"))
   meta = {"kind": kind, "k": k if kind == "topk" else None, "site": site,
           "hook_name": name, "d_in": cfg["d_in"], "d_sae": cfg["d_sae"],
@@ -227,12 +248,14 @@ def _expect(where: str, cfg: dict, field: str, value, why: str) -> None:
                      f"({why}), got {json.dumps(got)}")
 
 
-def _checked_params(params, *, where: str = "save_saelens: `params`",
+def _checked_params(params, tensors: dict, *,
+                    where: str = "save_saelens: `params`",
                     d_in=None, d_sae=None) -> dict:
-  """The four arrays as float32 NumPy, checked against one (D, F)."""
-  if not isinstance(params, dict) or set(params) != set(TENSORS):
+  """The arrays of `tensors` (`_tensors(kind)`) as float32 NumPy, checked
+  against one (D, F)."""
+  if not isinstance(params, dict) or set(params) != set(tensors):
     got = sorted(params) if isinstance(params, dict) else type(params)
-    raise ValueError(f"{where}: expected the keys {sorted(TENSORS)}, got "
+    raise ValueError(f"{where}: expected the keys {sorted(tensors)}, got "
                      f"{got}")
   arrays = {n: np.asarray(a) for n, a in params.items()}
   if d_in is None:  # saving: the sizes are the encoder's
@@ -241,7 +264,7 @@ def _checked_params(params, *, where: str = "save_saelens: `params`",
                        f"{list(arrays['w_enc'].shape)}")
     d_in, d_sae = arrays["w_enc"].shape
   sizes = {"D": d_in, "F": d_sae}
-  for ours, (theirs, dims) in TENSORS.items():
+  for ours, (theirs, dims) in tensors.items():
     a = arrays[ours]
     want = [sizes[c] for c in dims]
     if list(a.shape) != want:

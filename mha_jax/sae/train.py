@@ -11,7 +11,10 @@ removed before it; for ReLU SAEs, every `resample_every` steps up to
 `resample_until`, features that fired on no example for `dead_steps`
 steps are re-initialised towards inputs the SAE reconstructs badly
 (probability proportional to the squared loss), their encoder scaled to
-0.2 of the live features' mean norm, and their Adam moments zeroed. The
+0.2 of the live features' mean norm, and their Adam moments zeroed. A
+BatchTopK SAE's inference threshold (`params["threshold"]`, which no
+gradient moves) follows the smallest activation each batch kept, as a
+moving average with weight `threshold_lr` from 0 (SAELens's rule). The
 state is a dict `{"step", "params", "opt_state", "since_fired" [F]}`, all
 arrays, saved with orbax in `workdir/checkpoints/<step>/` like the
 model's training runs; batch `step` comes from `buffer.batch_at`, so a
@@ -46,13 +49,27 @@ class Hyper(NamedTuple):
   aux_k: int
   aux_coef: float
   dead_steps: int
+  threshold_lr: float = 0.0  # BatchTopK's threshold average
+
+
+def uses_k(kind: str) -> bool:
+  """Whether SAEs of `kind` are trained with `k` features per token."""
+  return kind in ("topk", "batchtopk")
 
 
 def hyper(cfg) -> Hyper:
   """`Hyper` from an `sae` config group (see configs/sae.py)."""
-  sae_lib.check_kind(cfg.kind, cfg.k if cfg.kind == "topk" else None)
-  return Hyper(cfg.kind, float(cfg.l1), cfg.k if cfg.kind == "topk" else None,
-               int(cfg.aux_k), float(cfg.aux_coef), int(cfg.dead_steps))
+  if cfg.kind not in sae_lib.TRAINABLE:
+    raise ValueError(f"sae train: `kind` must be one of "
+                     f"{sae_lib.TRAINABLE}, got {cfg.kind!r}")
+  k = cfg.k if uses_k(cfg.kind) else None
+  sae_lib.check_kind(cfg.kind, k)
+  lr = float(cfg.get("threshold_lr") or 0.0)
+  if cfg.kind == "batchtopk" and not 0.0 < lr <= 1.0:
+    raise ValueError(f"sae train: 'batchtopk' needs `threshold_lr` in "
+                     f"(0, 1], got {cfg.get('threshold_lr')!r}")
+  return Hyper(cfg.kind, float(cfg.l1), k, int(cfg.aux_k),
+               float(cfg.aux_coef), int(cfg.dead_steps), lr)
 
 
 def make_optimizer(learning_rate: float, beta2: float
@@ -67,6 +84,8 @@ def init_state(cfg, d_in: int, b_dec) -> dict:
   steps learn directions, not the offset)."""
   params = sae_lib.init(jax.random.PRNGKey(cfg.seed), d_in, cfg.d_sae)
   params["b_dec"] = jnp.asarray(b_dec, jnp.float32)
+  if cfg.kind == "batchtopk":
+    params["threshold"] = jnp.zeros((cfg.d_sae,), jnp.float32)
   return {"step": jnp.zeros((), jnp.int32), "params": params,
           "opt_state": make_optimizer(cfg.learning_rate,
                                       cfg.beta2).init(params),
@@ -84,6 +103,16 @@ def train_step(state, x, *, hp: Hyper, optimizer):
   updates, opt_state = optimizer.update(grads, state["opt_state"], params)
   params = sae_lib.normalize_decoder(optax.apply_updates(params, updates))
   since = jnp.where(m.pop("fired"), 0, state["since_fired"] + 1)
+  kept_min = m.pop("kept_min")
+  if hp.kind == "batchtopk":
+    # The threshold is read off the kept activations, not learned: its
+    # gradient is zero (the training loss never reads it), so Adam left it
+    # as it was.
+    old = params["threshold"]
+    new = (1 - hp.threshold_lr) * old + hp.threshold_lr * kept_min
+    params = {**params, "threshold": jnp.where(jnp.isfinite(kept_min), new,
+                                               old)}
+    m["threshold"] = params["threshold"][0]
   return ({"step": state["step"] + 1, "params": params,
            "opt_state": opt_state, "since_fired": since},
           {**m, "dead": jnp.mean(dead)})
@@ -92,7 +121,7 @@ def train_step(state, x, *, hp: Hyper, optimizer):
 def _reset_adam_rows(opt_state, dead):
   """Zero Adam's moments of the features marked `dead [F]`."""
   masks = {"w_enc": dead[None, :], "b_enc": dead, "w_dec": dead[:, None],
-           "b_dec": jnp.zeros((), bool)}
+           "b_dec": jnp.zeros((), bool), "threshold": dead}
 
   def fix(s):
     if isinstance(s, optax.ScaleByAdamState):

@@ -374,5 +374,6 @@ def test_reinit_kinds_outside_the_claims_are_refused():
   config = sae_config.get_config("smoke")
   config.experiment.reinit_kinds = ("jumprelu",)
   with pytest.raises(ValueError, match=r"reinit_kinds: expected kinds the "
-                     r"claim trains \('relu', 'topk'\), got \('jumprelu',\)"):
+                     r"claim trains \('relu', 'topk', 'batchtopk'\), got "
+                     r"\('jumprelu',\)"):
     controls.measure(config, None, None, {}, None)

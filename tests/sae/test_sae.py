@@ -8,44 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import sae as sae_config
 from mha_jax.sae import buffer
 from mha_jax.sae import sae
 from mha_jax.sae import train
-
-
-def _planted(seed, n, d, m, active):
-  """`(atoms [m, d], x [n, d])`: each x a sum of `active` unit atoms with
-  coefficients in [0.5, 1.5]."""
-  rng = np.random.default_rng(seed)
-  atoms = rng.normal(size=(m, d))
-  atoms /= np.linalg.norm(atoms, axis=1, keepdims=True)
-  codes = np.zeros((n, m))
-  for i in range(n):
-    idx = rng.choice(m, active, replace=False)
-    codes[i, idx] = rng.uniform(0.5, 1.5, active)
-  return atoms, (codes @ atoms).astype(np.float32)
-
-
-def _cfg(**kw):
-  c = sae_config.get_config("smoke").sae
-  c.update(**kw)
-  return c
-
-
-def _fit(cfg, x):
-  """The SAE after `num_steps` train steps on the buffer's batches (one
-  scan: a single compiled program)."""
-  hp = train.hyper(cfg)
-  opt = train.make_optimizer(cfg.learning_rate, cfg.beta2)
-  state = train.init_state(cfg, x.shape[1], x.mean(0))
-  batches = np.stack([buffer.batch_at(x, i, batch_size=cfg.batch_size,
-                                      seed=cfg.seed)
-                      for i in range(cfg.num_steps)])
-  step = lambda s, b: (train.train_step(s, b, hp=hp, optimizer=opt)[0], None)
-  state, _ = jax.jit(lambda s, bs: jax.lax.scan(step, s, bs))(
-      state, jnp.asarray(batches))
-  return state["params"]
+from tests import sae_fit
 
 
 @pytest.mark.parametrize("kind,l1,steps", [("relu", 1.0, 500),
@@ -53,10 +19,11 @@ def _fit(cfg, x):
 def test_planted_dictionary_is_recovered(kind, l1, steps):
   # 24 atoms in 16 dimensions (overcomplete), 3 active per example: each
   # true atom should have a learned decoder row at cosine > 0.95.
-  atoms, x = _planted(0, 4096, 16, 24, 3)
-  cfg = _cfg(kind=kind, d_sae=48, k=3, aux_k=16, l1=l1, learning_rate=1e-2,
-             batch_size=256, num_steps=steps, dead_steps=50, seed=0)
-  w_dec = np.asarray(_fit(cfg, x)["w_dec"])
+  atoms, x = sae_fit.planted(0, 4096, 16, 24, 3)
+  cfg = sae_fit.cfg(kind=kind, d_sae=48, k=3, aux_k=16, l1=l1,
+                    learning_rate=1e-2, batch_size=256, num_steps=steps,
+                    dead_steps=50, seed=0)
+  w_dec = np.asarray(sae_fit.fit(cfg, x)["w_dec"])
   np.testing.assert_allclose(np.linalg.norm(w_dec, axis=1), 1, rtol=1e-5)
   best = np.abs(atoms @ w_dec.T).max(1)
   assert np.mean(best > 0.95) >= 0.9, np.sort(best)
@@ -106,7 +73,7 @@ def test_resume_equals_uninterrupted(tmp_path):
   # 12 steps with resampling at steps 4 and 8, interrupted at 6; with
   # dead_steps 0 every feature counts as dead, so each resampling redraws
   # them all (random draws, Adam resets) and any state not restored shows.
-  cfg = _cfg(dead_steps=0)
+  cfg = sae_fit.cfg(dead_steps=0)
   assert train.resample_steps(cfg) == {4, 8}
   acts = np.random.default_rng(0).normal(size=(64, 16)).astype(np.float32)
   whole = train.train(cfg, acts, tmp_path / "a")
@@ -133,7 +100,7 @@ def test_bad_input_is_named():
   with pytest.raises(ValueError, match="flatten_site: expected"):
     buffer.flatten_site(jnp.zeros((2, 3)))
   with pytest.raises(ValueError, match="`acts` must be"):
-    train.train(_cfg(), np.zeros(5, np.float32), "unused")
+    train.train(sae_fit.cfg(), np.zeros(5, np.float32), "unused")
 
 
 def test_topk_keeps_at_most_the_positive_features():

@@ -25,13 +25,20 @@ D = H * DV
 Z_SITE = "blocks.1.attn.z"
 
 
-def _params(seed, d=D, f=F):
+def _params(seed, d=D, f=F, kind="relu"):
   """Random params with non-zero biases, so that a dropped or misplaced
-  bias shows (a trained SAE's b_dec is the data's mean, not zero)."""
+  bias shows (a trained SAE's b_dec is the data's mean, not zero); the
+  thresholded kinds' threshold too (BatchTopK's one value repeated,
+  JumpReLU's one per feature), set where it decides which features fire."""
   rng = np.random.default_rng(seed)
   normal = lambda *s: rng.normal(size=s).astype(np.float32)
-  return {"w_enc": normal(d, f), "b_enc": normal(f) * 0.5,
-          "w_dec": normal(f, d), "b_dec": normal(d)}
+  params = {"w_enc": normal(d, f), "b_enc": normal(f) * 0.5,
+            "w_dec": normal(f, d), "b_dec": normal(d)}
+  if kind == "batchtopk":
+    params["threshold"] = np.full(f, 1.5, np.float32)
+  elif kind == "jumprelu":
+    params["threshold"] = rng.uniform(0.5, 2.5, f).astype(np.float32)
+  return params
 
 
 def _x(seed, n=64):
@@ -66,14 +73,16 @@ def _floats32(shape):
 def _saes(draw):
   d, f = draw(st.integers(1, 6)), draw(st.integers(1, 9))
   kind = draw(st.sampled_from(sae.KINDS))
-  k = draw(st.integers(1, f)) if kind == "topk" else None
+  k = draw(st.integers(1, f)) if kind in ("topk", "batchtopk") else None
   params = {"w_enc": draw(_floats32((d, f))), "b_enc": draw(_floats32(f)),
             "w_dec": draw(_floats32((f, d))), "b_dec": draw(_floats32(d))}
+  if kind in sae.THRESHOLDED:
+    params["threshold"] = draw(_floats32(f))
   site = draw(st.sampled_from([s for s, _ in SITES]))
   return params, kind, k, site
 
 
-@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.settings(max_examples=60, deadline=None)
 @hypothesis.given(_saes())
 def test_round_trip_is_bit_identical(drawn):
   params, kind, k, site = drawn
@@ -86,7 +95,9 @@ def test_round_trip_is_bit_identical(drawn):
     b = np.asarray(back[name])
     assert b.dtype == np.float32 and b.shape == a.shape, name
     assert b.tobytes() == a.tobytes(), name
-  assert (meta["kind"], meta["k"], meta["site"]) == (kind, k, site)
+  # BatchTopK comes back in its inference form, which has no k.
+  want = ("jumprelu", None) if kind == "batchtopk" else (kind, k)
+  assert (meta["kind"], meta["k"], meta["site"]) == (*want, site)
   assert (meta["d_in"], meta["d_sae"]) == params["w_enc"].shape
   assert meta["metadata"]["model_name"] == "toy"
 
@@ -135,8 +146,15 @@ def test_scale_is_folded_into_the_weights(tmp_path):
 
 
 SAVE_REFUSALS = [
+    (dict(kind="gated"),
+     "sae kind: expected one of ('relu', 'topk', 'batchtopk', 'jumprelu'), "
+     "got 'gated'"),
     (dict(kind="jumprelu"),
-     "sae kind: expected one of ('relu', 'topk'), got 'jumprelu'"),
+     "save_saelens: `params`: expected the keys ['b_dec', 'b_enc', "
+     "'threshold', 'w_dec', 'w_enc'], got ['b_dec', 'b_enc', 'w_dec', "
+     "'w_enc']"),
+    (dict(kind="batchtopk", k=0),
+     "sae kind 'batchtopk': `k` must be a positive int, got 0"),
     (dict(kind="topk"),
      "sae kind 'topk': `k` must be a positive int, got None"),
     (dict(site="blocks.1.attn.q"),
@@ -185,9 +203,12 @@ def _edited(tmp_path, cfg_change=None, meta_change=None, tensors=None):
 
 
 LOAD_REFUSALS = [
+    (dict(cfg_change={"architecture": "gated"}),
+     "<CFG> `architecture`: expected 'standard' (our 'relu'), 'topk' or "
+     "'jumprelu', got 'gated'"),
     (dict(cfg_change={"architecture": "jumprelu"}),
-     "<CFG> `architecture`: expected 'standard' (our 'relu') or 'topk', got "
-     "'jumprelu'"),
+     "<WEIGHTS>: expected the tensors ['W_dec', 'W_enc', 'b_dec', 'b_enc', "
+     "'threshold'], got ['W_dec', 'W_enc', 'b_dec', 'b_enc']"),
     (dict(cfg_change={"apply_b_dec_to_input": False}),
      "<CFG> `apply_b_dec_to_input`: expected true (our encoder subtracts "
      "b_dec from its input), got false"),
@@ -276,17 +297,18 @@ def _sae_lens():
   return mod.SAE, torch
 
 
-KINDS = [("relu", None), ("topk", 5)]
+KINDS = [("relu", None), ("topk", 5), ("batchtopk", 5), ("jumprelu", None)]
 
 
 @pytest.mark.parametrize("kind,k", KINDS)
 def test_written_here_encodes_the_same_in_saelens(tmp_path, kind, k):
   SAE, torch = _sae_lens()
-  params, x = _params(2), _x(2)
+  params, x = _params(2, kind=kind), _x(2)
   saelens.save_saelens(tmp_path, params, kind=kind, k=k, site=Z_SITE)
   theirs = SAE.load_from_disk(tmp_path)
-  assert theirs.cfg.architecture() == {"relu": "standard",
-                                       "topk": "topk"}[kind]
+  assert theirs.cfg.architecture() == {
+      "relu": "standard", "topk": "topk", "batchtopk": "jumprelu",
+      "jumprelu": "jumprelu"}[kind]
   # TransformerLens's hook_z as it comes, [B, T, H, Dv]: SAELens flattens
   # the heads itself, and must do it in buffer.flatten_site's order.
   z = x.reshape(4, -1, H, DV)  # [B, T, H, Dv]
@@ -299,6 +321,9 @@ def test_written_here_encodes_the_same_in_saelens(tmp_path, kind, k):
   assert ((f_theirs > 0) == (f_ours > 0)).all()
   if kind == "topk":
     assert ((f_ours > 0).sum(-1) <= k).all()
+  if kind in sae.THRESHOLDED:  # the thresholds drew the line somewhere
+    pre = np.asarray(sae.pre_acts(params, flat))
+    assert ((pre > 0) & (f_ours == 0)).any() and (f_ours > 0).any()
   np.testing.assert_allclose(f_theirs, f_ours, rtol=1e-5, atol=1e-5)
   assert recon_theirs.shape == z.shape
   np.testing.assert_allclose(buffer.flatten_site(recon_theirs),
@@ -306,29 +331,38 @@ def test_written_here_encodes_the_same_in_saelens(tmp_path, kind, k):
                              rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind,k", KINDS)
+# SAELens saves its BatchTopK SAEs as JumpReLU, so "jumprelu" is theirs.
+@pytest.mark.parametrize("kind,k", [c for c in KINDS if c[0] != "batchtopk"])
 def test_saved_by_saelens_loads_here_and_encodes_the_same(tmp_path, kind, k):
   SAE, torch = _sae_lens()
   # pylint: disable=g-import-not-at-top
   import sae_lens
   from sae_lens.saes import sae as sae_lens_sae
   cfg_cls = {"relu": sae_lens.StandardSAEConfig,
-             "topk": sae_lens.TopKSAEConfig}[kind]
+             "topk": sae_lens.TopKSAEConfig,
+             "jumprelu": sae_lens.JumpReLUSAEConfig}[kind]
   cfg = cfg_cls(d_in=D, d_sae=F, reshape_activations="hook_z",
                 metadata=sae_lens_sae.SAEMetadata(
                     hook_name="blocks.1.attn.hook_z", model_name="toy"),
                 **({"k": k} if k else {}))
   torch.manual_seed(0)
-  theirs = {"relu": sae_lens.StandardSAE, "topk": sae_lens.TopKSAE}[kind](cfg)
+  theirs = {"relu": sae_lens.StandardSAE, "topk": sae_lens.TopKSAE,
+            "jumprelu": sae_lens.JumpReLUSAE}[kind](cfg)
   with torch.no_grad():  # their init leaves both biases at zero
     theirs.b_enc.normal_(0, 0.5)
     theirs.b_dec.normal_()
+    if kind == "jumprelu":  # ... and the thresholds
+      theirs.threshold.uniform_(0.5, 2.5)
   theirs.save_model(tmp_path)
   params, meta = saelens.load_saelens(tmp_path)
   assert (meta["kind"], meta["k"], meta["site"]) == (kind, k, Z_SITE)
   assert meta["metadata"]["model_name"] == "toy"
-  for ours, t in (("w_enc", theirs.W_enc), ("b_enc", theirs.b_enc),
-                  ("w_dec", theirs.W_dec), ("b_dec", theirs.b_dec)):
+  pairs = [("w_enc", theirs.W_enc), ("b_enc", theirs.b_enc),
+           ("w_dec", theirs.W_dec), ("b_dec", theirs.b_dec)]
+  if kind == "jumprelu":
+    pairs.append(("threshold", theirs.threshold))
+  assert set(params) == {ours for ours, _ in pairs}
+  for ours, t in pairs:
     assert np.asarray(params[ours]).tobytes() == t.detach().numpy().tobytes()
   x = _x(3)
   with torch.no_grad():
