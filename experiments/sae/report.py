@@ -88,7 +88,9 @@ def values(saved: dict, command: str | None = None) -> dict:
       "model": m["label"], "layer": str(m["layer"]),
       "width": str(m["width"]), "heads": str(m["heads"]),
       "d_sae": str(s["d_sae"]), "expansion": f"{s['d_sae'] / m['width']:g}",
-      "l1": f"{s['l1']:g}", "k": str(s["k"]), "steps": str(s["num_steps"]),
+      # BatchTopK's sentence follows TopK's k in the template's line.
+      "l1": f"{s['l1']:g}", "k": str(s["k"]) + _batchtopk_note(c),
+      "steps": str(s["num_steps"]),
       "batch": str(s["batch_size"]),
       "seeds": str(len(c["experiment"]["seeds"])),
       "train_tokens": f"{d['train_tokens']:,}",
@@ -116,7 +118,7 @@ def values(saved: dict, command: str | None = None) -> dict:
       "null": report_controls.null_section(saved),
       "controls": report_controls.controls_section(saved),
       "findings": _findings(saved),
-      "steps_note": _steps_note(c), "batchtopk_note": _batchtopk_note(c),
+      "steps_note": _steps_note(c),
       "dead_note": _dead_note(saved),
   }
 
