@@ -130,6 +130,10 @@ def get_config(arg=None):
   # The re-initialised model's, where they differ (None: as above).
   e.reinit_seeds, e.reinit_kinds = None, None
   e.reinit_seed = 1000  # far from the trained model's seed 0
+  # Each SAE's measures are saved in the workdir under a key of all they
+  # depend on (experiments/sae/per_sae.py), so a run that adds SAEs
+  # measures only those; False measures every SAE again.
+  e.cache_measures = True
   e.top_contexts = 8  # contexts per feature in the viewer
   e.view_features = 12  # features on the viewer page
   # SmolLM2 (source smollm2).

@@ -10,20 +10,32 @@ model and layer they came from, the folder prefix of its SAEs, its
 repeated-token captures and the heads whose DFA the induction criterion
 counts, and caches (compiled losses, ablation baselines) shared by the
 SAEs measured on it.
+
+Each SAE's measures are saved in `workdir/measures/` under a key of
+everything they depend on: the SAE's settings, its parameters and
+training seconds, the site's activations, the experiment's settings but
+those that only choose which SAEs run (`_NOT_MEASURES`), the model's
+config, the library's and these measures' code, and jax's version. A run
+that adds SAEs or seeds measures only those; any other change measures
+again. `experiment.cache_measures = False` measures everything.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import pathlib
 import shutil
 import time
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from experiments.sae import induction
+from mha_jax.measure import report as report_lib
 from mha_jax.sae import attribution
 from mha_jax.sae import buffer
 from mha_jax.sae import metrics
@@ -157,10 +169,80 @@ def untrained(config, kind, seed, acts):
   return params, cfg, None
 
 
+# Fields of `experiment` that choose which SAEs a run has, or what its
+# pages show, not what one SAE's measures are.
+_NOT_MEASURES = frozenset({
+    "seeds", "kinds", "resid_pre_kinds", "resid_pre_seeds", "controls",
+    "control_seeds", "control_kinds", "reinit_seeds", "reinit_kinds",
+    "top_contexts", "view_features", "cache_measures"})
+# This experiment's modules that a measure runs (with all of mha_jax).
+_MEASURE_CODE = ("per_sae.py", "induction.py", "sources.py", "controls.py")
+
+
+@functools.lru_cache(maxsize=1)
+def _code_digest() -> str:
+  here = pathlib.Path(__file__).resolve()
+  root = here.parents[2]
+  h = hashlib.sha256()
+  for f in sorted((root / "mha_jax").rglob("*.py")) + [
+      here.with_name(n) for n in _MEASURE_CODE]:
+    h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+  return h.hexdigest()
+
+
+def _digest(arrays) -> str:
+  h = hashlib.sha256()
+  for a in arrays:
+    a = np.ascontiguousarray(np.asarray(a))
+    h.update(f"{a.dtype}{a.shape}".encode() + a.tobytes())
+  return h.hexdigest()
+
+
+def measure_key(config, data, params, cfg, train_s, what: str) -> str:
+  """The key one SAE's measures `what` are saved under (module
+  docstring)."""
+  if "digest" not in data:  # the site's activations, hashed once
+    data["digest"] = _digest([data["acts"], data["evals"]])
+  e = config.experiment.to_dict()
+  return json.dumps({
+      "what": what, "sae": cfg.to_dict(), "train_s": train_s,
+      "params": _digest([params[n] for n in sorted(params)]),
+      "data": [data["digest"], data["site"], data["layer"], data["prefix"]],
+      "heads": [int(h) for h in data.get("induction_heads", [])],
+      "experiment": {n: v for n, v in e.items() if n not in _NOT_MEASURES},
+      "source": config.source, "model": config.model.to_dict(),
+      "code": _code_digest(), "jax": jax.__version__},
+                    sort_keys=True, default=str)
+
+
+def _cached(config, data, params, cfg, train_s, what: str, fn) -> dict:
+  """`fn()`'s measures as results.json holds them, read from
+  `workdir/measures/` when saved there under the same key."""
+  if not config.experiment.get("cache_measures", True):
+    return report_lib.saved_results(fn())
+  key = measure_key(config, data, params, cfg, train_s, what)
+  untrained = "untrained_" if train_s is None else ""
+  path = (pathlib.Path(data["workdir"]) / "measures" /
+          f"{data['prefix']}{untrained}{cfg.kind}_seed{cfg.seed}_{what}.json")
+  if path.exists():
+    saved = json.loads(path.read_text())
+    if saved["key"] == key:
+      return saved["value"]
+  value = report_lib.saved_results(fn())
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps({"key": key, "value": value}))
+  return value
+
+
 def standard(config, src, data, params, cfg, train_s) -> dict:
   """The measures of any site: sparsity, explained variance, and the loss
   and KL with the reconstruction spliced in, on held-out inputs and on
-  the repeated random tokens' second copy."""
+  the repeated random tokens' second copy (saved, `_cached`)."""
+  return _cached(config, data, params, cfg, train_s, "standard",
+                 lambda: _standard(config, src, data, params, cfg, train_s))
+
+
+def _standard(config, src, data, params, cfg, train_s) -> dict:
   kind = cfg.kind
   k = cfg.k if kind == "topk" else None
   st = metrics.feature_stats(params, data["evals"], kind=kind, k=k)
@@ -192,11 +274,17 @@ def standard(config, src, data, params, cfg, train_s) -> dict:
 def measure_sae(config, src, data, params, cfg, train_s) -> dict:
   """`standard` and the induction test of one SAE on `data`'s z: the
   features passing the criterion, the threshold sweep, and how much of
-  the induction heads' output they reconstruct."""
+  the induction heads' output they reconstruct (saved, `_cached`)."""
+  return _cached(config, data, params, cfg, train_s, "z",
+                 lambda: _measure_sae(config, src, data, params, cfg,
+                                      train_s))
+
+
+def _measure_sae(config, src, data, params, cfg, train_s) -> dict:
   e = config.experiment
   kind = cfg.kind
   k = cfg.k if kind == "topk" else None
-  out = standard(config, src, data, params, cfg, train_s)
+  out = _standard(config, src, data, params, cfg, train_s)
   heads = data["induction_heads"]
   det = induction.detect(params, data["captured"], data["layer"],
                          e.repeat_len, heads, e, kind=kind, k=k,
@@ -255,7 +343,7 @@ def site_data(config, src, workdir, site, repeat_batches, *, layer: int,
   scale = float(np.sqrt(acts.shape[1] / np.mean(np.sum(acts ** 2, -1))))
   return {"acts": acts * scale, "evals": evals * scale, "scale": scale,
           "mean_site": acts.mean(0), "collect_s": collect_s,
-          "layer": layer, "prefix": prefix,
+          "layer": layer, "prefix": prefix, "workdir": str(workdir),
           "site": site_name(layer, site),
           "repeat_batches": repeat_batches, "loss_fns": {}, "ablations": {}}
 

@@ -70,11 +70,23 @@ def test_smoke_run_end_to_end(tmp_path):
   assert "feature " in (tmp_path / "view.html").read_text()
   assert '"sae"' in (tmp_path / "explorer.html").read_text()
   # Again in the same folder: every SAE restores, nothing retrains, and
-  # the measured numbers come out the same.
-  second = entry.run(config, tmp_path)
+  # every SAE's measures are read back, none measured again ...
+  from experiments.sae import per_sae  # pylint: disable=g-import-not-at-top
+  def measured(*args):
+    raise AssertionError(f"measured again: {args[4].kind} {args[4].seed}")
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(per_sae, "_standard", measured)
+    mp.setattr(per_sae, "_measure_sae", measured)
+    second = entry.run(config, tmp_path)
   strip = lambda res: [{k: v for k, v in r.items()
                         if k not in ("train_s", "steps_per_s")}
                        for r in res["runs"] + res["resid_pre"]["runs"] + [
                            r for c in res["controls"].values()
                            for r in c["runs"]]]
   assert strip(second) == strip(first)
+  assert len(list((tmp_path / "measures").glob("*.json"))) == len(
+      strip(first))
+  # ... and measured again without the saved ones, the numbers come out
+  # the same.
+  config.experiment.cache_measures = False
+  assert strip(entry.run(config, tmp_path)) == strip(first)

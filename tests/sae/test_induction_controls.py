@@ -377,3 +377,36 @@ def test_reinit_kinds_outside_the_claims_are_refused():
                      r"claim trains \('relu', 'topk', 'batchtopk'\), got "
                      r"\('jumprelu',\)"):
     controls.measure(config, None, None, {}, None)
+
+
+def test_saved_measures_are_keyed_by_what_they_depend_on():
+  """The key of one SAE's saved measures: the fields that only choose
+  which SAEs run leave it alone; a measure setting, the parameters, the
+  activations or the training seconds change it."""
+  import numpy as np
+  from configs import sae as sae_config
+  from experiments.sae import per_sae
+  config = sae_config.get_config("smoke")
+  cfg = per_sae.sae_config(config, "topk", 0)
+  rng = np.random.default_rng(0)
+  params = {"w_enc": rng.normal(size=(4, 6)), "b_enc": np.zeros(6),
+            "w_dec": rng.normal(size=(6, 4)), "b_dec": np.zeros(4)}
+  def data(acts):
+    return {"acts": acts, "evals": acts[:2], "site": "blocks.1.attn.z",
+            "layer": 1, "prefix": "", "induction_heads": [0, 1]}
+  acts = rng.normal(size=(8, 4))
+  key = lambda c=config, p=params, d=None, t=1.5: per_sae.measure_key(
+      c, d or data(acts), p, cfg, t, "z")
+  base = key()
+  for field, value in (("seeds", (5, 6)), ("kinds", ("relu",)),
+                       ("control_seeds", (0, 1, 2)), ("reinit_seeds", (3,)),
+                       ("top_contexts", 1), ("cache_measures", False)):
+    changed = sae_config.get_config("smoke")
+    changed.experiment[field] = value
+    assert key(c=changed) == base, field
+  changed = sae_config.get_config("smoke")
+  changed.experiment.null_draws = 7
+  assert key(c=changed) != base
+  assert key(p={**params, "b_enc": np.ones(6)}) != base
+  assert key(d=data(acts + 1e-6)) != base
+  assert key(t=None) != base  # the untrained SAE of the same seed
