@@ -25,7 +25,7 @@ Kinds:
     JumpReLU with it, f = ReLU(pre) * [pre > threshold], token by token.
   "jumprelu": f = ReLU(pre) * [pre > threshold_f], a threshold per feature
     (Rajamanoharan et al. 2024; Gemma Scope's SAEs). Encoded only: such
-    SAEs come from SAELens (`saelens.load`); training one here is refused,
+    SAEs come from SAELens (`saelens.load_saelens`); training one is refused
     since its straight-through threshold gradients are not implemented.
 Losses are means over the N examples of sums over D (or F).
 """
