@@ -6,22 +6,24 @@ concatenated), on the project's induction model and on SmolLM2-135M.
       --workdir=runs/sae_smollm2
 
 "induction" (the default): trains the 2-layer model of configs/induction.py
-(one seed, about a minute) unless runs/.../model holds it, then a ReLU-L1
-and a TopK SAE (32x the 64-wide z of layer 1) per seed, 3 seeds: L0,
-dead and dense features, explained variance, loss recovered against zero
-and mean ablation, and the induction features found on repeated random
-tokens; then a TopK SAE per seed on the layer's resid_pre, and the
-controls of the induction-feature count. The committed run took 19.2
-min on 2 quiet Intel Xeon cores (59 min on 2 cores loaded by other jobs).
+(one seed, about a minute) unless runs/.../model holds it, then a
+ReLU-L1, a TopK and a BatchTopK SAE (32x the 64-wide z of layer 1) per
+seed, 3 seeds: L0, dead and dense features, explained variance, loss
+recovered against zero and mean ablation, and the induction features
+found on repeated random tokens; then a TopK SAE per seed on the layer's
+resid_pre, and the controls of the induction-feature count (ReLU and
+TopK). Committed in two runs on 2 quiet Intel Xeon cores: 19.2 min
+without BatchTopK (59 min on 2 cores loaded by other jobs), then 5.7
+min resuming it with BatchTopK.
 "smollm2": a ReLU and a TopK SAE per seed, 3 seeds, on layer 17 of
 SmolLM2-135M (the layer holding three of its four strongest induction
 heads in docs/results/real_heads), text of the standard library, 16x
-dictionaries, with the untrained-dictionary control, one TopK SAE on
-layer 0, one on the re-initialised model and one on layer 17's
-resid_pre: about 2.5 h on 2 quiet Intel Xeon cores from nothing (2 min
-to collect each site, 8 per ReLU and 12 per TopK SAE, 1.5 to 2 to
-measure each SAE and each control); committed in two runs, 84 and 73
-min, the second resuming the first.
+dictionaries, with the untrained-dictionary control, the same six SAEs
+on layer 0, one TopK SAE on the re-initialised model and one on layer
+17's resid_pre: about 3.5 h on 2 quiet Intel Xeon cores from nothing (2
+min to collect each site, 8 per ReLU and 12 per TopK SAE, 1.5 to 2 to
+measure each SAE and each control); committed in three runs, 84, 73 and
+94 min, each resuming the one before.
 "smoke": a tiny induction model and tiny SAEs: 1 to 5 minutes (68 s
 wall, 50 CPU s, on 2 AVX-512 AMD EPYC cores at load 2-3, 2026-12-04;
 4 min 39 s on a loaded AVX2 machine).

@@ -78,6 +78,22 @@ def separated(saved, count: str = "copying") -> list:
   return out
 
 
+def same_settings(saved) -> str:
+  """What the controls share with the claim: "kinds, seeds, size, steps",
+  then each trained control that has fewer kinds or seeds, with its own
+  (the untrained control always has the claim's)."""
+  claim = (list(saved["summary"]), sorted({r["seed"] for r in saved["runs"]}))
+  fewer = []
+  for n, c in saved["controls"].items():
+    kinds = [k for k in saved["summary"] if k in c["summary"]]
+    seeds = sorted({r["seed"] for r in c["runs"]})
+    if n != "untrained" and (kinds, seeds) != claim:
+      fewer.append(f"{CONTROL_NAMES[n]}: "
+                   + " and ".join(KIND_NAMES[k] for k in kinds)
+                   + f" with seed(s) {', '.join(map(str, seeds))} only")
+  return "kinds, seeds, size, steps" + "".join(f"; {f}" for f in fewer)
+
+
 def controls_section(saved) -> str:
   """What each control is, its layer's induction scores, its SAEs'
   sparsity and counts at the criterion's thresholds."""
@@ -106,20 +122,7 @@ def controls_section(saved) -> str:
              + ", ".join(report_lib.head_name(layer, h) for h in heads) + ")"
              if heads else "no head (the claim's layer has no induction "
              "head, so no feature can pass)")
-  claim_seeds = sorted({r["seed"] for r in saved["runs"]})
-  trained = sorted({r["seed"] for n, c in ctrl.items() if n != "untrained"
-                    for r in c["runs"]})
-  trained_kinds = [k for k in saved["summary"]
-                   if any(k in c["summary"] for n, c in ctrl.items()
-                          if n != "untrained")]
-  same = ("kinds, seeds, size, steps" if trained in ([], claim_seeds)
-          else "kinds, size, steps; the trained controls with seed(s) "
-          + ", ".join(map(str, trained)) + " only, the untrained one with "
-          "every seed")
-  if trained and trained_kinds != list(saved["summary"]):
-    same += ("; the trained controls train "
-             + " and ".join(KIND_NAMES[k] for k in trained_kinds)
-             + " SAEs only")
+  same = same_settings(saved)
   text = (f"The same criterion, thresholds and SAE settings ({same}) "
           "where no learned induction is: the trained model's "
           f"layer {ctrl.get('layer0', {}).get('layer', 0)}, the claim's layer of the same architecture freshly "

@@ -198,6 +198,18 @@ def test_controls_with_fewer_kinds_than_the_claim():
   sep = next(x for x in lines if x.startswith("- The induction count"))
   assert "(ReLU + L1: against SAEs before training only)" in sep
   assert "DFA shares (heads, source) >= 0.9 (ReLU + L1)" in sep
+  # What the controls share with the claim names each trained control
+  # with fewer kinds or seeds, with its own.
+  for c, rs in ((saved["controls"]["layer0"], layer0),
+                (saved["controls"]["untrained"], untrained)):
+    c["summary"] = {k: {} for k in ("relu", "topk") if any(
+        r["kind"] == k for r in rs)}
+  assert report_controls.same_settings(saved) == (
+      "kinds, seeds, size, steps; layer 0 of the trained model: TopK with "
+      "seed(s) 0 only")
+  saved["controls"]["layer0"] = {**ctrl(claim), "summary": {
+      "relu": {}, "topk": {}}}
+  assert report_controls.same_settings(saved) == "kinds, seeds, size, steps"
 
 
 def test_committed_reports_render_from_their_results():
