@@ -230,7 +230,11 @@ def _cached(config, data, params, cfg, train_s, what: str, fn) -> dict:
       return saved["value"]
   value = report_lib.saved_results(fn())
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps({"key": key, "value": value}))
+  # Written whole and then renamed, so a run stopped mid-write leaves the
+  # old file or none, never half of one.
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps({"key": key, "value": value}))
+  tmp.replace(path)
   return value
 
 
