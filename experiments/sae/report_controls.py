@@ -87,10 +87,14 @@ def same_settings(saved) -> str:
   for n, c in saved["controls"].items():
     kinds = [k for k in saved["summary"] if k in c["summary"]]
     seeds = sorted({r["seed"] for r in c["runs"]})
-    if n != "untrained" and (kinds, seeds) != claim:
-      fewer.append(f"{CONTROL_NAMES[n]}: "
-                   + " and ".join(KIND_NAMES[k] for k in kinds)
-                   + f" with seed(s) {', '.join(map(str, seeds))} only")
+    if n == "untrained" or (kinds, seeds) == claim:
+      continue
+    names = " and ".join(KIND_NAMES[k] for k in kinds)
+    seed_list = f"seed(s) {', '.join(map(str, seeds))}"
+    fewer.append(f"{CONTROL_NAMES[n]}: " + (
+        f"{names} with {seed_list} only" if seeds != claim[1] and
+        kinds != claim[0] else f"{names} only" if kinds != claim[0]
+        else f"{seed_list} only"))
   return "kinds, seeds, size, steps" + "".join(f"; {f}" for f in fewer)
 
 

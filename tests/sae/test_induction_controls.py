@@ -210,6 +210,16 @@ def test_controls_with_fewer_kinds_than_the_claim():
   saved["controls"]["layer0"] = {**ctrl(claim), "summary": {
       "relu": {}, "topk": {}}}
   assert report_controls.same_settings(saved) == "kinds, seeds, size, steps"
+  # Fewer kinds alone, then fewer seeds alone.
+  saved["controls"]["layer0"] = {**ctrl(runs("topk", (1, 2))), "summary": {
+      "topk": {}}}
+  assert report_controls.same_settings(saved) == (
+      "kinds, seeds, size, steps; layer 0 of the trained model: TopK only")
+  saved["controls"]["layer0"] = {**ctrl(runs("relu", (1,)) + runs(
+      "topk", (2,))), "summary": {"relu": {}, "topk": {}}}
+  assert report_controls.same_settings(saved) == (
+      "kinds, seeds, size, steps; layer 0 of the trained model: seed(s) 0 "
+      "only")
 
 
 def test_committed_reports_render_from_their_results():
