@@ -39,6 +39,7 @@ from mha_jax.measure import report as report_lib
 from mha_jax.sae import attribution
 from mha_jax.sae import buffer
 from mha_jax.sae import metrics
+from mha_jax.sae import sae as sae_lib
 from mha_jax.sae import train
 
 SITES = ("z", "resid_pre")
@@ -53,7 +54,7 @@ def sae_config(config, kind: str, seed: int) -> ml_collections.ConfigDict:
   c.kind, c.seed = kind, seed
   if kind != "batchtopk" and "threshold_lr" in c:
     del c.threshold_lr
-  if kind in ("topk", "batchtopk"):
+  if kind in sae_lib.TOPK_KINDS:
     c.l1 = 0.0
     if c.topk_steps:
       c.num_steps = c.topk_steps

@@ -14,6 +14,7 @@ import pathlib
 from experiments.sae import figures
 from experiments.sae import report_controls
 from mha_jax.measure import report as report_lib
+from mha_jax.sae import sae as sae_lib
 
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
 KIND_NAMES = report_controls.KIND_NAMES
@@ -88,9 +89,8 @@ def values(saved: dict, command: str | None = None) -> dict:
       "model": m["label"], "layer": str(m["layer"]),
       "width": str(m["width"]), "heads": str(m["heads"]),
       "d_sae": str(s["d_sae"]), "expansion": f"{s['d_sae'] / m['width']:g}",
-      # BatchTopK's sentence follows TopK's k in the template's line.
-      "l1": f"{s['l1']:g}", "k": str(s["k"]) + _batchtopk_note(c),
-      "steps": str(s["num_steps"]),
+      "l1": f"{s['l1']:g}", "k": str(s["k"]),
+      "batchtopk_note": _batchtopk_note(c), "steps": str(s["num_steps"]),
       "batch": str(s["batch_size"]),
       "seeds": str(len(c["experiment"]["seeds"])),
       "train_tokens": f"{d['train_tokens']:,}",
@@ -197,7 +197,7 @@ def _resid_pre(saved) -> str:
 
 def _steps_note(c) -> str:
   s, kinds = c["sae"], c["experiment"]["kinds"]
-  topks = [KIND_NAMES[k] for k in ("topk", "batchtopk") if k in kinds]
+  topks = [KIND_NAMES[k] for k in sae_lib.TOPK_KINDS if k in kinds]
   if topks and s.get("topk_steps"):
     whose = "its" if topks == ["TopK"] else "TopK's"
     return (f" ({' and '.join(topks)}: {s['topk_steps']} steps; {whose} "

@@ -39,7 +39,9 @@ from mha_jax.core import precision
 
 KINDS = ("relu", "topk", "batchtopk", "jumprelu")
 TRAINABLE = ("relu", "topk", "batchtopk")
-# Kinds whose encoding reads `params["threshold"]`.
+# Kinds trained with k features per token (on average, for BatchTopK),
+# and kinds whose encoding reads `params["threshold"]`.
+TOPK_KINDS = ("topk", "batchtopk")
 THRESHOLDED = ("batchtopk", "jumprelu")
 
 
@@ -48,7 +50,7 @@ def check_kind(kind: str, k: int | None = None) -> None:
   usable."""
   if kind not in KINDS:
     raise ValueError(f"sae kind: expected one of {KINDS}, got {kind!r}")
-  if kind in ("topk", "batchtopk") and (not isinstance(k, int) or k < 1):
+  if kind in TOPK_KINDS and (not isinstance(k, int) or k < 1):
     raise ValueError(f"sae kind {kind!r}: `k` must be a positive int, got "
                      f"{k!r}")
 
@@ -135,7 +137,7 @@ def loss(params, x, *, kind: str, l1: float = 0.0, k: int | None = None,
   dec_norm = jnp.linalg.norm(params["w_dec"], axis=1)  # [F], 1 after renorm
   sparsity = jnp.mean(jnp.sum(f * dec_norm[None], -1))
   aux = jnp.zeros((), jnp.float32)
-  if kind in ("topk", "batchtopk") and aux_k and dead is not None:
+  if kind in TOPK_KINDS and aux_k and dead is not None:
     def aux_loss(_):
       # The dead features' largest pre-activations reconstruct the error
       # (no decoder bias: it is the live features' residual).

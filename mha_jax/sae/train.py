@@ -52,17 +52,12 @@ class Hyper(NamedTuple):
   threshold_lr: float = 0.0  # BatchTopK's threshold average
 
 
-def uses_k(kind: str) -> bool:
-  """Whether SAEs of `kind` are trained with `k` features per token."""
-  return kind in ("topk", "batchtopk")
-
-
 def hyper(cfg) -> Hyper:
   """`Hyper` from an `sae` config group (see configs/sae.py)."""
   if cfg.kind not in sae_lib.TRAINABLE:
     raise ValueError(f"sae train: `kind` must be one of "
                      f"{sae_lib.TRAINABLE}, got {cfg.kind!r}")
-  k = cfg.k if uses_k(cfg.kind) else None
+  k = cfg.k if cfg.kind in sae_lib.TOPK_KINDS else None
   sae_lib.check_kind(cfg.kind, k)
   lr = float(cfg.get("threshold_lr") or 0.0)
   if cfg.kind == "batchtopk" and not 0.0 < lr <= 1.0:
