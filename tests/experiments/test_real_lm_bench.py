@@ -102,3 +102,17 @@ def test_smoke_run_agrees_with_transformers_and_reports(tmp_path):
   assert len(rows) == 3 * len(names)
   second = entry_points.table_by_label(saved_report, "| contestant | seconds")
   assert second["mha_jax einsum"][1] == "0"
+
+
+def test_loop_state_bytes_counts_a_loops_carried_arrays_by_dtype():
+  from experiments.real_lm_bench import weight_dtype  # pylint: disable=import-outside-toplevel
+
+  def body(_, c):
+    x, y = c
+    return jnp.tanh(x) * 2.0, y * y
+  f = jax.jit(lambda n, x, y: jax.lax.fori_loop(0, n, body, (x, y)))
+  x, y = jnp.ones((8, 8), jnp.float32), jnp.ones((4, 4), jnp.bfloat16)
+  hlo = f.lower(3, x, y).compile().as_text()
+  sizes = weight_dtype.loop_state_bytes(hlo)
+  assert sizes["f32"] == 8 * 8 * 4 and sizes["bf16"] == 4 * 4 * 2
+  assert weight_dtype.loop_state_bytes("ENTRY %m () -> f32[] {}") == {}
