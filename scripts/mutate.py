@@ -172,6 +172,13 @@ _SAE_TRAIN = "mha_jax/sae/train.py"
 _SAE_BATCHTOPK_TESTS = "tests/sae/test_batchtopk.py"
 # name -> (module, exact text, its replacement, tests that must fail)
 PLANTED = {
+    # The train-step benchmark's torch peers compute with denormals, which
+    # XLA flushes (on Intel CPUs torch's step then slows round by round).
+    "benchmark_torch_keeps_denormals": (
+        "experiments/benchmark/train_step.py",
+        "  torch.set_flush_denormal(True)\n",
+        "",
+        "tests/experiments/test_train_step_bench.py"),
     # BatchTopK keeps k over the whole batch instead of k per token on
     # average.
     "sae_batchtopk_keeps_k_not_k_times_n": (

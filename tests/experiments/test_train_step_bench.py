@@ -217,3 +217,24 @@ def test_the_compiled_peer_trains_the_eager_model(pair):
     pytest.skip(compiled)  # no C++ compiler for inductor on this machine
   eager()  # the compiled peer's first step ran when it was made
   np.testing.assert_allclose(float(compiled()), float(eager()), rtol=1e-5)
+
+
+def test_the_peers_flush_denormals_as_xla_does(pair):
+  """XLA's CPU code flushes denormal floats to zero; after a peer is made,
+  so does torch (a float32 1e-39 reads as 0), else a peer training on
+  one repeated batch slows down as its gradients turn denormal."""
+  import torch  # pylint: disable=import-outside-toplevel
+  _, batch, _, _ = pair
+  c = train_step.experiment_config(
+      benchmark_config.get_config().train_step.specs.induction)
+  c.model.update(d_model=32, num_heads=4)
+  c.task.update(batch_size=4)
+  assert float(jax.jit(lambda x: x * 1.0)(np.float32(1e-39))) == 0.0
+  tiny = lambda: (torch.tensor([1e-39]) * 1.0).item()
+  torch.set_flush_denormal(False)  # as if no peer had been made before
+  assert tiny() != 0.0
+  try:
+    train_step.peer_step("torch", c, batch)
+    assert tiny() == 0.0
+  finally:
+    torch.set_flush_denormal(False)  # this process's other tests
