@@ -80,3 +80,16 @@ def pytest_runtest_setup(item):
   if marker is not None and jax.default_backend() != "cpu":
     why = marker.args[0] if marker.args else marker.kwargs.get("reason", "")
     pytest.skip(f"CPU-only fact on the {jax.default_backend()} backend: {why}")
+
+
+@pytest.fixture(autouse=True)
+def _torch_default_denormals():
+  """The train-step benchmark's torch peers make the process flush
+  denormals to zero (experiments/benchmark/train_step.py); after each test
+  torch's default is back, so a later test in the same worker does not
+  inherit it (hypothesis's float strategies refuse to run under
+  flushing)."""
+  yield
+  torch = sys.modules.get("torch")
+  if torch is not None:
+    torch.set_flush_denormal(False)

@@ -14,6 +14,7 @@ from experiments.benchmark import train_step
 from mha_jax.training import config as config_lib
 from mha_jax.training import train_state
 
+
 torch = pytest.importorskip("torch")
 torch_models = pytest.importorskip("experiments.benchmark.torch_models")
 
@@ -229,7 +230,8 @@ def test_the_peers_flush_denormals_as_xla_does(pair):
       benchmark_config.get_config().train_step.specs.induction)
   c.model.update(d_model=32, num_heads=4)
   c.task.update(batch_size=4)
-  assert float(jax.jit(lambda x: x * 1.0)(np.float32(1e-39))) == 0.0
+  xla = jax.jit(lambda x, y: x * y)  # operands XLA cannot fold away
+  assert float(xla(np.float32(1e-39), np.float32(1.0))) == 0.0
   tiny = lambda: (torch.tensor([1e-39]) * 1.0).item()
   torch.set_flush_denormal(False)  # as if no peer had been made before
   assert tiny() != 0.0
