@@ -89,7 +89,8 @@ def main(argv):
   del argv
   fl = flags.FLAGS
   path = real_models.smollm2_135m()
-  ids = torch_peers.token_ids(49152, fl.prompt, seed=0)  # [1, P]
+  vocab = mha_jax.pretrained.load_config(path).vocab_size
+  ids = torch_peers.token_ids(vocab, fl.prompt, seed=0)  # [1, P]
   calls, tokens, state = {}, {}, {}
   for name, kw in SETTINGS.items():
     model = mha_jax.load_pretrained(path, **kw)

@@ -14,7 +14,6 @@ from experiments.benchmark import train_step
 from mha_jax.training import config as config_lib
 from mha_jax.training import train_state
 
-
 torch = pytest.importorskip("torch")
 torch_models = pytest.importorskip("experiments.benchmark.torch_models")
 
@@ -223,8 +222,8 @@ def test_the_compiled_peer_trains_the_eager_model(pair):
 def test_the_peers_flush_denormals_as_xla_does(pair):
   """XLA's CPU code flushes denormal floats to zero; after a peer is made,
   so does torch (a float32 1e-39 reads as 0), else a peer training on
-  one repeated batch slows down as its gradients turn denormal."""
-  import torch  # pylint: disable=import-outside-toplevel
+  one repeated batch slows down as its gradients turn denormal (tests/
+  conftest.py restores torch's default after the test)."""
   _, batch, _, _ = pair
   c = train_step.experiment_config(
       benchmark_config.get_config().train_step.specs.induction)
@@ -235,8 +234,5 @@ def test_the_peers_flush_denormals_as_xla_does(pair):
   tiny = lambda: (torch.tensor([1e-39]) * 1.0).item()
   torch.set_flush_denormal(False)  # as if no peer had been made before
   assert tiny() != 0.0
-  try:
-    train_step.peer_step("torch", c, batch)
-    assert tiny() == 0.0
-  finally:
-    torch.set_flush_denormal(False)  # this process's other tests
+  train_step.peer_step("torch", c, batch)
+  assert tiny() == 0.0
