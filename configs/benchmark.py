@@ -78,6 +78,15 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # in the same rounds as the steps (a step's matmul FLOPs per second over
   # its FLOPs per second is the fraction of the rate a step reaches).
   ts.matmul_n = 1024
+  # mha_jax's paths train on a data mesh of this many devices (the
+  # training loop's own sharded step, the batch split over them). On a
+  # CPU, > 1 means host devices: XLA runs each batched attention product
+  # on one thread and a program's operations one after another, so a
+  # second device's program is what keeps a second core busy (docs/
+  # performance.md). The benchmark then starts itself again with
+  # XLA_FLAGS=--xla_force_host_platform_device_count=<this>; every other
+  # set of the same run sees those devices too. The peers are unchanged.
+  ts.host_devices = 1
   ts.specs = ml_collections.ConfigDict(dict(
       # Experiment 1's model as it trains (L2 H4 D64 T32 B64 V32).
       induction=dict(config="induction", model={}, task={}),

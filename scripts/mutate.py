@@ -179,6 +179,19 @@ PLANTED = {
         "  torch.set_flush_denormal(True)\n",
         "",
         "tests/experiments/test_train_step_bench.py"),
+    # The products benchmark calls a plain dot (Eigen) a YNNPACK one.
+    "attention_products_blames_the_wrong_kernel": (
+        "experiments/benchmark/attention_products.py",
+        'd["kernel"] = kernel_of.get(d["computation"], "Eigen")',
+        'd["kernel"] = kernel_of.get(d["computation"], "YNNPACK")',
+        "tests/experiments/test_attention_products.py"),
+    # Its torch operands contract the lhs's first free dim, not its
+    # contracting one.
+    "attention_products_gemm_reads_the_wrong_axis": (
+        "experiments/benchmark/attention_products.py",
+        "return (lhs.transpose(*dot[\"lhs_batch\"], *lhs_free, lc),",
+        "return (lhs.transpose(*dot[\"lhs_batch\"], lc, *lhs_free),",
+        "tests/experiments/test_attention_products.py"),
     # BatchTopK keeps k over the whole batch instead of k per token on
     # average.
     "sae_batchtopk_keeps_k_not_k_times_n": (

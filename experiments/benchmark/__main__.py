@@ -13,9 +13,14 @@ fastest anchor) is `experiments.benchmark.bench`'s docstring.
 
 from __future__ import annotations
 
+import os
+import sys
+
 from absl import flags
+import jax
 
 from experiments import cli
+from experiments.benchmark import bench
 from experiments.benchmark import report
 from experiments.benchmark import run as run_lib
 from mha_jax.measure import report as report_lib
@@ -38,7 +43,14 @@ def run(config, workdir) -> dict:
 
 def main(argv):
   report_lib.check_no_arguments(argv)
-  run(_CONFIG.value, _WORKDIR.value)
+  config = _CONFIG.value
+  devices = config.train_step.host_devices
+  if ("train_step" in bench.names(config.sets) and devices > 1
+      and jax.device_count() != devices):
+    # Host devices exist only if XLA_FLAGS is set before JAX starts.
+    os.execve(sys.executable, [sys.executable, "-m", "experiments.benchmark",
+                               *sys.argv[1:]], cli.env_with_devices(devices))
+  run(config, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,10 @@ def _step_block(group) -> str:
     roof = (f"Matmul work per step: {s['matmul_gflop']:.3g} GFLOP; plain "
             f"{s['matmul_n']}^3 float32 matmul in the same rounds: "
             f"{rate:.1f} GFLOP/s (median).\n\n")
+  if s.get("host_devices", 1) > 1:
+    roof += (f"mha_jax's paths train on a data mesh of {s['host_devices']} "
+             "host devices (the batch split over them); the peers as "
+             "always.\n\n")
   return (f"### train_step: {s['shape']} (L={s['L']} H={s['H']} D={s['D']} "
           f"T={s['T']} B={s['B']} V={s['V']})\n\n" + roof
           + report_lib.md_table(["path", "ms per step",

@@ -65,8 +65,10 @@ import ml_collections
 from mha_jax.core import attention
 from mha_jax.core import flops
 from mha_jax.measure import timing
+from mha_jax.parallel import sharding
 from mha_jax.training import config as config_lib
 from mha_jax.training import train
+from mha_jax.training import train_state
 
 PEERS = ("torch", "torch_compile", "transformer_lens")
 
@@ -108,17 +110,33 @@ def peer_sizes(c):
               seq_len=c.task.seq_len)
 
 
-def jax_step(c):
+def jax_step(c, devices: int = 1):
   """`(step, batch, compiled)`: a closure running one training step of
   config `c` on its task's first batch (blocking until done), the batch,
-  and the compiled step program (whose HLO the profile reads)."""
+  and the compiled step program (whose HLO the profile reads).
+
+  With `devices` > 1 the step is the training loop's own on a data mesh
+  of that many devices (`config.mesh.data`; `train_state.step_fns`), the
+  state replicated and the batch split over them; the process must have
+  exactly that many (on a CPU: host devices, which exist only when
+  `XLA_FLAGS=--xla_force_host_platform_device_count` is set before JAX
+  starts). `compiled` is then None."""
   state = train.create_train_state(c)
-  batch = train.batch_fn(c)(jax.random.PRNGKey(0))
-  compiled = train.train_step_jit.lower(state, batch).compile()
+  if devices == 1:
+    batch = train.batch_fn(c)(jax.random.PRNGKey(0))
+    compiled = train.train_step_jit.lower(state, batch).compile()
+    run = compiled
+  else:
+    c = ml_collections.ConfigDict(c.to_dict())
+    c.mesh.update(data=devices, model=1, sequence=1)
+    mesh = sharding.mesh_from_config(c)  # names the field when it can't
+    state = sharding.shard_tree(state, mesh)
+    run, _, make = train_state.step_fns(c, mesh)
+    batch, compiled = make(jax.random.PRNGKey(0)), None
   holder = {"state": state}
 
   def step():
-    holder["state"], metrics = compiled(holder["state"], batch)
+    holder["state"], metrics = run(holder["state"], batch)
     return jax.block_until_ready(metrics["loss"])
   return step, batch, compiled
 
@@ -206,16 +224,17 @@ MATMUL = "plain matmul"  # the yardstick's name among the timed calls
 
 
 def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0,
-                  matmul_n=1024):
+                  matmul_n=1024, host_devices=1):
   """Rows for one shape: one per path, timed in interleaved rounds with a
   plain `matmul_n`^3 float32 matmul (the roofline's yardstick, timed in
-  the same rounds so a change of load falls on it too)."""
+  the same rounds so a change of load falls on it too). mha_jax's paths
+  train on a data mesh of `host_devices` devices (`jax_step`)."""
   steps, rows, batch = {}, {}, None
   for path in paths:
     if path in PEERS:
       continue
     c = experiment_config(spec, path)
-    steps[path], batch, _ = jax_step(c)
+    steps[path], batch, _ = jax_step(c, host_devices)
   base = experiment_config(spec)
   if batch is None:  # only peers asked for: the batch the task draws
     batch = train.batch_fn(base)(jax.random.PRNGKey(0))
@@ -245,6 +264,7 @@ def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0,
            "T": base.task.seq_len, "B": base.task.batch_size,
            "V": m.vocab_size, "matmul_gflop": flops_step / 1e9,
            "matmul_n": matmul_n, "matmul_gflops": rate,
+           "host_devices": host_devices,
            **rows.get(path, {})}
     if path in times:
       row["block_steps"] = block[path]
@@ -307,7 +327,8 @@ def sweep(config) -> list[dict]:
     spec, seed = (random_spec(ts.random) if name == "random"
                   else (ts.specs[name], None))
     shape_rows = measure_shape(name, spec, paths, ts.rounds, ts.warmup,
-                               ts.min_block_s, ts.matmul_n)
+                               ts.min_block_s, ts.matmul_n,
+                               ts.get("host_devices", 1))
     if seed is not None:
       for row in shape_rows:
         row["random_seed"] = seed
