@@ -1,28 +1,38 @@
-r"""The attention products of a training step, one at a time, XLA against torch.
+r"""The matrix products of a training step, one at a time, XLA against torch.
 
   python -m experiments.benchmark.attention_products [--shape=text_size] \
-      [--path=einsum] [--rounds=20] [--notorch]
+      [--path=einsum] [--rounds=20] [--copies=12] [--notorch]
 
 A dense attention layer's step makes six batched matrix products per
 layer (per batch and head; `P` the weights and `dS` the score gradient,
 both `[Tq, Tk]`): S = Q K^T and O = P V forward; dP = dO V^T,
-dV = P^T dO, dQ = dS K and dK = dS^T Q backward.
+dV = P^T dO, dQ = dS K and dK = dS^T Q backward. Beside them are the 2D
+products of the projections: x W forward, and per weight dx = dy W^T
+and dW = x^T dy backward.
 
 Torch multiplies a transposed operand in place (a BLAS flag); XLA's
-CPU backend instead gives each dot operands in the layout its kernel
-reads, copying the big ones transposed where needed (the layout work of
-docs/performance.md). This reads the compiled train step of `--shape`
-(configs/benchmark.py) for every batched dot it contains: its operand
-shapes, its form (N: the lhs contracts its last dim, the rhs its first
-after the batch dims, as a plain GEMM reads them; T otherwise) and the
-kernel XLA gave it (a YNNPACK fusion, or a plain `dot` that runs as an
-Eigen contraction). Then it times each distinct dot alone, jitted, and
-torch's `matmul` of the same operands (a thread per core, denormals
-flushed as XLA does) in interleaved rounds, with the CPU seconds each XLA dot used
-per wall second (1.0: one thread did the work, whatever the core count).
-Last, whether XLA runs two independent products of one program side by
-side: the most frequent dot twice on different operands, in one jitted
-function, against once.
+CPU backend hands a dot to YNNPACK only when both operands are in the
+plain GEMM layout, copying the big ones transposed where needed (the
+layout work of docs/performance.md), and leaves the others to Eigen.
+This reads the compiled train step of `--shape` (configs/benchmark.py)
+for every dot it contains: its operand shapes, its form (N: the lhs
+contracts its last dim, the rhs its first after the batch dims, as a
+plain GEMM reads them; T otherwise) and the kernel XLA gave it (a
+YNNPACK fusion, or a plain `dot` that runs as an Eigen contraction).
+Then it times each distinct dot alone, jitted (and names the kernel it
+got alone), and torch's `matmul` of the same operands (a thread per
+core, denormals flushed as XLA does) in interleaved rounds, with the CPU
+seconds each XLA dot used per wall second (1.0: one thread did the
+work, whatever the core count).
+
+Last, whether XLA runs independent products of one program side by
+side: the most frequent batched dot 1, 2 and `--copies` times on
+different operands in one jitted function, the time per product and the
+CPU seconds per wall second. XLA's CPU runtime runs a program of few
+operations in order (its thunk executor's rule: below a small count,
+concurrency would cost more than it gives) and the operations of a
+larger one as their inputs are ready, on its thread pool; the rows show
+where that sets in.
 
 Writes nothing: the tables go to stdout (docs/performance.md quotes
 one).
@@ -147,12 +157,16 @@ def main(argv):
   _, _, compiled = train_step.jax_step(c)
   dots = step_dots(compiled.as_text())
   print(f"{fl.shape} ({fl.path}): L={m.num_layers} B={b} H={h} "
-        f"T={t} Dh={dh}; the compiled train step's dots with batch dims:\n")
+        f"T={t} Dh={dh}; the compiled train step's dots:\n")
   print("| kernel | form | lhs | rhs | out | count |\n|---|---|---|---|---|---|")
-  count = collections.Counter(
-      (d["kernel"], form_of(d), d["lhs"], d["rhs"], d["out"])
-      for d in dots if d["lhs_batch"])
-  for (kernel, form, lhs, rhs, out), n in sorted(count.items()):
+  key_of = lambda d: (d["lhs"], d["rhs"], d["out"], d["lhs_contracting"],
+                      d["rhs_contracting"])
+  count = collections.Counter((d["kernel"], form_of(d)) + key_of(d)
+                              for d in dots)
+  # Batched (attention) products first, then the 2D ones, largest first.
+  order = lambda k: (-len(k[2]), k[2:])
+  for kernel, form, lhs, rhs, out, *_ in sorted(count, key=order):
+    n = count[(kernel, form, lhs, rhs, out, *_)]
     print(f"| {kernel} | {form} | {list(lhs)} | {list(rhs)} | {list(out)} "
           f"| {n} |")
 
@@ -161,19 +175,22 @@ def main(argv):
     import torch  # pylint: disable=g-import-not-at-top
     torch.set_flush_denormal(True)  # as XLA's CPU code does
     torch.set_num_threads(os.cpu_count())
-  calls, threads, flop = {}, {}, {}
+  calls, threads, flop, alone, label = {}, {}, {}, {}, {}
   rng = np.random.default_rng(0)
   # Each distinct product once (a shape can sit in two kernels' fusions).
-  for lhs, rhs, out in dict.fromkeys(k[2:] for k in sorted(count)):
-    key = f"{list(lhs)} x {list(rhs)}"
-    d = next(d for d in dots if (d["lhs"], d["rhs"], d["out"]) ==
-             (lhs, rhs, out) and d["lhs_batch"])
+  for k in dict.fromkeys(k[2:] for k in sorted(count, key=order)):
+    d = next(d for d in dots if key_of(d) == k)
+    lhs, rhs, out = k[:3]
+    key = f"{list(lhs)} x {list(rhs)} ({form_of(d)})"
+    label[key] = d
     a = rng.standard_normal(lhs, np.float32)
     bb = rng.standard_normal(rhs, np.float32)
     numbers = ((d["lhs_contracting"], d["rhs_contracting"]),
                (d["lhs_batch"], d["rhs_batch"]))
     f = jax.jit(lambda x, y, n=numbers: jax.lax.dot_general(x, y, n))
     ja, jb = jnp.asarray(a), jnp.asarray(bb)
+    alone[key] = "+".join(sorted({e["kernel"] for e in step_dots(
+        f.lower(ja, jb).compile().as_text())}))
     calls[f"XLA {key}"] = lambda f=f, ja=ja, jb=jb: f(ja, jb)
     threads[key] = _cpu_per_wall(calls[f"XLA {key}"])
     flop[key] = 2 * np.prod(out) * np.prod([lhs[i] for i in
@@ -184,20 +201,26 @@ def main(argv):
       calls[f"torch {key}"] = lambda ta=ta, tb=tb: torch.matmul(ta, tb)
   for fn in calls.values():
     jax.block_until_ready(fn())
-  # Before each timing one untimed call of the same (so that the other
-  # library's worker threads have gone quiet), then a block of 5 calls.
-  times = timing.interleaved_times(calls, fl.rounds, setups=calls,
+  # Before each timing a block of 5 untimed calls of the same, then a
+  # timed block of 5. A single untimed call was too short: a 2 ms product
+  # right after the other library's took up to 1.5x its time alone, the
+  # other's worker threads still spinning on the 2 cores.
+  warm = {k: (lambda fn=fn: [jax.block_until_ready(fn()) for _ in range(5)])
+          for k, fn in calls.items()}
+  times = timing.interleaved_times(calls, fl.rounds, setups=warm,
                                    repeat={k: 5 for k in calls})
   print(f"\nEach dot alone on operands in the layout it gets in the step "
         f"(torch: `matmul` of the same [batch, M, K] x [batch, K, N]), "
         f"medians of {fl.rounds} interleaved rounds of 5 calls:\n")
-  print("| dot | XLA ms | XLA GFLOP/s | XLA CPU s per wall s | torch ms "
-        "| torch GFLOP/s | XLA / torch (range) |\n"
-        "|---|---|---|---|---|---|---|")
+  print("| dot (form) | count | kernel in the step / alone | XLA ms "
+        "| XLA GFLOP/s | XLA CPU s per wall s | torch ms | torch GFLOP/s "
+        "| XLA / torch (range) |\n|---|---|---|---|---|---|---|---|---|")
   for key in threads:
     x = statistics.median(times[f"XLA {key}"])
-    row = (f"| {key} | {1e3 * x:.2f} | {flop[key] / x / 1e9:.0f} | "
-           f"{threads[key]:.2f} | ")
+    d = label[key]
+    n = sum(v for k, v in count.items() if k[2:] == key_of(d))
+    row = (f"| {key} | {n} | {d['kernel']} / {alone[key]} | {1e3 * x:.2f} "
+           f"| {flop[key] / x / 1e9:.0f} | {threads[key]:.2f} | ")
     if torch is not None:
       tt = times[f"torch {key}"]
       r = [p / q for p, q in zip(times[f"XLA {key}"], tt)]
@@ -207,25 +230,36 @@ def main(argv):
     else:
       row += "- | - | - |"
     print(row)
+  # Each product's median times its count in the step: what the step's
+  # products would take at these rates, one after another.
+  total = lambda lib: sum(
+      statistics.median(times[f"{lib} {key}"]) * sum(
+          v for k, v in count.items() if k[2:] == key_of(label[key]))
+      for key in threads)
+  line = f"\nSummed over the step's products: XLA {1e3 * total('XLA'):.0f} ms"
+  if torch is not None:
+    line += f", torch {1e3 * total('torch'):.0f} ms"
+  print(line)
 
-  (_, _, lhs, rhs, _), _ = count.most_common(1)[0]
+  (_, _, lhs, rhs, *_), _ = collections.Counter(
+      {k: n for k, n in count.items() if len(k[2]) > 2}).most_common(1)[0]
   d = next(d for d in dots if (d["lhs"], d["rhs"]) == (lhs, rhs))
   numbers = ((d["lhs_contracting"], d["rhs_contracting"]),
              (d["lhs_batch"], d["rhs_batch"]))
-  x1, x2 = (jnp.asarray(rng.standard_normal(lhs, np.float32))
-            for _ in range(2))
-  y1, y2 = (jnp.asarray(rng.standard_normal(rhs, np.float32))
-            for _ in range(2))
   dot = lambda x, y: jax.lax.dot_general(x, y, numbers)
-  once = jax.jit(dot)
-  twice = jax.jit(lambda a, b, c, e: (dot(a, b), dot(c, e)))
-  pair = {"once": lambda: once(x1, y1), "twice": lambda: twice(x1, y1, x2, y2)}
-  times = timing.interleaved_times(pair, fl.rounds, setups=pair,
-                                   repeat={k: 5 for k in pair})
-  print(f"\n{list(lhs)} x {list(rhs)} once and twice (independent) in one "
-        "program:\n\n| calls | ms | CPU s per wall s |\n|---|---|---|")
-  for k, fn in pair.items():
-    print(f"| {k} | {1e3 * statistics.median(times[k]):.2f} | "
+  copies = {}
+  for n in dict.fromkeys((1, 2, fl.copies)):
+    xs, ys = ([jnp.asarray(rng.standard_normal(shape, np.float32))
+               for _ in range(n)] for shape in (lhs, rhs))
+    f = jax.jit(lambda xs, ys: [dot(x, y) for x, y in zip(xs, ys)])
+    copies[n] = lambda f=f, xs=xs, ys=ys: f(xs, ys)
+  times = timing.interleaved_times(copies, fl.rounds, setups=copies,
+                                   repeat={k: 5 for k in copies})
+  print(f"\n{list(lhs)} x {list(rhs)}, independent copies on different "
+        "operands in one program:\n\n| products | ms per product "
+        "| CPU s per wall s |\n|---|---|---|")
+  for n, fn in copies.items():
+    print(f"| {n} | {1e3 * statistics.median(times[n]) / n:.2f} | "
           f"{_cpu_per_wall(fn):.2f} |")
 
 
@@ -236,5 +270,7 @@ if __name__ == "__main__":
   flags.DEFINE_string("path", "einsum", "The attention path whose compiled "
                       "step is read.")
   flags.DEFINE_integer("rounds", 20, "Interleaved timing rounds.")
+  flags.DEFINE_integer("copies", 12, "The largest number of independent "
+                       "products in one program (last table).")
   flags.DEFINE_bool("torch", True, "Time torch's products too.")
   app.run(main)

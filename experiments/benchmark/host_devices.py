@@ -3,10 +3,10 @@ r"""A training step on one CPU device against a data mesh of host devices.
   python -m experiments.benchmark.host_devices [--shapes=induction,text_size,random] \
       [--path=einsum] [--devices=2] [--pairs=3] [--steps=15]
 
-XLA's CPU backend runs each batched attention product on one thread, and
-runs a program's operations one after another (see
-`experiments.benchmark.attention_products`), so on a machine with two
-cores half of it idles through those products. XLA can instead present
+XLA's CPU backend runs each batched attention product on one thread (see
+`experiments.benchmark.attention_products`), and a training step is
+mostly a chain of operations each waiting for the last, so on a machine
+with two cores one of them idles through much of it. XLA can instead present
 the CPU as several devices (`XLA_FLAGS=--xla_force_host_platform_device_
 count=N`, read when JAX starts); the training loop's data mesh
 (`config.mesh.data=-1` takes every device) then gives each device its

@@ -58,3 +58,28 @@ def test_gemm_operands_give_the_dots_product(which):
   a, b = ap.gemm_operands(dot, lhs, rhs)
   spec = {0: "bhqd,bhkd->bhqk", 1: "bhqk,bhqd->bhkd"}[which]
   np.testing.assert_allclose(a @ b, np.einsum(spec, lhs, rhs), rtol=1e-12)
+
+
+# A projection's weight gradient dW = x^T dy as XLA's CPU backend left
+# it in the train step: a plain (Eigen) dot whose operands are both read
+# transposed, x `[BT, D]` contracting its first dim and dy laid out as
+# `[E, BT]` contracting its last.
+_HLO_2D = """HloModule jit_step, is_scheduled=true
+
+ENTRY %main.2 (x.1: f32[6,4], gt.1: f32[3,6]) -> f32[4,3] {
+  %x.1 = f32[6,4]{1,0} parameter(0), metadata={op_name="x"}
+  %gt.1 = f32[3,6]{1,0} parameter(1), metadata={op_name="gt"}
+  ROOT %dot.3 = f32[4,3]{1,0} dot(%x.1, %gt.1), lhs_contracting_dims={0}, rhs_contracting_dims={1}, metadata={op_name="jit(step)/transpose(jvp())/dot_general"}
+}
+"""
+
+
+def test_a_2d_weight_gradient_reads_both_operands_transposed():
+  (dw,) = ap.step_dots(_HLO_2D)
+  assert dw["kernel"] == "Eigen" and dw["lhs_batch"] == ()
+  assert (dw["lhs"], dw["rhs"], dw["out"]) == ((6, 4), (3, 6), (4, 3))
+  assert ap.form_of(dw) == "TT"
+  rng = np.random.default_rng(1)
+  x, gt = rng.standard_normal((6, 4)), rng.standard_normal((3, 6))
+  a, b = ap.gemm_operands(dw, x, gt)
+  np.testing.assert_allclose(a @ b, x.T @ gt.T, rtol=1e-12)
