@@ -179,6 +179,18 @@ PLANTED = {
         "  torch.set_flush_denormal(True)\n",
         "",
         "tests/experiments/test_train_step_bench.py"),
+    # The weight product's derivative without its barrier: XLA folds the
+    # transposed copy back into the dot, which is then Eigen's again.
+    "weight_product_without_its_barrier": (
+        "mha_jax/core/weight_product.py",
+        "xt = lax.optimization_barrier(rows.T)", "xt = rows.T",
+        "tests/core/test_weight_product.py"),
+    # Its activation term differentiates through x instead of dx.
+    "weight_product_tangent_of_the_wrong_input": (
+        "mha_jax/core/weight_product.py",
+        "terms.append(lax.dot_general(dx, w, _dims(dx), precision=prec))",
+        "terms.append(lax.dot_general(x, w, _dims(x), precision=prec))",
+        "tests/core/test_weight_product.py"),
     # The products benchmark calls a plain dot (Eigen) a YNNPACK one.
     "attention_products_blames_the_wrong_kernel": (
         "experiments/benchmark/attention_products.py",

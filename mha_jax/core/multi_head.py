@@ -30,6 +30,7 @@ from mha_jax.core import masks as masks_lib
 from mha_jax.core import params as params_lib
 from mha_jax.core import rotary
 from mha_jax.core import score_rules
+from mha_jax.core import weight_product
 
 QK_NORMS = attention_spec.QK_NORMS
 _NORM_EPS = attention_spec.NORM_EPS
@@ -72,7 +73,7 @@ def normalize(x: jax.Array, scale: jax.Array, kind: str, *,
 def project(x: jax.Array, w: jax.Array, b: jax.Array | None = None):
   """Stage 1: one fused projection `x [B,T,D] @ w [D, heads*dim]`."""
   d, heads, dim = w.shape
-  y = precision.matmul(x, w.reshape(d, heads * dim))  # [B, T, heads*dim]
+  y = weight_product.product(x, w.reshape(d, heads * dim))  # [B,T,heads*dim]
   if b is not None:
     y = y + b.reshape((1,) * (y.ndim - 1) + (heads * dim,))
   return y
@@ -92,7 +93,7 @@ def project_out(concat: jax.Array, w_o: jax.Array,
                 b_o: jax.Array | None = None) -> jax.Array:
   """Stage 5: `[B, T, H*Dv] @ w_o [H*Dv, D]`, mixing information across heads."""
   h, dv, d = w_o.shape
-  y = precision.matmul(concat, w_o.reshape(h * dv, d))  # [B, T, D]
+  y = weight_product.product(concat, w_o.reshape(h * dv, d))  # [B, T, D]
   if b_o is not None:
     y = y + b_o.reshape((1,) * (y.ndim - 1) + (d,))
   return y

@@ -29,8 +29,8 @@ from mha_jax import hooks as hooks_lib
 from mha_jax.models import inputs as inputs_lib
 from mha_jax.models import modules
 from mha_jax.core import multi_head
-from mha_jax.core import precision
 from mha_jax.core import score_rules
+from mha_jax.core import weight_product
 from mha_jax.models.model_config import ModelConfig
 
 
@@ -51,8 +51,10 @@ def common_args(config, rngs):
 def linear_args(config, rngs):
   """`common_args` for an `nnx.Linear`, whose dots then follow the
   library's matmul precision (`core/precision.py`) instead of JAX's
-  default, which is TF32 on NVIDIA GPUs."""
-  return dict(common_args(config, rngs), dot_general=precision.dot_general)
+  default, which is TF32 on NVIDIA GPUs, and whose weight gradients take
+  XLA's fast CPU matmul (`core/weight_product.py`)."""
+  return dict(common_args(config, rngs),
+              dot_general=weight_product.dot_general)
 
 
 class RMSNorm(nnx.Module):
