@@ -113,32 +113,43 @@ def _resolve(tree, parts):
       yield from _resolve(value, rest)
 
 
-def backed_values(name: str) -> list[float]:
-  """Every number `BACKING[name]` names in that experiment's results."""
-  data = json.loads((RESULTS / name / "results.json").read_text())
-  return [v for pat in BACKING[name] for v in _resolve(data, pat.split("."))]
+def backed_values(name: str, folders=None) -> list[float]:
+  """Every number `BACKING[name]` names in that experiment's results: in
+  docs/results/<name>/results.json, or in each of `folders` (result
+  folders below docs/results/, such as "benchmark/xeon", a second run of
+  the experiment that a row links beside the first)."""
+  out = []
+  for folder in folders or [name]:
+    data = json.loads((RESULTS / folder / "results.json").read_text())
+    out += [v for pat in BACKING[name] for v in _resolve(data, pat.split("."))]
+  return out
 
 
 def rows(readme: str):
-  """`(name, row, quoted numbers)` of each table row linking one
-  experiment's committed results; link targets are not quoted numbers."""
+  """`(name, folders, row, quoted numbers)` of each table row linking one
+  experiment's committed results (`folders`: the result folders its links
+  name, docs/results/<name>/ or runs below it); link targets are not
+  quoted numbers."""
   for line in readme.splitlines():
-    names = set(re.findall(r"\(docs/results/(\w+)/", line))
+    folders = sorted(set(re.findall(r"\(docs/results/([\w/]+)/[\w.]+\)",
+                                    line)))
+    names = {f.split("/")[0] for f in folders}
     if not line.startswith("|") or len(names) != 1:
       continue
     text = re.sub(r"\]\([^)]*\)", "]", line)
-    yield (*names, line, _DECIMAL.findall(text) + _RATIO.findall(text))
+    yield (*names, folders, line,
+           _DECIMAL.findall(text) + _RATIO.findall(text))
 
 
 def unbacked(readme: str) -> list[str]:
   """Each quoted number no backing entry of its row equals to its printed
   digits, and each row without a backing entry."""
   out = []
-  for name, line, numbers in rows(readme):
+  for name, folders, line, numbers in rows(readme):
     if name not in BACKING:
       out.append(f"{name}: no BACKING entry for the row {line[:60]!r}")
       continue
-    backed = backed_values(name)
+    backed = backed_values(name, folders)
     for number in numbers:
       digits = len(number.split(".")[1]) if "." in number else 0
       if not any(f"{abs(v):.{digits}f}" == number for v in backed):
