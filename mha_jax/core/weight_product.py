@@ -18,10 +18,10 @@ and defines its derivative by a JVP (`jax.custom_jvp`, so `jax.jvp`,
 `jax.hessian` and `jax.linearize` keep working) whose weight term reads a
 copy of `x` transposed once, `x^T [K, rows]`, behind an optimization
 barrier. Reverse mode transposes that term into `x^T @ dy`, a plain GEMM
-XLA cannot fold back. The copy is of the input, as torch's own
-`x.t()` would be a view; it is made only when a weight's derivative is
-asked for (a gradient with respect to the activations alone, as in
-attribution patching, never makes it).
+XLA cannot fold back. Torch multiplies a view `x.t()`; here it costs one
+copy of the input, made only when a weight's derivative is asked for (a
+gradient with respect to the activations alone, as in attribution
+patching, never makes it).
 
 Only on CPU backends: cuBLAS and TPUs read transposed operands as they
 are, so elsewhere the weight term is the plain `x @ dW`. On CPU the
