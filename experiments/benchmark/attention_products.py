@@ -165,17 +165,17 @@ def main(argv):
                               for d in dots)
   # Batched (attention) products first, then the 2D ones, largest first.
   order = lambda k: (-len(k[2]), k[2:])
-  for kernel, form, lhs, rhs, out, *_ in sorted(count, key=order):
-    n = count[(kernel, form, lhs, rhs, out, *_)]
+  for k in sorted(count, key=order):
+    kernel, form, lhs, rhs, out = k[:5]
     print(f"| {kernel} | {form} | {list(lhs)} | {list(rhs)} | {list(out)} "
-          f"| {n} |")
+          f"| {count[k]} |")
 
   torch = None
   if fl.torch:
     import torch  # pylint: disable=g-import-not-at-top
     torch.set_flush_denormal(True)  # as XLA's CPU code does
     torch.set_num_threads(os.cpu_count())
-  calls, threads, flop, alone, label = {}, {}, {}, {}, {}
+  calls, threads, flop, alone, label, in_step = {}, {}, {}, {}, {}, {}
   rng = np.random.default_rng(0)
   # Each distinct product once (a shape can sit in two kernels' fusions).
   for k in dict.fromkeys(k[2:] for k in sorted(count, key=order)):
@@ -183,14 +183,16 @@ def main(argv):
     lhs, rhs, out = k[:3]
     key = f"{list(lhs)} x {list(rhs)} ({form_of(d)})"
     label[key] = d
+    in_step[key] = sum(n for c, n in count.items() if c[2:] == k)
     a = rng.standard_normal(lhs, np.float32)
     bb = rng.standard_normal(rhs, np.float32)
     numbers = ((d["lhs_contracting"], d["rhs_contracting"]),
                (d["lhs_batch"], d["rhs_batch"]))
-    f = jax.jit(lambda x, y, n=numbers: jax.lax.dot_general(x, y, n))
     ja, jb = jnp.asarray(a), jnp.asarray(bb)
+    f = jax.jit(lambda x, y, n=numbers: jax.lax.dot_general(x, y, n)).lower(
+        ja, jb).compile()
     alone[key] = "+".join(sorted({e["kernel"] for e in step_dots(
-        f.lower(ja, jb).compile().as_text())}))
+        f.as_text())}))
     calls[f"XLA {key}"] = lambda f=f, ja=ja, jb=jb: f(ja, jb)
     threads[key] = _cpu_per_wall(calls[f"XLA {key}"])
     flop[key] = 2 * np.prod(out) * np.prod([lhs[i] for i in
@@ -217,9 +219,8 @@ def main(argv):
         "| XLA / torch (range) |\n|---|---|---|---|---|---|---|---|---|")
   for key in threads:
     x = statistics.median(times[f"XLA {key}"])
-    d = label[key]
-    n = sum(v for k, v in count.items() if k[2:] == key_of(d))
-    row = (f"| {key} | {n} | {d['kernel']} / {alone[key]} | {1e3 * x:.2f} "
+    row = (f"| {key} | {in_step[key]} | {label[key]['kernel']} / "
+           f"{alone[key]} | {1e3 * x:.2f} "
            f"| {flop[key] / x / 1e9:.0f} | {threads[key]:.2f} | ")
     if torch is not None:
       tt = times[f"torch {key}"]
@@ -232,10 +233,8 @@ def main(argv):
     print(row)
   # Each product's median times its count in the step: what the step's
   # products would take at these rates, one after another.
-  total = lambda lib: sum(
-      statistics.median(times[f"{lib} {key}"]) * sum(
-          v for k, v in count.items() if k[2:] == key_of(label[key]))
-      for key in threads)
+  total = lambda lib: sum(statistics.median(times[f"{lib} {key}"]) * n
+                          for key, n in in_step.items())
   line = f"\nSummed over the step's products: XLA {1e3 * total('XLA'):.0f} ms"
   if torch is not None:
     line += f", torch {1e3 * total('torch'):.0f} ms"
