@@ -19,10 +19,19 @@ thread count. Three tasks, on random ids (a fixed seed):
 Each contestant's first call of each task is untimed (mha_jax compiles
 then). Then a decode at another prompt length of the same bucket is timed
 and its XLA compiles counted (0 when the bucket does its work). Then
-`rounds` rounds time one call of every contestant per task, in an order
-rotated each round, so a change in the load of the shared machine falls
-on all of them; the ratio to torch is per round (time over torch's time
-in that round), kept per round, with their median, minimum and maximum.
+`warm_rounds` untimed rounds, and `rounds` rounds time one call of every
+contestant per task, in an order rotated each round, so a change in the
+load of the shared machine falls on all of them; the ratio to torch is
+per round (time over torch's time in that round), kept per round, with
+their median, minimum and maximum.
+
+The process keeps freed host memory for reuse first
+(`config.keep_freed_memory`, `training/host_memory.py`), as the
+train-step benchmark does: XLA's CPU programs allocate their scratch per
+call, and with glibc's default every call of the einsum path's loss and
+gradient faulted in about 1.5 GB of fresh pages, slower still in this
+process than alone (5.1-5.4 s against 3.4-3.9 s; 3.0-3.1 with memory
+kept, on 2 AMD EPYC cores).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from mha_jax.measure import machine
 from mha_jax.measure import timing
 from mha_jax.models import generate
 from mha_jax.pretrained import real_models
+from mha_jax.training import host_memory
 
 TASKS = ("forward", "loss_grad", "decode")
 
@@ -138,6 +148,8 @@ def measure(config, workdir) -> dict:
   docstring)."""
   import torch  # pylint: disable=import-outside-toplevel
   e = config.experiment
+  kept = (host_memory.keep_freed_memory() if config.keep_freed_memory
+          else {"applied": False, "reason": "off in the config"})
   start = time.perf_counter()
   hf, path, label = load_hf(e, workdir)
   vocab = hf.config.vocab_size
@@ -171,10 +183,12 @@ def measure(config, workdir) -> dict:
     s, compiles, _ = _count_compiles(
         lambda c=c, p2=p2: contestants[c]["decode"](p2))
     second[c] = {"seconds": s, "compiles": compiles}
-  load = []  # the 1-minute load average as each round starts
+  load = []  # the 1-minute load average as each timed round starts
+  calls = {(t, c): _call(contestants[c][t]) for t in TASKS for c in names}
+  round_setups = {(t, c): setups[c] for t in TASKS for c in names}
+  timing.interleaved_times(calls, e.warm_rounds, setups=round_setups)
   flat = timing.interleaved_times(
-      {(t, c): _call(contestants[c][t]) for t in TASKS for c in names},
-      e.rounds, setups={(t, c): setups[c] for t in TASKS for c in names},
+      calls, e.rounds, setups=round_setups,
       on_round=lambda r: load.append(os.getloadavg()[0]))
   times = {t: {c: flat[(t, c)] for c in names} for t in TASKS}
   agree = {c: {
@@ -198,7 +212,9 @@ def measure(config, workdir) -> dict:
                  for ref in names[len(e.implementations):]},
       "first": first, "second_prompt_call": second, "agree": agree,
       "loadavg_rounds": load,
-      "cores": os.cpu_count(), "cpu": machine.cpu(), "jax": jax.__version__,
+      "warm_rounds": e.warm_rounds, "keep_freed_memory": kept,
+      "cores": os.cpu_count(), "cpu": machine.instruction_sets(),
+      "jax": jax.__version__,
       "torch": torch.__version__}
   if e.profile:
     results["profile"] = _profiles(e, contestants, models, names, prompt,

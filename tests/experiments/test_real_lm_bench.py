@@ -102,6 +102,29 @@ def test_smoke_run_agrees_with_transformers_and_reports(tmp_path):
   assert len(rows) == 3 * len(names)
   second = entry_points.table_by_label(saved_report, "| contestant | seconds")
   assert second["mha_jax einsum"][1] == "0"
+  # The smoke run, inside the suite's process, leaves glibc as it is, and
+  # its report says so.
+  assert results["keep_freed_memory"]["applied"] is False
+  assert "freed host memory: glibc's default (off in the config)" in (
+      saved_report)
+
+
+def test_the_report_says_how_freed_memory_was_treated():
+  assert report.memory({"keep_freed_memory": {
+      "applied": True, "reason": "glibc mallopt"}}) == "kept for reuse"
+  assert report.memory({"keep_freed_memory": {
+      "applied": False, "reason": "tcmalloc preloaded"}}) == (
+          "glibc's default (tcmalloc preloaded)")
+  assert "predates" in report.memory({})
+
+
+def test_the_full_run_keeps_freed_memory_and_warms_up_first():
+  # The einsum gradient faulted ~1.5 GB of pages a call without it
+  # (docs/performance_real.md); the smoke run, in the suite's processes,
+  # does not change their allocator.
+  full = entry_points.config("real_lm_bench", None)
+  assert full.keep_freed_memory and full.experiment.warm_rounds >= 1
+  assert not entry_points.config("real_lm_bench").keep_freed_memory
 
 
 def test_loop_state_bytes_counts_a_loops_carried_arrays_by_dtype():
