@@ -54,6 +54,7 @@ from mha_jax.pretrained import load_language_model
 from mha_jax.pretrained import load_pretrained
 from mha_jax.pretrained import load_tokenizer
 from mha_jax.pretrained import save_pretrained
+from mha_jax.training.host_memory import keep_freed_memory
 
 __version__ = "0.1.0"
 

@@ -1,7 +1,8 @@
 """keep_freed_memory: a big block freed and allocated again reuses its
 pages instead of faulting in fresh ones (each case in its own process,
 since the setting is process-wide; the probe uses malloc as XLA does,
-not numpy, which asks for huge pages)."""
+not numpy, which asks for huge pages), called as a user's script calls
+it, `mha_jax.keep_freed_memory()`."""
 
 import pathlib
 import subprocess
@@ -13,10 +14,10 @@ from mha_jax.training import host_memory
 
 _PROBE = """
 import ctypes, resource, sys
-from mha_jax.training import host_memory
 if sys.argv[1] == "keep":
-  first = host_memory.keep_freed_memory()
-  print("applied", first["applied"], host_memory.keep_freed_memory() is first)
+  import mha_jax
+  first = mha_jax.keep_freed_memory()
+  print("applied", first["applied"], mha_jax.keep_freed_memory() is first)
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
