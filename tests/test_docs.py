@@ -9,14 +9,14 @@ target is in the Makefile, every `pytest` path exists and every
 `python -c` program compiles. Parsing is static (no experiment module is
 imported), so this costs well under a second. Python blocks marked
 runnable are executed (they use tiny shapes). Relative links (files and
-`#anchors`) in README.md and docs/ must resolve.
+`#anchors`) in README.md and docs/ must resolve. That the README's
+numbers are the committed results' is tests/measure/test_readme_claims.py.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
-import json
 import pathlib
 import re
 import shlex
@@ -299,58 +299,6 @@ def test_front_page_table_names_every_library_module():
   named |= set(re.findall(r"`mha_jax/(\w+)\.py`", text))
   modules = {p.stem for p in (ROOT / "mha_jax").glob("*.py")} - {"__init__"}
   assert modules <= named, sorted(modules - named)
-
-
-def _numbers(tree):
-  """Every int and float in a JSON tree."""
-  if isinstance(tree, dict):
-    for v in tree.values():
-      yield from _numbers(v)
-  elif isinstance(tree, list):
-    for v in tree:
-      yield from _numbers(v)
-  elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
-    yield tree
-
-
-def _quoted_results():
-  """`(folders, number text)` for each decimal a README table row quotes
-  from the committed results it links to: `folders` are the result
-  folders of the row's links (docs/results/<name>/report.md, or a run's
-  own folder below it, docs/results/<name>/<run>/report.md), all of one
-  experiment."""
-  for line in (ROOT / "README.md").read_text().splitlines():
-    folders = sorted(set(re.findall(r"\(docs/results/([\w/]+)/[\w.]+\)",
-                                    line)))
-    if (not line.startswith("|") or not folders
-        or len({f.split("/")[0] for f in folders}) != 1):
-      continue
-    text = re.sub(r"\([^)]*\)", "", line)  # not the link targets
-    for number in re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", text):
-      yield folders, number
-    # A measured ratio such as "154x" (not a setting such as "4x wider").
-    for number in re.findall(r"(?<![\w.])(\d+(?:\.\d+)?)x(?= faster| slower)",
-                             text):
-      yield folders, number
-
-
-def test_readme_numbers_come_from_the_committed_results():
-  """A headline cannot drift from the data: every decimal (and every
-  "154x faster" ratio) in a README row that links docs/results/<name>/ is,
-  to its printed digits, a number in that experiment's committed
-  results.json."""
-  quoted = list(_quoted_results())
-  assert quoted, "the README quotes no committed result"
-  missing = []
-  for folders, text in quoted:
-    digits = len(text.split(".")[1]) if "." in text else 0
-    found = False
-    for folder in folders:
-      data = json.loads((RESULTS / folder / "results.json").read_text())
-      found |= any(f"{abs(v):.{digits}f}" == text for v in _numbers(data))
-    if not found:
-      missing.append(f"{', '.join(folders)}: {text}")
-  assert not missing, missing
 
 
 def test_committed_results_are_complete():
