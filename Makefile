@@ -114,7 +114,7 @@ experiments: install
 # took 95 minutes on 2 loaded cores; kv_cache adds 1.5 minutes and
 # context_parallel 4 (19 on loaded cores), text_induction about 60,
 # real_heads and ioi about 75 together; score_rules_bench 1 and
-# real_lm_bench 8 (on quiet cores).
+# real_lm_bench 9 (on quiet cores).
 # RESULTS=induction limits it to one
 # experiment, and `make publish` copies finished runs without running
 # them again.
