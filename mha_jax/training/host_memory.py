@@ -21,7 +21,12 @@ depends on being first). That earlier version also set one malloc arena
 for all threads; on this jax that is not needed for XLA's scratch, and
 the one arena's lock had made experiment 1's small run (`make run`)
 slower (93-116 s against 85-91 s), so it is gone. The small steps of
-experiment 1 fault 0-16 times a step either way.
+experiment 1 fault 0-16 times a step either way. What it cannot keep: a
+block over 64 MiB that a worker thread allocates (YNNPACK's temporaries
+inside a large product) comes from that thread's own arena, which glibc
+maps afresh whatever the settings; SmolLM2's EAP scores below still
+fault 296,000 pages a call so (none with `MALLOC_ARENA_MAX=1` in the
+environment, 18.1-19.5 s against 19.4-19.6; not set here, for the lock).
 
 What it costs: the process keeps its peak heap until it exits. It is
 process-wide, so no library function calls it, not even the training
@@ -34,7 +39,9 @@ and benchmark commands get it by default. A script with its own loop, or
 its own call of `train_and_evaluate`, calls it once:
 `mha_jax.keep_freed_memory()` (SmolLM2-135M's loss and gradient at 512
 tokens, fresh processes on 2 AMD EPYC cores: 3.50-3.53 s with glibc's
-default, 2.87-2.93 s with this, the same peak memory).
+default, 2.87-2.93 s with this, the same peak memory; its EAP edge scores
+on 64 IOI prompts, a 5.6 GB peak: 22.1-22.4 s and 1.4M page faults a call
+with glibc's default, 19.4-19.6 s and 296,000 with this).
 `MHA_JAX_KEEP_FREED_MEMORY=0` in the environment turns it off everywhere
 (glibc's default, for an A/B).
 
@@ -53,7 +60,10 @@ import sys
 
 # glibc's malloc.h parameter numbers.
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
-_KEEP = 2 ** 31 - 1  # trim threshold: never give the heap's top back
+# Trim threshold -1: glibc never gives the heap's top back (mallopt(3)).
+# The largest positive int, 2**31 - 1, still trimmed a freed top over 2 GiB:
+# SmolLM2's EAP scores (a 5.6 GB peak) then faulted 1.4M pages a call.
+_KEEP = -1
 _PAD = 64 * 2 ** 20  # grow the heap 64 MiB at a time
 _OTHER_ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
 OFF_VARIABLE = "MHA_JAX_KEEP_FREED_MEMORY"  # "0": leave glibc as it is

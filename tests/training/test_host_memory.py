@@ -20,8 +20,9 @@ if sys.argv[1] == "keep":
   print("applied", first["applied"], mha_jax.keep_freed_memory() is first)
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-size = 100 * 2**20
+size = int(sys.argv[2]) * 2**20
 def touch_and_free():  # what XLA does with a call's scratch
   block = libc.malloc(size)
   ctypes.memset(block, 1, size)
@@ -33,9 +34,9 @@ print("faults", resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def _faults(mode):
-  out = subprocess.run([sys.executable, "-c", _PROBE, mode], check=True,
-                       capture_output=True, text=True).stdout
+def _faults(mode, mib=100):
+  out = subprocess.run([sys.executable, "-c", _PROBE, mode, str(mib)],
+                       check=True, capture_output=True, text=True).stdout
   lines = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
   return lines, int(lines["faults"][0])
 
@@ -52,6 +53,19 @@ def test_a_freed_block_is_reused_without_page_faults():
   # afresh each time, so the second one faults every page in again.
   assert plain >= 25_000, plain
   assert kept < 1_000, kept
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="glibc's mallopt: Linux only")
+def test_a_freed_block_over_2_gib_is_kept_too():
+  # A trim threshold of 2**31 - 1 (the largest int) still gave back a
+  # freed heap top over 2 GiB, and SmolLM2's EAP scores (a 5.6 GB peak)
+  # faulted 1.4M pages a call; -1 turns trimming off.
+  if host_memory._loaded_allocator():
+    pytest.skip("another allocator is preloaded here")
+  lines, kept = _faults("keep", mib=2200)
+  assert lines["applied"] == ["True", "True"]
+  assert kept < 1_000, kept  # 563,200 pages if the top is trimmed
 
 
 def test_the_environment_turns_it_off():
