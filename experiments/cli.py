@@ -242,6 +242,15 @@ def _trains(config) -> bool:
       g in config for g in ("model", "task", "train", "mesh"))
 
 
+def keep_freed_memory_if_asked(config) -> dict:
+  """`host_memory.keep_freed_memory()` when `config.keep_freed_memory` (a
+  benchmark's setting), else the answer for a run that did not ask; the
+  benchmarks record it beside their times."""
+  if config.keep_freed_memory:
+    return host_memory.keep_freed_memory()
+  return {"applied": False, "reason": "off in the config"}
+
+
 def main(run: Callable[..., dict], fl: ExperimentFlags) -> None:
   """Parse the command line, check a training config, then
   `run(config, workdir, reuse_runs=..., command=...)` and print where the

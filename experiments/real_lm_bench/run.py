@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import cli
 from experiments import torch_peers
 from experiments.real_lm_bench import profile as profile_lib
 import mha_jax
@@ -52,7 +53,6 @@ from mha_jax.measure import machine
 from mha_jax.measure import timing
 from mha_jax.models import generate
 from mha_jax.pretrained import real_models
-from mha_jax.training import host_memory
 
 TASKS = ("forward", "loss_grad", "decode")
 
@@ -148,8 +148,7 @@ def measure(config, workdir) -> dict:
   docstring)."""
   import torch  # pylint: disable=import-outside-toplevel
   e = config.experiment
-  kept = (host_memory.keep_freed_memory() if config.keep_freed_memory
-          else {"applied": False, "reason": "off in the config"})
+  kept = cli.keep_freed_memory_if_asked(config)
   start = time.perf_counter()
   hf, path, label = load_hf(e, workdir)
   vocab = hf.config.vocab_size

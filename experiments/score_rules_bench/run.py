@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import cli
 from mha_jax.core import attention
 from mha_jax.core import block_mask
 from mha_jax.core import masks
@@ -55,7 +56,6 @@ from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
 from mha_jax.measure import stats
 from mha_jax.measure import timing
-from mha_jax.training import host_memory
 
 RULES = ("documents", "window")
 
@@ -255,8 +255,7 @@ def summarise(case: dict) -> None:
 
 def measure(config) -> dict:
   """Every (length, rule) case; what results.json holds (less config)."""
-  kept = (host_memory.keep_freed_memory() if config.keep_freed_memory
-          else {"applied": False, "reason": "off in the config"})
+  kept = cli.keep_freed_memory_if_asked(config)
   start = time.perf_counter()
   load = os.getloadavg()
   cases = [one_case(name, n, config) for n in config.sizes for name in RULES]

@@ -34,6 +34,15 @@ print("faults", resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
+@pytest.fixture
+def glibc_malloc():
+  """Skips where glibc's malloc is not the one to set."""
+  if not sys.platform.startswith("linux"):
+    pytest.skip("glibc's mallopt: Linux only")
+  if host_memory._loaded_allocator():
+    pytest.skip("another allocator is preloaded here")
+
+
 def _faults(mode, mib=100):
   out = subprocess.run([sys.executable, "-c", _PROBE, mode, str(mib)],
                        check=True, capture_output=True, text=True).stdout
@@ -41,11 +50,7 @@ def _faults(mode, mib=100):
   return lines, int(lines["faults"][0])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
-                    reason="glibc's mallopt: Linux only")
-def test_a_freed_block_is_reused_without_page_faults():
-  if host_memory._loaded_allocator():
-    pytest.skip("another allocator is preloaded here")
+def test_a_freed_block_is_reused_without_page_faults(glibc_malloc):
   _, plain = _faults("plain")
   lines, kept = _faults("keep")
   assert lines["applied"] == ["True", "True"]  # and the same answer again
@@ -55,14 +60,10 @@ def test_a_freed_block_is_reused_without_page_faults():
   assert kept < 1_000, kept
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
-                    reason="glibc's mallopt: Linux only")
-def test_a_freed_block_over_2_gib_is_kept_too():
+def test_a_freed_block_over_2_gib_is_kept_too(glibc_malloc):
   # A trim threshold of 2**31 - 1 (the largest int) still gave back a
   # freed heap top over 2 GiB, and SmolLM2's EAP scores (a 5.6 GB peak)
   # faulted 1.4M pages a call; -1 turns trimming off.
-  if host_memory._loaded_allocator():
-    pytest.skip("another allocator is preloaded here")
   lines, kept = _faults("keep", mib=2200)
   assert lines["applied"] == ["True", "True"]
   assert kept < 1_000, kept  # 563,200 pages if the top is trimmed
