@@ -353,9 +353,19 @@ PLANTED = {
     # stream its group shares (every query head of a layer, say) instead
     # of its own input.
     "eap_gradient_at_shared_stream": (
-        _EAP, "return x if eps is None else x + eps[:, :, cols]",
-        "return x if eps is None else x + jnp.sum(eps[:, :, cols], 2, "
-        "keepdims=True)", _EAP_TESTS),
+        _EAP, "return x if eps is None else x + eps[group_index[group.start]]",
+        "return x if eps is None else x + jnp.sum(eps[group_index["
+        "group.start]], 2, keepdims=True)", _EAP_TESTS),
+    # The receivers' gradients joined in the wrong order (the groups'
+    # zeros are one array each, concatenated for the score product).
+    "eap_gradients_out_of_order": (
+        _EAP, "for g in grads], axis=0)", "for g in grads[::-1]], axis=0)",
+        _EAP_TESTS),
+    # The heads' terms recorded only in the runs that do not remove edges:
+    # a circuit's run then misses the heads' senders.
+    "eap_head_terms_not_recorded": (
+        _EAP, "    if drop is not None:\n      # Only a run",
+        "    if drop is None:\n      # Only a run", _EAP_TESTS),
     # The last sender's edges counted twice: its output added again to
     # the stream of the receivers after it, which already holds it.
     "eap_edges_counted_twice": (
@@ -368,8 +378,8 @@ PLANTED = {
         "else (index, index // group))", _EAP_TESTS),
     # Clean minus corrupted: every score's sign flipped.
     "eap_sign_flipped": (
-        _EAP, "delta = a_corrupt - a_clean\n",
-        "delta = a_clean - a_corrupt\n", _EAP_TESTS),
+        _EAP, "delta = (a_corrupt - a_clean).reshape(",
+        "delta = (a_clean - a_corrupt).reshape(", _EAP_TESTS),
     # A receiver also reads the senders of its own stage: edges from a head
     # to the heads of its own layer, run backwards in the computation.
     "eap_edge_runs_backwards": (
