@@ -366,11 +366,16 @@ PLANTED = {
     "eap_head_terms_not_recorded": (
         _EAP, "    if drop is not None:\n      # Only a run",
         "    if drop is None:\n      # Only a run", _EAP_TESTS),
-    # The last sender's edges counted twice: its output added again to
-    # the stream of the receivers after it, which already holds it.
-    "eap_edges_counted_twice": (
-        _EAP, "streams(group, base))",
-        "streams(group, base + outs[-1].sum(2)))", _EAP_TESTS),
+    # The removed edges' change taken off a receiver's stream twice.
+    "eap_removed_edges_counted_twice": (
+        _EAP, "x = x - jnp.moveaxis(removed",
+        "x = x - 2 * jnp.moveaxis(removed", _EAP_TESTS),
+    # Each block of senders' change measured against the source rows of
+    # the block before it (an off-by-a-block offset into the source).
+    "eap_source_rows_shifted": (
+        _EAP, "- source_rows[start:start + n])",
+        "- source_rows[max(start - n, 0):max(start - n, 0) + n])",
+        _EAP_TESTS),
     # A key or value receiver cut to the head its query mapping names
     # (query head i's key/value head), not to key/value head i.
     "eap_head_inputs_kv_by_query": (
