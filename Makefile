@@ -82,7 +82,7 @@ real_lms: install
 	$(BIN)/python -m experiments.eap_ioi.bench --workdir=runs/eap_ioi_bench
 	mkdir -p docs/results/eap_ioi/bench
 	cp runs/eap_ioi_bench/report.md runs/eap_ioi_bench/results.json docs/results/eap_ioi/bench/
-	$(BIN)/python -m experiments.eap_ioi.bench --workdir=runs/eap_ioi_bench_128 --config.experiment.prompts=128 --config.experiment.peer=False --config.experiment.rounds=1
+	$(BIN)/python -m experiments.eap_ioi.bench --workdir=runs/eap_ioi_bench_128 --config.experiment.prompts=128 --config.experiment.peer_chunk=16
 	mkdir -p docs/results/eap_ioi/bench_128
 	cp runs/eap_ioi_bench_128/report.md runs/eap_ioi_bench_128/results.json docs/results/eap_ioi/bench_128/
 

@@ -28,6 +28,14 @@ def get_config(arg=None):
   ioi = eap_ioi.get_config(arg).experiment  # prompts and IG steps
   c = ml_collections.ConfigDict()
   c.smoke = smoke  # a smoke report draws no conclusion
+  # Whether glibc keeps freed host memory for reuse
+  # (`host_memory.keep_freed_memory`). Off: with it, the full run's
+  # process, both libraries at 64 prompts in one torch call, grew past
+  # the machine's 24 GB and was killed (glibc's default: a 20.5 GB peak),
+  # since neither library's freed blocks went back. mha_jax alone gains
+  # from it (EAP on SmolLM2: 8.1-8.9 s a call against 9.4-10.2;
+  # docs/performance.md).
+  c.keep_freed_memory = False
   c.experiment = e = ml_collections.ConfigDict()
   e.model = ioi.model  # smollm2 | tiny_llama (random, saved by transformers)
   e.per_template_order = ioi.per_template_order  # 128 prompts built

@@ -24,6 +24,10 @@ over the edges, the largest difference relative to the largest |score|,
 Spearman's rank correlation of |score| (the ranking EAP's circuits are
 cut from) and the overlap of the `top_k` edges. With `peer` False only
 mha_jax runs (torch's model is still read, to check the edges agree).
+
+`config.keep_freed_memory` (off by default: its comment says why) has
+the process keep freed host memory for reuse first
+(`training/host_memory.py`); the report says which.
 """
 
 from __future__ import annotations
@@ -174,6 +178,7 @@ def measure(config, workdir) -> dict:
   import torch  # pylint: disable=import-outside-toplevel
   e = config.experiment
   start = time.perf_counter()
+  kept = cli.keep_freed_memory_if_asked(config)
   model, hf, tok, prefix, label = load(e, workdir)
   eap_graph.check_model(model, "eap_ioi.bench")  # pre-norm only, named
   graph = eap_graph.graph(model)
@@ -232,7 +237,9 @@ def measure(config, workdir) -> dict:
       "loadavg_rounds": load_avg,
       # Both libraries in one process: the peak of the larger one.
       "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-      "cores": os.cpu_count(), "cpu": machine.cpu(), "jax": jax.__version__,
+      "keep_freed_memory": kept,
+      "cores": os.cpu_count(), "cpu": machine.instruction_sets(),
+      "jax": jax.__version__,
       "torch": torch.__version__, "seconds": time.perf_counter() - start}
 
 

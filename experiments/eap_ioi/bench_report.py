@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pathlib
 
+from mha_jax.measure import machine
 from mha_jax.measure import report as report_lib
 
 TEMPLATE = pathlib.Path(__file__).with_name("bench_report.md.tmpl")
@@ -101,7 +102,8 @@ def render(s: dict, command: str | None = None) -> str:
                     if peer else ALONE),
       "speed_and_agreement": tables,
       "resident": "both libraries" if peer else "mha_jax; torch's model read",
-      "cores": str(s["cores"]), "cpu": s["cpu"].get("model", "unknown"),
+      "cores": str(s["cores"]), "cpu": machine.describe(s["cpu"]),
+      "memory": report_lib.freed_memory(s.get("keep_freed_memory")),
       "loads": loads, "peak_rss_gb": f"{s['peak_rss_gb']:.1f}",
       "jax": s["jax"], "torch": s["torch"],
       "minutes": f"{s['seconds'] / 60:.1f}"})

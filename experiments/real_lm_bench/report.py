@@ -116,23 +116,14 @@ def verdicts(s) -> str:
   return "\n".join(lines)
 
 
-def memory(s) -> str:
-  """How the run's process treated freed host memory (runs before the
-  setting existed used glibc's default)."""
-  kept = s.get("keep_freed_memory")
-  if kept is None:
-    return "glibc's default (the run predates the setting)"
-  return ("kept for reuse" if kept["applied"]
-          else f"glibc's default ({kept['reason']})")
-
-
 def values(s) -> dict:
   load = s["loadavg_rounds"]
   warm = s.get("warm_rounds", 0)
   return {
       "model": s["model"], "file": s["file"], "date": s["date"],
       "minutes": f"{s['seconds'] / 60:.1f}", "cores": str(s["cores"]),
-      "cpu": machine.describe(s["cpu"]), "memory": memory(s),
+      "cpu": machine.describe(s["cpu"]),
+      "memory": report_lib.freed_memory(s.get("keep_freed_memory")),
       "warm": f" and {warm} untimed round{'s' * (warm > 1)}" if warm else "",
       "versions": f"jax {s['jax']}, torch {s['torch']}",
       "load_min": f"{min(load):.1f}", "load_max": f"{max(load):.1f}",

@@ -120,6 +120,16 @@ HEAD_NAMES = ("Layers and heads count from 0, as the API does: L1H3 is head "
 head_name = hooks.head_name
 
 
+def freed_memory(kept: dict | None) -> str:
+  """How a benchmark's process treated freed host memory, from the answer
+  of `host_memory.keep_freed_memory` it saved (None: a run from before
+  benchmarks saved it, which used glibc's default)."""
+  if kept is None:
+    return "glibc's default (the run predates the setting)"
+  return ("kept for reuse" if kept["applied"]
+          else f"glibc's default ({kept['reason']})")
+
+
 def md_table(headers, rows) -> str:
   """A Markdown table; cells are written with `str`."""
   lines = ["| " + " | ".join(str(h) for h in headers) + " |",

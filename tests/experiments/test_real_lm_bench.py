@@ -110,12 +110,12 @@ def test_smoke_run_agrees_with_transformers_and_reports(tmp_path):
 
 
 def test_the_report_says_how_freed_memory_was_treated():
-  assert report.memory({"keep_freed_memory": {
-      "applied": True, "reason": "glibc mallopt"}}) == "kept for reuse"
-  assert report.memory({"keep_freed_memory": {
-      "applied": False, "reason": "tcmalloc preloaded"}}) == (
+  assert report_lib.freed_memory({
+      "applied": True, "reason": "glibc mallopt"}) == "kept for reuse"
+  assert report_lib.freed_memory({
+      "applied": False, "reason": "tcmalloc preloaded"}) == (
           "glibc's default (tcmalloc preloaded)")
-  assert "predates" in report.memory({})
+  assert "predates" in report_lib.freed_memory(None)
 
 
 def test_the_full_run_keeps_freed_memory_and_warms_up_first():

@@ -159,6 +159,10 @@ def test_the_benchmarks_smoke_run_runs_end_to_end(tmp_path):
   assert report_lib.regenerate(tmp_path, bench_report.render) == (
       tmp_path / "report.md").read_text()
   assert results["edges"] == 82 and results["prompts"] == 8
+  # The run records how glibc treated freed memory, and says so.
+  assert results["keep_freed_memory"]["applied"] is False
+  assert "freed host memory:\nglibc's default (off in the config)" in (
+      tmp_path / "report.md").read_text()
   for method in eap.METHODS:
     r = results["methods"][method]
     assert len(r["ratio"]["rounds"]) == config.experiment.rounds
