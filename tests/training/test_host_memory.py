@@ -117,8 +117,10 @@ print(calls)
 """
 
 
-def test_the_commands_that_train_turn_it_on_first(monkeypatch, tmp_path):
+def test_the_experiment_commands_turn_it_on_first(monkeypatch, tmp_path):
   from configs import induction  # pylint: disable=g-import-not-at-top
+  from configs import eap_ioi  # pylint: disable=g-import-not-at-top
+  from configs import eap_ioi_bench  # pylint: disable=g-import-not-at-top
   from configs import sae  # pylint: disable=g-import-not-at-top
   from experiments import cli  # pylint: disable=g-import-not-at-top
   out = subprocess.run(
@@ -127,12 +129,13 @@ def test_the_commands_that_train_turn_it_on_first(monkeypatch, tmp_path):
       cwd=pathlib.Path(__file__).resolve().parents[2]).stdout
   assert out.splitlines()[-1] == "[1, 2]", out
   calls = _stubbed(monkeypatch)
-  # Every experiment's main: a training config, or one as its `model`
-  # group (the sae experiment), applies it; another config does not.
+  # Every experiment's main applies it (training or not), except where
+  # the config has a setting of its own, which the benchmark applies.
   monkeypatch.setattr(cli, "run_app", lambda main_fn: main_fn(["prog"]))
   for config, want in ((induction.get_config("smoke"), [1]),
                        (sae.get_config("smoke"), [1]),
-                       ({"benchmark": 1}, [])):
+                       (eap_ioi.get_config("smoke"), [1]),
+                       (eap_ioi_bench.get_config(), [])):
     calls.clear()
     holder = lambda value: type("Flag", (), {"value": value})()
     fl = cli.ExperimentFlags(holder(config), holder(str(tmp_path)),
