@@ -70,8 +70,8 @@ text_induction: install
 # at load 7-11, 11.7 CPU-minutes) and the classes upstream of them on
 # the same held-out prompts (ioi_classes); then automatic circuit discovery
 # (EAP, EAP-IG) on IOI in SmolLM2 (docs/ioi.md, "Automatic discovery")
-# and its speed against a torch implementation of the same scores (16
-# min; copied into docs/results/eap_ioi/bench).
+# and its speed against a torch implementation of the same scores (9
+# min at 64 prompts, copied into docs/results/eap_ioi/bench; then 128).
 real_lms: install
 	$(BIN)/python -m experiments.real_heads --workdir=runs/real_heads
 	$(BIN)/python -m experiments.ioi --workdir=runs/ioi
