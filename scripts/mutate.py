@@ -368,8 +368,13 @@ PLANTED = {
         "    if drop is None:\n      # Only a run", _EAP_TESTS),
     # The removed edges' change taken off a receiver's stream twice.
     "eap_removed_edges_counted_twice": (
-        _EAP, "x = x - jnp.moveaxis(removed",
-        "x = x - 2 * jnp.moveaxis(removed", _EAP_TESTS),
+        _EAP, "x = x - jnp.moveaxis(rows",
+        "x = x - 2 * jnp.moveaxis(rows", _EAP_TESTS),
+    # Every group of a shared product reads the first group's rows (a
+    # layer's k and v receivers get its query heads' removed edges).
+    "eap_shared_product_rows": (
+        _EAP, "rows = removed[group.start - lo:group.start - lo + group.size]",
+        "rows = removed[:group.size]", _EAP_TESTS),
     # Each block of senders' change measured against the source rows of
     # the block before it (an off-by-a-block offset into the source).
     "eap_source_rows_shifted": (
