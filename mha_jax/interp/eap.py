@@ -178,7 +178,8 @@ def _run(model, inputs, metric, graph, *, embed=None, drop=None, source=None,
   # The columns of the groups that read the same first n senders (a
   # layer's q, k and v; its MLP too in a parallel block; adjacent in the
   # graph's order): one product over them reads those senders' changes
-  # once, not once per group. Per n: (first column, end, product).
+  # once, not once per group. `spans`: per n, the columns (start, end);
+  # `removed_by_n`: per n, (start, the product), once it is computed.
   spans, removed_by_n = {}, {}
   for g in graph.groups:
     lo, hi = spans.get(g.senders, (g.start, g.start + g.size))
