@@ -407,8 +407,8 @@ PLANTED = {
         "drop = (exists & m.astype(bool))", _EAP_TESTS),
     # Mean ablation averaged over positions instead of over the batch.
     "eap_mean_over_positions": (
-        _EAP, "jnp.mean(sender_outputs(model, mean_inputs), axis=0",
-        "jnp.mean(sender_outputs(model, mean_inputs), axis=1", _EAP_TESTS),
+        _EAP, "jnp.mean(_sender_rows(model, mean_inputs), axis=1",
+        "jnp.mean(_sender_rows(model, mean_inputs), axis=2", _EAP_TESTS),
     # Circuits of the largest signed scores, not the largest |score|.
     "eap_top_edges_by_signed_score": (
         _EAP_GRAPH, "jnp.where(exists, jnp.abs(scores.scores), -jnp.inf)",

@@ -158,8 +158,8 @@ def _run(model, inputs, metric, graph, *, embed=None, drop=None, source=None,
   """The metric of one run where every receiver reads its own stream.
 
   `embed [B, T, D]` replaces the embedding (`blocks.0.resid_pre`);
-  `drop [S, R]` (1: the edge is ablated) with `source [B, T, S, D]`
-  (the ablation's sender outputs) removes edges; `eps`, one `[B, T, n,
+  `drop [S, R]` (1: the edge is ablated) with `source [S, B, T, D]`
+  (the ablation's sender outputs, `_sender_rows`) removes edges; `eps`, one `[B, T, n,
   D]` per receiver group of `graph.groups`, is added to its receivers'
   streams (its gradient is dm/dx_r).
   """
@@ -173,7 +173,7 @@ def _run(model, inputs, metric, graph, *, embed=None, drop=None, source=None,
   # op time).
   changes, bases = [], {}
   if drop is not None:
-    source_rows = jnp.moveaxis(source, 2, 0).reshape(source.shape[2], -1)
+    source_rows = source.reshape(len(source), -1)
   group_index = {g.start: i for i, g in enumerate(graph.groups)}
   # The columns of the groups that read the same first n senders (a
   # layer's q, k and v; its MLP too in a parallel block; adjacent in the
@@ -349,11 +349,11 @@ def _source(model, corrupted, ablation, mean_inputs, t, fn):
                      f"ablation={ablation!r} and mean_inputs "
                      f"{'given' if mean_inputs is not None else 'None'}")
   if ablation == "corrupted":
-    return sender_outputs(model, corrupted)
+    return _sender_rows(model, corrupted)
   if jnp.ndim(mean_inputs) < 2 or jnp.shape(mean_inputs)[1] != t:
     raise ValueError(f"{fn}: `mean_inputs` must be [N, T={t}, ...], got "
                      f"shape {jnp.shape(mean_inputs)}")
-  return jnp.mean(sender_outputs(model, mean_inputs), axis=0, keepdims=True)
+  return jnp.mean(_sender_rows(model, mean_inputs), axis=1, keepdims=True)
 
 
 def circuit_metric(model, clean, corrupted, metric: Metric, edge_mask, *,
@@ -385,7 +385,8 @@ def circuit_metric(model, clean, corrupted, metric: Metric, edge_mask, *,
                      f" got shape {list(mask.shape)}")
   source = _source(model, corrupted, ablation, mean_inputs,
                    jnp.shape(clean)[1], "circuit_metric")
-  source = jnp.broadcast_to(source, jnp.shape(clean)[:2] + source.shape[2:])
+  source = jnp.broadcast_to(  # [S, B, T, D]
+      source, source.shape[:1] + jnp.shape(clean)[:2] + source.shape[3:])
   exists = jnp.asarray(graph.exists)
 
   def one(m):

@@ -33,8 +33,9 @@ process-wide, so no library function calls it, not even the training
 loop (`train.train_and_evaluate`, which a user may call in a process of
 their own): the commands do. `python -m experiments.train`, every
 experiment command (`experiments.cli.main`, training or not) and the
-benchmarks (the train-step, real-LM and EAP ones, unless
-`--config.keep_freed_memory=False`) call it, so the documented commands
+benchmarks (the train-step and real-LM ones, unless
+`--config.keep_freed_memory=False`; the EAP one only with
+`--config.keep_freed_memory=True`) call it, so the documented commands
 get it by default. A script with its own loop, or
 its own call of `train_and_evaluate`, calls it once:
 `mha_jax.keep_freed_memory()` (SmolLM2-135M's loss and gradient at 512
