@@ -69,7 +69,7 @@ text_induction: install
 # the output heads on held-out prompts (ioi_output_heads, 25 min wall
 # at load 7-11, 11.7 CPU-minutes) and the classes upstream of them on
 # the same held-out prompts (ioi_classes); then automatic circuit discovery
-# (EAP, EAP-IG) on IOI in SmolLM2 (docs/ioi.md, "Automatic discovery")
+# (EAP, EAP-IG) on IOI in SmolLM2 (13 min; docs/ioi.md, "Automatic discovery")
 # and its speed against a torch implementation of the same scores (9
 # min at 64 prompts, copied into docs/results/eap_ioi/bench; then 128).
 real_lms: install

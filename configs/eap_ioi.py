@@ -12,7 +12,8 @@ into 64 for scoring and 64 held out, scores all 70,651 edges by EAP and
 EAP-IG (each compiled apart from its run) and draws the faithfulness
 curves (corrupted and mean ablation) of the top-|score| circuits and of
 random circuits of equal size, with bootstrap intervals over the
-held-out prompts. Expect about 35 to 45 minutes on 2 shared CPU cores.
+held-out prompts. Expect about 13 minutes on 2 quiet CPU cores (the
+committed run: 12.5 min).
 `--config=configs/eap_ioi.py:smoke`: a tiny random Llama with a
 word-level tokenizer through the same code (seconds).
 """
