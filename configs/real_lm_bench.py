@@ -44,6 +44,11 @@ def get_config(arg=None):
   # after the first calls still grew the kept heap (the einsum gradient
   # 6.4 s, then 3.1).
   e.warm_rounds = 1
+  # The roofline's yardsticks, timed in the same rounds: a plain float32
+  # matmul_n^3 product, and a [1, rows] x [rows, cols] float32 product that
+  # reads 512 MB of weights (SmolLM2 holds 540 MB), more than any cache.
+  e.matmul_n = 1024
+  e.stream_shape = (2048, 65536)
   e.profile = True  # per-op profiles of the forward and of decoding
   e.profile_calls = 2  # calls traced per profile (after a warm call)
   e.seed = 0  # the random token ids both libraries read
@@ -61,4 +66,5 @@ def get_config(arg=None):
     e.implementations = ("einsum",)
     e.tokens, e.prompt, e.new_tokens, e.second_prompt = 16, 6, 4, 5
     e.rounds, e.warm_rounds, e.profile_calls = 2, 0, 1
+    e.matmul_n, e.stream_shape = 64, (64, 256)
   return c

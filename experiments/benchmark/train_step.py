@@ -59,11 +59,11 @@ import random
 import statistics
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from mha_jax.core import attention
 from mha_jax.core import flops
+from mha_jax.measure import roofline
 from mha_jax.measure import timing
 from mha_jax.parallel import sharding
 from mha_jax.training import config as config_lib
@@ -186,14 +186,6 @@ def peer_step(path, c, batch):
   return step
 
 
-def matmul_step(n: int):
-  """`(step, flops)`: one jitted float32 n x n x n matmul, the same-run
-  yardstick of the roofline (2 n^3 FLOPs), timed in the paths' rounds."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  mm = jax.jit(lambda a: a @ a).lower(a).compile()
-  return (lambda: jax.block_until_ready(mm(a))), 2 * n ** 3
-
-
 def step_matmul_flops(c) -> int:
   """The matrix-multiply FLOPs of one training step of config `c` as the
   dense program computes them (read from the einsum path's jaxpr: the
@@ -209,14 +201,6 @@ def step_matmul_flops(c) -> int:
 def _ratio(times, a, b):
   """Median and range over rounds of times[a] / times[b]."""
   r = [x / y for x, y in zip(times[a], times[b])]
-  return {"median": statistics.median(r), "min": min(r), "max": max(r)}
-
-
-def _roofline(times, path, flops_step, flops_mm):
-  """Per round, the step's matmul rate over the yardstick's rate in the
-  same round: median and range."""
-  r = [(flops_step / t) / (flops_mm / m)
-       for t, m in zip(times[path], times[MATMUL])]
   return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
@@ -245,7 +229,7 @@ def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0,
         rows[path] = {"skipped": step}
         continue
       steps[path] = step
-  steps[MATMUL], flops_mm = matmul_step(matmul_n)
+  steps[MATMUL], flops_mm = roofline.matmul_yardstick(matmul_n)
   flops_step = step_matmul_flops(base)
   block = {}
   for path, step in steps.items():
@@ -270,7 +254,8 @@ def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0,
       row["block_steps"] = block[path]
       row["step_s"] = times[path]
       row["step_ms"] = 1e3 * statistics.median(times[path])
-      row["roofline"] = _roofline(times, path, flops_step, flops_mm)
+      row["roofline"] = roofline.share(flops_step, times[path], flops_mm,
+                                       times[MATMUL])
       for peer in PEERS:
         if peer in times and peer != path:
           row[f"x_{peer}"] = _ratio(times, path, peer)

@@ -29,6 +29,11 @@ def _ratio_cell(r) -> str:
   return f"{r['median']:.2f} [{r['min']:.2f}, {r['max']:.2f}]"
 
 
+def _percent_cell(r) -> str:
+  """A share in percent: median over rounds [minimum, maximum]."""
+  return f"{100 * r['median']:.0f}% [{100 * r['min']:.0f}, {100 * r['max']:.0f}]"
+
+
 def _time_cell(task, t, n) -> str:
   """Seconds (median / min), or for decode tokens/s (median / best)."""
   if task == "decode":
@@ -49,6 +54,35 @@ def speed_table(s) -> str:
       ["task", "contestant", "median / best"]
       + [f"time x {ref} (median [min, max] over rounds)" for ref in refs],
       rows)
+
+
+def roofline_table(s) -> str:
+  """Per task: the work of one call, the yardstick's rate (median over
+  rounds) and each contestant's share of it, median [min, max]."""
+  if "roofline" not in s:
+    return ("Not measured in this run (it predates the roofline: "
+            "`mha_jax.measure.roofline`).")
+  r = s["roofline"]
+  rate = {k: sorted(v)[len(v) // 2] for k, v in r["rates"].items()}
+  rows = []
+  for task, by in r["share"].items():
+    stick, w = r["yardstick"][task], r["work"][task]
+    work = (f"{w / 1e9:.3g} GB of weights" if stick == "weight stream"
+            else f"{w / 1e9:.3g} GFLOP of matmuls")
+    unit = "GB/s" if stick == "weight stream" else "GFLOP/s"
+    rows.append([TASK_LABELS[task], work,
+                 f"{stick}: {rate[stick] / 1e9:.1f} {unit}"]
+                + [_percent_cell(by[c]) for c in s["contestants"]])
+  n, (a, b) = r["matmul_n"], r["stream_shape"]
+  return (f"The yardsticks, timed in the same rounds: plain matmul, one "
+          f"float32 `[{n}, {n}] x [{n}, {n}]` product; weight stream, one "
+          f"float32 `[1, {a}] x [{a}, {b}]` product, which reads "
+          f"{a * b * 4 / 1e6:.3g} MB of weights a call. Each cell: the "
+          f"contestant's work per second over the yardstick's in the same "
+          f"round, in percent, median [min, max] over rounds.\n\n"
+          + report_lib.md_table(
+              ["task", "work per call", "yardstick (median rate)"]
+              + [f"{c}: share" for c in s["contestants"]], rows))
 
 
 def first_table(s) -> str:
@@ -133,7 +167,8 @@ def values(s) -> dict:
       "width": str(s["decode_width"]),
       "slots": str(s["decode_cache_slots"]),
       "rounds": str(len(load)), "attn": s["attn_implementation"],
-      "speed_table": speed_table(s), "first_table": first_table(s),
+      "speed_table": speed_table(s), "roofline_table": roofline_table(s),
+      "first_table": first_table(s),
       "second_table": second_table(s), "agree_table": agree_table(s),
       "profile_tables": profile_tables(s), "verdicts": verdicts(s)}
 

@@ -25,6 +25,16 @@ load of the shared machine falls on all of them; the ratio to torch is
 per round (time over torch's time in that round), kept per round, with
 their median, minimum and maximum.
 
+The roofline: two yardsticks are timed in the same rounds
+(`mha_jax.measure.roofline`), a plain float32 matmul and a float32
+matrix-vector product that reads more weights than the caches hold. The
+forward and the loss and gradient are measured in matrix-multiply FLOPs
+(read from the einsum path's jaxpr, `flops.jaxpr_matmul_flops`: the
+dense program, the same numerator for every contestant) per second over
+the matmul's rate; decoding, which reads every weight once per token, in
+weight bytes (the model's parameters, float32, times N) per second over
+the matrix-vector product's rate. Each share is taken per round.
+
 The process keeps freed host memory for reuse first
 (`config.keep_freed_memory`, `training/host_memory.py`), as the
 train-step benchmark does: XLA's CPU programs allocate their scratch per
@@ -49,12 +59,16 @@ from experiments import cli
 from experiments import torch_peers
 from experiments.real_lm_bench import profile as profile_lib
 import mha_jax
+from mha_jax.core import flops
 from mha_jax.measure import machine
+from mha_jax.measure import roofline
 from mha_jax.measure import timing
 from mha_jax.models import generate
 from mha_jax.pretrained import real_models
 
 TASKS = ("forward", "loss_grad", "decode")
+YARDSTICK = "yardstick"  # the task name of the roofline's timed calls
+MATMUL, STREAM = "plain matmul", "weight stream"
 
 
 def load_hf(e, workdir):
@@ -185,11 +199,17 @@ def measure(config, workdir) -> dict:
   load = []  # the 1-minute load average as each timed round starts
   calls = {(t, c): _call(contestants[c][t]) for t in TASKS for c in names}
   round_setups = {(t, c): setups[c] for t in TASKS for c in names}
+  work = task_work(e, models, path, ids, prompt)
+  (calls[(YARDSTICK, MATMUL)], work[MATMUL]) = roofline.matmul_yardstick(
+      e.matmul_n)
+  (calls[(YARDSTICK, STREAM)], work[STREAM]) = roofline.stream_yardstick(
+      *e.stream_shape)
   timing.interleaved_times(calls, e.warm_rounds, setups=round_setups)
   flat = timing.interleaved_times(
       calls, e.rounds, setups=round_setups,
       on_round=lambda r: load.append(os.getloadavg()[0]))
   times = {t: {c: flat[(t, c)] for c in names} for t in TASKS}
+  yard = {k: flat[(YARDSTICK, k)] for k in (MATMUL, STREAM)}
   agree = {c: {
       "forward_rel": _rel(outs[(c, "forward")],
                           outs[(reference, "forward")]),
@@ -211,6 +231,7 @@ def measure(config, workdir) -> dict:
                  for ref in names[len(e.implementations):]},
       "first": first, "second_prompt_call": second, "agree": agree,
       "loadavg_rounds": load,
+      "roofline": roofline_shares(e, work, times, yard),
       "warm_rounds": e.warm_rounds, "keep_freed_memory": kept,
       "cores": os.cpu_count(), "cpu": machine.instruction_sets(),
       "jax": jax.__version__,
@@ -221,6 +242,39 @@ def measure(config, workdir) -> dict:
   results["summary"] = summary(times, results["ratios"])
   results["seconds"] = time.perf_counter() - start
   return results
+
+
+def task_work(e, models, path, ids, prompt) -> dict:
+  """The roofline's numerators: `{"forward": matmul FLOPs, "loss_grad":
+  matmul FLOPs, "decode": weight bytes read}` per call. FLOPs are the
+  einsum path's program (the dense one), loaded here if it is not among
+  the contestants; bytes are every float32 parameter read once per new
+  token (the prefill's pass and N - 1 cached steps)."""
+  model = (models.get("mha_jax einsum")
+           or mha_jax.load_pretrained(path, implementation="einsum"))
+  calls = mha_jax_calls(model, jnp.asarray(ids, jnp.int32), prompt,
+                        e.new_tokens)
+  out = {t: flops.jaxpr_matmul_flops(*((calls[t][0],) + calls[t][1]))
+         for t in ("forward", "loss_grad")}
+  params = jax.tree.leaves(nnx.state(model, nnx.Param))
+  out["decode"] = e.new_tokens * sum(4 * x.size for x in params)
+  return out
+
+
+def roofline_shares(e, work, times, yard) -> dict:
+  """Work per call, the yardsticks' rates per round and every
+  contestant's share of its task's yardstick per round (median, range):
+  the matmul's for the forward and the gradient, the weight stream's for
+  decoding."""
+  stick = {"forward": MATMUL, "loss_grad": MATMUL, "decode": STREAM}
+  return {
+      "matmul_n": e.matmul_n, "stream_shape": list(e.stream_shape),
+      "work": {t: float(work[t]) for t in TASKS},
+      "yardstick": stick,
+      "rates": {k: [work[k] / s for s in yard[k]] for k in yard},
+      "share": {t: {c: roofline.share(work[t], x, work[stick[t]],
+                                      yard[stick[t]])
+                    for c, x in by.items()} for t, by in times.items()}}
 
 
 def summary(times, ratios) -> dict:

@@ -102,6 +102,36 @@ def test_smoke_run_agrees_with_transformers_and_reports(tmp_path):
   assert len(rows) == 3 * len(names)
   second = entry_points.table_by_label(saved_report, "| contestant | seconds")
   assert second["mha_jax einsum"][1] == "0"
+  # The roofline's numerators, by the closed form of the tiny Llama: per
+  # layer q, k, v, o and the gated MLP's three products, the [T, T]
+  # scores and their mix per query head; then the readout. The gradient
+  # is three forwards (each product's input and weight gradients); decode
+  # reads every float32 parameter once per new token.
+  t = e.tiny
+  d, f, h, kv = (t.hidden_size, t.intermediate_size, t.num_attention_heads,
+                 t.num_key_value_heads)
+  dh, n = d // h, e.tokens
+  layer = (2 * n * d * (2 * h * dh + 2 * kv * dh) + 3 * 2 * n * d * f
+           + 2 * 2 * h * n * n * dh)
+  forward = t.num_hidden_layers * layer + 2 * n * d * t.vocab_size
+  params = (t.vocab_size * d + d + t.num_hidden_layers
+            * (2 * d + d * (2 * h * dh + 2 * kv * dh) + 3 * d * f))
+  roof = results["roofline"]
+  assert roof["work"] == {"forward": forward, "loss_grad": 3 * forward,
+                          "decode": e.new_tokens * 4 * params}
+  # Each share is the round's rate over the same round's yardstick rate.
+  rate = roof["rates"]["plain matmul"]  # FLOP/s per round
+  seconds = results["times"]["forward"]["mha_jax einsum"]
+  assert len(seconds) == len(rate) == e.rounds
+  share = [forward / x / y for x, y in zip(seconds, rate)]
+  assert roof["share"]["forward"]["mha_jax einsum"]["max"] == (
+      pytest.approx(max(share)))
+  shares = entry_points.table_by_label(saved_report, "| task | work per")
+  assert shares["decode"][0] == f"{e.new_tokens * 4 * params / 1e9:.3g} GB "\
+      "of weights"
+  m = roof["share"]["forward"]["mha_jax einsum"]
+  assert shares["forward"][2] == (f"{100 * m['median']:.0f}% "
+                                  f"[{100 * m['min']:.0f}, {100 * m['max']:.0f}]")
   # The smoke run, inside the suite's process, leaves glibc as it is, and
   # its report says so.
   assert results["keep_freed_memory"]["applied"] is False

@@ -189,15 +189,6 @@ def test_the_roofline_counts_three_forward_passes_of_matmuls(spec):
   assert train_step.step_matmul_flops(c) == 3 * forward
 
 
-def test_the_roofline_is_per_round():
-  """Each round's step rate over the same round's matmul rate: a round
-  where the machine is slower for both gives the same fraction."""
-  times = {"a": [2.0, 4.0, 1.0], train_step.MATMUL: [1.0, 2.0, 1.0]}
-  # flops: step 10, matmul 40 -> fraction = (10 / t) / (40 / m)
-  got = train_step._roofline(times, "a", 10, 40)  # pylint: disable=protected-access
-  assert got == {"median": 0.125, "min": 0.125, "max": 0.25}
-
-
 # torch.compile's own import of inductor calls torch.jit.script_method,
 # which torch 2.13 marks deprecated (a warning about torch, not this code).
 @pytest.mark.filterwarnings(

@@ -54,14 +54,16 @@ def test_committed_report_regenerates_from_its_results(name):
       folder / "report.md").read_text()
 
 
-def test_the_benchmark_runs_beside_the_first_regenerate():
-  """docs/results/benchmark holds a second run in a folder of its own (the
-  same CPU with XLA and torch held to AVX2); its report regenerates from
-  its results.json too."""
-  module = importlib.import_module("experiments.benchmark.report")
+@pytest.mark.parametrize("name", ["benchmark", "real_lm_bench"])
+def test_the_runs_beside_the_first_regenerate(name):
+  """A benchmark's folder holds further runs in folders of their own
+  (other CPUs; the same CPU with XLA and torch held to AVX2; a later run
+  with the roofline); their reports regenerate from their results.json
+  too (a run from before the roofline says it was not measured)."""
+  module = importlib.import_module(f"experiments.{name}.report")
   folders = sorted(p.parent for p in (ROOT / "docs" / "results" /
-                                      "benchmark").glob("*/report.md"))
-  assert folders, "docs/results/benchmark holds no second run"
+                                      name).glob("*/report.md"))
+  assert folders, f"docs/results/{name} holds no second run"
   for folder in folders:
     assert report.regenerate(folder, module.render) == (
         folder / "report.md").read_text()
