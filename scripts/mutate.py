@@ -179,6 +179,23 @@ PLANTED = {
         "  torch.set_flush_denormal(True)\n",
         "",
         "tests/experiments/test_train_step_bench.py"),
+    # The roofline's share taken against the yardstick's previous round
+    # (a change of load then falls on one side of the ratio only).
+    "roofline_share_of_another_round": (
+        "mha_jax/measure/roofline.py",
+        "for t, y in zip(times, yard_times)]",
+        "for t, y in zip(times, yard_times[1:] + yard_times[:1])]",
+        "tests/measure/test_roofline.py"),
+    # Decoding's work counted as the weights read once, not once a token.
+    "real_lm_decode_reads_the_weights_once": (
+        "experiments/real_lm_bench/run.py",
+        'out["decode"] = e.new_tokens * sum(4 * x.size for x in params)',
+        'out["decode"] = sum(4 * x.size for x in params)',
+        "tests/experiments/test_real_lm_bench.py -k smoke"),
+    # The stream yardstick's bytes counted as bfloat16.
+    "stream_yardstick_counts_half_the_bytes": (
+        "mha_jax/measure/roofline.py", "rows * cols * 4\n", "rows * cols * 2\n",
+        "tests/measure/test_roofline.py"),
     # The weight product's derivative without its barrier: XLA folds the
     # transposed copy back into the dot, which is then Eigen's again.
     "weight_product_without_its_barrier": (
