@@ -196,6 +196,12 @@ PLANTED = {
     "stream_yardstick_counts_half_the_bytes": (
         "mha_jax/measure/roofline.py", "rows * cols * 4\n", "rows * cols * 2\n",
         "tests/measure/test_roofline.py"),
+    # TopK keeps every entry equal to the k-th value (k + 1 or more
+    # features where values tie), not the first ones by index.
+    "sae_topk_keeps_every_tie": (
+        "mha_jax/sae/sae.py",
+        "keep = (f > kth) | ((f == kth) & (index <= last))",
+        "keep = f >= kth", "tests/sae/test_sae.py"),
     # The weight product's derivative without its barrier: XLA folds the
     # transposed copy back into the dot, which is then Eigen's again.
     "weight_product_without_its_barrier": (

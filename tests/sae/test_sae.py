@@ -3,6 +3,9 @@ reference, the decoder constraint, the buffer's shuffle, resume."""
 
 import json
 
+import hypothesis
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,6 +104,43 @@ def test_bad_input_is_named():
     buffer.flatten_site(jnp.zeros((2, 3)))
   with pytest.raises(ValueError, match="`acts` must be"):
     train.train(sae_fit.cfg(), np.zeros(5, np.float32), "unused")
+
+
+def test_topk_breaks_ties_at_the_kth_value_by_index():
+  """Equal values at the k-th place: the lowest indices stay, as
+  `lax.top_k` orders them (worked by hand)."""
+  pre = jnp.array([[1.0, 2.0, 1.0, 1.0, 0.5], [1.0, 1.0, 1.0, 3.0, 3.0]])
+  np.testing.assert_array_equal(sae.keep_largest(pre, 3),
+                                [[1.0, 2.0, 1.0, 0.0, 0.0],
+                                 [1.0, 0.0, 0.0, 3.0, 3.0]])
+
+
+def _top_k_by_sorting(f, k):
+  """NumPy: each row's k largest kept, ties by index (a stable sort of
+  the negated values), the rest zero."""
+  out = np.zeros_like(f)
+  for r, row in enumerate(f):
+    keep = np.argsort(-row, kind="stable")[:k]
+    out[r, keep] = row[keep]
+  return out
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(
+    values=hnp.arrays(np.float32, (3, 12), elements=st.sampled_from(
+        [0.0, 0.25, 0.5, 1.0, 2.0, 7.0])),
+    k=st.integers(1, 12))
+def test_keep_largest_keeps_what_top_k_keeps_with_its_gradient(values, k):
+  """Against a stable sort in NumPy on rows full of ties and zeros; the
+  gradient reaches exactly the kept entries (top_k's scatter gives the
+  same), so TopK training is unchanged by the mask."""
+  f = jnp.asarray(values)
+  expected = _top_k_by_sorting(values, k)
+  np.testing.assert_array_equal(sae.keep_largest(f, k), expected)
+  grad = jax.grad(lambda f: jnp.sum(sae.keep_largest(f, k) * 3.0))(f)
+  kept = np.zeros(values.shape, bool)
+  np.put_along_axis(kept, np.asarray(jax.lax.top_k(f, k)[1]), True, axis=1)
+  np.testing.assert_array_equal(grad, np.where(kept, 3.0, 0.0))
 
 
 def test_topk_keeps_at_most_the_positive_features():
