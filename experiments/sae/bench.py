@@ -16,14 +16,23 @@ r"""Speed of the SAE lab against the same work in PyTorch, in one run.
   Adam with beta1 0, the renormalisation. One step from the same
   parameters is compared first.
 
-Each timing is the median of `repeats` after a warm-up; the ratio is
-mha_jax's speed over torch's. Writes bench.json into --workdir.
+Each measure runs both libraries once untimed, then `repeats` rounds
+that time one call of each in an order rotated every round
+(`timing.interleaved_times`), so a change of the machine's load falls on
+both; the ratio is mha_jax's speed over torch's in the same round, its
+median and range over rounds. Speeds are medians over rounds. The process
+keeps freed host memory for reuse first, as the other benchmarks and the
+training commands do (`training/host_memory.py`); torch runs under the
+same setting. Writes bench.json, with the CPU and the versions, into
+--workdir.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import statistics
 import time
 
 from absl import app
@@ -33,16 +42,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import sae as sae_config
+from mha_jax.measure import machine
 from mha_jax.measure import timing
 from mha_jax.pretrained import real_models
 from mha_jax.sae import buffer
 from mha_jax.sae import train
+from mha_jax.training import host_memory
 
 
 
-def _median(fn, repeats):
-  """Median seconds of `fn()` after one untimed call (it compiles)."""
-  return timing.median_time(fn, (), warmup=1, repeats=repeats)[0][0]
+def _rounds(jax_call, torch_call, repeats, work=1.0) -> dict:
+  """Both calls once untimed (mha_jax compiles), then `repeats`
+  interleaved rounds: `{"jax", "torch"}` speeds (`work` per second,
+  median over rounds), the per-round ratio of mha_jax's speed over
+  torch's (median, min, max) and each round's seconds."""
+  jax_call()
+  torch_call()
+  t = timing.interleaved_times({"jax": jax_call, "torch": torch_call},
+                               repeats)
+  ratio = [b / a for a, b in zip(t["jax"], t["torch"])]
+  return {"jax": work / statistics.median(t["jax"]),
+          "torch": work / statistics.median(t["torch"]),
+          "ratio": statistics.median(ratio),
+          "ratio_range": [min(ratio), max(ratio)], "seconds": t}
 
 
 def collection(repeats) -> dict:
@@ -82,10 +104,11 @@ def collection(repeats) -> dict:
   jax_z = np.asarray(fwd(tokens)).reshape(shape[0], shape[1], -1)
   diff = float(np.max(np.abs(jax_z - torch_collect().numpy())))
   n = shape[0] * shape[1]
-  t_jax = _median(lambda: jax.block_until_ready(fwd(tokens)), repeats)
-  t_torch = _median(torch_collect, repeats)
-  return {"tokens_per_call": n, "jax_tokens_per_s": n / t_jax,
-          "torch_tokens_per_s": n / t_torch, "ratio": t_torch / t_jax,
+  r = _rounds(lambda: jax.block_until_ready(fwd(tokens)), torch_collect,
+              repeats, n)
+  return {"tokens_per_call": n, "jax_tokens_per_s": r["jax"],
+          "torch_tokens_per_s": r["torch"], "ratio": r["ratio"],
+          "ratio_range": r["ratio_range"], "seconds": r["seconds"],
           "max_abs_diff": diff,
           "max_abs": float(np.max(np.abs(jax_z)))}
 
@@ -143,18 +166,22 @@ def training(name, cfg, d_in, repeats) -> list:
     def jax_call():
       box["s"], m = step(box["s"], jnp.asarray(x))
       jax.block_until_ready(m)
-    t_jax = _median(jax_call, repeats)
-    t_torch = _median(lambda: t_step(p, opt, xt), repeats)
+    r = _rounds(jax_call, lambda: t_step(p, opt, xt), repeats)
     out.append({"sae": name, "kind": kind, "d_in": d_in, "d_sae": c.d_sae,
-                "batch": c.batch_size, "jax_steps_per_s": 1 / t_jax,
-                "torch_steps_per_s": 1 / t_torch, "ratio": t_torch / t_jax,
+                "k": c.k if kind == "topk" else None,
+                "batch": c.batch_size, "jax_steps_per_s": r["jax"],
+                "torch_steps_per_s": r["torch"], "ratio": r["ratio"],
+                "ratio_range": r["ratio_range"], "seconds": r["seconds"],
                 "first_step_max_abs_diff": diff})
   return out
 
 
 def main(argv):
   del argv
+  import torch  # pylint: disable=import-outside-toplevel
+  kept = host_memory.keep_freed_memory()
   start = time.perf_counter()
+  load = os.getloadavg()[0]
   repeats = flags.FLAGS.repeats
   res = {"collection": collection(repeats), "training": []}
   res["training"] += training("induction", sae_config.get_config(None).sae,
@@ -164,6 +191,11 @@ def main(argv):
                               repeats)
   res["wall_s"] = time.perf_counter() - start
   res["threads"] = {"torch": 2, "note": "XLA uses the machine's 2 cores"}
+  res.update({"rounds": repeats, "keep_freed_memory": kept,
+              "load_avg_start": load, "load_avg_end": os.getloadavg()[0],
+              "cores": os.cpu_count(), "cpu": machine.instruction_sets(),
+              "jax": jax.__version__, "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d")})
   out = pathlib.Path(flags.FLAGS.workdir)
   out.mkdir(parents=True, exist_ok=True)
   (out / "bench.json").write_text(json.dumps(res, indent=1) + "\n")
@@ -173,5 +205,5 @@ def main(argv):
 if __name__ == "__main__":
   # Defined here, not at import: importing the module sets no flags.
   flags.DEFINE_string("workdir", "runs/sae_bench", "Where bench.json goes.")
-  flags.DEFINE_integer("repeats", 5, "Timed calls per measure.")
+  flags.DEFINE_integer("repeats", 5, "Timed rounds per measure.")
   app.run(main)
