@@ -189,8 +189,8 @@ PLANTED = {
     # Decoding's work counted as the weights read once, not once a token.
     "real_lm_decode_reads_the_weights_once": (
         "experiments/real_lm_bench/run.py",
-        'out["decode"] = e.new_tokens * sum(4 * x.size for x in params)',
-        'out["decode"] = sum(4 * x.size for x in params)',
+        'out["decode"] = e.new_tokens * sum(x.size * x.dtype.itemsize',
+        'out["decode"] = 1 * sum(x.size * x.dtype.itemsize',
         "tests/experiments/test_real_lm_bench.py -k smoke"),
     # The stream yardstick's bytes counted as bfloat16.
     "stream_yardstick_counts_half_the_bytes": (

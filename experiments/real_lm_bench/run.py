@@ -248,8 +248,8 @@ def task_work(e, models, path, ids, prompt) -> dict:
   """The roofline's numerators: `{"forward": matmul FLOPs, "loss_grad":
   matmul FLOPs, "decode": weight bytes read}` per call. FLOPs are the
   einsum path's program (the dense one), loaded here if it is not among
-  the contestants; bytes are every float32 parameter read once per new
-  token (the prefill's pass and N - 1 cached steps)."""
+  the contestants; bytes are every parameter (float32 here) read once per
+  new token (the prefill's pass and N - 1 cached steps)."""
   model = (models.get("mha_jax einsum")
            or mha_jax.load_pretrained(path, implementation="einsum"))
   calls = mha_jax_calls(model, jnp.asarray(ids, jnp.int32), prompt,
@@ -257,7 +257,8 @@ def task_work(e, models, path, ids, prompt) -> dict:
   out = {t: flops.jaxpr_matmul_flops(*((calls[t][0],) + calls[t][1]))
          for t in ("forward", "loss_grad")}
   params = jax.tree.leaves(nnx.state(model, nnx.Param))
-  out["decode"] = e.new_tokens * sum(4 * x.size for x in params)
+  out["decode"] = e.new_tokens * sum(x.size * x.dtype.itemsize
+                                     for x in params)
   return out
 
 
