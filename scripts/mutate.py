@@ -202,6 +202,10 @@ PLANTED = {
         "mha_jax/sae/sae.py",
         "keep = (f > kth) | ((f == kth) & (index <= last))",
         "keep = f >= kth", "tests/sae/test_sae.py"),
+    # TopK's mask drops a NaN pre-activation, so the loss stays finite.
+    "sae_topk_hides_a_nan": (
+        "mha_jax/sae/sae.py", " | jnp.isnan(f)\n", "\n",
+        "tests/sae/test_sae.py"),
     # The weight product's derivative without its barrier: XLA folds the
     # transposed copy back into the dot, which is then Eigen's again.
     "weight_product_without_its_barrier": (

@@ -31,7 +31,8 @@ def _ratio_cell(r) -> str:
 
 def _percent_cell(r) -> str:
   """A share in percent: median over rounds [minimum, maximum]."""
-  return f"{100 * r['median']:.0f}% [{100 * r['min']:.0f}, {100 * r['max']:.0f}]"
+  return (f"{100 * r['median']:.0f}% [{100 * r['min']:.0f}, "
+          f"{100 * r['max']:.0f}]")
 
 
 def _time_cell(task, t, n) -> str:

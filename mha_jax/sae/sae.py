@@ -116,7 +116,10 @@ def keep_largest(f, k: int):
   last = jnp.max(jnp.where(vals == kth, idx, -1), -1, keepdims=True)
   kth, last = jax.lax.stop_gradient(kth), jax.lax.stop_gradient(last)
   index = jax.lax.broadcasted_iota(jnp.int32, f.shape, 1)
-  keep = (f > kth) | ((f == kth) & (index <= last))
+  # A NaN is kept so that it reaches the loss, as it did when top_k's
+  # values were scattered (comparisons with NaN are false: the mask
+  # alone would drop it, and the loss would hide it).
+  keep = (f > kth) | ((f == kth) & (index <= last)) | jnp.isnan(f)
   return jnp.where(keep, f, jnp.zeros_like(f))
 
 

@@ -115,6 +115,13 @@ def test_topk_breaks_ties_at_the_kth_value_by_index():
                                  [1.0, 0.0, 0.0, 3.0, 3.0]])
 
 
+def test_a_nan_pre_activation_reaches_the_output():
+  """TopK does not hide a NaN by masking it out: the loss sees it."""
+  pre = jnp.array([[1.0, jnp.nan, 3.0, 0.5]])
+  out = np.asarray(sae.activate(pre, kind="topk", k=2))
+  assert np.isnan(out).any()
+
+
 def _top_k_by_sorting(f, k):
   """NumPy: each row's k largest kept, ties by index (a stable sort of
   the negated values), the rest zero."""
