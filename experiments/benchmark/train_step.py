@@ -200,8 +200,7 @@ def step_matmul_flops(c) -> int:
 
 def _ratio(times, a, b):
   """Median and range over rounds of times[a] / times[b]."""
-  r = [x / y for x, y in zip(times[a], times[b])]
-  return {"median": statistics.median(r), "min": min(r), "max": max(r)}
+  return timing.spread([x / y for x, y in zip(times[a], times[b])])
 
 
 MATMUL = "plain matmul"  # the yardstick's name among the timed calls

@@ -68,8 +68,7 @@ def _torch_contestant(torch, device, base, batch, p, compiled: bool):
 
 
 def _ratio(a, b) -> dict:
-  r = [x / y for x, y in zip(a, b)]
-  return {"median": statistics.median(r), "min": min(r), "max": max(r)}
+  return timing.spread([x / y for x, y in zip(a, b)])
 
 
 def measure_group(name, spec, base, p, ts, budget, torch, device) -> dict:

@@ -283,8 +283,7 @@ def summary(times, ratios) -> dict:
   median and minimum seconds ("times"), and per torch reference, task
   and contestant the median, minimum and maximum of the per-round ratio
   ("ratios")."""
-  spread = lambda x: {"median": float(np.median(x)), "min": float(min(x)),
-                      "max": float(max(x))}
+  spread = timing.spread
   return {"times": {t: {c: {"median": float(np.median(x)),
                             "min": float(min(x))} for c, x in by.items()}
                     for t, by in times.items()},

@@ -60,11 +60,11 @@ def _rounds(jax_call, torch_call, repeats, work=1.0) -> dict:
   torch_call()
   t = timing.interleaved_times({"jax": jax_call, "torch": torch_call},
                                repeats)
-  ratio = [b / a for a, b in zip(t["jax"], t["torch"])]
+  ratio = timing.spread([b / a for a, b in zip(t["jax"], t["torch"])])
   return {"jax": work / statistics.median(t["jax"]),
           "torch": work / statistics.median(t["torch"]),
-          "ratio": statistics.median(ratio),
-          "ratio_range": [min(ratio), max(ratio)], "seconds": t}
+          "ratio": ratio["median"],
+          "ratio_range": [ratio["min"], ratio["max"]], "seconds": t}
 
 
 def collection(repeats) -> dict:

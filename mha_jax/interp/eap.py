@@ -159,9 +159,9 @@ def _run(model, inputs, metric, graph, *, embed=None, drop=None, source=None,
 
   `embed [B, T, D]` replaces the embedding (`blocks.0.resid_pre`);
   `drop [S, R]` (1: the edge is ablated) with `source [S, B, T, D]`
-  (the ablation's sender outputs, `_sender_rows`) removes edges; `eps`, one `[B, T, n,
-  D]` per receiver group of `graph.groups`, is added to its receivers'
-  streams (its gradient is dm/dx_r).
+  (the ablation's sender outputs, `_sender_rows`) removes edges; `eps`,
+  one `[B, T, n, D]` per receiver group of `graph.groups`, is added to
+  its receivers' streams (its gradient is dm/dx_r).
   """
   c = model.config
   # `changes`: each sender's output in this run minus its output in the

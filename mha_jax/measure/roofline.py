@@ -24,10 +24,10 @@ than either time.
 
 from __future__ import annotations
 
-import statistics
-
 import jax
 import jax.numpy as jnp
+
+from mha_jax.measure import timing
 
 
 def matmul_yardstick(n: int = 1024):
@@ -62,5 +62,5 @@ def share(work: float, times, yard_work: float, yard_times) -> dict:
   if len(times) != len(yard_times) or not times:
     raise ValueError(f"share: expected one yardstick time per round, got "
                      f"{len(times)} times and {len(yard_times)}")
-  r = [(work / t) / (yard_work / y) for t, y in zip(times, yard_times)]
-  return {"median": statistics.median(r), "min": min(r), "max": max(r)}
+  return timing.spread([(work / t) / (yard_work / y)
+                        for t, y in zip(times, yard_times)])

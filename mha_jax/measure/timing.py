@@ -4,6 +4,7 @@ measuring experiments."""
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 
 import jax
@@ -98,6 +99,16 @@ def interleaved_times(calls: dict, rounds: int, *, setups=None,
         jax.block_until_ready(calls[name]())
       times[name].append((time.perf_counter() - start) / count)
   return times
+
+
+def spread(values) -> dict:
+  """`{"median", "min", "max"}` of per-round values (times, or ratios
+  taken within each round), as every benchmark reports them."""
+  values = [float(v) for v in values]
+  if not values:
+    raise ValueError("spread: expected at least one value, got none")
+  return {"median": statistics.median(values), "min": min(values),
+          "max": max(values)}
 
 
 def timed_call(setup, fn):

@@ -35,8 +35,8 @@ their own): the commands do. `python -m experiments.train`, every
 experiment command (`experiments.cli.main`, training or not) and the
 benchmarks (the train-step and real-LM ones, unless
 `--config.keep_freed_memory=False`; the EAP one only with
-`--config.keep_freed_memory=True`) call it, so the documented commands
-get it by default. A script with its own loop, or
+`--config.keep_freed_memory=True`; the SAE one always) call it, so the
+documented commands get it by default. A script with its own loop, or
 its own call of `train_and_evaluate`, calls it once:
 `mha_jax.keep_freed_memory()` (SmolLM2-135M's loss and gradient at 512
 tokens, fresh processes on 2 AMD EPYC cores: 3.50-3.53 s with glibc's

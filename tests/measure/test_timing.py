@@ -5,6 +5,8 @@ call timed alone."""
 
 import time
 
+import pytest
+
 from mha_jax.measure import timing
 
 
@@ -49,3 +51,10 @@ def test_interleaved_setups_run_untimed_and_blocks_are_per_call():
   # block of three.
   assert all(t < 0.04 for t in times["fast"])
   assert all(0.01 <= t < 0.025 for t in times["slow"])
+
+
+def test_spread_is_the_median_and_range_of_the_rounds():
+  assert timing.spread([3, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0,
+                                                "max": 10.0}
+  with pytest.raises(ValueError, match="at least one value, got none"):
+    timing.spread([])
