@@ -14,6 +14,7 @@ from mha_jax.core.kernels.auto import explain_auto
 from mha_jax.core.converters import from_linen_mha
 from mha_jax.core.converters import from_nnx_mha
 from mha_jax.core.flops import analytic_mha_flops
+from mha_jax.core.flops import compiled_matmul_flops
 from mha_jax.core.flops import jaxpr_matmul_flops
 from mha_jax.core.flops import xla_flops
 from mha_jax.hooks import Hooks

@@ -192,6 +192,20 @@ PLANTED = {
         'out["decode"] = e.new_tokens * sum(x.size * x.dtype.itemsize',
         'out["decode"] = 1 * sum(x.size * x.dtype.itemsize',
         "tests/experiments/test_real_lm_bench.py"),
+    # The compiled count reads a scan's body once, not once per step.
+    "compiled_flops_ignore_the_trip_count": (
+        "mha_jax/core/flops.py",
+        "total += int(trip.group(1)) * sum(",
+        "total += 1 * sum(",
+        "tests/core/test_flops.py"),
+    # The compiled count multiplies by the rhs's contracted dims where
+    # the lhs's are meant: right only when both operands agree, as for a
+    # square weight.
+    "compiled_flops_contract_the_wrong_operand": (
+        "mha_jax/core/flops.py",
+        'lhs = re.match(r"\\s*%([^\\s,)]+)", rest).group(1)',
+        'lhs = re.search(r",\\s*%([^\\s,)]+)", rest).group(1)',
+        "tests/core/test_flops.py"),
     # The stream yardstick's bytes counted as bfloat16.
     "stream_yardstick_counts_half_the_bytes": (
         "mha_jax/measure/roofline.py", "rows * cols * 4\n", "rows * cols * 2\n",

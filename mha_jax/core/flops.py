@@ -1,4 +1,4 @@
-"""Counting the matrix-multiply FLOPs of a function, three ways.
+"""Counting the matrix-multiply FLOPs of a function, four ways.
 
 Shape letters: B batch, n sequence length, D d_model, H heads.
 
@@ -6,6 +6,11 @@ Shape letters: B batch, n sequence length, D d_model, H heads.
     sub-jaxpr: pjit, custom_vjp/jvp, scan, while, cond, remat) and add up
     2 * M * N * K for each `dot_general`, batch dimensions included. This is
     exactly what the program asks for, before XLA fuses or rewrites anything.
+  * `compiled_matmul_flops(compiled)`: the same sum over the `dot`
+    instructions of the program XLA compiled, each while loop's body
+    times its trip count. Products whose results are never read are gone
+    from it, so this is the work the program does, where the jaxpr's count
+    is the work it asks for.
   * `xla_flops(f, *args)`: XLA's own estimate from the compiled HLO, which
     also counts elementwise work (scaling, softmax, masking).
   * `analytic_mha_flops(batch, n, d_model)`: FORMULAS.md's closed form for one
@@ -18,6 +23,7 @@ A multiply-add counts as 2 FLOPs everywhere, as in FORMULAS.md.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 import jax
@@ -78,6 +84,101 @@ def jaxpr_matmul_flops(f: Callable[..., Any], *args, **kwargs) -> int:
   """
   closed = jax.make_jaxpr(lambda *a: f(*a, **kwargs))(*args)
   return _jaxpr_flops(closed.jaxpr)
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%([^\s(]+)\s*\(.*\{\s*$")
+_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%([^\s=]+)\s*=\s*"
+    r"(?:[a-z]\w*\[([\d,]*)\]\S*|\(.*?\)|\S+)\s+([a-z][\w\-]*)\((.*)$")
+_DIMS = lambda name, text: [int(d) for d in re.search(
+    name + r"=\{([\d,]*)\}", text).group(1).split(",") if d] if re.search(
+        name + r"=\{", text) else []
+# Custom calls a backend hands its products to (cuBLAS, cuDNN, oneDNN): a
+# dot count that skipped them would be quietly short.
+_PRODUCT_CALL = re.compile(r"custom_call_target=\"[^\"]*"
+                           r"(gemm|matmul|cudnn|onednn|cublas)", re.I)
+
+
+def _parse_hlo(text: str):
+  """`({computation: [(name, dims, opcode, rest)]}, entry)` from an HLO
+  module's text; `dims` is the array shape, or None for tuples/tokens."""
+  comps, entry, current = {}, None, None
+  for line in text.splitlines():
+    head = _COMPUTATION.match(line)
+    if head:
+      current = comps.setdefault(head.group(1), [])
+      if line.startswith("ENTRY"):
+        entry = head.group(1)
+      continue
+    if line.strip() == "}":
+      current = None
+      continue
+    ins = _INSTRUCTION.match(line) if current is not None else None
+    if ins:
+      name, dims, opcode, rest = ins.groups()
+      shape = None if dims is None else tuple(int(d) for d in dims.split(",")
+                                              if d)
+      current.append((name, shape, opcode, rest))
+  if entry is None:
+    raise ValueError("compiled_matmul_flops: expected an HLO module with an "
+                     "ENTRY computation, got text without one")
+  return comps, entry
+
+
+def _computation_flops(comps, name: str, memo: dict) -> int:
+  if name in memo:
+    return memo[name]
+  shapes = {n: s for n, s, _, _ in comps[name]}
+  total = 0
+  for ins_name, shape, opcode, rest in comps[name]:
+    if opcode == "dot":
+      lhs = re.match(r"\s*%([^\s,)]+)", rest).group(1)
+      contract = _DIMS("lhs_contracting_dims", rest)
+      total += 2 * math.prod(shape) * math.prod(shapes[lhs][d]
+                                                for d in contract)
+      continue
+    if opcode == "custom-call" and _PRODUCT_CALL.search(rest):
+      raise ValueError(
+          f"compiled_matmul_flops: instruction %{ins_name} hands a product to "
+          f"a custom call ({_PRODUCT_CALL.search(rest).group(0)}...); only "
+          f"`dot` instructions are counted, so the count would be short")
+    called = re.findall(r"(?:calls|to_apply|body)=%([^\s,}]+)", rest)
+    branches = re.search(r"branch_computations=\{([^}]*)\}", rest)
+    if opcode == "while":
+      trip = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', rest)
+      if trip is None:
+        raise ValueError(
+            f"compiled_matmul_flops: while loop %{ins_name} has no known trip "
+            f"count, so its body's products cannot be counted; expected a "
+            f"loop of static length (lax.scan, fori_loop with static bounds)")
+      total += int(trip.group(1)) * sum(
+          _computation_flops(comps, c, memo) for c in called)
+    elif branches is not None:  # one branch runs: the dearest is counted
+      total += max(_computation_flops(comps, c.strip().lstrip("%"), memo)
+                   for c in branches.group(1).split(","))
+    else:
+      total += sum(_computation_flops(comps, c, memo) for c in called)
+  memo[name] = total
+  return total
+
+
+def compiled_matmul_flops(compiled) -> int:
+  """Matrix-multiply FLOPs of a compiled program: 2 * prod(result) * prod(
+  contracted lhs dims) for each `dot` it runs.
+
+  `compiled` is a `jax.stages.Compiled` (`jax.jit(f).lower(*args).compile()`)
+  or its `as_text()`. Fusions and calls are followed; a while loop's body
+  counts its known trip count times (XLA knows it for `lax.scan`), and a
+  loop without one is refused by name; a conditional counts its dearest
+  branch. Products XLA removed because nothing reads them are not counted:
+  this is the work the program does. A product handed to a library's
+  custom call (cuBLAS on a GPU, oneDNN) is refused rather than missed; on
+  the CPU backend's defaults every product stays a `dot` (YNNPACK fusions
+  keep theirs inside).
+  """
+  text = compiled if isinstance(compiled, str) else compiled.as_text()
+  comps, entry = _parse_hlo(text)
+  return _computation_flops(comps, entry, {})
 
 
 def xla_cost_analysis(f: Callable[..., Any], *args, **kwargs) -> dict:

@@ -8,8 +8,10 @@ kind of work:
 - `matmul_yardstick(n)`: one jitted float32 `[n, n] x [n, n]` product,
   2 n^3 FLOPs. A step whose work is mostly matrix products (a training
   step, a forward or a gradient of many tokens) is measured by its
-  matrix-multiply FLOPs (`mha_jax.core.flops.jaxpr_matmul_flops`) over
-  its time, against this product's rate.
+  matrix-multiply FLOPs over its time, against this product's rate:
+  read from the jaxpr (`mha_jax.core.flops.jaxpr_matmul_flops`) where
+  the program reads every product it asks for, else from the compiled
+  program (`compiled_matmul_flops`), which leaves out what XLA drops.
 - `stream_yardstick(rows, cols)`: one jitted float32 `[1, rows] x [rows,
   cols]` product, which reads its `rows * cols * 4` bytes of weights once
   and does almost nothing else with them. Decoding one token at a time

@@ -120,3 +120,45 @@ def test_analytic_formula_known_answers():
   assert flops.analytic_mha_flops(1, 1, 1) == 12  # 8 + 4
   assert flops.analytic_mha_flops(2, 8, 32) == 147_456
   assert flops.analytic_mha_flops(1, 4, 16) == 9_216  # 8192 + 1024
+
+
+def test_compiled_count_is_the_work_xla_kept():
+  """Hand-counted: a product nobody reads is gone from the compiled
+  program (the jaxpr still asks for it), a scan's body counts its length
+  times, a batched product its batch, a runtime cond its dearer branch."""
+  a, b, c = jnp.ones((6, 4)), jnp.ones((4, 5)), jnp.ones((3, 5, 5))
+
+  def f(a, b, c, flag):
+    unused = (a @ b) @ b.T  # dropped by XLA, counted by the jaxpr
+    x = jax.lax.scan(lambda x, _: (jnp.tanh(x @ c[0]), None), a @ b, None,
+                     length=7)[0]
+    y = jnp.einsum("gij,gjk->gik", c, c)
+    z = jax.lax.cond(flag, lambda: (x @ c[1]) @ c[2], lambda: x)
+    return x.sum() + y.sum() + z.sum()
+
+  args = (a, b, c, jnp.bool_(True))
+  kept = (2 * 6 * 4 * 5 + 7 * 2 * 6 * 5 * 5 + 2 * 3 * 5 * 5 * 5
+          + 2 * (2 * 6 * 5 * 5))
+  compiled = jax.jit(f).lower(*args).compile()
+  assert flops.compiled_matmul_flops(compiled) == kept
+  assert flops.compiled_matmul_flops(compiled.as_text()) == kept
+  assert flops.jaxpr_matmul_flops(f, *args) == kept + 2 * (2 * 6 * 4 * 5)
+
+
+def test_compiled_count_refuses_what_it_cannot_count():
+  def until(x):  # a loop whose length depends on the data
+    return jax.lax.while_loop(lambda v: v.sum() < 100.0,
+                              lambda v: v @ jnp.full((3, 3), 1.5), x)
+
+  compiled = jax.jit(until).lower(jnp.ones((3, 3))).compile()
+  with pytest.raises(ValueError, match="while loop .* no known trip count"):
+    flops.compiled_matmul_flops(compiled)
+  with pytest.raises(ValueError, match="expected an HLO module with an "
+                                       "ENTRY"):
+    flops.compiled_matmul_flops("not a module")
+  gemm = ("ENTRY %main (p: f32[2,2]) -> f32[2,2] {\n"
+          "  %p = f32[2,2]{1,0} parameter(0)\n"
+          "  ROOT %g = f32[2,2]{1,0} custom-call(%p, %p), "
+          "custom_call_target=\"__cublas$gemm\"\n}\n")
+  with pytest.raises(ValueError, match="%g hands a product to a custom call"):
+    flops.compiled_matmul_flops(gemm)

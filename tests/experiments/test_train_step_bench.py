@@ -11,7 +11,9 @@ from flax import nnx
 from configs import benchmark as benchmark_config
 from experiments.benchmark import report
 from experiments.benchmark import train_step
+from mha_jax.core import flops
 from mha_jax.training import config as config_lib
+from mha_jax.training import train
 from mha_jax.training import train_state
 
 torch = pytest.importorskip("torch")
@@ -187,6 +189,14 @@ def test_the_roofline_counts_three_forward_passes_of_matmuls(spec):
   forward = (big_l * (2 * b * t * d * 4 * d + 2 * 2 * b * h * t * t * (d // h))
              + 2 * b * t * d * v)
   assert train_step.step_matmul_flops(c) == 3 * forward
+  # The compiled step runs every one of them (a training step reads all
+  # its products), and the compiled count finds them in XLA's program.
+  dense = ml_collections.ConfigDict(c.to_dict())
+  dense.model.implementation = "einsum"
+  state = train.create_train_state(dense)
+  batch = train.batch_fn(dense)(jax.random.PRNGKey(0))
+  compiled = jax.jit(train.train_step).lower(state, batch).compile()
+  assert flops.compiled_matmul_flops(compiled) == 3 * forward
 
 
 # torch.compile's own import of inductor calls torch.jit.script_method,
