@@ -55,7 +55,14 @@ def get_config(arg=None):
   e.rounds = 3  # timed rounds, each timing every contestant once
   e.threads = 2  # torch's intra-op threads (the machine's 2 cores)
   e.top_k = 100  # the strongest edges of the two libraries compared
+  # The roofline's yardstick: a float32 [n, n] x [n, n] product timed in
+  # the same rounds, `yardstick_repeat` calls a timing, after an untimed
+  # pause that lets torch's worker threads stop spinning.
+  e.matmul_n = 1024
+  e.yardstick_repeat = 10
+  e.yardstick_pause_s = 1.0
   e.tiny_init = 0.2  # the smoke model's weight std (transformers' init)
   if smoke:
     e.prompts, e.rounds, e.top_k = 8, 2, 10
+    e.matmul_n, e.yardstick_repeat, e.yardstick_pause_s = 128, 2, 0.0
   return c

@@ -25,6 +25,17 @@ Spearman's rank correlation of |score| (the ranking EAP's circuits are
 cut from) and the overlap of the `top_k` edges. With `peer` False only
 mha_jax runs (torch's model is still read, to check the edges agree).
 
+The roofline: a plain float32 `[matmul_n, matmul_n]` product
+(`roofline.matmul_yardstick`) is timed in the same rounds, as a block of
+`yardstick_repeat` calls after an untimed pause of `yardstick_pause_s`
+(torch's worker threads go on spinning for a while after its calls, and a
+product timed at once shared the cores with them). Each method's work is
+the matrix-multiply FLOPs of mha_jax's compiled call
+(`flops.compiled_matmul_flops`: the products XLA runs, not those the
+jaxpr asks for and XLA drops), the same numerator for both libraries;
+each contestant's share is that work per second over the yardstick's
+rate in the same round.
+
 `config.keep_freed_memory` (off by default: its comment says why) has
 the process keep freed host memory for reuse first
 (`training/host_memory.py`); the report says which.
@@ -51,9 +62,13 @@ from experiments.eap_ioi import torch_eap
 from experiments.ioi_task import models
 from experiments.ioi_task import prompts
 from mha_jax.interp import eap
+from mha_jax.core import flops
 from mha_jax.interp import eap_graph
 from mha_jax.measure import machine
+from mha_jax.measure import roofline
 from mha_jax.measure import timing
+
+YARDSTICK = "plain matmul"  # the roofline's timed calls
 
 
 def load(e, workdir):
@@ -142,23 +157,49 @@ def torch_scores(hf, p, method: str, e):
   return total
 
 
-def contestants(model, hf, p, e) -> tuple[dict, dict]:
-  """`({name: zero-argument call}, {name: compile seconds})`: mha_jax's
-  compiled scores of each method and, unless `hf` is None, torch's."""
+def contestants(model, hf, p, e) -> tuple[dict, dict, dict]:
+  """`({name: zero-argument call}, {method: compile seconds}, {method:
+  matmul FLOPs of the compiled call})`: mha_jax's compiled scores of each
+  method and, unless `hf` is None, torch's."""
   graphdef, state = nnx.split(model)
   args = tuple(jnp.asarray(p[k]) for k in ("tokens", "corrupted", "end",
                                             "io", "s"))
-  calls, compile_s = {}, {}
+  calls, compile_s, work = {}, {}, {}
   for method in eap.METHODS:
     start = time.perf_counter()
     compiled = eap_run._scores.lower(  # pylint: disable=protected-access
         graphdef, state, *args, method, e.ig_steps).compile()
     compile_s[method] = time.perf_counter() - start
+    work[method] = flops.compiled_matmul_flops(compiled)
     calls[f"mha_jax {method}"] = (
         lambda c=compiled: c(state, *args).scores)
     if hf is not None:
       calls[f"torch {method}"] = lambda m=method: torch_scores(hf, p, m, e)
-  return calls, compile_s
+  return calls, compile_s, work
+
+
+def yardstick_settings(e) -> tuple[int, int, float]:
+  """`(matmul_n, yardstick_repeat, yardstick_pause_s)`, checked by name."""
+  for name, low in (("matmul_n", 1), ("yardstick_repeat", 1)):
+    v = e[name]
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+      raise ValueError(f"config.experiment.{name}: expected an int >= "
+                       f"{low}, got {v!r}")
+  pause = e.yardstick_pause_s
+  if isinstance(pause, bool) or not isinstance(pause, (int, float)) or not (
+      0 <= pause < 60):
+    raise ValueError(f"config.experiment.yardstick_pause_s: expected seconds "
+                     f"in [0, 60), got {pause!r}")
+  return e.matmul_n, e.yardstick_repeat, float(pause)
+
+
+def roofline_shares(work, times, yard, yard_flops, peer: bool) -> dict:
+  """Per method, each contestant's share of the plain matmul's rate,
+  round by round (`roofline.share`), the work being mha_jax's compiled
+  products for both."""
+  names = ("mha_jax", "torch") if peer else ("mha_jax",)
+  return {m: {c: roofline.share(w, times[f"{c} {m}"], yard_flops, yard)
+              for c in names} for m, w in work.items()}
 
 
 def agreement(ours, theirs, edges, top_k: int) -> dict:
@@ -187,18 +228,22 @@ def measure(config, workdir) -> dict:
     raise ValueError("eap_ioi.bench: the torch peer's edges are not "
                      "eap_graph's")
   p = chosen_prompts(tok, prefix, e)
-  chunk_size(e, e.prompts)  # a bad chunk is refused before compiling
+  chunk_size(e, e.prompts)  # bad settings are refused before compiling
+  matmul_n, yard_repeat, yard_pause = yardstick_settings(e)
   torch.set_num_threads(e.threads)
   setup = lambda: torch.set_num_threads(e.threads)
   # Without the peer only mha_jax runs: the size where both libraries in
   # one process do not fit the machine's memory (SmolLM2 at 128 prompts).
-  calls, compile_s = contestants(model, hf if e.peer else None, p, e)
+  calls, compile_s, work = contestants(model, hf if e.peer else None, p, e)
   first, scores = {}, {}
   for name, call in calls.items():
     first[name], scores[name] = timing.timed_call(setup, call)
+  setups = {n: setup for n in calls}
+  calls[YARDSTICK], yard_flops = roofline.matmul_yardstick(matmul_n)
+  setups[YARDSTICK] = lambda: time.sleep(yard_pause)
   load_avg = []
   times = timing.interleaved_times(
-      calls, e.rounds, setups={n: setup for n in calls},
+      calls, e.rounds, setups=setups, repeat={YARDSTICK: yard_repeat},
       on_round=lambda r: load_avg.append(os.getloadavg()[0]))
   methods = {}
   for m in eap.METHODS:
@@ -234,6 +279,12 @@ def measure(config, workdir) -> dict:
       "rounds": e.rounds, "threads": e.threads, "peer": e.peer,
       "peer_chunk": e.peer_chunk,
       "methods": methods,
+      "roofline": {
+          "matmul_n": matmul_n, "repeat": yard_repeat, "pause_s": yard_pause,
+          "work": {m: float(w) for m, w in work.items()},
+          "rates": [yard_flops / t for t in times[YARDSTICK]],
+          "share": roofline_shares(work, times, times[YARDSTICK], yard_flops,
+                                   e.peer)},
       "loadavg_rounds": load_avg,
       # Both libraries in one process: the peak of the larger one.
       "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,

@@ -11,6 +11,7 @@ import pathlib
 
 from mha_jax.measure import machine
 from mha_jax.measure import report as report_lib
+from mha_jax.measure import timing
 
 TEMPLATE = pathlib.Path(__file__).with_name("bench_report.md.tmpl")
 MODULE = "experiments.eap_ioi.bench"
@@ -63,6 +64,36 @@ def _alone(s: dict) -> str:
        "mha_jax compile s"], rows)
 
 
+def roofline_table(s: dict) -> str:
+  """Each method's matmul work and each contestant's share of the plain
+  matmul's rate in the same rounds; a note for a run before the
+  roofline."""
+  if "roofline" not in s:
+    return ("Not measured in this run (it predates the roofline: "
+            "`mha_jax.measure.roofline`).")
+  r = s["roofline"]
+  names = list(next(iter(r["share"].values())))
+  rows = [[LABELS[m], f"{r['work'][m] / 1e9:.4g}"]
+          + [report_lib.share_cell(by[c]) for c in names]
+          for m, by in r["share"].items()]
+  n, rate = r["matmul_n"], timing.spread(r["rates"])
+  return (f"The yardstick: a plain float32 `[{n}, {n}] x [{n}, {n}]` "
+          f"product, {r['repeat']} calls a timing after an untimed pause of "
+          f"{r['pause_s']:g} s (torch's worker threads spin on after its "
+          f"calls), in the same rounds: {rate['median'] / 1e9:.1f} GFLOP/s "
+          f"(median; {rate['min'] / 1e9:.1f} to {rate['max'] / 1e9:.1f} over "
+          f"rounds: a round where the machine is slower for the yardstick "
+          f"raises that round's shares). "
+          f"A method's work is the matrix-multiply FLOPs of mha_jax's "
+          f"compiled call (`flops.compiled_matmul_flops`: the products XLA "
+          f"runs), the same numerator for both libraries. Each cell: that "
+          f"work per second over the yardstick's rate in the same round, "
+          f"in percent, median [min, max] over rounds.\n\n"
+          + report_lib.md_table(
+              ["method", "matmul work, GFLOP"]
+              + [f"{c}: share of the matmul rate" for c in names], rows))
+
+
 def render(s: dict, command: str | None = None) -> str:
   """report.md from the saved results `s` (with or without the peer)."""
   peer = s.get("peer", True)
@@ -100,7 +131,7 @@ def render(s: dict, command: str | None = None) -> str:
       "peer_text": (PEER.format(threads=s["threads"], chunk=(
           CHUNK.format(size=s["peer_chunk"]) if s.get("peer_chunk") else ""))
                     if peer else ALONE),
-      "speed_and_agreement": tables,
+      "speed_and_agreement": tables, "roofline": roofline_table(s),
       "resident": "both libraries" if peer else "mha_jax; torch's model read",
       "cores": str(s["cores"]), "cpu": machine.describe(s["cpu"]),
       "memory": report_lib.freed_memory(s.get("keep_freed_memory")),

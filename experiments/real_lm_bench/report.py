@@ -29,12 +29,6 @@ def _ratio_cell(r) -> str:
   return f"{r['median']:.2f} [{r['min']:.2f}, {r['max']:.2f}]"
 
 
-def _percent_cell(r) -> str:
-  """A share in percent: median over rounds [minimum, maximum]."""
-  return (f"{100 * r['median']:.0f}% [{100 * r['min']:.0f}, "
-          f"{100 * r['max']:.0f}]")
-
-
 def _time_cell(task, t, n) -> str:
   """Seconds (median / min), or for decode tokens/s (median / best)."""
   if task == "decode":
@@ -73,7 +67,7 @@ def roofline_table(s) -> str:
     unit = "GB/s" if stick == "weight stream" else "GFLOP/s"
     rows.append([TASK_LABELS[task], work,
                  f"{stick}: {rate[stick] / 1e9:.1f} {unit}"]
-                + [_percent_cell(by[c]) for c in s["contestants"]])
+                + [report_lib.share_cell(by[c]) for c in s["contestants"]])
   n, (a, b) = r["matmul_n"], r["stream_shape"]
   return (f"The yardsticks, timed in the same rounds: plain matmul, one "
           f"float32 `[{n}, {n}] x [{n}, {n}]` product; weight stream, one "

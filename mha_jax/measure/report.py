@@ -87,6 +87,13 @@ def percent(fraction: float, digits: int = 1, *, signed: bool = False
   return f"{100 * fraction:{'+' if signed else ''}.{digits}f}%"
 
 
+def share_cell(r: dict) -> str:
+  """A share of a yardstick (`roofline.share`) in percent: `87% [84, 98]`,
+  the median over rounds [minimum, maximum]."""
+  return (f"{100 * r['median']:.0f}% [{100 * r['min']:.0f}, "
+          f"{100 * r['max']:.0f}]")
+
+
 def signed(x: float, digits: int = 3) -> str:
   """`+0.123`: a bare number with its sign."""
   return f"{x:+.{digits}f}"

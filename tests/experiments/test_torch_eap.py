@@ -163,7 +163,14 @@ def test_the_benchmarks_smoke_run_runs_end_to_end(tmp_path):
   assert results["keep_freed_memory"]["applied"] is False
   assert "freed host memory:\nglibc's default (off in the config)" in (
       tmp_path / "report.md").read_text()
+  # The roofline: both libraries' share of the same rounds' matmul rate,
+  # over mha_jax's compiled products (fewer than its jaxpr asks for).
+  roof = results["roofline"]
+  assert len(roof["rates"]) == config.experiment.rounds
+  assert "## Against the machine's own rate" in (tmp_path /
+                                                 "report.md").read_text()
   for method in eap.METHODS:
+    assert set(roof["share"][method]) == {"mha_jax", "torch"}
     r = results["methods"][method]
     assert len(r["ratio"]["rounds"]) == config.experiment.rounds
     assert r["agree"]["rel_norm"] < 1e-5, r["agree"]
@@ -186,3 +193,18 @@ def test_the_committed_benchmark_reports_regenerate(folder, flags):
   assert report_lib.regenerate(
       path, functools.partial(bench_report.render, command=command)) == (
           path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("matmul_n", 0, "matmul_n: expected an int >= 1, got 0"),
+    ("yardstick_repeat", 2.5, "yardstick_repeat: expected an int >= 1"),
+    ("yardstick_pause_s", -1, r"yardstick_pause_s: expected seconds in "
+                              r"\[0, 60\), got -1"),
+    ("yardstick_pause_s", True, "yardstick_pause_s: expected seconds"),
+])
+def test_the_benchmarks_yardstick_settings_are_checked_by_name(field, value,
+                                                                needle):
+  e = ml_collections.ConfigDict(dict(
+      configs_bench.get_config("smoke").experiment.to_dict(), **{field: value}))
+  with pytest.raises(ValueError, match=needle):
+    bench.yardstick_settings(e)
