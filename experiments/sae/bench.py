@@ -20,7 +20,22 @@ Each measure runs both libraries once untimed, then `repeats` rounds
 that time one call of each in an order rotated every round
 (`timing.interleaved_times`), so a change of the machine's load falls on
 both; the ratio is mha_jax's speed over torch's in the same round, its
-median and range over rounds. Speeds are medians over rounds. The process
+median and range over rounds. Speeds are medians over rounds.
+
+The roofline: a plain float32 `[1024, 1024] x [1024, 1024]` product
+(`roofline.matmul_yardstick`) is timed in the same rounds, `YARD_REPEAT`
+calls a timing after an untimed pause of `YARD_PAUSE_S` (torch's worker
+threads spin on for a while after its calls). Each measure's share is
+its matrix-multiply FLOPs per second over the yardstick's rate in the
+same round, for both libraries. The FLOPs are those of mha_jax's
+compiled program (`flops.compiled_matmul_flops`): for collection the
+forward up to layer 17, which is all XLA keeps; for an SAE step `12 B d
+m` (the encoder and decoder products, the encoder's weight gradient and
+the decoder bias's gradient through it, the decoder's input and weight
+gradients: six `2 B d m` products; a test checks this against the
+compiled ReLU step). TopK's AuxK products run only once a feature has
+been silent for `dead_steps` (300 or 400) steps, so not in these 16 steps
+of either library, and its count is the same six. The process
 keeps freed host memory for reuse first, as the other benchmarks and the
 training commands do (`training/host_memory.py`); torch runs under the
 same setting. Writes bench.json, with the CPU and the versions, into
@@ -42,32 +57,58 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import sae as sae_config
+from mha_jax.core import flops
 from mha_jax.measure import machine
+from mha_jax.measure import roofline
 from mha_jax.measure import timing
 from mha_jax.pretrained import real_models
 from mha_jax.sae import buffer
 from mha_jax.sae import train
 from mha_jax.training import host_memory
 
+YARD_N, YARD_REPEAT, YARD_PAUSE_S = 1024, 5, 0.2  # the roofline's yardstick
 
 
-def _rounds(jax_call, torch_call, repeats, work=1.0) -> dict:
+def _rounds(jax_call, torch_call, repeats, work=1.0, roof=None) -> dict:
   """Both calls once untimed (mha_jax compiles), then `repeats`
   interleaved rounds: `{"jax", "torch"}` speeds (`work` per second,
   median over rounds), the per-round ratio of mha_jax's speed over
-  torch's (median, min, max) and each round's seconds."""
+  torch's (median, min, max) and each round's seconds.
+
+  `roof`: `(yardstick call, its FLOPs, the measure's matmul FLOPs per
+  call)`; the yardstick is then timed in the same rounds and `"share"`
+  gives each library's share of its rate (`roofline.share`)."""
   jax_call()
   torch_call()
-  t = timing.interleaved_times({"jax": jax_call, "torch": torch_call},
-                               repeats)
+  calls = {"jax": jax_call, "torch": torch_call}
+  extra = {}
+  if roof is not None:
+    calls["yardstick"] = roof[0]
+    extra = dict(setups={"yardstick": lambda: time.sleep(YARD_PAUSE_S)},
+                 repeat={"yardstick": YARD_REPEAT})
+  t = timing.interleaved_times(calls, repeats, **extra)
   ratio = timing.spread([b / a for a, b in zip(t["jax"], t["torch"])])
-  return {"jax": work / statistics.median(t["jax"]),
-          "torch": work / statistics.median(t["torch"]),
-          "ratio": ratio["median"],
-          "ratio_range": [ratio["min"], ratio["max"]], "seconds": t}
+  out = {"jax": work / statistics.median(t["jax"]),
+         "torch": work / statistics.median(t["torch"]),
+         "ratio": ratio["median"],
+         "ratio_range": [ratio["min"], ratio["max"]], "seconds": t}
+  if roof is not None:
+    _, yard_flops, mm = roof
+    out["roofline"] = {
+        "matmul_flops": mm,
+        "yardstick_flops_per_s": [yard_flops / y for y in t["yardstick"]],
+        "share": {c: roofline.share(mm, t[c], yard_flops, t["yardstick"])
+                  for c in ("jax", "torch")}}
+  return out
 
 
-def collection(repeats) -> dict:
+def step_matmul_flops(batch: int, d_in: int, d_sae: int) -> int:
+  """Matrix-multiply FLOPs of one SAE train step while no feature is
+  dead: six `2 B d m` products (module docstring)."""
+  return 6 * 2 * batch * d_in * d_sae
+
+
+def collection(repeats, yard) -> dict:
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   import mha_jax  # pylint: disable=import-outside-toplevel
@@ -101,12 +142,14 @@ def collection(repeats) -> dict:
         pass
     return got["z"]
 
+  mm = flops.compiled_matmul_flops(jax.jit(fwd).lower(tokens).compile())
   jax_z = np.asarray(fwd(tokens)).reshape(shape[0], shape[1], -1)
   diff = float(np.max(np.abs(jax_z - torch_collect().numpy())))
   n = shape[0] * shape[1]
   r = _rounds(lambda: jax.block_until_ready(fwd(tokens)), torch_collect,
-              repeats, n)
-  return {"tokens_per_call": n, "jax_tokens_per_s": r["jax"],
+              repeats, n, roof=(*yard, mm))
+  return {"roofline": r["roofline"],
+          "tokens_per_call": n, "jax_tokens_per_s": r["jax"],
           "torch_tokens_per_s": r["torch"], "ratio": r["ratio"],
           "ratio_range": r["ratio_range"], "seconds": r["seconds"],
           "max_abs_diff": diff,
@@ -137,7 +180,7 @@ def _torch_step(kind, k, l1, lr, beta2):
   return step
 
 
-def training(name, cfg, d_in, repeats) -> list:
+def training(name, cfg, d_in, repeats, yard) -> list:
   import torch  # pylint: disable=import-outside-toplevel
   torch.set_num_threads(2)
   x = np.random.default_rng(0).normal(size=(cfg.batch_size, d_in)).astype(
@@ -166,8 +209,9 @@ def training(name, cfg, d_in, repeats) -> list:
     def jax_call():
       box["s"], m = step(box["s"], jnp.asarray(x))
       jax.block_until_ready(m)
-    r = _rounds(jax_call, lambda: t_step(p, opt, xt), repeats)
-    out.append({"sae": name, "kind": kind, "d_in": d_in, "d_sae": c.d_sae,
+    r = _rounds(jax_call, lambda: t_step(p, opt, xt), repeats, roof=(
+        *yard, step_matmul_flops(c.batch_size, d_in, c.d_sae)))
+    out.append({"roofline": r["roofline"], "sae": name, "kind": kind, "d_in": d_in, "d_sae": c.d_sae,
                 "k": c.k if kind == "topk" else None,
                 "batch": c.batch_size, "jax_steps_per_s": r["jax"],
                 "torch_steps_per_s": r["torch"], "ratio": r["ratio"],
@@ -183,12 +227,15 @@ def main(argv):
   start = time.perf_counter()
   load = os.getloadavg()[0]
   repeats = flags.FLAGS.repeats
-  res = {"collection": collection(repeats), "training": []}
+  yard = roofline.matmul_yardstick(YARD_N)
+  res = {"collection": collection(repeats, yard), "training": []}
   res["training"] += training("induction", sae_config.get_config(None).sae,
-                              64, repeats)
+                              64, repeats, yard)
   res["training"] += training("smollm2",
                               sae_config.get_config("smollm2").sae, 576,
-                              repeats)
+                              repeats, yard)
+  res["yardstick"] = {"n": YARD_N, "repeat": YARD_REPEAT,
+                      "pause_s": YARD_PAUSE_S}
   res["wall_s"] = time.perf_counter() - start
   res["threads"] = {"torch": 2, "note": "XLA uses the machine's 2 cores"}
   res.update({"rounds": repeats, "keep_freed_memory": kept,
