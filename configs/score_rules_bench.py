@@ -9,7 +9,9 @@ einsum and PyTorch's FlexAttention, on the CPU.
 Two causal rules, each at every length of `sizes`: 8 packed documents and
 a 512-token sliding window. The committed run took 88 s (the report's
 own time, torch's compiles included) on 2 quiet cores (196 s at load 9
-for an earlier version with fewer calls);
+for an earlier version with fewer calls); the run with the roofline
+beside it (docs/results/score_rules_bench/epyc_roofline), 130 s on a CPU
+with half the matmul rate;
 the smoke run takes seconds (no torch).
 """
 
@@ -45,6 +47,12 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # (the span walk at n = 32768: 72-79 ms against 64-65 ms with it).
   c.keep_freed_memory = True
   c.seed = 0
+  # The roofline's yardstick, timed right before each path: a float32
+  # [n, n] x [n, n] product, `yardstick_repeats` calls after an untimed
+  # pause (torch's worker threads spin on after its calls).
+  c.matmul_n = 1024
+  c.yardstick_repeats = 10
+  c.yardstick_pause_s = 0.5
   if smoke:
     c.sizes = (1024,)
     c.block = 128
@@ -52,4 +60,5 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.window = 128
     c.repeats = 2
     c.torch = False
+    c.matmul_n, c.yardstick_repeats, c.yardstick_pause_s = 128, 2, 0.0
   return c

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import pathlib
 
+from mha_jax.measure import machine
 from mha_jax.measure import report as report_lib
 
 TEMPLATE = pathlib.Path(__file__).with_name("report.md.tmpl")
@@ -41,6 +42,38 @@ def _cell(case, path) -> str:
     x = res["x_skip"]
     text += f", {x['median']:.2f}x [{x['low']:.2f}, {x['high']:.2f}]"
   return text + f"; diff {res['max_abs_diff']:.1e}"
+
+
+def roofline_table(saved: dict) -> str:
+  """Per case: the rule's work and each path's share of the plain
+  matmul's rate timed right before it; a note for a run before the
+  roofline."""
+  cases, c = saved["cases"], saved["config"]
+  if "work_flops" not in cases[0]:
+    return ("Not measured in this run (it predates the roofline: "
+            "`mha_jax.measure.roofline`).")
+  rows, rates = [], []
+  for case in cases:
+    row = [str(case["n"]), case["rule"], f"{case['work_flops'] / 1e9:.3g}"]
+    for path in PATHS:
+      res = case["paths"].get(path, {})
+      row.append(report_lib.share_cell(res["share"]) if "share" in res
+                 else "-")
+      if "yardstick_flops_per_s" in res:
+        rates.append(res["yardstick_flops_per_s"])
+    rows.append(row)
+  n = c["matmul_n"]
+  return (f"Right before each path's timed calls, a plain float32 "
+          f"`[{n}, {n}] x [{n}, {n}]` product was timed "
+          f"{c['yardstick_repeats']} times after a pause of "
+          f"{c['yardstick_pause_s']:g} s: {min(rates) / 1e9:.1f} to "
+          f"{max(rates) / 1e9:.1f} GFLOP/s over the paths. A path's share is "
+          f"the rule's work (4 B H Dh FLOPs for each (query, key) pair it "
+          f"allows, the same for every path) per second over that rate, in "
+          f"percent: at the median call [the slowest, the fastest]. Work a "
+          f"path spends on masked pairs lowers its share.\n\n"
+          + report_lib.md_table(
+              ["n", "rule", "rule's work, GFLOP"] + list(PATHS), rows))
 
 
 def values(saved: dict, command: str | None = None) -> dict:
@@ -79,6 +112,8 @@ def values(saved: dict, command: str | None = None) -> dict:
   return {
       "command": report_lib.command("experiments.score_rules_bench", command),
       "took_s": f"{saved['took_s']:.0f}", "cpus": str(saved["cpus"]),
+      "cpu": (machine.describe(saved["cpu"]) if "cpu" in saved
+              else "a CPU the run did not record"),
       "load": f"{saved['load_before'][0]:.1f}",
       "load_after": f"{saved['load_after'][0]:.1f}",
       "jax": saved["jax"], "backend": saved["backend"],
@@ -94,6 +129,7 @@ def values(saved: dict, command: str | None = None) -> dict:
       "kernel": _kernel({case["heads_batched"] for case in cases}),
       "repeats": str(c["repeats"]), "slow_s": f"{c['slow_s']:g}",
       "table": table, "blocks_table": blocks_table,
+      "roofline": roofline_table(saved),
       "claims": claims(cases)}
 
 

@@ -36,6 +36,16 @@ at n = 8192: 28 ms against 15.5 ms in a run without torch).
 Every path's output is compared with flash_skip's (largest absolute
 difference), so a ratio is never between two different answers. The block
 mask's build time is measured too (the cost docs/score_rules.md names).
+
+The roofline: right before each path's timed calls, a plain float32
+`[matmul_n, matmul_n]` product (`roofline.matmul_yardstick`) is timed
+`yardstick_repeats` times after an untimed pause of `yardstick_pause_s`,
+and the path's share is the rule's own work per second over that
+product's rate. The rule's work is what any path must compute for it:
+`4 B H Dh` FLOPs (q k^T and p v) for each (query, key) pair the rule
+allows (`allowed_pairs`, in closed form), the same numerator for every
+path, so work a path spends on masked pairs (whole blocks for
+flash_all, the whole `[n, n]` for einsum_dense) lowers its share.
 """
 
 from __future__ import annotations
@@ -54,6 +64,8 @@ from mha_jax.core import block_mask
 from mha_jax.core import masks
 from mha_jax.core import score_rules
 from mha_jax.core.kernels import flash
+from mha_jax.measure import machine
+from mha_jax.measure import roofline
 from mha_jax.measure import stats
 from mha_jax.measure import timing
 
@@ -70,6 +82,29 @@ def rule_of(name: str, n: int, config):
   return masks.and_mods(causal, masks.window_mod(config.window - 1)), None
 
 
+def allowed_pairs(name: str, n: int, config) -> int:
+  """The (query, key) pairs rule `name` allows at length n, in closed
+  form: documents of `rule_of`'s lengths (ceil(n / documents), the last
+  one shorter), causal inside each; or the causal window of
+  `config.window` keys."""
+  if name == "documents":
+    size = -(-n // config.documents)
+    lengths = [min(size, n - start) for start in range(0, n, size)]
+    return sum(m * (m + 1) // 2 for m in lengths)
+  w = min(config.window, n)
+  return w * (w + 1) // 2 + (n - w) * w
+
+
+def _yardstick_rate(yard, config) -> float:
+  """FLOP/s of the plain matmul `yard = (call, flops)`, timed now: the
+  median of `yardstick_repeats` calls after an untimed pause."""
+  call, flop = yard
+  time.sleep(config.yardstick_pause_s)
+  times, _ = timing.wall_times(call, (), warmup=1,
+                               repeats=config.yardstick_repeats)
+  return flop / float(np.median(times))
+
+
 def _timed(call, config) -> dict:
   """Wall seconds of `call()` (blocking): `repeats` calls, or one when the
   first took longer than `slow_s`."""
@@ -79,7 +114,8 @@ def _timed(call, config) -> dict:
   return {"times_s": times, "out": out}
 
 
-def _jax_path(path, q, k, v, rules, head_loop, skip_mask, config) -> dict:
+def _jax_path(path, q, k, v, rules, head_loop, skip_mask, yard,
+              config) -> dict:
   """`rules` carry the block mask of the block walk (blocks of
   `config.block`); flash_skip runs `skip_mask`."""
   if path == "flash_all":
@@ -104,11 +140,12 @@ def _jax_path(path, q, k, v, rules, head_loop, skip_mask, config) -> dict:
   # One untimed call, as FlexAttention's compiling call is: the first
   # call of a compiled program ran up to 2x slower than the next.
   jax.block_until_ready(compiled(q, k, v))
+  rate = _yardstick_rate(yard, config)
   got = _timed(lambda: jax.block_until_ready(compiled(q, k, v)), config)
-  return {**got, "compile_s": compile_s}
+  return {**got, "compile_s": compile_s, "yardstick_flops_per_s": rate}
 
 
-def _torch_path(name, q, k, v, ids, config) -> dict:
+def _torch_path(name, q, k, v, ids, yard, config) -> dict:
   """FlexAttention on the same arrays, or {"error": text} where it fails."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
@@ -139,6 +176,7 @@ def _torch_path(name, q, k, v, ids, config) -> dict:
     with torch.no_grad():
       run(qt, kt, vt, block_mask=bm)
     compile_s = time.perf_counter() - start
+    rate = _yardstick_rate(yard, config)
     with torch.no_grad():
       got = _timed(lambda: run(qt, kt, vt, block_mask=bm), config)
   except Exception as e:  # recorded, not hidden: the report prints it
@@ -147,7 +185,7 @@ def _torch_path(name, q, k, v, ids, config) -> dict:
   out = got.pop("out").transpose(1, 2).numpy()  # [B, n, H, Dh]
   return {**got, "compile_s": compile_s, "block_mask_s": block_mask_s,
           "block_size": list(bm.BLOCK_SIZE), "out": out,
-          "torch": torch.__version__}
+          "yardstick_flops_per_s": rate, "torch": torch.__version__}
 
 
 def _arrays(n: int, config):
@@ -157,7 +195,7 @@ def _arrays(n: int, config):
   return tuple(jax.random.normal(kk, shape) for kk in ks)
 
 
-def one_case(name: str, n: int, config) -> dict:
+def one_case(name: str, n: int, yard, config) -> dict:
   """Every JAX path for rule `name` at length n (outputs kept in the
   paths' "out" until `finish`)."""
   q, k, v = _arrays(n, config)
@@ -174,6 +212,8 @@ def one_case(name: str, n: int, config) -> dict:
                            config.span_block)
   spans = flash.span_walk(jax.default_backend(), fine, batch_heads)
   case = {"rule": name, "n": n, "block_mask_s": build_s,
+          "work_flops": 4 * batch_heads * config.head_dim * allowed_pairs(
+              name, n, config),
           "blocks": {**bm.counts(), "total": int(bm.state.size),
                      "computed": bm.computed()}, "paths": {},
           "heads_batched": not head_loop, "skipped": {},
@@ -196,18 +236,19 @@ def one_case(name: str, n: int, config) -> dict:
         f"GiB > {config.dense_max_bytes / 2**30:.0f} GiB")
   for path in paths:
     case["paths"][path] = _jax_path(path, q, k, v, rules, head_loop,
-                                    bm if spans is None else fine, config)
+                                    bm if spans is None else fine, yard,
+                                    config)
     print(f"{name} n={n} {path}: {case['paths'][path]['times_s']}",
           flush=True)
   return case
 
 
-def torch_case(case: dict, config) -> None:
+def torch_case(case: dict, yard, config) -> None:
   """FlexAttention on the case's arrays, into its paths."""
   name, n = case["rule"], case["n"]
   q, k, v = _arrays(n, config)
   case["paths"]["torch_flex"] = _torch_path(
-      name, q, k, v, rule_of(name, n, config)[1], config)
+      name, q, k, v, rule_of(name, n, config)[1], yard, config)
   print(f"{name} n={n} torch_flex: "
         f"{case['paths']['torch_flex'].get('times_s')}", flush=True)
 
@@ -244,6 +285,12 @@ def summarise(case: dict) -> None:
     res["median_s"] = float(np.median(t))
     res["mean_s"], res["std_s"] = stats.mean_std(t)
     res["x_skip"] = _ratio(t, skip)
+    # The rule's work per second over the yardstick's rate, at the
+    # median call and the slowest and fastest.
+    rate = res["yardstick_flops_per_s"]
+    res["share"] = {"median": case["work_flops"] / res["median_s"] / rate,
+                    "min": case["work_flops"] / max(t) / rate,
+                    "max": case["work_flops"] / min(t) / rate}
   if paths.get("flash_blocks", {}).get("times_s"):
     paths["flash_all"]["x_blocks"] = _ratio(paths["flash_all"]["times_s"],
                                             paths["flash_blocks"]["times_s"])
@@ -258,14 +305,17 @@ def measure(config) -> dict:
   kept = cli.keep_freed_memory_if_asked(config)
   start = time.perf_counter()
   load = os.getloadavg()
-  cases = [one_case(name, n, config) for n in config.sizes for name in RULES]
+  yard = roofline.matmul_yardstick(config.matmul_n)
+  cases = [one_case(name, n, yard, config) for n in config.sizes
+           for name in RULES]
   if config.torch:  # after every JAX path: see the module docstring
     for case in cases:
-      torch_case(case, config)
+      torch_case(case, yard, config)
   for case in cases:
     finish(case)
   return {"cases": cases, "took_s": time.perf_counter() - start,
           "load_before": list(load), "load_after": list(os.getloadavg()),
           "jax": jax.__version__, "backend": jax.default_backend(),
           "keep_freed_memory": kept,
-          "cpus": os.cpu_count(), "machine": platform.machine()}
+          "cpus": os.cpu_count(), "machine": platform.machine(),
+          "cpu": machine.instruction_sets()}

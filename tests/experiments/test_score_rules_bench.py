@@ -4,9 +4,12 @@ numbers, and the blockwise kernel's answers agree."""
 
 import json
 
+import ml_collections
+import numpy as np
 import pytest
 
 from experiments.score_rules_bench import report
+from experiments.score_rules_bench import run as run_lib
 from mha_jax.measure import report as report_lib
 
 import entry_points
@@ -27,6 +30,15 @@ def test_smoke_run_reports_its_numbers(tmp_path):
     assert row[2].startswith(f"{skip['median_s']:.3g} s")
     for res in case["paths"].values():
       assert res["max_abs_diff"] < 1e-5  # every path gives one answer
+  # The roofline: the rule's work (4 B H Dh per allowed pair: 8
+  # documents of 128, causal; the 128-key window) beside each path.
+  work = {c["rule"]: c["work_flops"] for c in results["cases"]}
+  per_pair = 4 * config.batch * config.heads * config.head_dim
+  assert work == {"documents": per_pair * 8 * 128 * 129 // 2,
+                  "window": per_pair * (128 * 129 // 2 + 896 * 128)}
+  roof = entry_points.table(text, "| n | rule | rule's work, GFLOP |")
+  assert [r[2] for r in roof] == [f"{c['work_flops'] / 1e9:.3g}"
+                                  for c in results["cases"]]
   blocks = {c["rule"]: c["blocks"] for c in results["cases"]}
   # n = 1024 on blocks of 128: 8 documents of one block each (causal:
   # 8 partial diagonal blocks), and a 128-key window (8 diagonal and 7
@@ -40,3 +52,20 @@ def test_smoke_run_reports_its_numbers(tmp_path):
   assert spans["window"] == {"block": 64, "length": 3, "computed": 48,
                              "listed": 45, "blocks": 256}
   assert spans["documents"] is None
+
+
+@pytest.mark.parametrize("name,n,documents,window", [
+    ("documents", 1000, 8, 512),  # 8 documents of 125
+    ("documents", 1001, 8, 512),  # 7 of 126 and a last one of 119
+    ("window", 1000, 8, 128),
+    ("window", 100, 8, 128),  # a window longer than the sequence
+])
+def test_the_rules_work_counts_the_pairs_its_mask_allows(name, n, documents,
+                                                          window):
+  """The roofline's numerator in closed form against the rule's own
+  mask_mod evaluated on every (query, key) pair."""
+  config = ml_collections.ConfigDict(dict(documents=documents, window=window))
+  mask_mod, _ = run_lib.rule_of(name, n, config)
+  idx = np.arange(n)
+  allowed = np.asarray(mask_mod(0, 0, idx[:, None], idx[None, :]))
+  assert run_lib.allowed_pairs(name, n, config) == int(allowed.sum())
