@@ -19,6 +19,13 @@ conversion XLA hoists out of the loop enters it already float32, so the
 loop reads as many bytes as with float32 weights. It also times XLA's
 matrix-vector product alone in both dtypes.
 
+The roofline: the weight-stream yardstick (`roofline.stream_yardstick`,
+a float32 `[1, 2048] x [2048, 65536]` product, 537 MB read a call) is
+timed in the same rounds, and each contestant's share is its weights'
+bytes as stored (float32 or bfloat16), read once per new token, per
+second over the yardstick's rate in the same round. A contestant that
+reads wider copies than it stores shows it as a lower share.
+
 Writes nothing: the table goes to stdout (docs/performance_real.md
 quotes one).
 """
@@ -31,6 +38,7 @@ import re
 
 from absl import app
 from absl import flags
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,6 +46,8 @@ import numpy as np
 from experiments import torch_peers
 import mha_jax
 from mha_jax.measure import machine
+from mha_jax.measure import report as report_lib
+from mha_jax.measure import roofline
 from mha_jax.measure import timing
 from mha_jax.models import generate
 from mha_jax.pretrained import real_models
@@ -91,9 +101,11 @@ def main(argv):
   path = real_models.smollm2_135m()
   vocab = mha_jax.pretrained.load_config(path).vocab_size
   ids = torch_peers.token_ids(vocab, fl.prompt, seed=0)  # [1, P]
-  calls, tokens, state = {}, {}, {}
+  calls, tokens, state, stored = {}, {}, {}, {}
   for name, kw in SETTINGS.items():
     model = mha_jax.load_pretrained(path, **kw)
+    stored[name] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
+        nnx.state(model, nnx.Param)))
     calls[name] = lambda m=model: generate.generate(m, ids, fl.new_tokens)
     args, static = generate.prepare(model, ids, fl.new_tokens)
     state[name] = loop_state_bytes(
@@ -110,10 +122,16 @@ def main(argv):
       name = f"transformers {dt}"
       calls[name] = torch_peers.greedy_decode(hf, prompt, fl.new_tokens)
       setups[name] = lambda: torch.set_num_threads(2)
+      # Tied weights are one tensor: count each once.
+      stored[name] = sum(p.numel() * p.element_size()
+                         for p in hf.parameters())
   for name, call in calls.items():  # untimed: compiles, warms
     setups.get(name, lambda: None)()
     tokens[name] = np.asarray(jax.block_until_ready(call()))
-  times = timing.interleaved_times(calls, fl.rounds, setups=setups)
+  yard, yard_bytes = roofline.stream_yardstick()
+  times = timing.interleaved_times({**calls, "yardstick": yard}, fl.rounds,
+                                   setups=setups)
+  rate = [yard_bytes / t for t in times["yardstick"]]
   ref = "mha_jax float32"
   cpu = machine.cpu()
   print(f"{cpu['model']} (AVX-512: {cpu['avx512f']}), {os.cpu_count()} "
@@ -123,18 +141,25 @@ def main(argv):
   print(f"XLA's [1, 2048] x [2048, 2048] product reads float32 weights at "
         f"{matvec_rate(jnp.float32):.1f} GB/s, bfloat16 at "
         f"{matvec_rate(jnp.bfloat16):.1f} GB/s")
+  print(f"The weight-stream yardstick in the same rounds: "
+        f"{np.median(rate) / 1e9:.1f} GB/s (median; {min(rate) / 1e9:.1f} to "
+        f"{max(rate) / 1e9:.1f})")
   print("\n| contestant | tokens/s | time x float32 (median, range) | "
         "tokens equal to float32's before the first difference | loop "
-        "state, MB by dtype |")
-  print("|---|---|---|---|---|")
+        "state, MB by dtype | weights as stored, MB | share of the weight "
+        "stream, weights as stored (median [min, max]) |")
+  print("|---|---|---|---|---|---|---|")
   for name in calls:
     r = np.asarray(times[name]) / np.asarray(times[ref])
     mb = ", ".join(f"{d} {b / 1e6:.0f}" for d, b in
                    sorted(state.get(name, {}).items()) if b >= 1e6)
+    share = roofline.share(fl.new_tokens * stored[name], times[name],
+                           yard_bytes, times["yardstick"])
     print(f"| {name} | {fl.new_tokens / np.median(times[name]):.1f} | "
           f"{np.median(r):.2f} ({r.min():.2f}-{r.max():.2f}) | "
           f"{torch_peers.leading_agreement(tokens[name], tokens[ref])} "
-          f"of {fl.new_tokens} | {mb or '-'} |")
+          f"of {fl.new_tokens} | {mb or '-'} | {stored[name] / 1e6:.0f} | "
+          f"{report_lib.share_cell(share)} |")
 
 
 if __name__ == "__main__":
