@@ -61,8 +61,8 @@ from experiments.eap_ioi import run as eap_run
 from experiments.eap_ioi import torch_eap
 from experiments.ioi_task import models
 from experiments.ioi_task import prompts
-from mha_jax.interp import eap
 from mha_jax.core import flops
+from mha_jax.interp import eap
 from mha_jax.interp import eap_graph
 from mha_jax.measure import machine
 from mha_jax.measure import roofline
