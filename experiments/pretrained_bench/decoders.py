@@ -22,10 +22,19 @@ its seconds are kept as `first`), then `repeats` rounds time one call
 of every contestant, in an order rotated each round, so a change in the
 load of a shared machine falls on all of them; a ratio to torch is the
 median over rounds of the time over torch's time in the same round.
+
+The roofline, as the real-LM benchmark measures it (its `task_work`):
+a plain float32 `MATMUL_N`^3 product and a weight-stream product
+(`roofline.stream_yardstick`) are timed in the same rounds, in blocks of
+`YARD_REPEAT` calls; prefill is measured in the einsum program's matrix-
+multiply FLOPs against the first, decode in weight bytes (every parameter
+once per new token) against the second, each contestant's share per
+round (`roofline.share`).
 """
 
 from __future__ import annotations
 
+import types
 import os
 import pathlib
 
@@ -35,11 +44,15 @@ import numpy as np
 from flax import nnx
 
 from experiments import torch_peers
+from experiments.real_lm_bench import run as real_lm
 import mha_jax
+from mha_jax.measure import roofline
 from mha_jax.measure import timing
 from mha_jax.models import generate
 from mha_jax.pretrained import real_models
 
+MATMUL_N = 1024  # the plain matmul yardstick's size (`measure`'s default)
+YARD_REPEAT = {"matmul": 10, "stream": 5}  # calls per timing
 MODELS = {"smollm2": ("SmolLM2-135M-Instruct (Q4_1)",
                       real_models.smollm2_135m),
           "gemma3": ("Gemma 3 270M (Q4_K_M)", real_models.gemma3_270m)}
@@ -78,7 +91,8 @@ def summary(times: dict, reference: str) -> dict:
 
 def measure(path, *, prefill: int = 512, prompt: int = 16,
             new_tokens: int = 128, implementations=("flash", "einsum"),
-            threads=(1, 2), repeats: int = 5) -> dict:
+            threads=(1, 2), repeats: int = 5, matmul_n: int = MATMUL_N,
+            stream_shape=(2048, 65536)) -> dict:
   """Prefill and decode seconds of every contestant on the GGUF `path`:
   raw times per round, their `summary` against each torch thread count,
   each contestant's first-call seconds and tokens' agreement with torch
@@ -105,15 +119,27 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
     first["prefill"][c] = timing.timed_call(setup, pre)[0]
     first["decode"][c], tokens[c] = timing.timed_call(setup, dec)
   load = []  # the 1-minute load average as each round starts
+  timed = {(task, c): calls[c][index] for task, index in (("prefill", 1),
+                                                           ("decode", 2))
+           for c in names}
+  yard = {"matmul": roofline.matmul_yardstick(matmul_n),
+          "stream": roofline.stream_yardstick(*stream_shape)}
+  timed.update({("yardstick", k): call for k, (call, _) in yard.items()})
   flat = timing.interleaved_times(
-      {(task, c): calls[c][index] for task, index in (("prefill", 1),
-                                                       ("decode", 2))
-       for c in names}, repeats,
+      timed, repeats,
       setups={(task, c): calls[c][0] for task in ("prefill", "decode")
               for c in names},
+      repeat={("yardstick", k): n for k, n in YARD_REPEAT.items()},
       on_round=lambda r: load.append(os.getloadavg()[0]))
   times = {task: {c: flat[(task, c)] for c in names}
            for task in ("prefill", "decode")}
+  work = real_lm.task_work(types.SimpleNamespace(new_tokens=new_tokens), {},
+                           path, ids, head)
+  stick = {"prefill": "matmul", "decode": "stream"}
+  work = {"prefill": work["forward"], "decode": work["decode"]}
+  share = {task: {c: roofline.share(work[task], t, yard[stick[task]][1],
+                                    flat[("yardstick", stick[task])])
+                  for c, t in by.items()} for task, by in times.items()}
   torch_names = [c for c in names if c.startswith("torch")]
   reference = torch_names[-1]
   # What transformers ran: the config field it dispatches attention on.
@@ -123,6 +149,11 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
       "vocab": hf.config.vocab_size, "prefill": prefill, "prompt": prompt,
       "new_tokens": new_tokens, "repeats": repeats, "times": times,
       "first": first, "loadavg": load,
+      "roofline": {"work": work, "yardstick": stick, "matmul_n": matmul_n,
+                   "stream_shape": list(stream_shape),
+                   "rates": {k: [w / t for t in flat[("yardstick", k)]]
+                             for k, (_, w) in yard.items()},
+                   "share": share},
       "summary": {task: {t: summary(times[task], t) for t in torch_names}
                   for task in times},
       "agree": {c: torch_peers.leading_agreement(tokens[c],

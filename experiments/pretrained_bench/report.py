@@ -15,6 +15,7 @@ import pathlib
 
 from mha_jax.measure import machine
 from mha_jax.measure import report as report_lib
+from mha_jax.measure import timing
 
 HERE = pathlib.Path(__file__).parent
 TEMPLATE = HERE / "report.md.tmpl"
@@ -107,12 +108,34 @@ def speed_table(s) -> str:
         f"{n / dec[0]['median']:.1f} / {n / dec[0]['min']:.1f}",
         " / ".join(f"{x['ratio']:.2f}" for x in dec),
         f"{s['first']['prefill'][c]:.1f} / {s['first']['decode'][c]:.1f}",
-        f"{s['agree'][c]} / {n}"])
-  return report_lib.md_table(
+        f"{s['agree'][c]} / {n}"]
+                + ([report_lib.share_cell(s["roofline"]["share"][t][c])
+                    for t in ("prefill", "decode")] if "roofline" in s
+                   else []))
+  table = report_lib.md_table(
       ["path", "prefill s: median / min",
        f"x torch {ratio_head} threads", "decode tokens/s: median / best",
        f"x torch {ratio_head} threads", "first call s: prefill / decode",
-       "same tokens"], rows)
+       "same tokens"]
+      + (["prefill: share of the matmul rate",
+          "decode: share of the weight stream"] if "roofline" in s else []),
+      rows)
+  if "roofline" not in s:
+    return table
+  r = s["roofline"]
+  rate = {k: timing.spread(v)["median"] for k, v in r["rates"].items()}
+  m, (a, b) = r["matmul_n"], r["stream_shape"]
+  return (f"The roofline, timed in the same rounds: a plain float32 "
+          f"`[{m}, {m}] x [{m}, {m}]` product ({rate['matmul'] / 1e9:.1f} "
+          f"GFLOP/s, median) against prefill's "
+          f"{r['work']['prefill'] / 1e9:.3g} GFLOP of matrix products (the "
+          f"einsum program's); a float32 `[1, {a}] x [{a}, {b}]` product, "
+          f"which reads {a * b * 4 / 1e6:.3g} MB of weights a call "
+          f"({rate['stream'] / 1e9:.1f} GB/s, median), against decoding's "
+          f"{r['work']['decode'] / 1e9:.3g} GB of weights (every parameter "
+          f"once per new token). A share: the contestant's work per second "
+          f"over the yardstick's in the same round, median [min, max] over "
+          f"rounds.\n\n" + table)
 
 
 def gguf_section(r) -> str:

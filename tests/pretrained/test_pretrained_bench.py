@@ -110,12 +110,17 @@ def tiny_gguf(tmp_path_factory):
   return path
 
 
-def test_gguf_size_is_the_float32_weights(tiny_gguf):
+def _weight_count() -> int:
+  """The tiny GGUF Llama's weights, in closed form."""
   c = gguf_models.llama_config()
   d, f, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
   kv = d // c.num_attention_heads * c.num_key_value_heads
   per_layer = d * (d + 2 * kv + d) + 3 * d * f + 2 * d  # attn, mlp, norms
-  count = 2 * c.vocab_size * d + layers * per_layer + d  # untied, final norm
+  return 2 * c.vocab_size * d + layers * per_layer + d  # untied, final norm
+
+
+def test_gguf_size_is_the_float32_weights(tiny_gguf):
+  count = _weight_count()
   assert run.checkpoint_mb(tiny_gguf) == pytest.approx(4 * count / 2**20)
   r = load_child.main(str(tiny_gguf), "transformers")  # the GGUF branch
   assert r["seconds"] > 0 and r["peak_mb"] >= r["base_mb"]
@@ -125,7 +130,7 @@ def test_decoders_time_every_contestant_and_agree(tiny_gguf):
   n = 4
   s = decoders.measure(tiny_gguf, prefill=8, prompt=3, new_tokens=n,
                        implementations=("einsum",), threads=(1,),
-                       repeats=2)
+                       repeats=2, matmul_n=64, stream_shape=(64, 256))
   names = ["mha_jax einsum", "torch 1 thread"]
   assert s["reference"] == "torch 1 thread" and len(s["loadavg"]) == 2
   assert s["attn_implementation"] == "sdpa"  # transformers' default
@@ -138,8 +143,15 @@ def test_decoders_time_every_contestant_and_agree(tiny_gguf):
     assert 0 < mha["min"] <= mha["median"]
   # The same greedy tokens: both decode one file's float32 weights.
   assert s["agree"] == {"mha_jax einsum": n, "torch 1 thread": n}
+  # The roofline: decoding reads every float32 weight once per new token;
+  # each contestant's share per round of both tasks.
+  roof = s["roofline"]
+  assert roof["work"]["decode"] == n * 4 * _weight_count()
+  assert {t: set(by) for t, by in roof["share"].items()} == {
+      "prefill": set(names), "decode": set(names)}
   text = report.gguf_section({"title": "tiny", "load": {}, "speed": s})
   assert "| mha_jax einsum |" in text and f"| {n} / {n} |" in text
+  assert "decode: share of the weight stream" in text
 
 
 def test_summary_ratios_are_per_round():
