@@ -124,13 +124,12 @@ def speed_table(s) -> str:
     return table
   r = s["roofline"]
   rate = {k: timing.spread(v)["median"] for k, v in r["rates"].items()}
-  m, (a, b) = r["matmul_n"], r["stream_shape"]
-  return (f"The roofline, timed in the same rounds: a plain float32 "
-          f"`[{m}, {m}] x [{m}, {m}]` product ({rate['matmul'] / 1e9:.1f} "
-          f"GFLOP/s, median) against prefill's "
+  return (f"The roofline, timed in the same rounds: a plain "
+          f"{report_lib.matmul_yardstick(r['matmul_n'])} "
+          f"({rate['matmul'] / 1e9:.1f} GFLOP/s, median) against prefill's "
           f"{r['work']['prefill'] / 1e9:.3g} GFLOP of matrix products (the "
-          f"einsum program's); a float32 `[1, {a}] x [{a}, {b}]` product, "
-          f"which reads {a * b * 4 / 1e6:.3g} MB of weights a call "
+          f"einsum program's); a "
+          f"{report_lib.stream_yardstick(*r['stream_shape'])} "
           f"({rate['stream'] / 1e9:.1f} GB/s, median), against decoding's "
           f"{r['work']['decode'] / 1e9:.3g} GB of weights (every parameter "
           f"once per new token). A share: the contestant's work per second "

@@ -68,11 +68,9 @@ def roofline_table(s) -> str:
     rows.append([TASK_LABELS[task], work,
                  f"{stick}: {rate[stick] / 1e9:.1f} {unit}"]
                 + [report_lib.share_cell(by[c]) for c in s["contestants"]])
-  n, (a, b) = r["matmul_n"], r["stream_shape"]
   return (f"The yardsticks, timed in the same rounds: plain matmul, one "
-          f"float32 `[{n}, {n}] x [{n}, {n}]` product; weight stream, one "
-          f"float32 `[1, {a}] x [{a}, {b}]` product, which reads "
-          f"{a * b * 4 / 1e6:.3g} MB of weights a call. Each cell: the "
+          f"{report_lib.matmul_yardstick(r['matmul_n'])}; weight stream, one "
+          f"{report_lib.stream_yardstick(*r['stream_shape'])}. Each cell: the "
           f"contestant's work per second over the yardstick's in the same "
           f"round, in percent, median [min, max] over rounds.\n\n"
           + report_lib.md_table(

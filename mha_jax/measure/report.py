@@ -94,6 +94,17 @@ def share_cell(r: dict) -> str:
           f"{100 * r['max']:.0f}]")
 
 
+def matmul_yardstick(n: int) -> str:
+  """`roofline.matmul_yardstick(n)` in a report's words."""
+  return f"float32 `[{n}, {n}] x [{n}, {n}]` product"
+
+
+def stream_yardstick(rows: int, cols: int) -> str:
+  """`roofline.stream_yardstick(rows, cols)` in a report's words."""
+  return (f"float32 `[1, {rows}] x [{rows}, {cols}]` product, which reads "
+          f"{rows * cols * 4 / 1e6:.3g} MB of weights a call")
+
+
 def signed(x: float, digits: int = 3) -> str:
   """`+0.123`: a bare number with its sign."""
   return f"{x:+.{digits}f}"
