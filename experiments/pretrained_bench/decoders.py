@@ -23,7 +23,7 @@ of every contestant, in an order rotated each round, so a change in the
 load of a shared machine falls on all of them; a ratio to torch is the
 median over rounds of the time over torch's time in the same round.
 
-The roofline, as the real-LM benchmark measures it (its `task_work`):
+The roofline, as the real-LM benchmark measures it (`task_work`):
 a plain float32 `MATMUL_N`^3 product and a weight-stream product
 (`roofline.stream_yardstick`) are timed in the same rounds, in blocks of
 `YARD_REPEAT` calls; prefill is measured in the einsum program's matrix-
@@ -34,7 +34,6 @@ round (`roofline.share`).
 
 from __future__ import annotations
 
-import types
 import os
 import pathlib
 
@@ -44,8 +43,8 @@ import numpy as np
 from flax import nnx
 
 from experiments import torch_peers
-from experiments.real_lm_bench import run as real_lm
 import mha_jax
+from mha_jax.core import flops
 from mha_jax.measure import roofline
 from mha_jax.measure import timing
 from mha_jax.models import generate
@@ -78,6 +77,18 @@ def _torch_calls(hf, threads: int, ids, prompt, new_tokens: int):
   setup = lambda: torch.set_num_threads(threads)
   return (setup, torch_peers.forward(hf, torch.as_tensor(ids)),
           torch_peers.greedy_decode(hf, torch.as_tensor(prompt), new_tokens))
+
+
+def task_work(path, ids, new_tokens: int) -> dict:
+  """The roofline's numerators per call: prefill's matrix-multiply FLOPs
+  (the einsum program's, as compiled: `flops.compiled_matmul_flops`) and
+  decoding's weight bytes (every parameter once per new token)."""
+  model = mha_jax.load_pretrained(path, implementation="einsum")
+  graphdef, state = nnx.split(model)
+  forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+  compiled = forward.lower(state, jnp.asarray(ids, jnp.int32)).compile()
+  return {"prefill": flops.compiled_matmul_flops(compiled),
+          "decode": new_tokens * roofline.param_bytes(model)}
 
 
 def summary(times: dict, reference: str) -> dict:
@@ -133,10 +144,8 @@ def measure(path, *, prefill: int = 512, prompt: int = 16,
       on_round=lambda r: load.append(os.getloadavg()[0]))
   times = {task: {c: flat[(task, c)] for c in names}
            for task in ("prefill", "decode")}
-  work = real_lm.task_work(types.SimpleNamespace(new_tokens=new_tokens), {},
-                           path, ids, head)
   stick = {"prefill": "matmul", "decode": "stream"}
-  work = {"prefill": work["forward"], "decode": work["decode"]}
+  work = task_work(path, ids, new_tokens)
   share = {task: {c: roofline.share(work[task], t, yard[stick[task]][1],
                                     flat[("yardstick", stick[task])])
                   for c, t in by.items()} for task, by in times.items()}

@@ -256,9 +256,7 @@ def task_work(e, models, path, ids, prompt) -> dict:
                         e.new_tokens)
   out = {t: flops.jaxpr_matmul_flops(*((calls[t][0],) + calls[t][1]))
          for t in ("forward", "loss_grad")}
-  params = jax.tree.leaves(nnx.state(model, nnx.Param))
-  out["decode"] = e.new_tokens * sum(x.size * x.dtype.itemsize
-                                     for x in params)
+  out["decode"] = e.new_tokens * roofline.param_bytes(model)
   return out
 
 

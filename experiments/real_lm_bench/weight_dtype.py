@@ -38,7 +38,6 @@ import re
 
 from absl import app
 from absl import flags
-from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,8 +103,7 @@ def main(argv):
   calls, tokens, state, stored = {}, {}, {}, {}
   for name, kw in SETTINGS.items():
     model = mha_jax.load_pretrained(path, **kw)
-    stored[name] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
-        nnx.state(model, nnx.Param)))
+    stored[name] = roofline.param_bytes(model)
     calls[name] = lambda m=model: generate.generate(m, ids, fl.new_tokens)
     args, static = generate.prepare(model, ids, fl.new_tokens)
     state[name] = loop_state_bytes(

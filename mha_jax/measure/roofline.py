@@ -26,6 +26,7 @@ than either time.
 
 from __future__ import annotations
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 
@@ -53,6 +54,13 @@ def stream_yardstick(rows: int = 2048, cols: int = 65536):
   w = jax.random.normal(kw, (rows, cols), jnp.float32)
   mv = jax.jit(lambda x, w: x @ w).lower(x, w).compile()
   return (lambda: jax.block_until_ready(mv(x, w))), rows * cols * 4
+
+
+def param_bytes(model) -> int:
+  """Bytes of `model`'s `nnx.Param`s as stored: what decoding one token
+  reads, the numerator measured against `stream_yardstick`."""
+  return sum(x.size * x.dtype.itemsize
+             for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def share(work: float, times, yard_work: float, yard_times) -> dict:
