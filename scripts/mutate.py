@@ -189,8 +189,8 @@ PLANTED = {
     # Decoding's work counted as the weights read once, not once a token.
     "real_lm_decode_reads_the_weights_once": (
         "experiments/real_lm_bench/run.py",
-        'out["decode"] = e.new_tokens * sum(x.size * x.dtype.itemsize',
-        'out["decode"] = 1 * sum(x.size * x.dtype.itemsize',
+        'out["decode"] = e.new_tokens * roofline.param_bytes(model)',
+        'out["decode"] = 1 * roofline.param_bytes(model)',
         "tests/experiments/test_real_lm_bench.py"),
     # The compiled count reads a scan's body once, not once per step.
     "compiled_flops_ignore_the_trip_count": (
