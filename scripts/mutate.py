@@ -239,6 +239,20 @@ PLANTED = {
         "mha_jax/core/weight_product.py",
         "xt = lax.optimization_barrier(rows.T)", "xt = rows.T",
         "tests/core/test_weight_product.py"),
+    # A chunk of the batch gives the user rules its own row numbers from
+    # 0, not the call's: row 5 of a batch reads rule row 1.
+    "batch_chunks_rows_count_from_zero": (
+        "mha_jax/core/reference.py",
+        "rules, row0 + jnp.arange(b).reshape(b, 1, 1, 1, 1),",
+        "rules, jnp.arange(b).reshape(b, 1, 1, 1, 1),",
+        "tests/core/test_batch_chunks.py"),
+    # Chunks cut the batch at the wrong edges: the last row is dropped
+    # and the first counted twice.
+    "batch_chunks_bounds_off_by_one": (
+        "mha_jax/core/batch_chunks.py",
+        "edges = [b * i // n for i in range(n + 1)]",
+        "edges = [max(0, b * i // n - 1) for i in range(n + 1)]",
+        "tests/core/test_batch_chunks.py"),
     # glibc trims a freed heap top over 2 GiB again (the largest int).
     "host_memory_trims_above_2_gib": (
         "mha_jax/training/host_memory.py", "_KEEP = -1",

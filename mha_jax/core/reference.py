@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from mha_jax.core import attention_path
+from mha_jax.core import batch_chunks
 from mha_jax.core import precision
 from mha_jax.core import score_rules
 from mha_jax.core import softmax
@@ -228,7 +229,35 @@ def _attend_vmap(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
 
 def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                    hooks, rules=score_rules.NO_RULES):
-  """Fused path: batched einsums; GQA by grouping q, never repeating k/v."""
+  """Fused path: batched einsums; GQA by grouping q, never repeating k/v.
+  On CPU with large scores, in independent chunks of the batch
+  (`batch_chunks`: the second core works on one while the first works on
+  another), each row computed as in the whole batch."""
+  b, tq, h, _ = q.shape
+  n = batch_chunks.count(b, h, tq, k.shape[1], hooks)
+  if n == 1:
+    return _einsum_rows(q, k, v, mask, bias, keep, is_causal=is_causal,
+                        dropout_rate=dropout_rate, hooks=hooks, rules=rules)
+  outs, patterns = [], []
+  for start, stop in batch_chunks.bounds(b, n):
+    cut = lambda x, start=start, stop=stop: batch_chunks.rows(x, b, start,
+                                                              stop)
+    out, pattern = _einsum_rows(
+        cut(q), cut(k), cut(v), cut(_to_4d(mask)), cut(_to_4d(bias)),
+        cut(keep), is_causal=is_causal, dropout_rate=dropout_rate,
+        hooks=hooks, rules=batch_chunks.rules_rows(rules, b, start, stop),
+        row0=start)
+    outs.append(out)
+    patterns.append(pattern)
+  # The pattern is concatenated only if a caller reads it (XLA drops an
+  # unused concatenation); the weight hooks never run here (count()).
+  return jnp.concatenate(outs), jnp.concatenate(patterns)
+
+
+def _einsum_rows(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
+                 hooks, rules, row0=0):
+  """The einsum path on batch rows `row0 : row0 + B` of a call (the user
+  rules' `b` counts from `row0`)."""
   b, tq, h, dh = q.shape
   tk, kh = k.shape[1], k.shape[2]
   g = h // kh
@@ -253,7 +282,7 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
            if rules.q_positions is None else rows(rules.q_positions))
   k_pos = jnp.arange(tk)
   user = score_rules.user_of(  # [B, 1, 1, 1, 1], [1, K, G, 1, 1]
-      rules, jnp.arange(b).reshape(b, 1, 1, 1, 1),
+      rules, row0 + jnp.arange(b).reshape(b, 1, 1, 1, 1),
       jnp.arange(h).reshape(1, kh, g, 1, 1))
   ok = score_rules.allowed(
       q_pos, k_pos, mask=to_5d(_to_4d(mask)), is_causal=is_causal,
