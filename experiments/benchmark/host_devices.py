@@ -43,18 +43,11 @@ def _child(shape: str, path: str, steps: int, seed: int) -> dict:
   more than one)."""
   # pylint: disable=g-import-not-at-top
   import jax
-  from configs import benchmark as benchmark_config
   from experiments.benchmark import train_step
   from mha_jax.training import host_memory
   # pylint: enable=g-import-not-at-top
   host_memory.keep_freed_memory()
-  ts = benchmark_config.get_config().train_step
-  if shape == "random":
-    ts.random.seed = seed
-    spec, _ = train_step.random_spec(ts.random)
-  else:
-    spec = ts.specs[shape]
-  c = train_step.experiment_config(spec, path)
+  c = train_step.experiment_config(train_step.spec_of(shape, seed), path)
   step, _, _ = train_step.jax_step(c, jax.device_count())
   for _ in range(3):
     step()

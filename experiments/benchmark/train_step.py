@@ -266,6 +266,21 @@ def measure_shape(name, spec, paths, rounds, warmup, min_block_s=0.0,
   return out
 
 
+def spec_of(shape: str, seed: int):
+  """configs/benchmark.py's train-step spec of `shape`, or its "random"
+  shape drawn with `seed`; ValueError naming `--shapes` for another name
+  (the scripts that time one shape per process take it as a flag)."""
+  from configs import benchmark as benchmark_config  # pylint: disable=g-import-not-at-top
+  ts = benchmark_config.get_config().train_step
+  if shape == "random":
+    ts.random.seed = seed
+    return random_spec(ts.random)[0]
+  if shape not in ts.specs:
+    raise ValueError(f"--shapes: expected keys of configs/benchmark.py's "
+                     f"train_step.specs or random, got {shape!r}")
+  return ts.specs[shape]
+
+
 def random_spec(r) -> tuple[dict, int]:
   """`(spec, seed)`: a `train_step.specs` entry with sizes drawn from the
   choices of `r` (`config.train_step.random`), uniformly and

@@ -14,20 +14,25 @@ products and softmax, and concatenates their outputs `[b, Tq, H, Dv]`
 (never the scores: an earlier split of the products alone concatenated
 the `[B, H, Tq, Tk]` scores, and those copies cost more than the second
 core gained). Every batch row's attention depends on its own row only,
-so each chunk computes exactly what the whole batch computes for it; the
-rows' user rules see their own batch index (`rows`).
+so each chunk runs the same operations on its rows as the whole batch
+does; a user rule reads each row's index in the whole batch (the einsum
+path's `row0`).
 
-The rule, measured on 2 AMD EPYC cores (family 25 model 17) in the
-train-step benchmark's shapes, each step against the unchunked one in the
-same process, alternating (docs/performance.md, "The einsum path in
-batch chunks"): at `text_size` (B16 H8 T256, 32 MiB of float32 scores)
-4 chunks took 0.86-0.89x the step's time, 2 chunks 0.89-0.91x, 8 chunks
-0.95x; at the `random` shape (2 MiB of scores) 0.96-1.00x, and at the
-induction experiment's (1 MiB) 0.92-1.11x, within the spread. So: on
-CPU, 4 chunks (fewer when the batch is smaller) once the float32 scores
-reach `MIN_SCORE_BYTES`; never elsewhere (a GPU or TPU runs a batched
-product on the whole device), never when a hook reads or replaces the
-weights (a hook sees the whole batch's `scores` and `pattern`).
+The rule, measured on 2 AMD EPYC cores (family 25 model 17), each train
+step against the same step unchunked in one process, alternating
+(`python -m experiments.benchmark.batch_chunks`; docs/performance.md,
+"The einsum path in batch chunks"): at the benchmark's `text_size` (B16
+H8 T256, 32 MiB of float32 scores) the chunked step took 0.91x the
+whole one's time in each of 3 processes, with the same loss to the
+bit; 2 chunks gained less (0.93x) and 8 chunks less again (0.96x). The
+same step with smaller scores, 4 chunks against none: 16 MiB (B8 or H4)
+0.90x and 0.93x, 8 MiB 0.96x, 4 MiB 1.02x. So: on CPU, 4 chunks (fewer
+when the batch is smaller) once the float32 scores reach
+`MIN_SCORE_BYTES`; never elsewhere (a GPU or TPU runs a batched product
+on the whole device), never when a hook reads or replaces the weights (a
+hook sees the whole batch's `scores` and `pattern`). XLA may compile a
+chunk's smaller batch with other roundings than the whole batch's; the
+tests' calls and the `text_size` step gave the same bits.
 """
 
 from __future__ import annotations
@@ -40,8 +45,8 @@ import jax.numpy as jnp
 from mha_jax.hooks import sites
 
 # The float32 scores [B, H, Tq, Tk] from which the batch is chunked (module
-# docstring: 32 MiB gained, 2 MiB did not).
-MIN_SCORE_BYTES = 16 * 2**20
+# docstring: 8 MiB and more gained, 4 MiB did not).
+MIN_SCORE_BYTES = 8 * 2**20
 # Chunks at most: two per core of the 2-core machine it was measured on.
 MAX_CHUNKS = 4
 

@@ -23,9 +23,10 @@ def test_count_known_answers():
   # Its random shape (2 MiB) and the induction experiment's (1 MiB).
   assert batch_chunks.count(8, 4, 128, 128, NO_HOOKS) == 1
   assert batch_chunks.count(64, 4, 32, 32, NO_HOOKS) == 1
-  # At the threshold; a batch smaller than 4 gives a chunk per row.
-  assert batch_chunks.count(4, 1, 1024, 1024, NO_HOOKS) == 4
-  assert batch_chunks.count(4, 1, 1024, 1023, NO_HOOKS) == 1
+  # At the threshold (8 MiB) and a key below it; a batch smaller than 4
+  # gives a chunk per row.
+  assert batch_chunks.count(4, 1, 1024, 512, NO_HOOKS) == 4
+  assert batch_chunks.count(4, 1, 1024, 511, NO_HOOKS) == 1
   assert batch_chunks.count(3, 8, 512, 512, NO_HOOKS) == 3
   assert batch_chunks.count(1, 64, 1024, 1024, NO_HOOKS) == 1
   # A hook on the weights sees the whole batch; other sites do not care.
@@ -119,7 +120,7 @@ def test_chunked_dropout_keeps_each_rows_draw(monkeypatch):
 
 
 def test_a_call_above_the_threshold_runs_in_four_chunks():
-  # 4 x 1 x 1024 x 1024 float32 scores: 16 MiB, the threshold itself,
+  # 4 x 1 x 1024 x 1024 float32 scores: 16 MiB, twice the threshold,
   # with a head width of 4 so that it stays cheap. Four chunks of one row:
   # 2 products each, 8 in all, against the reference.
   rng = np.random.default_rng(5)
