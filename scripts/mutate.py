@@ -246,6 +246,13 @@ PLANTED = {
         "rules, row0 + jnp.arange(b).reshape(b, 1, 1, 1, 1),",
         "rules, jnp.arange(b).reshape(b, 1, 1, 1, 1),",
         "tests/core/test_batch_chunks.py"),
+    # Chunks in a process of several devices, cutting across a data
+    # mesh's shards of the batch.
+    "batch_chunks_across_devices": (
+        "mha_jax/core/batch_chunks.py",
+        'jax.default_backend() != "cpu" or jax.device_count() > 1 or b < 2',
+        'jax.default_backend() != "cpu" or b < 2',
+        "tests/core/test_batch_chunks.py"),
     # Chunks cut the batch at the wrong edges: the last row is dropped
     # and the first counted twice.
     "batch_chunks_bounds_off_by_one": (

@@ -29,8 +29,11 @@ same step with smaller scores, 4 chunks against none: 16 MiB (B8 or H4)
 0.90x and 0.93x, 8 MiB 0.96x, 4 MiB 1.02x. So: on CPU, 4 chunks (fewer
 when the batch is smaller) once the float32 scores reach
 `MIN_SCORE_BYTES`; never elsewhere (a GPU or TPU runs a batched product
-on the whole device), never when a hook reads or replaces the weights (a
-hook sees the whole batch's `scores` and `pattern`). XLA may compile a
+on the whole device), nor in a process of several devices (host devices
+on a data mesh, docs/performance.md "Both cores through host devices",
+already run the batch's shards side by side, and a chunk of the global
+batch would cut across them), nor when a hook reads or replaces the
+weights (a hook sees the whole batch's `scores` and `pattern`). XLA may compile a
 chunk's smaller batch with other roundings than the whole batch's; the
 tests' calls and the `text_size` step gave the same bits.
 """
@@ -53,7 +56,9 @@ MAX_CHUNKS = 4
 
 def count(b: int, h: int, tq: int, tk: int, hooks) -> int:
   """How many chunks the einsum path splits a batch of `b` into (1: none)."""
-  if jax.default_backend() != "cpu" or b < 2:
+  # Several devices (host devices on a CPU) already split a batch over a
+  # mesh; chunks of the global batch would cut across their shards.
+  if jax.default_backend() != "cpu" or jax.device_count() > 1 or b < 2:
     return 1
   if any(hooks.wants(s) for s in sites.WEIGHT_SITES):
     return 1

@@ -43,6 +43,12 @@ def test_count_is_one_off_cpu(monkeypatch):
   assert batch_chunks.count(16, 8, 256, 256, NO_HOOKS) == 1
 
 
+def test_count_is_one_with_several_devices(monkeypatch):
+  # A data mesh over host devices splits the batch already.
+  monkeypatch.setattr(jax, "device_count", lambda *a: 2)
+  assert batch_chunks.count(16, 8, 256, 256, NO_HOOKS) == 1
+
+
 def test_bounds_cover_the_batch_in_near_equal_runs():
   assert batch_chunks.bounds(16, 4) == [(0, 4), (4, 8), (8, 12), (12, 16)]
   assert batch_chunks.bounds(5, 4) == [(0, 1), (1, 2), (2, 3), (3, 5)]
