@@ -33,9 +33,9 @@ on the whole device), nor in a process of several devices (host devices
 on a data mesh, docs/performance.md "Both cores through host devices",
 already run the batch's shards side by side, and a chunk of the global
 batch would cut across them), nor when a hook reads or replaces the
-weights (a hook sees the whole batch's `scores` and `pattern`). XLA may compile a
-chunk's smaller batch with other roundings than the whole batch's; the
-tests' calls and the `text_size` step gave the same bits.
+weights (a hook sees the whole batch's `scores` and `pattern`). XLA may
+compile a chunk's smaller batch with other roundings than the whole
+batch's; the tests' calls and the `text_size` step gave the same bits.
 """
 
 from __future__ import annotations

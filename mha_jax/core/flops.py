@@ -90,13 +90,16 @@ _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%([^\s(]+)\s*\(.*\{\s*$")
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%([^\s=]+)\s*=\s*"
     r"(?:[a-z]\w*\[([\d,]*)\]\S*|\(.*?\)|\S+)\s+([a-z][\w\-]*)\((.*)$")
-_DIMS = lambda name, text: [int(d) for d in re.search(
-    name + r"=\{([\d,]*)\}", text).group(1).split(",") if d] if re.search(
-        name + r"=\{", text) else []
 # Custom calls a backend hands its products to (cuBLAS, cuDNN, oneDNN): a
 # dot count that skipped them would be quietly short.
 _PRODUCT_CALL = re.compile(r"custom_call_target=\"[^\"]*"
                            r"(gemm|matmul|cudnn|onednn|cublas)", re.I)
+
+
+def _dims(name: str, text: str) -> list[int]:
+  """The ints of `name={...}` in an instruction's text; [] without it."""
+  found = re.search(name + r"=\{([\d,]*)\}", text)
+  return [int(d) for d in found.group(1).split(",") if d] if found else []
 
 
 def _parse_hlo(text: str):
@@ -133,7 +136,7 @@ def _computation_flops(comps, name: str, memo: dict) -> int:
   for ins_name, shape, opcode, rest in comps[name]:
     if opcode == "dot":
       lhs = re.match(r"\s*%([^\s,)]+)", rest).group(1)
-      contract = _DIMS("lhs_contracting_dims", rest)
+      contract = _dims("lhs_contracting_dims", rest)
       total += 2 * math.prod(shape) * math.prod(shapes[lhs][d]
                                                 for d in contract)
       continue

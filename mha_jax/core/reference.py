@@ -240,8 +240,7 @@ def _attend_einsum(q, k, v, mask, bias, keep, *, is_causal, dropout_rate,
                         dropout_rate=dropout_rate, hooks=hooks, rules=rules)
   outs, patterns = [], []
   for start, stop in batch_chunks.bounds(b, n):
-    cut = lambda x, start=start, stop=stop: batch_chunks.rows(x, b, start,
-                                                              stop)
+    cut = functools.partial(batch_chunks.rows, b=b, start=start, stop=stop)
     out, pattern = _einsum_rows(
         cut(q), cut(k), cut(v), cut(_to_4d(mask)), cut(_to_4d(bias)),
         cut(keep), is_causal=is_causal, dropout_rate=dropout_rate,
